@@ -1,0 +1,3 @@
+from .datasets import DATASETS, ImageDataset, load_dataset
+
+__all__ = ["DATASETS", "ImageDataset", "load_dataset"]
