@@ -1,0 +1,306 @@
+"""Top eigenvalues of a Hessian operator (spec/analysis.md §2).
+
+Two methods:
+
+* :func:`top_eigenvalues` (default): thick-restart block Lanczos (Wu & Simon 2000; block form as in Golub &
+  Underwood 1977) with full re-orthogonalisation, for the ``k`` **largest algebraic** eigenvalues. The Krylov basis is
+  kept in the operator's dtype on its device; the small projected matrix is handled in float64 with numpy. A Ritz
+  pair (theta, y) is accepted when its residual ``||H y - theta y||`` is below ``tol * |theta|`` (never below a
+  floor of ``100 * eps(dtype) * max|theta|`` that float rounding of the products allows). Residuals come from the
+  Lanczos relation ``H V = V T + Q_next R e_last^T`` at no cost in products; ``exact_residuals=True`` recomputes them
+  with k more products. Small problems (basis as large as the dimension) are solved densely.
+* :func:`power_iteration`: PyHessian's ``hessian.eigenvalues`` rule, reproduced exactly to reproduce papers that
+  used it (MAN Table 2, spec/algorithms.md §21): per parameter a standard normal start from the seed (the same draws
+  as PyHessian after ``torch.manual_seed(seed)``), normalisation by ``||v|| + 1e-6``, at most ``max_iter`` products per
+  eigenvalue, stop when ``|new - old| / (|old| + 1e-6) < tol`` (the value kept is the *previous* estimate, as in
+  PyHessian), Gram-Schmidt deflation against earlier vectors for ``top_n > 1``, results in the order found. It finds
+  largest-magnitude eigenvalues and stops early on slow convergence, which is why its answers can be several
+  percent off.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from .operator import apply_block, block_size_for, random_block
+
+__all__ = ["EigenResult", "top_eigenvalues", "power_iteration"]
+
+
+@dataclass
+class EigenResult:
+    """Eigenvalues with their residual norms ``||H v - lambda v||`` (v of unit norm).
+
+    ``eigenvectors`` (when asked for) is a ``(k, dim)`` tensor of unit rows in the operator's dtype and device.
+    ``hvps`` counts every Hessian-vector product the method used (residual checks included).
+    """
+
+    eigenvalues: np.ndarray
+    residuals: np.ndarray
+    converged: np.ndarray
+    hvps: int
+    method: str
+    eigenvectors: torch.Tensor | None = None
+    info: dict = field(default_factory=dict)
+
+    def sorted(self) -> "EigenResult":
+        """The same result in descending eigenvalue order."""
+        order = np.argsort(-self.eigenvalues, kind="stable")
+        vectors = None if self.eigenvectors is None else self.eigenvectors[torch.as_tensor(order.copy())]
+        return replace(
+            self,
+            eigenvalues=self.eigenvalues[order],
+            residuals=self.residuals[order],
+            converged=self.converged[order],
+            eigenvectors=vectors,
+        )
+
+
+def _check_k(op, k: int) -> None:
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ConfigError(f"the number of eigenvalues must be a positive integer, got {k!r}")
+    if k > op.dim:
+        raise ConfigError(f"asked for {k} eigenvalues but the operator has only {op.dim} dimensions (parameters)")
+
+
+# ---------------------------------------------------------------------------------------------- Lanczos
+def top_eigenvalues(
+    op,
+    k: int = 1,
+    *,
+    tol: float = 1e-3,
+    seed: int = 0,
+    return_vectors: bool = False,
+    basis_size: int | None = None,
+    block_size: int | None = None,
+    max_hvps: int | None = None,
+    exact_residuals: bool = False,
+) -> EigenResult:
+    """The ``k`` largest algebraic eigenvalues of ``op``, descending, by thick-restart block Lanczos.
+
+    ``basis_size`` (default ``max(2k, k + 32)``) is the number of Krylov vectors kept in memory; at a restart the
+    best ``k + (basis_size - k) // 2`` Ritz vectors are kept. ``block_size`` defaults to the operator's preferred
+    block (1 when products are cheap to repeat). ``max_hvps`` (default ``20 * basis_size``) bounds the work; pairs
+    not converged by then are flagged in ``converged``.
+    """
+    _check_k(op, k)
+    if not tol > 0:
+        raise ConfigError(f"tolerance must be positive, got {tol}")
+    n = int(op.dim)
+    start_hvps = _hvps(op)
+    b = min(block_size_for(op, block_size), k)
+    m = int(basis_size) if basis_size is not None else max(2 * k, k + 32)
+    if m < k + b:
+        raise ConfigError(f"basis size {m} must be at least k + block size = {k + b}")
+    m = b * math.ceil(m / b)
+    if m + b > n:
+        return _dense_top(op, k, return_vectors, start_hvps)
+    max_hvps = int(max_hvps) if max_hvps is not None else 20 * m
+
+    eps = torch.finfo(op.dtype).eps
+    gen = torch.Generator().manual_seed(int(seed))
+    V = torch.zeros(m + b, n, dtype=op.dtype, device=op.device)  # basis, one vector per row
+    T = np.zeros((m, m))  # projected matrix; the upper triangle is filled, the lower mirrored
+    start = random_block("gaussian", n, b, gen, op.dtype, op.device)
+    V[:b], _ = _orthonormalize_block(start, V[:0], start.norm(dim=1), eps, gen)
+
+    cur, restarts, R_last = 0, 0, None
+    check_every = max(b, b * math.ceil(m / 50 / b))
+    next_check = min(m, max(k + b, check_every))
+    while True:
+        block = V[cur:cur + b]
+        W = apply_block(op, block.T).T.contiguous()  # H applied to the block, rows
+        scale = W.norm(dim=1)
+        basis = V[:cur + b]
+        C = basis @ W.T
+        W -= C.T @ basis
+        C2 = basis @ W.T  # second classical Gram-Schmidt pass keeps the basis orthogonal in float32
+        W -= C2.T @ basis
+        T[:cur + b, cur:cur + b] = (C + C2).double().cpu().numpy()
+        V[cur + b:cur + 2 * b], R_last = _orthonormalize_block(W, basis, scale, eps, gen)
+        cur += b
+
+        if cur >= next_check or cur == m:
+            next_check = cur + check_every
+            theta, S = _ritz(T, cur)
+            top = np.argsort(-theta, kind="stable")[:k]
+            res = np.linalg.norm(R_last @ S[cur - b:cur, :], axis=0)
+            theta_max = np.max(np.abs(theta)) if theta.size else 0.0
+            threshold = np.maximum(tol * np.abs(theta[top]), 100 * eps * theta_max)
+            converged = res[top] <= threshold
+            used = _hvps(op) - start_hvps
+            if converged.all() or used + b > max_hvps:
+                vectors = (torch.as_tensor(S[:, top].T.copy(), dtype=op.dtype, device=op.device) @ V[:cur])
+                residuals = res[top]
+                if exact_residuals:
+                    residuals = _explicit_residuals(op, theta[top], vectors, b)
+                return EigenResult(
+                    eigenvalues=theta[top].copy(),
+                    residuals=np.asarray(residuals, dtype=float),
+                    converged=converged,
+                    hvps=_hvps(op) - start_hvps,
+                    method="lanczos",
+                    eigenvectors=vectors if return_vectors else None,
+                    info={"block_size": b, "basis_size": m, "restarts": restarts, "tol": tol},
+                )
+            if cur == m:  # thick restart: keep the best Ritz vectors and the residual block
+                keep_count = min(k + (m - k) // 2, m - b)
+                keep = np.argsort(-theta, kind="stable")[:keep_count]
+                S_keep = torch.as_tensor(S[:, keep].T.copy(), dtype=op.dtype, device=op.device)
+                V[:keep_count] = S_keep @ V[:m]
+                V[keep_count:keep_count + b] = V[m:m + b].clone()
+                V[keep_count + b:] = 0
+                T[:] = 0
+                T[np.arange(keep_count), np.arange(keep_count)] = theta[keep]
+                cur = keep_count
+                next_check = min(m, cur + check_every)
+                restarts += 1
+
+
+def _ritz(T: np.ndarray, size: int):
+    upper = np.triu(T[:size, :size])
+    return np.linalg.eigh(upper + np.triu(upper, 1).T)
+
+
+def _orthonormalize_block(W: torch.Tensor, basis: torch.Tensor, scale: torch.Tensor, eps: float, gen):
+    """Orthonormalise the rows of W (already orthogonal to ``basis``) among themselves: W = R^T Q.
+
+    A row whose remainder is at rounding level relative to ``scale`` (an invariant subspace was found) is replaced
+    by a random vector orthogonal to everything so far, with a zero coupling in R.
+    """
+    b, n = W.shape
+    Q = torch.zeros_like(W)
+    R = np.zeros((b, b))
+    for i in range(b):
+        w = W[i].clone()
+        r = np.zeros(i)
+        for _ in range(2):
+            if i:
+                c = Q[:i] @ w
+                w -= c @ Q[:i]
+                r += c.double().cpu().numpy()
+        R[:i, i] = r
+        norm = float(w.norm())
+        if norm > 100 * eps * max(float(scale[i]), 0.0) and norm > 0:
+            Q[i] = w / norm
+            R[i, i] = norm
+        else:
+            z = random_block("gaussian", n, 1, gen, W.dtype, W.device)[0]
+            for _ in range(2):
+                if basis.shape[0]:
+                    z -= (basis @ z) @ basis
+                if i:
+                    z -= (Q[:i] @ z) @ Q[:i]
+            Q[i] = z / z.norm()
+    return Q, R
+
+
+def _explicit_residuals(op, eigenvalues: np.ndarray, vectors: torch.Tensor, block: int) -> np.ndarray:
+    out = []
+    for a in range(0, vectors.shape[0], block):
+        rows = vectors[a:a + block]
+        HV = apply_block(op, rows.T).T
+        lam = torch.as_tensor(eigenvalues[a:a + block], dtype=rows.dtype, device=rows.device)
+        out.append((HV - lam[:, None] * rows).norm(dim=1).double().cpu().numpy())
+    return np.concatenate(out)
+
+
+def _dense_top(op, k: int, return_vectors: bool, start_hvps: int) -> EigenResult:
+    """Form H column by column (``dim`` products) and solve exactly: used when the basis would span everything."""
+    H = dense_matrix(op)
+    evals, evecs = np.linalg.eigh(H)
+    order = np.argsort(-evals, kind="stable")[:k]
+    theta, Y = evals[order], evecs[:, order]
+    residuals = np.linalg.norm(H @ Y - Y * theta, axis=0)
+    vectors = torch.as_tensor(Y.T.copy(), dtype=op.dtype, device=op.device) if return_vectors else None
+    return EigenResult(
+        eigenvalues=theta, residuals=residuals, converged=np.ones(k, dtype=bool),
+        hvps=_hvps(op) - start_hvps, method="dense", eigenvectors=vectors, info={},
+    )
+
+
+def dense_matrix(op, chunk: int = 64) -> np.ndarray:
+    """The operator as a dense symmetric float64 numpy matrix, formed with ``dim`` products (small models only)."""
+    n = int(op.dim)
+    H = np.empty((n, n))
+    for a in range(0, n, chunk):
+        cols = torch.zeros(n, min(chunk, n - a), dtype=op.dtype, device=op.device)
+        cols[torch.arange(a, a + cols.shape[1]), torch.arange(cols.shape[1])] = 1
+        H[:, a:a + cols.shape[1]] = apply_block(op, cols).double().cpu().numpy()
+    return 0.5 * (H + H.T)
+
+
+def _hvps(op) -> int:
+    return int(getattr(op, "hvps", 0))
+
+
+# ---------------------------------------------------------------------------------------------- power
+def power_iteration(
+    op,
+    top_n: int = 1,
+    *,
+    max_iter: int = 100,
+    tol: float = 1e-3,
+    seed: int = 0,
+    return_vectors: bool = False,
+    residuals: bool = True,
+) -> EigenResult:
+    """PyHessian's power iteration with deflation, step for step (see the module docstring).
+
+    ``residuals=True`` spends one more product per eigenvalue to report ``||H v - lambda v||``; set it False to
+    use exactly PyHessian's number of products. Results are in the order found (call ``.sorted()`` to sort).
+    """
+    _check_k(op, top_n)
+    if max_iter < 1:
+        raise ConfigError(f"max_iter must be >= 1, got {max_iter}")
+    start_hvps = _hvps(op)
+    gen = torch.Generator().manual_seed(int(seed))
+    shapes = getattr(op, "param_shapes", None) or [(op.dim,)]
+    eigenvalues, vectors, iterations, stops = [], [], [], []
+    for _ in range(top_n):
+        # PyHessian draws torch.randn(p.size()) parameter by parameter in the default dtype.
+        v = torch.cat([torch.randn(shape, generator=gen).reshape(-1) for shape in shapes])
+        v = v.to(dtype=op.dtype, device=op.device)
+        v = _pyhessian_normalise(v)
+        eigenvalue, stopped = None, False
+        for it in range(max_iter):
+            for u in vectors:  # Gram-Schmidt against the eigenvectors found so far, then normalise
+                v = v - torch.dot(v, u) * u
+            v = _pyhessian_normalise(v)
+            Hv = op.matvec(v)
+            estimate = float(torch.dot(Hv, v))
+            v = _pyhessian_normalise(Hv)
+            if eigenvalue is None:
+                eigenvalue = estimate
+            elif abs(eigenvalue - estimate) / (abs(eigenvalue) + 1e-6) < tol:
+                stopped = True
+                break
+            else:
+                eigenvalue = estimate
+        eigenvalues.append(eigenvalue)
+        vectors.append(v)
+        iterations.append(it + 1)
+        stops.append(stopped)
+    values = np.asarray(eigenvalues, dtype=float)
+    stacked = torch.stack(vectors)
+    if residuals:
+        res = _explicit_residuals(op, values, stacked / stacked.norm(dim=1, keepdim=True), 1)
+    else:
+        res = np.full(top_n, np.nan)
+    return EigenResult(
+        eigenvalues=values,
+        residuals=res,
+        converged=np.asarray(stops, dtype=bool),
+        hvps=_hvps(op) - start_hvps,
+        method="power",
+        eigenvectors=stacked if return_vectors else None,
+        info={"iterations": iterations, "max_iter": max_iter, "tol": tol},
+    )
+
+
+def _pyhessian_normalise(v: torch.Tensor) -> torch.Tensor:
+    return v / (float(v.norm()) + 1e-6)

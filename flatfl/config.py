@@ -1,0 +1,183 @@
+"""The run configuration: every setting of ``flatfl train`` in one typed record.
+
+Sources, later ones winning: the defaults below, a TOML or YAML file (``--config``), the command line. Keys of the
+config file are the long option names with '_' or '-' (``local_epochs`` or ``local-epochs``); hyper-parameters of
+algorithms, optimizers and regularizers use their flag names (``rho``, ``zeta``, ``asd_lambda``...) either at the top
+level or inside a ``[params]`` table.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+DEFAULT_MODELS = {
+    "digits": "digits-cnn",
+    "cifar10": "cifar-cnn",
+    "cifar100": "cifar-cnn",
+    "tinyimagenet": "tiny-cnn",
+    "emnist": "emnist-cnn",
+}
+
+
+@dataclass
+class RunConfig:
+    # data
+    dataset: str = "digits"
+    data_dir: str = "data"
+    model: str | None = None  # None: the dataset's default model (DEFAULT_MODELS)
+    model_args: dict = field(default_factory=dict)
+    augment: bool | None = None  # None: the dataset's default (flip + padded crop for CIFAR and Tiny-ImageNet)
+    partition: str = "dirichlet"
+    alpha: float = 0.3
+    clients: int = 20
+    # rounds and client sampling
+    rounds: int = 50
+    participation: float = 0.5
+    sampling: str = "bernoulli"  # "bernoulli" (FedDyn code: each client joins with prob p) or "fraction" (fixed m)
+    # local training (algorithms.md section 0)
+    local_epochs: int = 2
+    batch_size: int = 50
+    lr: float = 0.1
+    lr_decay: float = 0.998  # per-round factor
+    weight_decay: float = 1e-3
+    momentum: float = 0.0
+    nesterov: bool = False
+    clip: float = 10.0  # global gradient-norm clip; 0 disables
+    # pieces
+    algo: str = "fedavg"
+    local_opt: str = "sgd"
+    reg: str = "none"
+    params: dict = field(default_factory=dict)  # explicit hyper-parameter settings keyed by flag name
+    # bookkeeping
+    seed: int = 0
+    device: str = "cpu"
+    eval_every: int = 1
+    eval_batch_size: int = 500
+    checkpoint_every: int = 10
+    save_clients: bool = False
+    out: str | None = None
+
+    def resolved_model(self) -> str:
+        return self.model or DEFAULT_MODELS.get(self.dataset.lower().replace("-", ""), "digits-cnn")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def validate(self) -> "RunConfig":
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ConfigError(msg)
+
+        need(self.rounds >= 1, f"--rounds must be a positive integer, got {self.rounds}")
+        need(0 < self.participation <= 1, f"--participation must be in (0, 1], got {self.participation}")
+        need(self.lr > 0 and math.isfinite(self.lr), f"--lr must be > 0, got {self.lr}")
+        need(0 < self.lr_decay <= 1.5, f"--lr-decay must be in (0, 1.5], got {self.lr_decay}")
+        need(self.batch_size >= 1, f"--batch-size must be a positive integer, got {self.batch_size}")
+        need(self.local_epochs >= 1, f"--local-epochs must be a positive integer, got {self.local_epochs}")
+        need(self.clients >= 1, f"--clients must be a positive integer, got {self.clients}")
+        need(self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
+        need(0 <= self.momentum < 1, f"--momentum must be in [0, 1), got {self.momentum}")
+        need(self.clip >= 0, f"--clip must be >= 0 (0 disables clipping), got {self.clip}")
+        need(self.sampling in ("bernoulli", "fraction"), f"--sampling must be 'bernoulli' or 'fraction', got {self.sampling!r}")
+        need(self.eval_every >= 1, f"--eval-every must be a positive integer, got {self.eval_every}")
+        need(self.checkpoint_every >= 1, f"--checkpoint-every must be a positive integer, got {self.checkpoint_every}")
+        need(self.eval_batch_size >= 1, f"--eval-batch-size must be a positive integer, got {self.eval_batch_size}")
+        if self.partition != "iid":
+            need(self.alpha > 0, f"the Dirichlet concentration --alpha must be > 0, got {self.alpha}")
+        from .train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, all_hparams
+
+        known = all_hparams()
+        for k in self.params:
+            need(k in known, f"unknown hyper-parameter {k!r}: see 'flatfl algos' for the valid names")
+        for reg, name in ((ALGORITHMS, self.algo), (LOCAL_OPTIMIZERS, self.local_opt), (REGULARIZERS, self.reg)):
+            reg.get_class(name).resolve(self.params)  # raises ConfigError on bad names or values
+        from .data.datasets import DATASETS
+        from .data.partition import PARTITIONS
+
+        need(self.dataset.lower().replace("-", "") in DATASETS,
+             f"unknown dataset {self.dataset!r}: choose one of {', '.join(DATASETS)}")
+        need(self.partition in PARTITIONS, f"unknown partition {self.partition!r}: choose one of {', '.join(PARTITIONS)}")
+        return self
+
+
+def read_config_file(path: str | Path) -> dict:
+    """Read a TOML (.toml) or YAML (.yaml/.yml) file into a flat dict of RunConfig fields + ``params``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() == ".toml":
+            import tomllib
+
+            raw = tomllib.loads(text)
+        elif path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            raw = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"config file {path} must end in .toml, .yaml or .yml")
+    except ConfigError:
+        raise
+    except Exception as e:  # parser errors carry line numbers
+        raise ConfigError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a table of settings")
+    return normalise_settings(raw, source=str(path))
+
+
+def normalise_settings(raw: dict, source: str = "settings") -> dict:
+    """Map user keys (dashes or underscores, hyper-parameters at top level or under 'params') to RunConfig fields."""
+    from .train.components import all_hparams
+
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    known_hp = all_hparams()
+    out: dict[str, Any] = {}
+    params: dict[str, Any] = {}
+    for k, v in raw.items():
+        key = str(k).replace("-", "_")
+        if key == "params":
+            if not isinstance(v, dict):
+                raise ConfigError(f"'params' in {source} must be a table")
+            for pk, pv in v.items():
+                params[str(pk).replace("-", "_")] = pv
+        elif key in fields:
+            out[key] = v
+        elif key in known_hp:
+            params[key] = v
+        else:
+            raise ConfigError(f"unknown setting {k!r} in {source}")
+    for pk in params:
+        if pk not in known_hp:
+            raise ConfigError(f"unknown hyper-parameter {pk!r} in {source}")
+    if params:
+        out["params"] = params
+    return out
+
+
+def build_config(file_settings: dict | None = None, cli_settings: dict | None = None) -> RunConfig:
+    """Defaults < config file < command line. ``params`` dicts are merged key by key."""
+    merged: dict[str, Any] = {}
+    params: dict[str, Any] = {}
+    for src in (file_settings or {}, cli_settings or {}):
+        for k, v in src.items():
+            if k == "params":
+                params.update({pk: pv for pk, pv in v.items() if pv is not None})
+            elif v is not None:
+                merged[k] = v
+    merged["params"] = params
+    try:
+        cfg = RunConfig(**merged)
+    except TypeError as e:
+        raise ConfigError(str(e)) from None
+    return cfg.validate()

@@ -1,0 +1,299 @@
+"""Find a dataset's extracted files, or fetch, verify and extract its official archive.
+
+The archives, their md5 checksums and URLs are the ones listed in spec/ecosystem.md ("Datasets"). Everything lives
+under one ``root`` folder::
+
+    root/
+      cifar-10-python.tar.gz    (optional: kept after a download, or placed there by hand)
+      cifar-10-batches-py/      data_batch_1..5, test_batch, batches.meta
+      cifar-100-python/         train, test, meta
+      tiny-imagenet-200/        wnids.txt, words.txt, train/<wnid>/images/*.JPEG, val/images/*.JPEG,
+                                val/val_annotations.txt
+      gzip/                     emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
+                                (EMNIST; the .gz files may also sit directly in root)
+
+``root`` may also be the dataset folder itself (e.g. ``.../cifar-10-batches-py``).
+
+:func:`ensure_dataset` returns the folder holding the files. When they are missing it uses an archive already in
+``root`` or downloads one (when allowed), checks the archive's md5, and extracts it into a temporary folder inside
+``root`` that is renamed into place only when extraction succeeded, so an interrupted or failed run never leaves a
+half-downloaded archive or a half-extracted folder. Known per-file md5s (the CIFAR batch files) are checked on
+every load.
+
+:data:`ARCHIVES` and :data:`DOWNLOAD_TIMEOUT` are module-level so tests (or a mirror) can replace URLs and checksums.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError, DatasetError
+
+
+@dataclass(frozen=True)
+class Archive:
+    """One dataset's official archive and the folder it extracts to."""
+
+    title: str  # for messages, e.g. "CIFAR-10"
+    url: str
+    filename: str  # the archive's file name inside root
+    md5: str  # md5 of the whole archive
+    folder: str  # the folder the archive extracts to, relative to root
+    required: tuple[str, ...]  # files (relative to folder) that must exist
+    layout: str  # human-readable description of folder's content, for error messages
+    file_md5: dict[str, str] = field(default_factory=dict)  # known md5s of files inside folder
+    loose_files_ok: bool = False  # the required files may also sit directly in root (EMNIST's .gz files)
+
+
+_CIFAR10_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
+
+ARCHIVES: dict[str, Archive] = {
+    "cifar10": Archive(
+        title="CIFAR-10",
+        url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+        filename="cifar-10-python.tar.gz",
+        md5="c58f30108f718f92721af3b95e74349a",
+        folder="cifar-10-batches-py",
+        required=_CIFAR10_BATCHES,
+        layout="data_batch_1..5, test_batch, batches.meta (python pickles)",
+        # The batch files' md5s published with the archive (also used by torchvision).
+        file_md5={
+            "data_batch_1": "c99cafc152244af753f735de768cd75f",
+            "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+            "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+            "data_batch_4": "634d18415352ddfa80567beed471001a",
+            "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+            "test_batch": "40351d587109b95175f43aff81a1287e",
+            "batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
+        },
+    ),
+    "cifar100": Archive(
+        title="CIFAR-100",
+        url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+        filename="cifar-100-python.tar.gz",
+        md5="eb9058c3a382ffc7106e4002c42a8d85",
+        folder="cifar-100-python",
+        required=("train", "test", "meta"),
+        layout="train, test, meta (python pickles)",
+        file_md5={
+            "train": "16019d7e3df5f24257cddd939b257f8d",
+            "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
+            "meta": "7973b15100ade9c7d40fb424638fde48",
+        },
+    ),
+    "tinyimagenet": Archive(
+        title="Tiny-ImageNet",
+        url="http://cs231n.stanford.edu/tiny-imagenet-200.zip",
+        filename="tiny-imagenet-200.zip",
+        md5="90528d7ca1a48142e341f4ef8d21d0de",
+        folder="tiny-imagenet-200",
+        required=("wnids.txt", "train", "val/images", "val/val_annotations.txt"),
+        layout="wnids.txt, train/<wnid>/images/*.JPEG, val/images/*.JPEG, val/val_annotations.txt",
+    ),
+    "emnist": Archive(
+        title="EMNIST",
+        url="https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip",
+        filename="gzip.zip",
+        md5="58c8d27c78d21e728a6bc7b3cc06412e",
+        folder="gzip",
+        required=(),  # depends on the split: passed by the loader
+        layout="emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte.gz",
+        loose_files_ok=True,
+    ),
+}
+
+DOWNLOAD_TIMEOUT = 15.0  # seconds: connect timeout and the longest wait for one read
+_CHUNK = 1 << 20
+
+# md5s already checked in this process, keyed by (path, size, mtime): a file is hashed once per process.
+_verified: set[tuple[str, int, int, str]] = set()
+
+
+def md5_of(path: str | os.PathLike) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_md5(path: Path, expected: str) -> None:
+    """Raise :class:`DatasetError` when ``path``'s md5 is not ``expected``."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, expected)
+    if key in _verified:
+        return
+    got = md5_of(path)
+    if got != expected:
+        raise DatasetError(f"checksum mismatch for {path}: expected {expected}, got {got}")
+    _verified.add(key)
+
+
+def archive_for(name: str) -> Archive:
+    try:
+        return ARCHIVES[name]
+    except KeyError:
+        raise ConfigError(f"no archive known for dataset {name!r}: choose one of {', '.join(ARCHIVES)}") from None
+
+
+def ensure_dataset(name: str, root: str | os.PathLike, download: bool = True,
+                   required: tuple[str, ...] | None = None) -> Path:
+    """Return the folder holding dataset ``name``'s extracted files, extracting or downloading them if needed.
+
+    ``required`` overrides the table's list of files that must exist (EMNIST passes its split's four files).
+    Raises :class:`DatasetError` when the files are missing and cannot be obtained, when a checksum does not
+    match, or when an archive is corrupt.
+    """
+    spec = archive_for(name)
+    root = Path(root).expanduser()
+    needed = spec.required if required is None else tuple(required)
+
+    found = _find_folder(spec, root, needed)
+    if found is not None:
+        _verify_files(spec, found)
+        return found
+
+    folder = root / spec.folder
+    if folder.exists():
+        missing = [f for f in needed if not (folder / f).exists()]
+        raise DatasetError(
+            f"{spec.title} folder {folder} is incomplete (missing {', '.join(missing)}); expected {spec.layout}; "
+            f"delete it to have it re-extracted"
+        )
+
+    archive = root / spec.filename
+    if not archive.is_file():
+        if not download:
+            raise DatasetError(_missing_message(spec, root, "download=False"))
+        _download(spec, root, archive)
+    verify_md5(archive, spec.md5)
+    _extract(spec, archive, root, needed)
+    _verify_files(spec, folder)
+    return folder
+
+
+def _find_folder(spec: Archive, root: Path, needed: tuple[str, ...]) -> Path | None:
+    candidates = [root / spec.folder]
+    if root.name == spec.folder or spec.loose_files_ok:
+        candidates.append(root)
+    for c in candidates:
+        if c.is_dir() and all((c / f).exists() for f in needed):
+            return c
+    return None
+
+
+def _verify_files(spec: Archive, folder: Path) -> None:
+    for rel, md5 in spec.file_md5.items():
+        path = folder / rel
+        if path.is_file():
+            verify_md5(path, md5)
+
+
+def _missing_message(spec: Archive, root: Path, reason: str) -> str:
+    where = f"{root / spec.folder}/" + (f" (or directly in {root}/)" if spec.loose_files_ok else "")
+    return (
+        f"{spec.title} not found: expected {where} holding {spec.layout}, or the archive {root / spec.filename}; "
+        f"could not download it ({reason}); fetch {spec.url} by hand (md5 {spec.md5}) and put it in {root}/"
+    )
+
+
+def _download(spec: Archive, root: Path, archive: Path) -> None:
+    """Fetch ``spec.url`` into ``archive``: written under a temporary name, renamed only when complete."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.filename}.", suffix=".part", dir=root)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                with urllib.request.urlopen(spec.url, timeout=DOWNLOAD_TIMEOUT) as resp:
+                    total = resp.headers.get("Content-Length") if hasattr(resp, "headers") else None
+                    _copy_with_progress(resp, out, int(total) if total and total.isdigit() else None, spec.filename)
+            except urllib.error.HTTPError as e:
+                raise DatasetError(_missing_message(spec, root, f"{spec.url}: HTTP {e.code} {e.reason}")) from None
+            except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+                reason = getattr(e, "reason", None) or e
+                raise DatasetError(_missing_message(spec, root, f"{spec.url}: {reason}")) from None
+            out.flush()
+            os.fsync(out.fileno())
+        got = md5_of(tmp)
+        if got != spec.md5:
+            raise DatasetError(
+                f"checksum mismatch for {spec.filename} downloaded from {spec.url}: expected {spec.md5}, got {got}"
+            )
+        os.replace(tmp, archive)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _copy_with_progress(src, dst, total: int | None, label: str) -> None:
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {label}",
+              disable=not sys.stderr.isatty(), leave=False) as bar:
+        for chunk in iter(lambda: src.read(_CHUNK), b""):
+            dst.write(chunk)
+            bar.update(len(chunk))
+
+
+def _extract(spec: Archive, archive: Path, root: Path, needed: tuple[str, ...]) -> None:
+    """Extract into a temporary folder inside ``root``; move ``spec.folder`` into place only when complete."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.folder}.", suffix=".extracting", dir=root))
+    try:
+        try:
+            if zipfile.is_zipfile(archive):
+                _extract_zip(archive, tmp)
+            else:
+                _extract_tar(archive, tmp)
+        except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
+            raise DatasetError(f"cannot extract {archive}: {e}") from None
+        produced = tmp / spec.folder
+        missing = [f for f in needed if not (produced / f).exists()]
+        if not produced.is_dir() or missing:
+            what = f"{spec.folder}/" if not produced.is_dir() else ", ".join(f"{spec.folder}/{m}" for m in missing)
+            raise DatasetError(f"archive {archive} does not contain {what}")
+        try:
+            os.replace(produced, root / spec.folder)
+        except OSError as e:
+            # Another process (e.g. a parallel run) may have put a complete copy there first: use it.
+            if _find_folder(spec, root, needed) is None:
+                raise DatasetError(f"cannot move the extracted files to {root / spec.folder}: {e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _inside(base: Path, name: str) -> bool:
+    target = (base / name).resolve()
+    return target == base or base in target.parents
+
+
+def _extract_tar(archive: Path, dest: Path) -> None:
+    with tarfile.open(archive, "r:*") as tf:
+        if hasattr(tarfile, "data_filter"):
+            tf.extractall(dest, filter="data")
+            return
+        base = dest.resolve()  # older Pythons: refuse absolute paths, '..' and links by hand
+        for m in tf.getmembers():
+            if not _inside(base, m.name) or m.issym() or m.islnk() or m.isdev():
+                raise DatasetError(f"refusing to extract unsafe member {m.name!r} of {archive}")
+        tf.extractall(dest)
+
+
+def _extract_zip(archive: Path, dest: Path) -> None:
+    base = dest.resolve()
+    with zipfile.ZipFile(archive) as zf:
+        for name in zf.namelist():
+            if not _inside(base, name):
+                raise DatasetError(f"refusing to extract unsafe member {name!r} of {archive}")
+        zf.extractall(dest)

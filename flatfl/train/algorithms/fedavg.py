@@ -1,0 +1,12 @@
+"""FedAvg (McMahan et al. 2017; algorithms.md section 2).
+
+Client: E epochs of local SGD on the cross-entropy. Server: theta^{t+1} = sum_{i in P_t} n_i theta_i / sum n_i.
+No state beyond theta. (With ``--local-opt sam`` this is FedSAM, with ``asam`` FedASAM.)
+"""
+from .base import Algorithm, register
+
+
+@register
+class FedAvg(Algorithm):
+    name = "fedavg"
+    summary = "FedAvg: local SGD, sample-weighted average of the participants' models"

@@ -1,0 +1,20 @@
+"""FedProx (Li et al. 2020; algorithms.md section 3).
+
+Local objective: CE + (mu/2)||theta - theta^t||^2, i.e. CE + (mu/2)||theta||^2 - mu<theta, theta^t> + const, as
+the FedDyn-family code writes it (the terms are part of the loss, so they are clipped with it). Its gradient
+mu (theta - theta^t) is added after backward. Server: as FedAvg. Default mu = 1e-4 (DYN/FDC scripts, MAN argparse).
+"""
+from ..components import HParam
+from .base import Algorithm, register
+
+
+@register
+class FedProx(Algorithm):
+    name = "fedprox"
+    summary = "FedProx: FedAvg with a proximal term (mu/2)||theta - theta^t||^2"
+    hparams = (HParam("mu", 1e-4, "proximal coefficient mu", check="nonnegative"),)
+
+    def correct_gradient(self, cctx) -> None:
+        if self.mu:
+            self.layout.add_params_to_grads(self.mu)
+            self.layout.add_to_grads(cctx.global_params, -self.mu)

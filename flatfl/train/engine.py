@@ -1,0 +1,390 @@
+"""The round loop: sample clients, train them locally, aggregate, evaluate, checkpoint, resume.
+
+The engine knows nothing about particular algorithms, optimizers or regularizers: it calls the interfaces in
+``algorithms/base.py``, ``optimizers.py`` and ``regularizers/base.py``.
+
+Determinism: every random choice derives from the run's seed: the initial model from ``seed``, round t's client
+sample from (seed, t), client i's batch order, augmentation and any in-model randomness in round t from
+(seed, t, i). A resumed run therefore repeats exactly what an uninterrupted run does, whatever point it was killed at.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..config import RunConfig
+from ..data import load_dataset
+from ..data.partition import Partition, make_partition
+from ..errors import ConfigError, DivergenceError
+from ..utils.io import atomic_torch_save, atomic_write_json, atomic_write_text
+from .algorithms.base import Algorithm, weighted_mean
+from .checkpoint import save_checkpoint
+from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, load_all
+from .context import ClientContext, RoundContext, frozen_copy
+from .evaluate import evaluate
+from .local import local_steps, train_client
+from .params import ParamLayout, float_buffers
+
+METRIC_COLUMNS = ["round", "lr", "clients", "local_loss", "train_loss", "train_acc", "test_loss", "test_acc",
+                  "all_test_loss", "all_test_acc", "seconds"]
+CACHE_LIMIT_BYTES = 1 << 30  # normalised copies of a split are kept in memory below this size
+
+
+def resolve_device(name: str) -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name} asked for, but CUDA is not available on this machine")
+    if name == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ConfigError("--device mps asked for, but MPS is not available on this machine")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}: use cpu, cuda, cuda:N or mps") from None
+
+
+def sample_clients(seed: int, rnd: int, num_clients: int, participation: float, method: str) -> np.ndarray:
+    """Round ``rnd``'s participants. 'bernoulli': each client joins independently with probability p, redrawn if
+    none joins (FedDyn code); 'fraction': a uniform sample of max(1, round(p N)) clients."""
+    rng = np.random.default_rng([seed, rnd, 0])
+    if method == "bernoulli":
+        while True:
+            active = rng.uniform(size=num_clients) <= participation
+            if active.any():
+                return np.flatnonzero(active)
+    m = max(1, int(round(participation * num_clients)))
+    return np.sort(rng.choice(num_clients, size=m, replace=False))
+
+
+def client_seed(seed: int, rnd: int, client: int) -> int:
+    return int(np.random.SeedSequence([seed, rnd, client, 1]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def set_global_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Builds a run from its config and runs (or resumes) it. ``run()`` returns the path of ``final.pt``."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, quiet: bool = False,
+                 log: Callable[[str], None] | None = None, dataset=None, model: torch.nn.Module | None = None):
+        """``dataset`` (an :class:`~flatfl.data.ImageDataset`) and ``model`` override the config's names, for
+        runs on in-memory data or a custom network from Python (the model is deep-copied)."""
+        load_all()
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.quiet = quiet
+        self.log = log or (lambda s: print(s, file=sys.stderr))
+        self.device = resolve_device(cfg.device)
+        torch.use_deterministic_algorithms(False)
+        set_global_seed(cfg.seed)
+
+        self.ds = dataset if dataset is not None else load_dataset(cfg.dataset, cfg.data_dir)
+        self.augment = cfg.augment if cfg.augment is not None else self.ds.augment_default
+        labels = self.ds.train_y.numpy()
+        part_file = self.run_dir / "partition.json"
+        if resume and part_file.is_file():
+            self.partition = Partition.from_dict(json.loads(part_file.read_text()))
+        else:
+            self.partition = make_partition(labels, cfg.clients, cfg.partition, cfg.alpha, cfg.seed)
+        if (self.partition.sizes == 0).any():
+            raise ConfigError(f"partition left {int((self.partition.sizes == 0).sum())} clients without data: "
+                              "use fewer clients")
+        self.label_counts = torch.as_tensor(self.partition.label_counts(labels, self.ds.num_classes))
+
+        # The model: seeded so that every run with this seed starts from the same weights (MAN reuses one init).
+        from ..models import build_model
+
+        torch.manual_seed(cfg.seed)
+        if model is None:
+            model = build_model(cfg.resolved_model(), num_classes=self.ds.num_classes,
+                                in_channels=self.ds.in_channels, image_size=self.ds.image_size, **cfg.model_args)
+        else:
+            model = copy.deepcopy(model)
+        self.model_spec = dict(getattr(model, "flatfl_spec", None) or {"name": "custom", "kwargs": {}})
+        self.algo_cls = ALGORITHMS.get_class(cfg.algo)
+        self.reg_cls = REGULARIZERS.get_class(cfg.reg)
+        self.opt_cls = LOCAL_OPTIMIZERS.get_class(self.algo_cls.local_optimizer(cfg.local_opt))
+        algo_hp, reg_hp = (c.resolve(cfg.params) for c in (self.algo_cls, self.reg_cls))
+        self.opt_hp = self.opt_cls.resolve(self.algo_cls.optimizer_settings(cfg.params))
+        model = self.algo_cls.wrap_model(model, algo_hp)
+        model = self.reg_cls.prepare_model(model, reg_hp)
+        self.model = model.to(self.device)
+        self.layout = ParamLayout(self.model)
+        self.resolved = {"algorithm": {"name": self.algo_cls.name, **algo_hp},
+                         "local_opt": {"name": self.opt_cls.name, **self.opt_hp},
+                         "regularizer": {"name": self.reg_cls.name, **reg_hp}}
+
+        n = self.partition.num_clients
+        self.algo: Algorithm = self.algo_cls(algo_hp, num_clients=n, client_sizes=self.partition.sizes,
+                                             layout=self.layout, device=self.device, config=cfg)
+        self.reg = self.reg_cls(reg_hp, num_classes=self.ds.num_classes, config=cfg)
+        self.reg.attach(self.model)
+
+        self.theta = self.layout.get()
+        self.buffers = {k: v.detach().clone() for k, v in float_buffers(self.model).items()}
+        self.latest = self.theta.unsqueeze(0).repeat(n, 1)  # each client's most recent local model
+        self.latest_buffers = {k: v.unsqueeze(0).repeat(n, *[1] * v.dim()) for k, v in self.buffers.items()}
+        self.metrics: list[dict] = []
+        self.start_round = 0
+        self.elapsed = 0.0
+
+        self._train_cache = self._maybe_cache(self.ds.train_x)
+        self._test_cache = self._maybe_cache(self.ds.test_x)
+        if resume:
+            self._load_resume_state()
+
+    # ----- data -----
+    def _maybe_cache(self, x: torch.Tensor) -> torch.Tensor | None:
+        if x.numel() * 4 <= CACHE_LIMIT_BYTES:
+            return self.ds.normalize(x.to(self.device))
+        return None
+
+    def _client_data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(self.partition.client_indices[i])
+        y = self.ds.train_y[idx].to(self.device)
+        if self._train_cache is not None:
+            return self._train_cache[idx.to(self.device)], y
+        return self.ds.normalize(self.ds.train_x[idx].to(self.device)), y
+
+    def _augment_fn(self):
+        if not self.augment:
+            return None
+        from ..data.transforms import augment_flip_crop
+
+        return augment_flip_crop
+
+    # ----- models -----
+    def _load_into_model(self, params: torch.Tensor, buffers: dict[str, torch.Tensor]) -> None:
+        self.layout.set(params)
+        for k, v in buffers.items():
+            self.model.get_buffer(k).copy_(v)
+
+    def _frozen_global(self, theta: torch.Tensor) -> Callable[[], torch.nn.Module]:
+        """A builder of the frozen copy of the model the server sent (built at most once per round, on demand)."""
+
+        def build():
+            m = copy.deepcopy(self.model)
+            ParamLayout(m).set(theta)
+            for k, v in self.buffers.items():
+                m.get_buffer(k).copy_(v)
+            return frozen_copy(m)
+
+        return build
+
+    def all_clients_params(self) -> torch.Tensor:
+        """The average of all clients' latest models ("all" in algorithms.md section 0)."""
+        if self.algo_cls.all_model_weighting == "uniform":
+            return self.latest.mean(0)
+        return weighted_mean(list(self.latest), self.partition.sizes)
+
+    # ----- the loop -----
+    def run(self) -> Path:
+        cfg = self.cfg
+        if self.start_round >= cfg.rounds:
+            self.log(f"run {self.run_dir} already finished ({cfg.rounds} rounds)")
+            return self.run_dir / "final.pt"
+        self._write_run_files()
+        from tqdm.auto import tqdm
+
+        bar = tqdm(range(self.start_round, cfg.rounds), initial=self.start_round, total=cfg.rounds, unit="round",
+                   desc="train", disable=self.quiet or not sys.stderr.isatty(), leave=False)
+        last_logged = time.monotonic()
+        for r in bar:
+            t0 = time.perf_counter()
+            try:
+                row = self._round(r)
+            except DivergenceError as e:
+                bar.close()
+                good = self._last_good()
+                raise DivergenceError(f"{e}; stopped. Last good checkpoint: {good}") from None
+            self.elapsed += time.perf_counter() - t0
+            if row is not None:
+                row["seconds"] = round(self.elapsed, 3)
+                self.metrics.append(row)
+                self._write_metrics()
+                bar.set_postfix(acc=f"{row['test_acc']:.3f}", loss=f"{row['train_loss']:.3f}")
+                if not self.quiet and (bar.disable and (time.monotonic() - last_logged > 10 or r + 1 == cfg.rounds)):
+                    self.log(f"round {r + 1}/{cfg.rounds}: train loss {row['train_loss']:.4f}, "
+                             f"test acc {row['test_acc']:.4f} (all-clients avg {row['all_test_acc']:.4f})")
+                    last_logged = time.monotonic()
+            if (r + 1) % cfg.checkpoint_every == 0 or r + 1 == cfg.rounds:
+                self._checkpoint(r + 1, final=(r + 1 == cfg.rounds))
+        bar.close()
+        return self.run_dir / "final.pt"
+
+    def _round(self, r: int) -> dict | None:
+        cfg = self.cfg
+        lr = cfg.lr * cfg.lr_decay ** r
+        participants = sample_clients(cfg.seed, r, self.partition.num_clients, cfg.participation, cfg.sampling)
+        rctx = RoundContext(r, lr, self.theta, _build_model=self._frozen_global(self.theta))
+        self.algo.round_start(rctx)
+        augment = self._augment_fn()
+        results, client_buffers = [], []
+        for i in participants.tolist():
+            s = client_seed(cfg.seed, r, i)
+            torch.manual_seed(s)
+            gen = torch.Generator().manual_seed(s)
+            x, y = self._client_data(i)
+            n_i = len(y)
+            cctx = ClientContext(
+                client_id=i, round=rctx, model=self.model, x=x, y=y, num_samples=n_i,
+                weight=float(self.algo.weights[i]), label_counts=self.label_counts[i],
+                steps=local_steps(n_i, cfg.batch_size, cfg.local_epochs), lr=lr, generator=gen)
+            self._load_into_model(self.algo.client_start(cctx), self.buffers)
+            self.reg.start_client(cctx)
+
+            def make_optimizer(weight_decay_extra: float = 0.0):
+                return self.opt_cls(self.layout, lr=lr, weight_decay=cfg.weight_decay + weight_decay_extra,
+                                    momentum=cfg.momentum, nesterov=cfg.nesterov, clip=cfg.clip, hp=self.opt_hp)
+
+            loss = train_client(cctx, algo=self.algo, reg=self.reg, make_optimizer=make_optimizer,
+                                epochs=cfg.local_epochs, batch_size=cfg.batch_size, augment=augment)
+            self.reg.end_client(cctx)
+            new = self.layout.get()
+            results.append(self.algo.client_end(cctx, new, float(loss)))
+            self.latest[i] = new
+            bufs = {k: v.detach().clone() for k, v in float_buffers(self.model).items()}
+            for k, v in bufs.items():
+                self.latest_buffers[k][i] = v
+            client_buffers.append(bufs)
+        theta = self.algo.aggregate(rctx, results)
+        if not torch.isfinite(theta).all():
+            raise DivergenceError(f"the server model became non-finite in round {r + 1}")
+        self.theta = theta
+        if self.buffers:
+            sizes = [res.num_samples for res in results]
+            self.buffers = {k: weighted_mean([b[k] for b in client_buffers], sizes) for k in self.buffers}
+        if (r + 1) % cfg.eval_every != 0 and r + 1 != cfg.rounds:
+            return None
+        return self._evaluate_row(r, lr, len(participants), float(np.mean([res.loss for res in results])))
+
+    def _evaluate_row(self, r: int, lr: float, n_clients: int, local_loss: float) -> dict:
+        cfg = self.cfg
+        ds = self.ds
+        norm = None if self._test_cache is not None else ds.normalize
+        test_x = self._test_cache if self._test_cache is not None else ds.test_x
+        train_x = self._train_cache if self._train_cache is not None else ds.train_x
+        tnorm = None if self._train_cache is not None else ds.normalize
+        self._load_into_model(self.theta, self.buffers)
+        test_loss, test_acc = evaluate(self.model, test_x, ds.test_y, cfg.eval_batch_size, norm)
+        train_loss, train_acc = evaluate(self.model, train_x, ds.train_y, cfg.eval_batch_size, tnorm)
+        self._load_into_model(self.all_clients_params(), self.buffers)
+        all_loss, all_acc = evaluate(self.model, test_x, ds.test_y, cfg.eval_batch_size, norm)
+        return {"round": r + 1, "lr": lr, "clients": n_clients, "local_loss": local_loss,
+                "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,
+                "all_test_loss": all_loss, "all_test_acc": all_acc}
+
+    # ----- files -----
+    def _write_run_files(self) -> None:
+        d = self.run_dir
+        d.mkdir(parents=True, exist_ok=True)
+        cfg = self.cfg.to_dict()
+        cfg["out"] = str(d)
+        atomic_write_json(d / "config.json", {"flatfl_version": __version__, "config": cfg,
+                                              "model": self.model_spec, "resolved": self.resolved})
+        if not (d / "partition.json").is_file():
+            pd = self.partition.to_dict()
+            pd["label_counts"] = self.label_counts.tolist()
+            atomic_write_json(d / "partition.json", pd)
+
+    def _write_metrics(self) -> None:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for row in self.metrics:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+        atomic_write_text(self.run_dir / "metrics.csv", buf.getvalue())
+
+    def _model_payload(self, rnd: int) -> dict:
+        self._load_into_model(self.theta, self.buffers)
+        server = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        self._load_into_model(self.all_clients_params(), self.buffers)
+        all_sd = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        cfg = self.cfg.to_dict()
+        cfg["out"] = str(self.run_dir)
+        return {
+            "flatfl_version": __version__,
+            "model_spec": self.model_spec,
+            "state_dict": server,
+            "all_state_dict": all_sd,
+            "dataset": {"name": self.ds.name, "data_dir": str(Path(self.cfg.data_dir).resolve()),
+                        "num_classes": self.ds.num_classes, "input_shape": list(self.ds.input_shape)},
+            "partition": self.partition.to_dict(),
+            "config": cfg,
+            "resolved": self.resolved,
+            "round": rnd,
+            "metrics": list(self.metrics),
+            "rng": {"torch": torch.get_rng_state(), "seed": self.cfg.seed},
+        }
+
+    def _checkpoint(self, rnd: int, final: bool) -> None:
+        d = self.run_dir
+        payload = self._model_payload(rnd)
+        (d / "checkpoints").mkdir(exist_ok=True)
+        save_checkpoint(d / "checkpoints" / f"round_{rnd:04d}.pt", payload)
+        if self.cfg.save_clients:
+            atomic_torch_save({"round": rnd, "params": self.latest.cpu(),
+                               "buffers": {k: v.cpu() for k, v in self.latest_buffers.items()},
+                               "num_samples": torch.as_tensor(self.partition.sizes)}, d / "clients.pt")
+        state = {
+            "round": rnd, "finished": final, "theta": self.theta.cpu(), "buffers": {k: v.cpu() for k, v in self.buffers.items()},
+            "latest": self.latest.cpu(), "latest_buffers": {k: v.cpu() for k, v in self.latest_buffers.items()},
+            "algorithm": self.algo.state_dict(), "metrics": list(self.metrics), "elapsed": self.elapsed,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        }
+        atomic_torch_save(state, d / "resume.pt")
+        if final:
+            save_checkpoint(d / "final.pt", payload)
+
+    def _last_good(self) -> str:
+        cks = sorted((self.run_dir / "checkpoints").glob("round_*.pt"))
+        return str(cks[-1]) if cks else "none (no round completed a checkpoint)"
+
+    def _load_resume_state(self) -> None:
+        f = self.run_dir / "resume.pt"
+        if not f.is_file():
+            # Killed before the first checkpoint: start from round 0 (everything derives from the seed).
+            return
+        try:
+            st = torch.load(f, map_location="cpu", weights_only=False)
+        except Exception:
+            raise ConfigError(f"{f} is corrupt; delete it to restart the run from round 0") from None
+        dev = self.device
+        if st["theta"].numel() != self.layout.dim:
+            raise ConfigError(f"{f} does not match this run's model ({st['theta'].numel()} vs {self.layout.dim} parameters)")
+        self.theta = st["theta"].to(dev)
+        self.buffers = {k: v.to(dev) for k, v in st["buffers"].items()}
+        self.latest = st["latest"].to(dev)
+        self.latest_buffers = {k: v.to(dev) for k, v in st["latest_buffers"].items()}
+        self.algo.load_state_dict(st["algorithm"])
+        self.metrics = list(st["metrics"])
+        self.elapsed = float(st.get("elapsed", 0.0))
+        self.start_round = int(st["round"])
+
+
+def read_run_config(run_dir: str | Path) -> RunConfig:
+    """The config of an existing run directory (for --resume)."""
+    d = Path(run_dir)
+    f = d / "config.json"
+    if not d.is_dir():
+        raise ConfigError(f"--resume: {d} is not a directory")
+    if not f.is_file():
+        raise ConfigError(f"--resume: {d} is not a flatfl run (no config.json)")
+    try:
+        raw = json.loads(f.read_text())
+        return RunConfig.from_dict(raw["config"])
+    except Exception:
+        raise ConfigError(f"--resume: {f} is corrupt") from None

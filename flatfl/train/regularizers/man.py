@@ -1,0 +1,120 @@
+"""MAN: minimize the layer-wise activation norm (Yashwanth et al.; MAN paper Eq. 15-18; algorithms.md §16).
+
+Local loss, exactly as the official fedMAN code computes it::
+
+    loss = CE + (zeta / 2) * Reg,    Reg = sum_l mean_b mean_elements(a_l ** 2)
+
+where a_l runs over the model's post-non-linearity activations (``model.activation_modules()``; the logits are
+never among them). Each layer term is the per-sample mean of squares over all non-batch elements, averaged over the
+batch (Eq. 17 for convolutional maps, Eq. 18 for fully connected layers); the terms are summed over layers (Eq. 16).
+
+The weight: the paper writes f_k = L_k + zeta * L_act (Eq. 15), the code adds ``mu_mean / 2 * Reg``.
+``--zeta`` is the code's ``--mu_mean``, so the published values (zeta = 0.15 on CIFAR-100, 0.1 on Tiny-ImageNet,
+README; 0.2 in the shipped Tiny-ImageNet scripts) mean here what they meant there: loss = CE + (zeta/2) * Reg.
+Default 0.15 (the CIFAR-100 value).
+
+Activations are captured by forward hooks installed once in :meth:`MAN.attach`. A hook records only while MAN's own
+forward pass runs and only for the module instances it was installed on, so a deep copy of the model (a teacher,
+the frozen global model, an algorithm's extra forward) never adds terms; the list is cleared at every forward, so
+SAM's two passes each see exactly their own activations. Each term is computed inside the hook, the moment the
+activation exists, so a later in-place operation cannot change its value (hooked activation modules are also
+switched to ``inplace=False``). Models without ``activation_modules()`` fall back to every element-wise
+non-linearity module (ReLU, GELU, tanh, ...) registered before the final linear layer.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..components import REGULARIZERS, HParam
+from ..context import StepContext
+from .base import Regularizer
+
+#: element-wise non-linearities the fallback hooks when a model does not list its activation modules
+NONLINEARITIES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
+                  nn.Tanh, nn.Sigmoid, nn.Softplus, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softsign)
+
+
+def default_activation_modules(model: nn.Module) -> list[nn.Module]:
+    """The model's own list when it has ``activation_modules()``; else every non-linearity module registered before
+    the final linear layer (``model.classifier`` when present, else the last ``nn.Linear``), so nothing applied to
+    the logits is ever penalised."""
+    own = getattr(model, "activation_modules", None)
+    if callable(own):
+        return list(own())
+    modules = list(model.modules())
+    head = getattr(model, "classifier", None)
+    if not isinstance(head, nn.Module):
+        linears = [m for m in modules if isinstance(m, nn.Linear)]
+        head = linears[-1] if linears else None
+    end = next((i for i, m in enumerate(modules) if m is head), len(modules))
+    return [m for m in modules[:end] if isinstance(m, NONLINEARITIES)]
+
+
+def activation_norm_terms(activations: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-layer terms mean_b mean_elements(a ** 2) (Eq. 17 / 18): the mean of squares over every element, which
+    equals the per-sample mean over non-batch elements averaged over the batch."""
+    return [a.pow(2).mean() for a in activations]
+
+
+@REGULARIZERS.register
+class MAN(Regularizer):
+    name = "man"
+    summary = "MAN: CE + (zeta/2) * sum over layers of the mean squared post-non-linearity activation"
+    hparams = (HParam("zeta", 0.15, "MAN weight as in the fedMAN code (--mu_mean): loss = CE + (zeta/2) * "
+                      "sum_l mean(a_l^2); 0.15 CIFAR-100, 0.1 Tiny-ImageNet", check="nonnegative"),)
+
+    def __init__(self, hp: dict[str, Any], *, num_classes: int, config: Any = None):
+        super().__init__(hp, num_classes=num_classes, config=config)
+        self._hooked: list[nn.Module] = []
+        self._handles: list = []
+        self._terms: list[torch.Tensor] = []
+        self._recording = False
+
+    # ----- hooks -----
+    def attach(self, model: nn.Module) -> None:
+        self.detach()
+        self._hooked = default_activation_modules(model)
+        owned = {id(m) for m in self._hooked}
+
+        def record(module: nn.Module, inputs, output) -> None:
+            if self._recording and id(module) in owned and isinstance(output, torch.Tensor):
+                self._terms.append(output.pow(2).mean())
+
+        for module in self._hooked:
+            if getattr(module, "inplace", False):
+                module.inplace = False
+            self._handles.append(module.register_forward_hook(record))
+
+    def detach(self) -> None:
+        """Remove the hooks (not needed by the engine; for tests and interactive use)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    @property
+    def hooked_modules(self) -> list[nn.Module]:
+        return list(self._hooked)
+
+    def capture(self, model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Run ``model(x)`` recording this forward's layer terms only. Returns (logits, terms)."""
+        self._terms = []
+        self._recording = True
+        try:
+            logits = model(x)
+        finally:
+            self._recording = False
+        terms, self._terms = self._terms, []
+        return logits, terms
+
+    # ----- the loss -----
+    def forward(self, step: StepContext) -> torch.Tensor:
+        step.logits, terms = self.capture(step.model, step.x)
+        loss = torch.nn.functional.cross_entropy(step.logits, step.y)
+        if not terms:
+            return loss
+        reg = torch.stack(terms).sum()
+        step.scratch["man_reg"] = reg.detach()
+        return loss + (self.zeta / 2.0) * reg

@@ -1,0 +1,69 @@
+"""Glue between the command line and the engine: build the config, pick the run directory, train or resume."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ..config import build_config, read_config_file
+from ..errors import ConfigError
+from .engine import Trainer, read_run_config
+
+
+def default_run_dir(cfg) -> Path:
+    reg = "" if cfg.reg == "none" else f"-{cfg.reg}"
+    opt = "" if cfg.local_opt == "sgd" else f"-{cfg.local_opt}"
+    part = cfg.partition if cfg.partition == "iid" else f"{cfg.partition}{cfg.alpha:g}"
+    return Path("runs") / f"{cfg.dataset}-{cfg.algo}{opt}{reg}-{part}-s{cfg.seed}"
+
+
+def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=False, opts=None) -> Path:
+    opts = dict(opts or {})
+    if resume_dir is not None:
+        cfg = read_run_config(resume_dir)
+        trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet)
+        return trainer.run()
+    from .components import all_hparams
+
+    hp_keys = set(all_hparams())
+    cli = {k: v for k, v in opts.items() if k not in hp_keys and v is not None}
+    params = {k: v for k, v in opts.items() if k in hp_keys and v is not None}
+    if params:
+        cli["params"] = params
+    file_settings = read_config_file(config_file) if config_file else {}
+    cfg = build_config(file_settings, cli)
+    run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+    cfg.out = str(run_dir)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not force:
+            raise ConfigError(f"run directory {run_dir} already exists: use --resume {run_dir} to continue it, "
+                              "--force to overwrite it, or another --out")
+        if not (run_dir / "config.json").is_file():
+            raise ConfigError(f"--force: {run_dir} is not a flatfl run directory; refusing to delete it")
+        shutil.rmtree(run_dir)
+    return Trainer(cfg, run_dir, quiet=quiet).run()
+
+
+def describe_partition(dataset, data_dir, method, alpha, clients, seed, run_dir=None) -> str:
+    import json
+
+    import numpy as np
+
+    from ..data import load_dataset
+    from ..data.partition import Partition, format_histogram, make_partition
+
+    if run_dir is not None:
+        f = Path(run_dir) / "partition.json"
+        if not f.is_file():
+            raise ConfigError(f"{run_dir} has no partition.json: not a flatfl run")
+        cfg = read_run_config(run_dir)
+        ds = load_dataset(cfg.dataset, cfg.data_dir, download=False)
+        part = Partition.from_dict(json.loads(f.read_text()))
+    else:
+        ds = load_dataset(dataset, data_dir)
+        part = make_partition(ds.train_y.numpy(), clients, method, alpha, seed)
+    labels = ds.train_y.numpy()
+    counts = part.label_counts(labels, ds.num_classes)
+    frac = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+    head = (f"{part.method} partition of {ds.name} (alpha={part.alpha}, seed={part.seed}): {part.num_clients} clients, "
+            f"sizes {int(part.sizes.min())}-{int(part.sizes.max())}, mean max-class share {frac.max(1).mean():.3f}")
+    return head + "\n" + format_histogram(part, labels, ds.num_classes)
