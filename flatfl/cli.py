@@ -136,3 +136,268 @@ def models():
     from .models import model_names
 
     click.echo("\n".join(model_names()))
+
+
+# --------------------------------------------------------------------------------------------------------- hessian
+HESSIAN_EPILOG = """\b
+Examples:
+  flatfl hessian runs/x/final.pt --out runs/x/hessian             # top eigenvalue + Hutch++ trace, whole train split
+  flatfl hessian runs/x --top 200 --density --samples 4096 --out runs/x/hessian
+  flatfl hessian runs/x --method power --samples 4096 --out h-pyh  # PyHessian's protocol (power + its trace rule)
+"""
+
+
+@main.command(epilog=HESSIAN_EPILOG)
+@click.argument("checkpoint", type=click.Path())
+@click.option("--out", required=True, type=click.Path(), help="output directory (hessian.json, eigenvalues.csv, figures)")
+@click.option("--top", type=int, default=1, show_default=True, help="number of top eigenvalues (0 = none)")
+@click.option("--trace/--no-trace", default=True, show_default=True, help="estimate the trace")
+@click.option("--density/--no-density", default=False, show_default=True, help="eigenvalue spectral density (SLQ)")
+@click.option("--samples", type=int, default=None, help="draw N evaluation samples once with --seed (default: whole split)")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="evaluation batch size (does not change the result)")
+@click.option("--split", default="train", show_default=True, help="train | test")
+@click.option("--method", default="lanczos", show_default=True, help="lanczos | power (PyHessian's rule)")
+@click.option("--tol", type=float, default=1e-3, show_default=True, help="eigenvalue tolerance (Lanczos: relative residual; power: relative change)")
+@click.option("--trace-method", default=None, help="hutchpp | hutchinson | pyhessian (default: hutchpp; pyhessian with --method power)")
+@click.option("--trace-hvps", type=int, default=100, show_default=True, help="HVP budget of the trace estimate")
+@click.option("--trace-rtol", type=float, default=0.01, show_default=True, help="stop the trace at this relative standard error")
+@click.option("--density-steps", type=int, default=100, show_default=True, help="Lanczos steps per SLQ start")
+@click.option("--density-starts", type=int, default=1, show_default=True, help="number of SLQ starts")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample draw and of every random vector")
+@click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
+@click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
+@click.option("--save-eigenvectors", is_flag=True, help="also write eigenvectors.pt (parameter layout included)")
+@click.option("--exact-residuals", is_flag=True, help="recompute each residual ||Hv - lambda v|| with one more HVP")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+@friendly_errors
+def hessian(checkpoint, out, **opts):
+    """Top Hessian eigenvalues, trace and spectral density of a checkpoint's model (mean loss, eval mode)."""
+    from .analysis.hessian_run import run_hessian
+
+    report = run_hessian(checkpoint, out, **opts)
+    values = report["top_eigenvalues"]
+    if values:
+        shown = ", ".join(f"{v:.6g}" for v in values[:5]) + (" ..." if len(values) > 5 else "")
+        click.echo(f"top eigenvalues: {shown}")
+    if report["trace"]:
+        tr = report["trace"]
+        stderr = "n/a" if tr["stderr"] is None else f"{tr['stderr']:.3g}"
+        click.echo(f"trace: {tr['estimate']:.6g} +- {stderr} ({tr['method']}, {tr['hvps']} HVPs)")
+    click.echo(f"{report['hvps_total']} HVPs in {report['seconds']:.1f} s -> {out}")
+
+
+# ------------------------------------------------------------------------------------------------ hessian-clients
+HESSIAN_CLIENTS_EPILOG = """\b
+Examples:
+  flatfl hessian-clients runs/x --out runs/x/hessian                 # global model on each client's data
+  flatfl hessian-clients runs/x --protocol fedalign --out h-fedalign  # FedAlign's code: local models, K x K mean
+The run must have been trained with --save-clients (clients.pt next to final.pt).
+"""
+
+
+@main.command("hessian-clients", epilog=HESSIAN_CLIENTS_EPILOG)
+@click.argument("checkpoint", type=click.Path())
+@click.option("--out", required=True, type=click.Path(), help="output directory (hessian.json 'clients' section, heat map)")
+@click.option("--protocol", default="default", show_default=True, help="default | fedalign (FedAlign's code, to reproduce its Table 1)")
+@click.option("--probes", type=int, default=100, show_default=True, help="Rademacher probes per client (fedalign: the most, PyHessian's maxIter)")
+@click.option("--groups", type=int, default=10, show_default=True, help="jackknife groups of probes for the standard errors")
+@click.option("--samples", type=int, default=None, help="samples per client (default: all) | fedalign: global samples (default 640)")
+@click.option("--batch-size", type=int, default=None, help="evaluation batch size (default 256; fedalign 64)")
+@click.option("--tol", type=float, default=1e-3, show_default=True, help="fedalign: PyHessian's relative stopping tolerance")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample draws and the probes")
+@click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
+@click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+@friendly_errors
+def hessian_clients(checkpoint, out, **opts):
+    """Cross-client Hessian metrics H_N and H_D (FedAlign Eq. 3-4) with standard errors."""
+    from .analysis.clients import run_client_metrics
+
+    report = run_client_metrics(checkpoint, out, **opts)
+    c = report["clients"]
+
+    def show(value, err):
+        return "n/a" if value is None else f"{value:.6g} +- {'n/a' if err is None else f'{err:.3g}'}"
+
+    click.echo(f"protocol {c['protocol']} ({c['num_clients']} clients, {c['pairs']} pairs, {c['estimator']})")
+    click.echo(f"H_N: {show(c['H_N'], c['H_N_stderr'])}")
+    click.echo(f"H_D: {show(c['H_D'], c['H_D_stderr'])}")
+    click.echo(f"{c['hvps']} HVPs in {c['seconds']:.1f} s -> {out}")
+
+
+# --------------------------------------------------------------------------------------------------------- surface
+SURFACE_EPILOG = """\b
+Examples:
+  flatfl surface runs/x --out runs/x/surface                          # random filter-normalised, 21 x 21, range 1
+  flatfl surface runs/x --directions hessian --grid 41 --samples 2048 --workers 2 --out runs/x/surface-h
+  flatfl surface runs/x --directions hessian --eigenvectors runs/x/hessian/eigenvectors.pt --out s
+Killed? Run the same command again: finished grid points are kept in surface.npz and not recomputed.
+"""
+
+
+@main.command(epilog=SURFACE_EPILOG)
+@click.argument("checkpoint", type=click.Path())
+@click.option("--out", required=True, type=click.Path(), help="output directory (surface.npz/.csv/.json, figures)")
+@click.option("--directions", default="random", show_default=True, help="random (filter-normalised) | hessian (top-2 eigenvectors)")
+@click.option("--grid", type=int, default=21, show_default=True, help="points per axis (linspace(-R, R, N))")
+@click.option("--range", "range_", type=float, default=1.0, show_default=True, help="half-width R of the square")
+@click.option("--samples", type=int, default=None, help="draw N evaluation samples once with --seed (default: whole split)")
+@click.option("--workers", type=int, default=1, show_default=True, help="local worker processes (CPU)")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="evaluation batch size")
+@click.option("--split", default="train", show_default=True, help="train | test")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample draw and the random directions")
+@click.option("--include-bn-bias", is_flag=True, help="random directions also move 1-D tensors (biases, norm affine)")
+@click.option("--eigenvectors", type=click.Path(), default=None, help="eigenvectors.pt from 'flatfl hessian --save-eigenvectors'")
+@click.option("--tol", type=float, default=1e-3, show_default=True, help="Lanczos tolerance for --directions hessian")
+@click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
+@click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
+@click.option("--force", is_flag=True, help="start over instead of resuming surface.npz in --out")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+@friendly_errors
+def surface(checkpoint, out, range_, **opts):
+    """Loss and accuracy on a 2-D grid around a checkpoint's model (contour and 3-D figures)."""
+    from .analysis.surface import run_surface
+
+    report = run_surface(checkpoint, out, range=range_, **opts)
+    origin = report["loss_at_origin"]
+    shown = "" if origin is None else f", loss at origin {origin:.6g}"
+    click.echo(f"{report['points']} points ({report['points_computed_now']} computed now) in "
+               f"{report['seconds']:.1f} s{shown} -> {out}")
+
+
+# --------------------------------------------------------------------------------------------------------- report
+REPORT_EPILOG = """\b
+Examples:
+  flatfl report runs/sweep --out reports/sweep                 # every run under runs/sweep
+  flatfl report runs/a runs/b --out reports/ab --compute-missing --top 50 --density
+  flatfl report runs/reproduce-quick --table man-table2 --out reports/t2
+"""
+
+
+@main.command(epilog=REPORT_EPILOG)
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="report folder (CSV, report.md, report.pdf)")
+@click.option("--table", "tables", multiple=True,
+              help="paper layout: man-table2 | man-table6 | man-tables | fedalign-table1 (repeatable; default: every layout the runs fill)")
+@click.option("--compute-missing", is_flag=True, help="compute missing Hessian (and H_N / H_D) results instead of listing them")
+@click.option("--top", type=int, default=1, show_default=True, help="--compute-missing: number of top eigenvalues")
+@click.option("--density/--no-density", default=False, show_default=True, help="--compute-missing: also the spectral density")
+@click.option("--samples", type=int, default=None, help="--compute-missing: evaluation samples (default: the whole training split)")
+@click.option("--method", default="lanczos", show_default=True, help="--compute-missing: lanczos | power (PyHessian's rule)")
+@click.option("--device", default="cpu", show_default=True, help="--compute-missing: cpu | cuda | cuda:N | mps")
+@friendly_errors
+def report(run_dirs, out, tables, compute_missing, top, density, samples, method, device):
+    """Tables (CSV, Markdown) and one PDF from run directories, with the papers' values beside ours."""
+    from .report import build_report
+
+    hessian = {"top": top, "density": density, "samples": samples, "method": method}
+    summary = build_report(list(run_dirs), out, tables=list(tables) or None, compute_missing=compute_missing,
+                           hessian=hessian, device=device, echo=click.echo)
+    _echo_summary(summary, out)
+
+
+def _echo_summary(summary: dict, out) -> None:
+    from .report.pdf import _counts_line
+
+    for key, counts in summary["directions"].items():
+        for metric, c in counts.items():
+            click.echo(f"{key}: {_counts_line(metric, c)}")
+    for line in summary["missing"]:
+        click.echo(f"missing: {line}", err=True)
+    click.echo(f"{summary['runs']} runs, {len(summary['pages'])} PDF pages -> {out}/report.pdf")
+
+
+# ------------------------------------------------------------------------------------------------------ reproduce
+REPRODUCE_EPILOG = """\b
+Examples:
+  flatfl reproduce man-tables --preset quick --workers 2      # MAN Tables 2 and 6 on digits (minutes, 2 cores)
+  flatfl reproduce man-table2 --preset paper --data-dir ~/data --device cuda --executor ray
+  flatfl reproduce fedalign-table1 --preset quick --out reports/fedalign
+Re-running the same command skips finished runs and analyses and resumes interrupted runs.
+"""
+
+
+def _executor_options(fn):
+    fn = click.option("--gpus-per-task", type=float, default=0, show_default=True, help="Ray: GPUs per run (e.g. 1 or 0.5)")(fn)
+    fn = click.option("--ray-address", default=None, help="Ray: attach to this cluster (default $RAY_ADDRESS, else a local Ray)")(fn)
+    fn = click.option("--threads", type=int, default=None, help="torch threads per run (default: 1 on up to 4 cores, else cores / workers)")(fn)
+    fn = click.option("--workers", type=int, default=1, show_default=True, help="runs at once (local: processes; ray: CPUs of a local Ray)")(fn)
+    fn = click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="where runs execute")(fn)
+    return fn
+
+
+@main.command(epilog=REPRODUCE_EPILOG)
+@click.argument("target", type=click.Choice(["man-table2", "man-table6", "man-tables", "fedalign-table1"]))
+@click.option("--preset", type=click.Choice(["quick", "paper", "tiny"]), default="quick", show_default=True,
+              help="quick: digits on a CPU; paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")
+@click.option("--runs-dir", type=click.Path(file_okay=False), default=None, help="run folder (default runs/reproduce-<preset>)")
+@click.option("--seeds", default="0", show_default=True, help="comma-separated seeds, e.g. 0,1,2")
+@click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
+@click.option("--data-dir", default=None, help="dataset folder (paper preset: CIFAR-100)")
+@_executor_options
+@friendly_errors
+def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, executor, workers, threads, ray_address,
+              gpus_per_task):
+    """Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign Table 1."""
+    from .errors import ConfigError
+    from .executors import make_executor
+    from .reproduce import reproduce as run_reproduction
+
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
+    summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
+                               device=device, data_dir=data_dir, threads=threads, echo=click.echo)
+    _echo_summary(summary, out or f"reports/{target}-{preset}")
+    click.echo(f"done in {summary['seconds']:.0f} s")
+    if summary["failed"]:
+        click.echo(f"flatfl: error: {len(summary['failed'])} run(s) failed: " + "; ".join(summary["failed"][:3]), err=True)
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------------------- sweep
+SWEEP_EPILOG = """\b
+Examples:
+  flatfl sweep grid.toml                                   # serially, on this machine
+  flatfl sweep grid.toml --workers 2                       # two runs at once (processes)
+  flatfl sweep grid.toml --executor ray --ray-address auto --gpus-per-task 1
+  flatfl sweep grid.toml --dry-run                         # list the runs and their state
+\b
+grid.toml:
+  out = "runs/man-grid"
+  seeds = [0, 1]
+  [fixed]
+  dataset = "digits"
+  rounds = 30
+  [grid]
+  algo = ["fedavg", "feddyn"]
+  reg = ["none", "man"]
+  alpha = [0.3, 0.6]
+  [hessian]            # optional: flatfl hessian options, per final model
+  top = 1
+"""
+
+
+@main.command(epilog=SWEEP_EPILOG)
+@click.argument("grid_file", type=click.Path(dir_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="root of the run folders (default: the file's 'out', else runs/<file name>)")
+@click.option("--dry-run", is_flag=True, help="list the runs and whether each is new, partial or finished")
+@_executor_options
+@friendly_errors
+def sweep(grid_file, out, dry_run, executor, workers, threads, ray_address, gpus_per_task):
+    """Run a grid of trainings (and analyses) from a TOML/YAML file; resumable, finished runs skipped."""
+    from .executors import make_executor
+    from .sweep import run_sweep
+
+    ex = None if dry_run else make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
+    records = run_sweep(grid_file, executor=ex, out=out, threads=threads, dry_run=dry_run, echo=click.echo)
+    if dry_run:
+        return
+    failed = [r for r in records if r.get("error")]
+    click.echo(f"{len(records) - len(failed)} of {len(records)} runs done")
+    if failed:
+        click.echo(f"flatfl: error: {len(failed)} run(s) failed: " + "; ".join(f"{r['name']}: {r['error']}" for r in failed[:3]), err=True)
+        sys.exit(1)

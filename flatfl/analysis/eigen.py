@@ -19,6 +19,7 @@ Two methods:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field, replace
 
@@ -148,7 +149,10 @@ def top_eigenvalues(
                     info={"block_size": b, "basis_size": m, "restarts": restarts, "tol": tol},
                 )
             if cur == m:  # thick restart: keep the best Ritz vectors and the residual block
-                keep_count = min(k + (m - k) // 2, m - b)
+                keep_count = k + (m - k) // 2
+                keep_count = m - b * math.ceil((m - keep_count) / b)  # new blocks must fill the basis exactly
+                if keep_count < k:
+                    keep_count = m - b
                 keep = np.argsort(-theta, kind="stable")[:keep_count]
                 S_keep = torch.as_tensor(S[:, keep].T.copy(), dtype=op.dtype, device=op.device)
                 V[:keep_count] = S_keep @ V[:m]
@@ -163,7 +167,17 @@ def top_eigenvalues(
 
 def _ritz(T: np.ndarray, size: int):
     upper = np.triu(T[:size, :size])
-    return np.linalg.eigh(upper + np.triu(upper, 1).T)
+    with single_threaded_blas():
+        return np.linalg.eigh(upper + np.triu(upper, 1).T)
+
+
+def single_threaded_blas():
+    """Small dense problems run far faster on one BLAS thread (threads thrash on a busy machine)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        return contextlib.nullcontext()
+    return threadpool_limits(1)
 
 
 def _orthonormalize_block(W: torch.Tensor, basis: torch.Tensor, scale: torch.Tensor, eps: float, gen):

@@ -55,6 +55,11 @@ class SGD(LocalOptimizer):
         return loss
 
 
+def global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all tensors together, as a 0-d tensor (no host synchronisation)."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+
+
 @LOCAL_OPTIMIZERS.register
 class SAM(LocalOptimizer):
     """Sharpness-aware minimization as a local optimizer (Foret et al. 2021; FedSAM; algorithms.md section 8).
@@ -81,8 +86,7 @@ class SAM(LocalOptimizer):
 
     def perturbation(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """eps = rho g / (||g|| + 1e-16), ||.|| the global 2-norm over all parameters."""
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        return torch._foreach_mul(grads, self.rho / (float(norm) + 1e-16))
+        return torch._foreach_mul(grads, self.rho / (global_norm(grads) + 1e-16))
 
     def step(self, closure, correct):
         loss = closure()
@@ -121,5 +125,5 @@ class ASAM(SAM):
         scales = [p.detach().abs() + self.eta if "weight" in name else None
                   for name, p in zip(self.layout.names, self.params)]
         scaled = [g * t if t is not None else g for g, t in zip(grads, scales)]  # T g
-        norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(scaled))))
-        return [(t * tg if t is not None else tg) * (self.rho / (norm + 1e-16)) for t, tg in zip(scales, scaled)]
+        factor = self.rho / (global_norm(scaled) + 1e-16)
+        return [(t * tg if t is not None else tg) * factor for t, tg in zip(scales, scaled)]

@@ -43,7 +43,7 @@ class Algorithm(Component):
     #: how the "all clients' latest models" average is weighted (algorithms.md section 0): by sample count for
     #: FedAvg/FedProx, uniformly for FedDyn, SCAFFOLD, FedDC, FedSpeed.
     all_model_weighting: ClassVar[str] = "samples"
-    #: the local optimizer the algorithm is defined with (FedSAM: "sam", FedSpeed and MoFedSAM: "sam"); None: the
+    #: the local optimizer the algorithm is defined with (FedSAM, FedSpeed, MoFedSAM: "sam"; FedASAM: "asam"); None: the
     #: user's ``--local-opt``. See :meth:`local_optimizer`.
     local_opt: ClassVar[str | None] = None
 
@@ -141,6 +141,11 @@ def weighted_mean(vectors: list[torch.Tensor], weights) -> torch.Tensor:
     w = torch.as_tensor(np.asarray(weights, dtype=np.float64) / float(np.sum(weights)), dtype=vectors[0].dtype,
                         device=vectors[0].device)
     return torch.einsum("k,kd->d", w, torch.stack(vectors))
+
+
+def plain_mean(results: list[ClientResult]) -> torch.Tensor:
+    """mean_{i in P_t} theta_i, unweighted (the FedDyn-family server average)."""
+    return torch.stack([r.params for r in results]).mean(0)
 
 
 def register(cls):

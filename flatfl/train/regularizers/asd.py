@@ -38,7 +38,7 @@ def asd_weights(teacher_logits: torch.Tensor, labels: torch.Tensor, label_freq: 
     """alpha_i = w_i / sum_j w_j with w_i = exp(-beta_H H_i) * (p^{y_i})^(-beta_y); H_i from the untempered teacher."""
     log_q = F.log_softmax(teacher_logits, dim=1)
     entropy = -(log_q.exp() * log_q).sum(1)
-    log_w = -beta_entropy * entropy - beta_label * torch.log(label_freq[labels])
+    log_w = -beta_entropy * entropy - beta_label * torch.log(label_freq[labels]).to(entropy.dtype)
     return torch.softmax(log_w, dim=0)
 
 
@@ -72,8 +72,8 @@ class ASD(Regularizer):
 
     def start_client(self, cctx: ClientContext) -> None:
         self._teacher = cctx.round.global_model
-        counts = cctx.label_counts.to(device=cctx.x.device, dtype=torch.float32)
-        self._label_freq = counts / counts.sum()
+        counts = cctx.label_counts.to(device=cctx.x.device, dtype=torch.float64)
+        self._label_freq = counts / counts.sum()  # p_k^y over the client's whole training set
 
     def end_client(self, cctx: ClientContext) -> None:
         self._teacher = None
@@ -87,7 +87,7 @@ class ASD(Regularizer):
         with torch.no_grad():
             z_g = self._teacher(step.x)
             if self.uniform:
-                alpha = torch.full((len(step.y),), 1.0 / len(step.y), device=z_g.device)
+                alpha = torch.full((len(step.y),), 1.0 / len(step.y), device=z_g.device, dtype=z_g.dtype)
             else:
                 alpha = asd_weights(z_g, step.y, self._label_freq, self.beta_entropy, self.beta_label)
         kl = kl_global_local(z_g, step.logits, self.temperature)

@@ -15,16 +15,21 @@ Per batch:
 
 The final block
 ---------------
-* ResNets: the last stage (``layer3`` of ResNet-20/56, ``layer4`` of ResNet-18), through the model's
-  ``forward_stages`` / ``set_width(omega, stages="last")`` / ``forward_last_stage``; the width is restored to 1.0
+f_{L-1} and f_L are captured by forward hooks during the model's ordinary forward pass (so the block is found also
+inside a wrapper such as MOON's projection-head model):
+
+* ResNets: the last stage (``layer3`` of ResNet-20/56, ``layer4`` of ResNet-18); the student is
+  ``set_width(omega, stages="last")`` + ``forward_last_stage`` on the detached f_{L-1}; the width is restored to 1.0
   afterwards, also on errors, so the server model is always the full network.
 * Plain CNNs and MLPs (flatfl's choice; the paper only uses ResNets): the last hidden fully connected layer with its
-  non-linearity, i.e. the last ``nn.Linear`` before the classifier and the last activation module (``fc2``+ReLU of
-  the CIFAR CNN, ``fc1``+ReLU of the digits and EMNIST CNNs). f_{L-1} is that layer's (flattened) input, f_L its
-  activation output; the student uses the leading ceil(omega * D_in) inputs and ceil(omega * D_out) units of the same
-  weights (for a flattened convolutional map the leading inputs are its leading channels). Features are vectors
-  (H = W = 1), so X is the outer product f_{L-1} f_L^T and sigma = |f_{L-1}| |f_L|.
-* Anything else raises :class:`ConfigError` at ``attach``.
+  non-linearity, i.e. the last ``nn.Linear`` before the classifier and the last activation module, when they form
+  ``classifier(act(linear(f_{L-1})))`` (``fc2``+ReLU of the CIFAR CNN, ``fc1``+ReLU of the digits and EMNIST CNNs).
+  f_{L-1} is that layer's (flattened) input, f_L its activation output; the student uses the leading
+  ceil(omega * D_in) inputs and ceil(omega * D_out) units of the same weights (for a flattened convolutional map the
+  leading inputs are its leading channels). Features are vectors (H = W = 1), so X is the outer product
+  f_{L-1} f_L^T and sigma = |f_{L-1}| |f_L|.
+* Anything else raises :class:`ConfigError`: at ``attach`` when no candidate exists, at the first step when the
+  forward pass shows that the candidate layers do not feed the classifier (e.g. MOON's head around a CNN).
 
 Numerical guard (not in the code): the power-iteration norm is clamped at 1e-12 before division and square root, so
 a sample whose features are all zero gets sigma = 1e-6 with zero gradient instead of NaN; for every other sample
@@ -51,92 +56,165 @@ WIDTH_HELP = ("width omega of the slimmed sub-network: FedAlign's final block (d
 _NORM_FLOOR = 1e-12
 
 
-def transmitting_matrix(f_prev: torch.Tensor, f_last: torch.Tensor) -> torch.Tensor:
-    """Per-sample FSP matrix f_prev f_last^T / (H W), shape (B, C_prev, C_last). Vectors count as 1x1 maps."""
+def _as_maps(f_prev: torch.Tensor, f_last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, C_prev, HW), (B, C_last, HW): vectors count as 1x1 maps; f_prev is adaptive-average-pooled to f_last's
+    spatial size when larger (FedAlign code)."""
     if f_prev.dim() == 2:
         f_prev = f_prev[:, :, None, None]
     if f_last.dim() == 2:
         f_last = f_last[:, :, None, None]
     if f_prev.shape[2] > f_last.shape[2]:
         f_prev = F.adaptive_avg_pool2d(f_prev, f_last.shape[2:])
-    a = f_prev.flatten(2)  # (B, C_prev, HW)
-    b = f_last.flatten(2)  # (B, C_last, HW)
+    return f_prev.flatten(2), f_last.flatten(2)
+
+
+def transmitting_matrix(f_prev: torch.Tensor, f_last: torch.Tensor) -> torch.Tensor:
+    """Per-sample FSP matrix X = f_prev f_last^T / (H W), shape (B, C_prev, C_last)."""
+    a, b = _as_maps(f_prev, f_last)
     return torch.bmm(a, b.transpose(1, 2)) / a.shape[2]
 
 
-def spectral_norm(x: torch.Tensor, iterations: int = POWER_ITERATIONS) -> torch.Tensor:
-    """sigma = sqrt(lambda_max(X X^T)) per sample by power iteration on K = X X^T from the all-ones vector. (B,)."""
-    k = torch.bmm(x, x.transpose(1, 2))
-    v = torch.ones(k.shape[0], k.shape[1], 1, device=k.device, dtype=k.dtype)
+def spectral_norm(f_prev: torch.Tensor, f_last: torch.Tensor, iterations: int = POWER_ITERATIONS) -> torch.Tensor:
+    """sigma = sqrt(lambda_max(K)), K = X X^T with X the transmitting matrix, per sample: ``iterations`` power-
+    iteration steps on K from the all-ones vector, v <- K v / |K v|, and sigma = sqrt(|K v|) at the last step (the
+    FedAlign code's estimate). With X = A B^T / HW (A, B the flattened maps), K v = A (B^T (B (A^T v))) / HW^2 is
+    computed without forming X or K, as broadcast products (much faster than batched GEMV on CPU). For 1x1 maps
+    (vectors) the estimate is |a| |b| in closed form. Shape (B,)."""
+    a, b = _as_maps(f_prev, f_last)
+    if a.shape[2] == 1:
+        # vector features: X = a b^T has rank one, and the first step from all-ones already lands on its top
+        # eigenvector (unless a is orthogonal to the ones vector), so every estimate equals |a| |b| exactly
+        return (a.flatten(1).norm(dim=1) * b.flatten(1).norm(dim=1)).clamp_min(_NORM_FLOOR ** 0.5)
+    scale = float(a.shape[2]) ** -2
+    v = torch.ones(a.shape[0], a.shape[1], 1, device=a.device, dtype=a.dtype)
     norm = None
     for _ in range(iterations):
-        m = torch.bmm(k, v)
+        u = (a * v).sum(1, keepdim=True)  # (B, 1, HW)    A^T v
+        w = (b * u).sum(2, keepdim=True)  # (B, C_last, 1) B A^T v = X^T v * HW
+        u = (b * w).sum(1, keepdim=True)  # (B, 1, HW)
+        m = (a * u).sum(2, keepdim=True) * scale  # (B, C_prev, 1) = K v
         norm = m.norm(dim=1, keepdim=True).clamp_min(_NORM_FLOOR)
         v = m / norm
     return norm.reshape(-1).sqrt()
 
 
 def lipschitz_loss(student: tuple[torch.Tensor, torch.Tensor], teacher: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """MSE between the student's and the detached teacher's spectral norms."""
-    sigma_s = spectral_norm(transmitting_matrix(*student))
+    """MSE between the student's and the detached teacher's spectral norms; each pair is (f_prev, f_last)."""
+    sigma_s = spectral_norm(*student)
     with torch.no_grad():
-        sigma_t = spectral_norm(transmitting_matrix(*teacher))
+        sigma_t = spectral_norm(*teacher)
     return F.mse_loss(sigma_s, sigma_t)
 
 
-class _DenseFinalBlock:
-    """The last hidden Linear + non-linearity of a plain CNN / MLP, with hooks capturing its input and output."""
+class _FinalBlock:
+    """Captures, during the model's ordinary forward pass, the input f_{L-1} and output f_L of the final block, and
+    runs the block at reduced width. Hooks are closures (a deep copy of the model shares them but never records:
+    they check the module's identity and a recording flag), and captured tensors are dropped after each use."""
 
-    def __init__(self, model: nn.Module):
-        head = getattr(model, "classifier", None)
-        modules = list(model.modules())
-        if not isinstance(head, nn.Linear) or not any(m is head for m in modules):
-            raise ConfigError(f"fedalign needs a model with a final nn.Linear 'classifier'; {type(model).__name__} "
-                              "has none")
-        end = next(i for i, m in enumerate(modules) if m is head)
-        linears = [m for m in modules[:end] if isinstance(m, nn.Linear)]
-        acts = getattr(model, "activation_modules", None)
-        acts = list(acts()) if callable(acts) else [m for m in modules[:end] if isinstance(m, NONLINEARITIES)]
-        if not linears or not acts or not isinstance(acts[-1], NONLINEARITIES):
-            raise ConfigError(f"fedalign cannot find a final block in {type(model).__name__}: it needs a ResNet or a "
-                              "model whose last hidden layer is a Linear followed by an element-wise non-linearity")
-        self.linear, self.act = linears[-1], acts[-1]
-        if self.linear.out_features != head.in_features:
-            raise ConfigError(f"fedalign: the last hidden Linear of {type(model).__name__} has "
-                              f"{self.linear.out_features} outputs but the classifier reads {head.in_features}")
+    def __init__(self) -> None:
         self.recording = False
-        self.f_prev: torch.Tensor | None = None
-        self.f_last: torch.Tensor | None = None
-        self.handles = [self.linear.register_forward_hook(self._grab_input),
-                        self.act.register_forward_hook(self._grab_output)]
+        self.seen: dict[str, torch.Tensor] = {}
+        self.handles: list = []
 
-    def _grab_input(self, module, inputs, output) -> None:
-        if self.recording and module is self.linear:
-            self.f_prev = inputs[0]
+    def _hook(self, module: nn.Module, key: str, what: str) -> None:
+        def hook(mod, inputs, output) -> None:
+            if self.recording and mod is module:
+                self.seen[key] = inputs[0] if what == "input" else output
 
-    def _grab_output(self, module, inputs, output) -> None:
-        if self.recording and module is self.act:
-            self.f_last = output
+        self.handles.append(module.register_forward_hook(hook))
 
-    def forward(self, model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        self.f_prev = self.f_last = None
+    def capture(self, model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(f_prev, f_last, logits) of one ordinary forward pass."""
+        self.seen = {}
         self.recording = True
         try:
             logits = model(x)
         finally:
             self.recording = False
-        if self.f_prev is None or self.f_last is None:
-            raise ConfigError("fedalign: the model's forward did not run its final hidden block")
-        return self.f_prev.flatten(1), self.f_last.flatten(1), logits
+        seen, self.seen = self.seen, {}
+        return (*self.check(seen), logits)
 
-    def student(self, f_prev: torch.Tensor, width: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sliced input, narrow output) of the block at ``width`` on the detached f_prev."""
+    def check(self, seen: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        raise NotImplementedError
+
+    def student(self, f_prev: torch.Tensor, width: float) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        raise NotImplementedError
+
+
+class _ResNetStage(_FinalBlock):
+    """The last residual stage of a flatfl ResNet (also inside a wrapper such as MOON's), slimmed with
+    ``set_width(omega, stages="last")`` and re-run by ``forward_last_stage``; the width is restored afterwards."""
+
+    def __init__(self, backbone: nn.Module, width: float):
+        super().__init__()
+        self.backbone = backbone
+        backbone.set_width(width, stages="last")  # raises ConfigError when e.g. GroupNorm cannot split
+        backbone.set_width(1.0)
+        self._hook(backbone.last_stage, "prev", "input")
+        self._hook(backbone.last_stage, "last", "output")
+
+    def check(self, seen):
+        if "prev" not in seen:
+            raise ConfigError("fedalign: the model's forward did not run its last residual stage")
+        return seen["prev"], seen["last"]
+
+    def student(self, f_prev, width):
+        net = self.backbone
+        prev_width, prev_stages = net.width, net.width_stages
+        net.set_width(width, stages="last")
+        try:
+            return f_prev.detach()[:, :net.last_stage_in_channels], net.forward_last_stage(f_prev.detach())
+        finally:
+            net.set_width(prev_width, stages=prev_stages)
+
+
+class _DenseLayer(_FinalBlock):
+    """The last hidden Linear + non-linearity of a plain CNN / MLP, feeding the classifier directly."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        name = type(model).__name__
+        head = getattr(model, "classifier", None)
+        modules = list(model.modules())
+        if not isinstance(head, nn.Linear) or not any(m is head for m in modules):
+            raise ConfigError(f"fedalign needs a ResNet or a model with a final nn.Linear 'classifier'; {name} has none")
+        end = next(i for i, m in enumerate(modules) if m is head)
+        linears = [m for m in modules[:end] if isinstance(m, nn.Linear)]
+        acts = getattr(model, "activation_modules", None)
+        acts = list(acts()) if callable(acts) else [m for m in modules[:end] if isinstance(m, NONLINEARITIES)]
+        if not linears or not acts or not isinstance(acts[-1], NONLINEARITIES):
+            raise ConfigError(f"fedalign cannot find a final block in {name}: it needs a ResNet or a model whose last "
+                              "hidden layer is a Linear and a non-linearity feeding the classifier")
+        self.name = name
+        self.linear, self.act = linears[-1], acts[-1]
+        self._hook(self.linear, "prev", "input")
+        self._hook(self.linear, "linear_out", "output")
+        self._hook(self.act, "act_in", "input")
+        self._hook(self.act, "last", "output")
+        self._hook(head, "head_in", "input")
+
+    def check(self, seen):
+        # the structure must be classifier(act(linear(f_prev))): the very same tensors pass from one to the next
+        if len(seen) < 5 or seen["act_in"] is not seen["linear_out"] or seen["head_in"] is not seen["last"]:
+            raise ConfigError(f"fedalign cannot find a final block in {self.name}: its last hidden Linear and "
+                              "non-linearity do not feed the classifier directly")
+        return seen["prev"].flatten(1), seen["last"]
+
+    def student(self, f_prev, width):
         n_in = slim_channels(self.linear.in_features, width)
         n_out = slim_channels(self.linear.out_features, width)
         bias = None if self.linear.bias is None else self.linear.bias[:n_out]
         x = f_prev.detach()[:, :n_in]
-        # .forward skips the module's hooks: the student must not be recorded as an activation
+        # .forward skips the module's hooks (MAN's, this block's): the student is no activation of the model
         return x, self.act.forward(F.linear(x, self.linear.weight[:n_out, :n_in], bias))
+
+
+def find_final_block(model: nn.Module, width: float) -> _FinalBlock:
+    """The ResNet last stage when the model is or contains a flatfl ResNet, else the dense final layer."""
+    for module in model.modules():
+        if callable(getattr(module, "forward_last_stage", None)) and callable(getattr(module, "set_width", None)):
+            return _ResNetStage(module, width)
+    return _DenseLayer(model)
 
 
 @REGULARIZERS.register
@@ -151,35 +229,19 @@ class FedAlign(Regularizer):
 
     def __init__(self, hp: dict[str, Any], *, num_classes: int, config: Any = None):
         super().__init__(hp, num_classes=num_classes, config=config)
-        self._dense: _DenseFinalBlock | None = None
+        self._block: _FinalBlock | None = None
 
     def attach(self, model: nn.Module) -> None:
         check_width(self.width)
-        self._dense = None
-        if callable(getattr(model, "forward_stages", None)) and callable(getattr(model, "set_width", None)):
-            model.set_width(self.width, stages="last")  # raises ConfigError when e.g. GroupNorm cannot split
-            model.set_width(1.0)
-        else:
-            self._dense = _DenseFinalBlock(model)
+        self._block = find_final_block(model, self.width)
 
     def forward(self, step: StepContext) -> torch.Tensor:
-        model = step.model
-        if self._dense is None:
-            f_prev, f_last, logits = model.forward_stages(step.x)
-            prev_width, prev_stages = model.width, model.width_stages
-            model.set_width(self.width, stages="last")
-            try:
-                s_in = f_prev.detach()[:, :model.last_stage_in_channels]
-                s_out = model.forward_last_stage(f_prev.detach())
-            finally:
-                model.set_width(prev_width, stages=prev_stages)
-        else:
-            f_prev, f_last, logits = self._dense.forward(model, step.x)
-            s_in, s_out = self._dense.student(f_prev, self.width)
+        f_prev, f_last, logits = self._block.capture(step.model, step.x)
         step.logits = logits
         ce = F.cross_entropy(logits, step.y)
         if not self.mu:
             return ce
+        s_in, s_out = self._block.student(f_prev, self.width)
         lip = lipschitz_loss((s_in, s_out), (f_prev.detach(), f_last.detach()))
         step.scratch["fedalign_lip"] = lip.detach()
         lip_value = lip.detach()

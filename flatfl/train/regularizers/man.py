@@ -53,10 +53,12 @@ def default_activation_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in modules[:end] if isinstance(m, NONLINEARITIES)]
 
 
-def activation_norm_terms(activations: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Per-layer terms mean_b mean_elements(a ** 2) (Eq. 17 / 18): the mean of squares over every element, which
-    equals the per-sample mean over non-batch elements averaged over the batch."""
-    return [a.pow(2).mean() for a in activations]
+def mean_square(a: torch.Tensor) -> torch.Tensor:
+    """One layer's term mean_b mean_elements(a ** 2) (Eq. 17 / 18): the mean of squares over every element, which
+    equals the per-sample mean over the non-batch elements averaged over the batch (every sample has as many).
+    Computed as <a, a> / numel: one reduction, no squared copy of the activation."""
+    flat = a.reshape(-1)
+    return torch.dot(flat, flat) / flat.numel()
 
 
 @REGULARIZERS.register
@@ -81,7 +83,7 @@ class MAN(Regularizer):
 
         def record(module: nn.Module, inputs, output) -> None:
             if self._recording and id(module) in owned and isinstance(output, torch.Tensor):
-                self._terms.append(output.pow(2).mean())
+                self._terms.append(mean_square(output))
 
         for module in self._hooked:
             if getattr(module, "inplace", False):
@@ -115,6 +117,8 @@ class MAN(Regularizer):
         loss = torch.nn.functional.cross_entropy(step.logits, step.y)
         if not terms:
             return loss
-        reg = torch.stack(terms).sum()
+        reg = terms[0]
+        for term in terms[1:]:
+            reg = reg + term
         step.scratch["man_reg"] = reg.detach()
         return loss + (self.zeta / 2.0) * reg

@@ -10,6 +10,8 @@ which the engine seeds per client and round.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -18,13 +20,19 @@ from ..context import StepContext
 from .base import Regularizer
 
 
-def sample_mix(gamma: float, batch: int) -> tuple[float, torch.Tensor]:
-    """(lambda, permutation): lambda ~ Beta(gamma, gamma), or 1.0 when gamma == 0 (mixup off)."""
+def beta_distribution(gamma: float) -> torch.distributions.Beta | None:
+    """Beta(gamma, gamma) in float64, or None for gamma == 0 (mixup off)."""
     if gamma <= 0:
-        return 1.0, torch.arange(batch)
+        return None
     g = torch.tensor(float(gamma), dtype=torch.float64)
-    lam = float(torch.distributions.Beta(g, g).sample())
-    return lam, torch.randperm(batch)
+    return torch.distributions.Beta(g, g, validate_args=False)
+
+
+def sample_mix(beta: torch.distributions.Beta | None, batch: int) -> tuple[float, torch.Tensor]:
+    """(lambda, permutation): lambda ~ ``beta``, or 1.0 when ``beta`` is None (mixup off)."""
+    if beta is None:
+        return 1.0, torch.arange(batch)
+    return float(beta.sample()), torch.randperm(batch)
 
 
 def mixup_loss(logits: torch.Tensor, y_a: torch.Tensor, y_b: torch.Tensor, lam: float) -> torch.Tensor:
@@ -38,8 +46,12 @@ class Mixup(Regularizer):
     hparams = (HParam("gamma", 0.1, "Mixup Beta(gamma, gamma) concentration; 0 switches mixup off",
                       flag="mixup-gamma", check="nonnegative"),)
 
+    def __init__(self, hp: dict[str, Any], *, num_classes: int, config: Any = None):
+        super().__init__(hp, num_classes=num_classes, config=config)
+        self._beta = beta_distribution(self.gamma)
+
     def forward(self, step: StepContext) -> torch.Tensor:
-        lam, perm = sample_mix(self.gamma, len(step.y))
+        lam, perm = sample_mix(self._beta, len(step.y))
         if lam == 1.0:
             step.logits = step.model(step.x)
             return F.cross_entropy(step.logits, step.y)
@@ -47,4 +59,5 @@ class Mixup(Regularizer):
         mixed = lam * step.x + (1.0 - lam) * step.x[perm]
         step.logits = step.model(mixed)
         step.scratch["mixup_lambda"] = lam
+        step.scratch["mixup_perm"] = perm
         return mixup_loss(step.logits, step.y, step.y[perm], lam)

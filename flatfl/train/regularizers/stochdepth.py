@@ -7,6 +7,8 @@ generator, seeded by the engine per client and round); in eval mode a block comp
 the server model is evaluated (and its Hessian measured) as the expected network. The survival values are recorded
 in the model's spec, so a checkpoint rebuilds the same evaluation network. The data loss is the plain CE.
 
+A wrapped ResNet (MOON's projection-head model) gets the schedule on its inner network.
+
 ``--survival-last``: default 0.9, the FedAlign paper's rho_L (Sec. 3.2); the FedAlign code's argparse default
 ``stoch_depth`` is 0.5. Models without residual blocks raise :class:`ConfigError`.
 """
@@ -30,5 +32,7 @@ class StochDepth(Regularizer):
 
     @classmethod
     def prepare_model(cls, model: nn.Module, hp: dict[str, Any]) -> nn.Module:
-        set_stochastic_depth(model, hp["survival_last"])  # ConfigError for models without residual blocks
+        # the ResNet itself, or the one inside a wrapper (MOON's projection-head model)
+        resnet = next((m for m in model.modules() if callable(getattr(m, "residual_blocks", None))), model)
+        set_stochastic_depth(resnet, hp["survival_last"])  # ConfigError for models without residual blocks
         return model

@@ -1,0 +1,109 @@
+"""Each local regularizer's time per round relative to no regularizer, on the same run settings, measured in one run.
+
+Two model families, each trained through the engine's real round (local training with the regularizer inside the
+loss closure, aggregation; evaluation and checkpointing off), FedAvg with plain SGD:
+
+* ``digits-cnn`` on the embedded 8x8 digits: none, man, asd, mixup, fedalign (its dense final block, fc1 + ReLU);
+* ``resnet20`` on CIFAR-shaped 3x32x32 synthetic images (random pixels and labels: only the cost matters): every
+  regularizer, including the ResNet-only gradaug and stochdepth.
+
+After one warm-up round each, the configurations of a family take their rounds in turn, round-robin, so the shared
+machine's load falls on all of them alike; the table gives each configuration's fastest (least disturbed) round and
+its ratio to the same family's run without a regularizer.
+
+What to expect, and why:
+
+* man: one square-and-mean per hooked activation, next to the convolutions that made it: a few percent (paper,
+  Sec. 3.3: negligible). Target: within 10%.
+* asd: one forward pass of the frozen round model per step (no backward): about 1.3x.
+* mixup: one extra blend of the batch: about 1x.
+* fedalign: the final block re-run at width 0.25 on the detached penultimate features (1/16 of its multiply-adds
+  on a ResNet) and two 10-step power iterations: the paper reports 1.02x the FLOPs on ResNet-56. Target: within 25%.
+* gradaug: two more forward/backward passes of slimmed networks (width 0.8 and U[0.8, 1]) on resized inputs:
+  about 1.8-2.5x (paper Table 5: 170.7 vs 87.3 GFLOPs for n = 2).
+* stochdepth: dropped blocks are skipped in training: at most 1x.
+
+    python benchmarks/regularizer_cost.py [--rounds 4] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flatfl.config import RunConfig  # noqa: E402
+from flatfl.data import load_dataset  # noqa: E402
+from flatfl.data.datasets import ImageDataset  # noqa: E402
+from flatfl.train.components import load_all  # noqa: E402
+from flatfl.train.engine import Trainer  # noqa: E402
+
+TARGETS = {"man": 1.10, "fedalign": 1.25}
+FAMILIES = {
+    "digits-cnn": ("digits", ["none", "man", "asd", "mixup", "fedalign"]),
+    "resnet20": ("cifar-shaped", ["none", "man", "asd", "mixup", "fedalign", "gradaug", "stochdepth"]),
+}
+
+
+def cifar_shaped(num_train: int, seed: int = 0) -> ImageDataset:
+    """Random uint8 3x32x32 images with random labels over 10 classes (a stand-in of CIFAR's tensor sizes)."""
+    g = np.random.default_rng(seed)
+    x = torch.from_numpy(g.integers(0, 256, size=(num_train, 3, 32, 32), dtype=np.uint8))
+    y = torch.from_numpy(g.integers(0, 10, size=num_train)).long()
+    return ImageDataset(name="cifar-shaped", train_x=x, train_y=y, test_x=x[:64].clone(), test_y=y[:64].clone(),
+                        num_classes=10, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+
+
+def measure(model: str, ds: ImageDataset, regs: list[str], args) -> dict[str, list[float]]:
+    tmp = Path(tempfile.mkdtemp())
+    trainers = {}
+    for reg in regs:
+        cfg = RunConfig(dataset="digits", model=model, clients=args.clients, participation=1.0, partition="iid",
+                        rounds=10**6, local_epochs=1, batch_size=args.batch_size, reg=reg, eval_every=10**9,
+                        checkpoint_every=10**9, seed=0).validate()
+        trainers[reg] = Trainer(cfg, tmp / f"{model}-{reg}", quiet=True, dataset=ds)
+        trainers[reg]._round(0)  # warm-up
+    times: dict[str, list[float]] = {reg: [] for reg in regs}
+    for r in range(1, args.rounds + 1):
+        for reg in regs:
+            t0 = time.perf_counter()
+            trainers[reg]._round(r)
+            times[reg].append(time.perf_counter() - t0)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=4, help="timed rounds per configuration (after one warm-up round)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: least noise on a shared machine)")
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--cifar-samples", type=int, default=400, help="training images of the CIFAR-shaped set")
+    ap.add_argument("--models", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    load_all()
+    datasets = {"digits": load_dataset("digits"), "cifar-shaped": cifar_shaped(args.cifar_samples)}
+    print(f"torch {torch.__version__}, {args.threads} thread(s); FedAvg + SGD, {args.clients} clients all "
+          f"participating, 1 local epoch, batch {args.batch_size}; fastest of {args.rounds} round-robin rounds")
+    print(f"{'model':<11} {'data':<13} {'regularizer':<11} {'s/round':>8} {'vs none':>8}  target")
+    for model in args.models:
+        data, regs = FAMILIES[model]
+        times = measure(model, datasets[data], regs, args)
+        base = min(times["none"])
+        for reg in regs:
+            best = min(times[reg])
+            ratio = best / base
+            target = TARGETS.get(reg)
+            verdict = "" if target is None else f"<= {target:.2f}x {'ok' if ratio <= target else 'MISSED'}"
+            print(f"{model:<11} {data:<13} {reg:<11} {best:>8.3f} {ratio:>7.2f}x  {verdict}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,375 @@
+"""What ``flatfl hessian`` does: checkpoint in; ``hessian.json``, ``eigenvalues.csv`` and figures out.
+
+* :func:`analyse` runs the requested estimators on any operator and returns a JSON-ready report (plus the raw
+  results), so it works on user models without a checkpoint.
+* :func:`write_outputs` renders the figures in memory and only then writes every file atomically (one file at a
+  time with :mod:`flatfl.utils.io`, ``hessian.json`` last): a failure while computing leaves no output at all.
+* :func:`run_hessian` validates the settings, loads the checkpoint and its evaluation set, and chains the two.
+
+Outputs in ``--out DIR``: ``hessian.json`` (eigenvalues with residuals, trace with standard error, SLQ nodes and
+weights, HVP counts, seconds, settings, checkpoint path, round, parameter count), ``eigenvalues.csv``,
+``eigenvalues.png/.pdf`` (top-k curve, as MAN Fig. 4a; when k >= 2), ``density.png/.pdf`` (spectral density on a log
+axis, as MAN Fig. 4b; with ``--density``), and ``eigenvectors.pt`` with ``--save-eigenvectors`` (read it with
+:func:`load_eigenvectors`).
+"""
+from __future__ import annotations
+
+import io
+import math
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError, ConfigError
+from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
+from .density import smoothed_density, spectral_density
+from .eigen import power_iteration, top_eigenvalues
+from .operator import HessianOperator
+from .trace import TRACE_METHODS, estimate_trace
+
+__all__ = ["run_hessian", "analyse", "write_outputs", "load_eigenvectors", "EigenvectorFile", "METHODS"]
+
+METHODS = ("lanczos", "power")
+SPLITS = ("train", "test")
+EIGENVECTOR_FORMAT = "flatfl-eigenvectors"
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def _validate(top, method, tol, trace_method, trace_hvps, trace_rtol, density_steps, density_starts, split, samples,
+              batch_size):
+    if not isinstance(top, int) or top < 0:
+        raise ConfigError(f"--top must be a non-negative integer, got {top!r}")
+    if method not in METHODS:
+        raise ConfigError(f"unknown eigenvalue method {method!r}; choose one of {', '.join(METHODS)}")
+    if not (isinstance(tol, (int, float)) and tol > 0):
+        raise ConfigError(f"--tol must be positive, got {tol!r}")
+    if trace_method is not None and trace_method not in TRACE_METHODS:
+        raise ConfigError(f"unknown trace method {trace_method!r}; choose one of {', '.join(TRACE_METHODS)}")
+    if trace_hvps < 1:
+        raise ConfigError(f"--trace-hvps must be >= 1, got {trace_hvps}")
+    if trace_rtol is not None and not trace_rtol > 0:
+        raise ConfigError(f"--trace-rtol must be positive, got {trace_rtol}")
+    if density_steps < 1 or density_starts < 1:
+        raise ConfigError("--density-steps and --density-starts must be >= 1")
+    if split not in SPLITS:
+        raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    if samples is not None and samples <= 0:
+        raise ConfigError(f"--samples must be a positive integer, got {samples}")
+    if batch_size <= 0:
+        raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
+
+
+def _check_device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"unknown device {device!r} (use cpu, cuda, cuda:N or mps)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but CUDA is not available on this machine")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ConfigError("device 'mps' asked for, but MPS is not available on this machine")
+    return dev
+
+
+# ---------------------------------------------------------------------------------------------- computing
+def analyse(
+    op,
+    *,
+    top: int = 1,
+    method: str = "lanczos",
+    tol: float = 1e-3,
+    trace: bool = True,
+    trace_method: str | None = None,
+    trace_hvps: int = 100,
+    trace_rtol: float | None = 1e-2,
+    density: bool = False,
+    density_steps: int = 100,
+    density_starts: int = 1,
+    seed: int = 0,
+    keep_vectors: bool = False,
+    exact_residuals: bool = False,
+):
+    """Run the requested estimators on ``op``; returns ``(report, eigen_result, density_result)``.
+
+    ``trace_method`` defaults to ``hutchpp``, or to ``pyhessian`` with ``method="power"`` so that the power method
+    reproduces PyHessian's whole protocol (spec/algorithms.md §21). Each estimator gets its own seed stream.
+    """
+    if top > op.dim:
+        raise ConfigError(f"--top {top} is larger than the number of parameters ({op.dim})")
+    if trace_method is None:
+        trace_method = "pyhessian" if method == "power" else "hutchpp"
+    start = time.perf_counter()
+    report: dict = {}
+    eig = dens = None
+    if top > 0:
+        if method == "power":
+            eig = power_iteration(op, top, max_iter=100, tol=tol, seed=seed, return_vectors=keep_vectors).sorted()
+        else:
+            eig = top_eigenvalues(op, top, tol=tol, seed=seed, return_vectors=keep_vectors,
+                                  exact_residuals=exact_residuals)
+        report["top_eigenvalues"] = eig.eigenvalues.tolist()
+        report["residuals"] = eig.residuals.tolist()
+        report["converged"] = eig.converged.tolist()
+        kind = "lanczos relation" if eig.method == "lanczos" and not exact_residuals else "explicit"
+        report["eigen"] = {"method": eig.method, "hvps": eig.hvps, "tol": tol, "residual_kind": kind,
+                           **_plain(eig.info)}
+    else:
+        report["top_eigenvalues"], report["residuals"], report["converged"] = [], [], []
+        report["eigen"] = None
+    if trace:
+        tr = estimate_trace(op, trace_method, max_hvps=trace_hvps, rtol=trace_rtol, seed=seed + 1)
+        report["trace"] = _plain(tr.as_dict())
+    else:
+        report["trace"] = None
+    if density:
+        dens = spectral_density(op, steps=density_steps, starts=density_starts, seed=seed + 2)
+        report["density"] = _plain(dens.as_dict())
+    else:
+        report["density"] = None
+    report["hvps_total"] = int(getattr(op, "hvps", 0))
+    report["seconds"] = time.perf_counter() - start
+    return report, eig, dens
+
+
+def _plain(obj):
+    """JSON-safe copy: numpy scalars to Python, NaN/inf to None."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _plain(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        value = float(obj)
+        return value if math.isfinite(value) else None
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def _figure_bytes(draw, fmt: str) -> bytes:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.0, 3.6), dpi=150)
+    ax = fig.add_subplot(1, 1, 1)
+    draw(ax)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _render_figures(report: dict, dens, title: str) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    values = report["top_eigenvalues"]
+    if len(values) >= 2:
+        def draw_eigenvalues(ax):
+            ax.plot(np.arange(1, len(values) + 1), values, marker="o" if len(values) <= 50 else None,
+                    markersize=3, linewidth=1.2)
+            ax.set_xlabel("Index")
+            ax.set_ylabel("Eigenvalue")
+            ax.set_title(f"Top {len(values)} Hessian eigenvalues: {title}", fontsize=9)
+            ax.grid(alpha=0.3)
+
+        for fmt in ("png", "pdf"):
+            files[f"eigenvalues.{fmt}"] = _figure_bytes(draw_eigenvalues, fmt)
+    if dens is not None:
+        grid, curve = smoothed_density(dens.nodes, dens.weights)
+
+        def draw_density(ax):
+            ax.semilogy(grid, curve + 1e-7, linewidth=1.0)
+            ax.set_xlabel("Eigenvalue")
+            ax.set_ylabel("Density (log scale)")
+            ax.set_title(f"Hessian eigenvalue spectral density: {title}", fontsize=9)
+            nodes = np.concatenate(dens.nodes)
+            ax.set_xlim(nodes.min() - 1, nodes.max() + 1)
+
+        for fmt in ("png", "pdf"):
+            files[f"density.{fmt}"] = _figure_bytes(draw_density, fmt)
+    return files
+
+
+def _eigenvalues_csv(report: dict) -> str:
+    lines = ["index,eigenvalue,residual,converged"]
+    for i, (lam, res, ok) in enumerate(zip(report["top_eigenvalues"], report["residuals"], report["converged"]), 1):
+        lines.append(f"{i},{lam!r},{res!r},{str(bool(ok)).lower()}")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvectors: bool = False,
+                  title: str = "") -> list[Path]:
+    """Render everything in memory, then write each file atomically into ``out`` (``hessian.json`` last)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    figures = _render_figures(report, dens, title)
+    csv_text = _eigenvalues_csv(report) if report["top_eigenvalues"] else None
+    vectors_payload = None
+    if save_eigenvectors:
+        if eig is None or eig.eigenvectors is None or op is None:
+            raise ConfigError("--save-eigenvectors needs --top >= 1")
+        vectors_payload = {
+            "format": EIGENVECTOR_FORMAT,
+            "eigenvalues": torch.as_tensor(eig.eigenvalues, dtype=torch.float64),
+            "residuals": torch.as_tensor(eig.residuals, dtype=torch.float64),
+            "vectors": eig.eigenvectors.detach().to("cpu", torch.float32).contiguous(),
+            "param_names": list(op.param_names),
+            "param_shapes": [list(s) for s in op.param_shapes],
+            "checkpoint": report.get("checkpoint"),
+            "round": report.get("round"),
+        }
+    names = sorted(figures) + (["eigenvalues.csv"] if csv_text else []) + \
+        (["eigenvectors.pt"] if vectors_payload else []) + ["hessian.json"]
+    report = dict(report, files=names)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, data in sorted(figures.items()):
+        atomic_write_bytes(out / name, data)
+        written.append(out / name)
+    if csv_text:
+        atomic_write_text(out / "eigenvalues.csv", csv_text)
+        written.append(out / "eigenvalues.csv")
+    if vectors_payload:
+        atomic_torch_save(vectors_payload, out / "eigenvectors.pt")
+        written.append(out / "eigenvectors.pt")
+    atomic_write_json(out / "hessian.json", _plain(report))
+    written.append(out / "hessian.json")
+    return written
+
+
+@dataclass
+class EigenvectorFile:
+    """Saved Hessian eigenvectors: ``vectors`` (k, dim) float32 unit rows in the parameter layout below."""
+
+    eigenvalues: torch.Tensor
+    residuals: torch.Tensor
+    vectors: torch.Tensor
+    param_names: list[str]
+    param_shapes: list[tuple[int, ...]]
+    checkpoint: str | None
+    round: int | None
+
+    def as_parameters(self, i: int) -> "OrderedDict[str, torch.Tensor]":
+        """Eigenvector ``i`` shaped like the model's parameters, keyed by parameter name."""
+        out, offset = OrderedDict(), 0
+        for name, shape in zip(self.param_names, self.param_shapes):
+            size = int(np.prod(shape)) if shape else 1
+            out[name] = self.vectors[i, offset:offset + size].view(shape)
+            offset += size
+        return out
+
+
+def load_eigenvectors(path) -> EigenvectorFile:
+    """Read an ``eigenvectors.pt`` written by ``flatfl hessian --save-eigenvectors``."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"eigenvector file not found: {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        raise CheckpointError(f"{path} is not a readable eigenvector file (corrupt or truncated)") from None
+    if not isinstance(payload, dict) or payload.get("format") != EIGENVECTOR_FORMAT:
+        raise CheckpointError(f"{path} is not a flatfl eigenvector file")
+    return EigenvectorFile(
+        eigenvalues=payload["eigenvalues"], residuals=payload["residuals"], vectors=payload["vectors"],
+        param_names=list(payload["param_names"]), param_shapes=[tuple(s) for s in payload["param_shapes"]],
+        checkpoint=payload.get("checkpoint"), round=payload.get("round"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the command
+def run_hessian(
+    checkpoint,
+    out,
+    *,
+    top: int = 1,
+    trace: bool = True,
+    density: bool = False,
+    samples: int | None = None,
+    batch_size: int = 256,
+    split: str = "train",
+    method: str = "lanczos",
+    seed: int = 0,
+    device: str = "cpu",
+    save_eigenvectors: bool = False,
+    tol: float = 1e-3,
+    trace_method: str | None = None,
+    trace_hvps: int = 100,
+    trace_rtol: float | None = 1e-2,
+    density_steps: int = 100,
+    density_starts: int = 1,
+    exact_residuals: bool = False,
+    data_dir=None,
+    quiet: bool = False,
+) -> dict:
+    """Load ``checkpoint``, compute the requested Hessian quantities, write them into ``out``; returns the report."""
+    _validate(top, method, tol, trace_method, trace_hvps, trace_rtol, density_steps, density_starts, split,
+              samples, batch_size)
+    if not (top or trace or density):
+        raise ConfigError("nothing to compute: ask for --top K >= 1, --trace or --density")
+    if save_eigenvectors and top < 1:
+        raise ConfigError("--save-eigenvectors needs --top >= 1")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    dev = _check_device(device)
+
+    from ..train.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir)
+    batches = ckpt.eval_batches(split=split, samples=samples, batch_size=batch_size, seed=seed)
+    op = HessianOperator(ckpt.model, batches, mode="eval")
+    if top > op.dim:
+        raise ConfigError(f"--top {top} is larger than the number of parameters ({op.dim})")
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(desc="Hessian-vector products", unit="HVP", disable=quiet or not sys.stderr.isatty(), leave=False)
+    op.on_hvp = bar.update
+    try:
+        report, eig, dens = analyse(
+            op, top=top, method=method, tol=tol, trace=trace, trace_method=trace_method, trace_hvps=trace_hvps,
+            trace_rtol=trace_rtol, density=density, density_steps=density_steps, density_starts=density_starts,
+            seed=seed, keep_vectors=save_eigenvectors, exact_residuals=exact_residuals,
+        )
+    finally:
+        bar.close()
+        op.on_hvp = None
+    loss = op.loss()
+    op.release()
+
+    import flatfl
+
+    header = {
+        "checkpoint": str(ckpt.path),
+        "round": ckpt.round,
+        "model": ckpt.model_spec.get("name"),
+        "dataset": ckpt.dataset_name,
+        "num_params": op.dim,
+        "num_samples": op.num_samples,
+        "loss": loss,
+        "settings": {
+            "top": top, "method": method, "tol": tol, "trace": trace,
+            "trace_method": trace_method or ("pyhessian" if method == "power" else "hutchpp"),
+            "trace_hvps": trace_hvps, "trace_rtol": trace_rtol, "density": density, "density_steps": density_steps,
+            "density_starts": density_starts, "samples": samples, "batch_size": batch_size, "split": split,
+            "seed": seed, "device": str(dev), "mode": "eval", "save_eigenvectors": save_eigenvectors,
+            "exact_residuals": exact_residuals,
+        },
+        "flatfl_version": flatfl.__version__,
+        "torch_version": torch.__version__,
+    }
+    report = {**header, **report}
+    title = f"{ckpt.model_spec.get('name')}, round {ckpt.round}"
+    write_outputs(out, report, eig, dens, op, save_eigenvectors=save_eigenvectors, title=title)
+    return report

@@ -1,0 +1,250 @@
+"""``flatfl reproduce``: every training, analysis and the report behind one paper table, in one command.
+
+Targets (the layouts of :data:`flatfl.report.tables.TABLES`):
+
+* ``man-table2``: FedAvg, FedSAM, FedDyn, FedDC, each with and without MAN, Dirichlet delta 0.3 and 0.6
+  (MAN Table 2: top Hessian eigenvalue and trace; MAN Fig. 4 for the FedAvg and FedSAM pairs);
+* ``man-table6``: FedASAM and FedSpeed with and without MAN (MAN supplementary Table 6);
+* ``man-tables``: both MAN tables (24 runs); the runs of a preset live in one folder, so running ``man-table2`` then
+  ``man-table6`` trains nothing twice;
+* ``fedalign-table1``: FedAvg, FedProx, MOON, and FedAvg with Mixup, StochDepth, GradAug and FedAlign on the FedML
+  Dirichlet 0.5 split, with cross-client H_N / H_D (FedAlign Table 1).
+
+Presets (:data:`PRESETS`):
+
+* ``paper``: the papers' settings. MAN (paper Sec. 4, supplementary Sec. 7, spec/algorithms.md §0): CIFAR-100 and
+  the MAN CNN, 100 clients, each joining a round with probability 0.1, 500 rounds, lr 0.1 decayed by 0.998 per
+  round, batch 50, 5 local epochs, weight decay 1e-3, gradient clipping at 10; zeta 0.15 (main paper, for CIFAR-100)
+  except FedAvg+MAN, zeta 0.6 (supplementary Sec. 7), in the fedMAN code's convention (loss = CE + zeta/2 * sum);
+  FedDyn and FedDC alpha 0.01; FedSAM rho 0.05; FedASAM rho 0.5, eta 0.2; FedSpeed rho 0.1, lambda 0.01.
+  Hessian: PyHessian's protocol (spec/algorithms.md §21: power iteration and Hutchinson, 100 iterations, tol 1e-3,
+  the whole training set), and for MAN Fig. 4 the top 200 eigenvalues (Lanczos) and the spectral density.
+  FedAlign (paper Sec. 3.2, spec §18-19): CIFAR-100, ResNet-56, 16 clients all participating, FedML Dirichlet 0.5,
+  25 rounds x 20 local epochs, lr 0.01 (constant), momentum 0.9 Nesterov, weight decay 1e-4, batch 64; FedProx
+  mu 1e-4, MOON mu 1 tau 0.5, Mixup gamma 0.1, StochDepth last survival 0.9, GradAug mu 1.75 with 2 sub-networks
+  and minimum width 0.8, FedAlign mu 0.45 width 0.25 (clipping at 10 for FedAlign as in its code, none for the
+  others); H_N / H_D with the ``fedalign`` protocol; loss surfaces along the top-2 Hessian eigenvectors (Fig. 1).
+  Needs the dataset (``--data-dir``) and, realistically, a GPU (``--device cuda``).
+* ``quick``: the same grids scaled down to the embedded digits (1,797 8x8 images) on a laptop CPU: MAN with the
+  digits CNN, 20 clients joining with probability 0.5 (10 per round, as in the paper), 50 rounds x 2 local epochs,
+  the paper's optimiser settings and hyper-parameters; Hessian by Lanczos and Hutch++ on the whole digits training
+  split (1,437 images), top 50 eigenvalues and the density for the Fig. 4 pairs. FedAlign with ResNet-20 on digits,
+  16 clients, 10 rounds x 2 local epochs.
+* ``tiny``: the same grids for seconds-long tests (2 rounds, 4 clients, a few probes).
+
+Layout: the runs in ``RUNS_DIR/<method>-<partition>-s<seed>/`` (default ``runs/reproduce-<preset>``), the report in
+``OUT`` (default ``reports/<target>-<preset>``). Re-running skips finished runs and analyses and resumes unfinished
+runs, so an interrupted reproduction continues where it stopped.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .errors import ConfigError
+from .sweep import RunTask, run_tasks
+
+__all__ = ["TARGETS", "PRESETS", "plan", "reproduce", "Method"]
+
+PRESETS = ("tiny", "quick", "paper")
+TARGETS = ("man-table2", "man-table6", "man-tables", "fedalign-table1")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of a table: its name, the settings that make it (RunConfig fields and hyper-parameter flags), and
+    whether its runs get the top-k spectrum and density (MAN Fig. 4)."""
+
+    label: str
+    settings: dict = field(default_factory=dict)
+    spectrum: bool = False
+
+
+def _man_methods(preset: str) -> dict[str, list[Method]]:
+    zeta, zeta_fedavg = 0.15, 0.6  # main paper Sec. 4 (CIFAR-100); supplementary Sec. 7 (FedAvg+MAN)
+
+    def pair(label, settings, spectrum=False):
+        return [Method(label, settings, spectrum),
+                Method(f"{label}+MAN", dict(settings, reg="man", zeta=zeta_fedavg if label == "FedAvg" else zeta),
+                       spectrum)]
+
+    table2 = (pair("FedAvg", {"algo": "fedavg"}, spectrum=True)
+              + pair("FedSAM", {"algo": "fedsam", "rho": 0.05}, spectrum=True)
+              + pair("FedDyn", {"algo": "feddyn", "feddyn_alpha": 0.01})
+              + pair("FedDC", {"algo": "feddc", "feddc_alpha": 0.01}))
+    table6 = (pair("FedASAM", {"algo": "fedasam", "rho": 0.5, "eta": 0.2})
+              + pair("FedSpeed", {"algo": "fedspeed", "rho": 0.1, "fedspeed_lambda": 0.01}))
+    return {"man-table2": table2, "man-table6": table6}
+
+
+def _fedalign_methods(preset: str) -> list[Method]:
+    clip_fedalign = 10.0
+    return [
+        Method("FedAvg", {"algo": "fedavg"}),
+        Method("FedProx", {"algo": "fedprox", "mu": 1e-4}),
+        Method("MOON", {"algo": "moon", "moon_mu": 1.0, "moon_tau": 0.5}),
+        Method("FedAvg+Mixup", {"algo": "fedavg", "reg": "mixup", "mixup_gamma": 0.1}),
+        Method("FedAvg+StochDepth", {"algo": "fedavg", "reg": "stochdepth", "survival_last": 0.9}),
+        Method("FedAvg+GradAug", {"algo": "fedavg", "reg": "gradaug", "gradaug_mu": 1.75, "num_subnets": 2,
+                                  "width": 0.8}),
+        Method("FedAvg+FedAlign", {"algo": "fedavg", "reg": "fedalign", "fedalign_mu": 0.45, "width": 0.25,
+                                   "clip": clip_fedalign}),
+    ]
+
+
+# Settings per preset. 'run' = RunConfig fields shared by every run; 'hessian' = run_hessian options for the table;
+# 'spectrum' = run_hessian options for the Fig. 4 pages; 'clients' = run_client_metrics options; 'surface' =
+# run_surface options (None: not computed).
+_MAN = {
+    "paper": {
+        "run": dict(dataset="cifar100", model="cifar-cnn", clients=100, participation=0.1, sampling="bernoulli",
+                    partition="dirichlet", rounds=500, local_epochs=5, batch_size=50, lr=0.1, lr_decay=0.998,
+                    weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10),
+        "hessian": dict(top=1, method="power", tol=1e-3, trace=True, trace_method="pyhessian", trace_hvps=100,
+                        samples=None, batch_size=50),
+        "spectrum": dict(top=200, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=100,
+                         samples=None, batch_size=256),
+    },
+    "quick": {
+        "run": dict(dataset="digits", model="digits-cnn", clients=20, participation=0.5, sampling="bernoulli",
+                    partition="dirichlet", rounds=50, local_epochs=2, batch_size=50, lr=0.1, lr_decay=0.998,
+                    weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10),
+        "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=100,
+                        trace_rtol=0.01, samples=None, batch_size=512),
+        "spectrum": dict(top=50, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=80,
+                         samples=None, batch_size=512),
+    },
+    "tiny": {
+        "run": dict(dataset="digits", model="digits-cnn", clients=4, participation=1.0, sampling="bernoulli",
+                    partition="dirichlet", rounds=2, local_epochs=1, batch_size=50, lr=0.1, lr_decay=0.998,
+                    weight_decay=1e-3, clip=10.0, eval_every=1, checkpoint_every=1),
+        "hessian": dict(top=1, method="lanczos", tol=1e-2, trace=True, trace_method="hutchpp", trace_hvps=9,
+                        trace_rtol=None, samples=96, batch_size=96),
+        "spectrum": dict(top=3, method="lanczos", tol=1e-2, trace=False, density=True, density_steps=6,
+                         samples=96, batch_size=96),
+    },
+}
+_FEDALIGN = {
+    "paper": {
+        "run": dict(dataset="cifar100", model="resnet56", clients=16, participation=1.0, sampling="fraction",
+                    partition="fedml-dirichlet", alpha=0.5, rounds=25, local_epochs=20, batch_size=64, lr=0.01,
+                    lr_decay=1.0, momentum=0.9, nesterov=True, weight_decay=1e-4, clip=0.0, eval_every=1,
+                    checkpoint_every=1, save_clients=True),
+        "hessian": dict(top=1, method="power", tol=1e-3, trace=True, trace_method="pyhessian", trace_hvps=100,
+                        samples=None, batch_size=64),
+        "clients": dict(protocol="fedalign", probes=100, tol=1e-3),
+        "surface": dict(directions="hessian", grid=21, range=1.0, samples=2560, batch_size=256),
+    },
+    "quick": {
+        "run": dict(dataset="digits", model="resnet20", clients=16, participation=1.0, sampling="fraction",
+                    partition="fedml-dirichlet", alpha=0.5, rounds=10, local_epochs=2, batch_size=64, lr=0.01,
+                    lr_decay=1.0, momentum=0.9, nesterov=True, weight_decay=1e-4, clip=0.0, eval_every=1,
+                    checkpoint_every=5, save_clients=True),
+        "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=40,
+                        trace_rtol=0.02, samples=512, batch_size=256),
+        "clients": dict(protocol="default", probes=20, groups=5, samples=64),
+        "surface": dict(directions="hessian", grid=9, range=1.0, samples=256, batch_size=256),
+    },
+    "tiny": {
+        "run": dict(dataset="digits", model="resnet20", clients=4, participation=1.0, sampling="fraction",
+                    partition="fedml-dirichlet", alpha=0.5, rounds=1, local_epochs=1, batch_size=64, lr=0.01,
+                    lr_decay=1.0, momentum=0.9, nesterov=True, weight_decay=1e-4, clip=0.0, eval_every=1,
+                    checkpoint_every=1, save_clients=True),
+        "hessian": dict(top=1, method="lanczos", tol=1e-2, trace=True, trace_method="hutchpp", trace_hvps=6,
+                        trace_rtol=None, samples=32, batch_size=32),
+        "clients": dict(protocol="default", probes=4, groups=2, samples=16),
+        "surface": dict(directions="random", grid=3, range=0.5, samples=32, batch_size=32),
+    },
+}
+MAN_ALPHAS = (0.3, 0.6)
+
+
+def _slug(label: str) -> str:
+    return label.lower().replace("+", "-")
+
+
+def _run_name(label: str, settings: dict, seed: int) -> str:
+    part = settings["partition"]
+    part = part if part == "iid" else f"{part}{float(settings['alpha']):g}"
+    return f"{_slug(label)}-{part}-s{seed}"
+
+
+def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = None, seeds=(0,),
+         device: str = "cpu", data_dir: str | None = None, threads: int | None = None) -> list[RunTask]:
+    """The run tasks of ``target`` at ``preset``: one per (method, partition, seed), with its analyses."""
+    if target not in TARGETS:
+        raise ConfigError(f"unknown reproduction target {target!r}: choose one of {', '.join(TARGETS)}")
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    seeds = tuple(seeds)
+    if not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
+        raise ConfigError(f"--seeds must be non-negative integers, got {seeds!r}")
+    root = Path(runs_dir or Path("runs") / f"reproduce-{preset}").resolve()
+    extra = {"device": device}
+    if data_dir:
+        extra["data_dir"] = str(Path(data_dir).expanduser().resolve())
+    tasks: list[RunTask] = []
+    if target.startswith("man-"):
+        cfg = _MAN[preset]
+        methods = _man_methods(preset)
+        keys = ("man-table2", "man-table6") if target == "man-tables" else (target,)
+        for key in keys:
+            for m in methods[key]:
+                for alpha in MAN_ALPHAS:
+                    for seed in seeds:
+                        settings = dict(cfg["run"], alpha=alpha, seed=seed, **m.settings, **extra)
+                        tasks.append(_task(m, settings, seed, root, cfg, device, threads))
+    else:
+        cfg = _FEDALIGN[preset]
+        for m in _fedalign_methods(preset):
+            for seed in seeds:
+                settings = dict(cfg["run"], seed=seed, **extra)
+                settings.update(m.settings)
+                tasks.append(_task(m, settings, seed, root, cfg, device, threads))
+    return tasks
+
+
+def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: str, threads) -> RunTask:
+    from .config import normalise_settings
+
+    name = _run_name(m.label, settings, seed)
+    hessian = dict(cfg["hessian"], seed=seed, device=device)
+    spectrum = dict(cfg["spectrum"], seed=seed, device=device) if m.spectrum and "spectrum" in cfg else None
+    clients = dict(cfg["clients"], seed=seed, device=device) if cfg.get("clients") else None
+    surface = dict(cfg["surface"], seed=seed, device=device) if cfg.get("surface") else None
+    return RunTask(name=name, run_dir=str(root / name), settings=normalise_settings(settings, source=name),
+                   hessian=hessian, spectrum=spectrum, clients=clients, surface=surface, threads=threads)
+
+
+def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = None,
+              runs_dir: str | Path | None = None, executor=None, seeds=(0,), device: str = "cpu",
+              data_dir: str | None = None, threads: int | None = None,
+              echo: Callable[[str], None] | None = None) -> dict:
+    """Train and analyse every run of ``target`` at ``preset`` (skipping finished work), then write the report
+    into ``out``. Returns the report's summary plus 'tasks' (what each run did) and 'seconds'."""
+    from .executors import LocalExecutor, default_threads
+    from .report import build_report
+
+    start = time.perf_counter()
+    executor = executor or LocalExecutor(1)
+    if threads is None:
+        threads = default_threads(getattr(executor, "workers", 1)) if executor.name == "local" else \
+            max(1, int(getattr(executor, "cpus_per_task", 1)))
+    tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads)
+    out = Path(out or Path("reports") / f"{target}-{preset}")
+    if echo:
+        echo(f"{target} ({preset}): {len(tasks)} runs in {Path(tasks[0].run_dir).parent}, report in {out}")
+    records = run_tasks(tasks, executor, echo=echo)
+    failed = [r for r in records if r.get("error")]
+    tables = ("man-table2", "man-table6") if target == "man-tables" else (target,)
+    done = [t.run_dir for t, r in zip(tasks, records) if Path(t.run_dir, "config.json").is_file()]
+    if not done:
+        raise ConfigError(f"no run of {target} could start; first error: {failed[0]['error'] if failed else '?'}")
+    summary = build_report(done, out, tables=tables, title=f"flatfl reproduce {target} --preset {preset}",
+                           echo=echo)
+    summary["tasks"] = records
+    summary["failed"] = [f"{r['name']}: {r['error']}" for r in failed]
+    summary["seconds"] = round(time.perf_counter() - start, 1)
+    return summary

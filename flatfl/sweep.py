@@ -1,0 +1,445 @@
+"""Sweeps: a grid of runs (algorithms x regularizers x partitions x seeds x ...) as independent, resumable tasks.
+
+One task = one run directory: train it (or resume it, or skip it when finished), then the analyses asked for
+(Hessian spectrum and trace, cross-client H_N / H_D, a loss surface), each skipped when its result is already there
+with the same settings. Tasks go to any executor of :mod:`flatfl.executors` (serial, process pool, Ray); a sweep
+killed at any point continues where it stopped when run again, since the engine resumes runs from ``resume.pt``.
+
+Grid file (TOML or YAML)::
+
+    out = "runs/man-grid"        # root of the run directories (default: runs/<file name without suffix>)
+    seeds = [0, 1]               # optional; the same as a 'seed' list under [grid]
+
+    [fixed]                      # settings shared by every run: flatfl train's options and hyper-parameter flags
+    dataset = "digits"
+    rounds = 30
+
+    [grid]                       # every combination of these lists is one run
+    algo = ["fedavg", "feddyn"]
+    reg = ["none", "man"]
+    alpha = [0.3, 0.6]
+
+    [[include]]                  # extra single runs: [fixed] plus these settings
+    algo = "fedsam"
+    reg = "man"
+
+    [hessian]                    # optional: flatfl hessian on each final model (its option names)
+    top = 1
+    samples = 512
+
+    [spectrum]                   # optional: a second Hessian analysis kept apart (e.g. top = 200, density = true)
+
+    [clients]                    # optional: H_N / H_D (flatfl hessian-clients options); needs save_clients
+    protocol = "default"
+
+    [surface]                    # optional: a loss surface (flatfl surface options)
+    grid = 11
+
+A run's directory is named after the settings that vary across the sweep (``algo-fedavg__reg-man__seed-0``).
+
+Python API: :func:`read_grid`, :func:`expand_grid`, :class:`RunTask`, :func:`run_task`, :func:`run_tasks`,
+:func:`run_sweep`, :func:`run_state`.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .errors import CheckpointError, ConfigError
+
+__all__ = ["RunTask", "run_task", "analyse_run", "run_tasks", "run_state", "read_grid", "expand_grid", "run_sweep",
+           "SweepGrid", "HESSIAN_DIR", "SPECTRUM_DIR", "CLIENTS_DIR", "SURFACE_DIR"]
+
+HESSIAN_DIR = "hessian"  # RUN/hessian/hessian.json: Hessian results (and the 'clients' section when computed)
+SPECTRUM_DIR = "spectrum"  # RUN/spectrum/hessian.json: a second Hessian analysis, the top-k and density (MAN Fig. 4)
+CLIENTS_DIR = HESSIAN_DIR  # run_client_metrics adds its section to the same hessian.json
+SURFACE_DIR = "surface"  # RUN/surface/surface.npz
+_CONFIG_KEYS_IGNORED = ("out", "device", "data_dir")  # may differ between a run and its resumption
+
+
+# ---------------------------------------------------------------------------------------------- one task
+@dataclass
+class RunTask:
+    """Everything one run needs, picklable: the run's settings (RunConfig fields; hyper-parameters under
+    ``params``), its directory, and the analyses to run on its final model (keyword arguments of
+    :func:`~flatfl.analysis.hessian_run.run_hessian`, :func:`~flatfl.analysis.clients.run_client_metrics`,
+    :func:`~flatfl.analysis.surface.run_surface`; None = skip)."""
+
+    name: str
+    run_dir: str
+    settings: dict
+    hessian: dict | None = None
+    spectrum: dict | None = None
+    clients: dict | None = None
+    surface: dict | None = None
+    threads: int | None = None  # torch intra-op threads inside the task (None: leave torch's default)
+    quiet: bool = True
+
+
+def _comparable_config(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k not in _CONFIG_KEYS_IGNORED}
+
+
+def run_state(run_dir: str | Path, expected=None) -> str:
+    """'new' (nothing there), 'partial' (started, not finished) or 'finished'. With ``expected`` (a RunConfig),
+    a directory holding a run with other settings raises :class:`ConfigError` naming the first differences."""
+    d = Path(run_dir)
+    if not d.exists() or (d.is_dir() and not any(d.iterdir())):
+        return "new"
+    if not d.is_dir():
+        raise ConfigError(f"{d} exists and is not a directory")
+    cfg_file = d / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError(f"{d} exists but is not a flatfl run (no config.json); move it or choose another out")
+    try:
+        stored = json.loads(cfg_file.read_text())["config"]
+    except Exception:
+        raise ConfigError(f"{cfg_file} is corrupt; delete {d} to start the run again") from None
+    if expected is not None:
+        want = _comparable_config(json.loads(json.dumps(expected.to_dict())))
+        have = _comparable_config(stored)
+        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        if diff:
+            shown = ", ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} asked" for k in diff[:3])
+            raise ConfigError(f"{d} holds a run with other settings ({shown}); delete it or choose another out")
+    return "finished" if (d / "final.pt").is_file() else "partial"
+
+
+def _recover_final(run_dir: Path, rounds: int) -> bool:
+    """A run killed between writing its last resume.pt and final.pt: final.pt is the last round's checkpoint."""
+    last = run_dir / "checkpoints" / f"round_{rounds:04d}.pt"
+    if (run_dir / "final.pt").is_file() or not last.is_file():
+        return False
+    from .utils.io import atomic_write_bytes
+
+    atomic_write_bytes(run_dir / "final.pt", last.read_bytes())
+    return True
+
+
+def _train(task: RunTask, log: Callable[[str], None]) -> str:
+    from .config import build_config
+    from .train.engine import Trainer
+
+    cfg = build_config({}, dict(task.settings, out=task.run_dir))
+    run_dir = Path(task.run_dir)
+    state = run_state(run_dir, expected=cfg)
+    if state == "finished":
+        return "skipped"
+    if state == "partial":
+        # The engine resumes from resume.pt (or from round 0 when killed before the first checkpoint). A resume.pt
+        # that says "finished" means only the copy to final.pt was lost: the last round's checkpoint is that file.
+        Trainer(cfg, run_dir, resume=True, quiet=task.quiet, log=log).run()
+        if not (run_dir / "final.pt").is_file() and not _recover_final(run_dir, cfg.rounds):
+            raise CheckpointError(f"{run_dir}: resume.pt says finished but neither final.pt nor the last round's "
+                                  "checkpoint exists; delete resume.pt to train again")
+        return "resumed"
+    Trainer(cfg, run_dir, quiet=task.quiet, log=log).run()
+    return "trained"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _same_settings(saved: dict | None, wanted: dict) -> bool:
+    """True when every setting asked for was used. A None asks for the default (compared only for 'samples',
+    where None means 'the whole split'); device and data folder may differ."""
+    if not isinstance(saved, dict):
+        return False
+    return all(saved.get(k) == v for k, v in wanted.items()
+               if k not in ("device", "quiet", "data_dir") and (v is not None or k == "samples"))
+
+
+def _fresh(result: Path, final: Path) -> bool:
+    return result.is_file() and result.stat().st_mtime >= final.stat().st_mtime
+
+
+def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str = HESSIAN_DIR) -> str:
+    from .analysis.hessian_run import run_hessian
+
+    out = run_dir / folder
+    report = _read_json(out / "hessian.json")
+    if report and _fresh(out / "hessian.json", final) and report.get("top_eigenvalues") is not None \
+            and _same_settings(report.get("settings"), wanted):
+        return "skipped"
+    run_hessian(str(final), str(out), quiet=quiet, **wanted)
+    return "computed"
+
+
+def _clients(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
+    from .analysis.clients import run_client_metrics
+
+    out = run_dir / CLIENTS_DIR
+    report = _read_json(out / "hessian.json") or {}
+    section = report.get("clients")
+    if section and _fresh(out / "hessian.json", final) and _same_settings(section.get("settings"), wanted):
+        return "skipped"
+    run_client_metrics(str(final), str(out), quiet=quiet, **wanted)
+    return "computed"
+
+
+def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
+    from .analysis.surface import run_surface
+
+    out = run_dir / SURFACE_DIR
+    summary = _read_json(out / "surface.json")
+    if summary and _fresh(out / "surface.json", final):
+        s = summary.get("settings", {})
+        if all(s.get(k) == v for k, v in wanted.items() if k in s):
+            return "skipped"
+    run_surface(str(final), str(out), quiet=quiet, **wanted)
+    return "computed"
+
+
+def analyse_run(run_dir: str | Path, *, hessian: dict | None = None, spectrum: dict | None = None,
+                clients: dict | None = None, surface: dict | None = None, quiet: bool = True) -> dict:
+    """The analyses of one finished run, each skipped when its result is there, newer than final.pt and made
+    with the settings asked for: ``hessian`` -> RUN/hessian/hessian.json, then ``clients`` (H_N, H_D: the
+    'clients' section of the same file), ``spectrum`` -> RUN/spectrum/hessian.json (a second Hessian analysis,
+    e.g. the top 200 eigenvalues and the density, kept apart so the table's protocol stays one),
+    ``surface`` -> RUN/surface/. Returns {'hessian': 'computed'|'skipped'|None, ...}."""
+    run_dir = Path(run_dir)
+    final = run_dir / "final.pt"
+    if not final.is_file():
+        raise CheckpointError(f"{run_dir} has no final.pt: the run is not finished (resume it first)")
+    return {"hessian": _hessian(run_dir, final, dict(hessian), quiet) if hessian is not None else None,
+            "clients": _clients(run_dir, final, dict(clients), quiet) if clients is not None else None,
+            "spectrum": (_hessian(run_dir, final, dict(spectrum), quiet, SPECTRUM_DIR) if spectrum is not None
+                         else None),
+            "surface": _surface(run_dir, final, dict(surface), quiet) if surface is not None else None}
+
+
+def run_task(task: RunTask) -> dict:
+    """Train (or resume, or skip) one run, then its analyses. Returns what was done and how long it took.
+
+    Seeding happens here, inside the task (the engine seeds python, numpy and torch from the run's seed; every
+    analysis takes its own seed), so the result does not depend on the executor or on other tasks.
+    """
+    import torch
+
+    if task.threads:
+        torch.set_num_threads(int(task.threads))
+    start = time.perf_counter()
+    lines: list[str] = []
+    log = lines.append if task.quiet else (lambda s: print(f"[{task.name}] {s}", file=sys.stderr, flush=True))
+    out = {"name": task.name, "run_dir": task.run_dir, "train": _train(task, log)}
+    out.update(analyse_run(task.run_dir, hessian=task.hessian, spectrum=task.spectrum, clients=task.clients,
+                           surface=task.surface, quiet=task.quiet))
+    out["seconds"] = round(time.perf_counter() - start, 3)
+    return out
+
+
+def run_tasks(tasks: list[RunTask], executor=None, *, echo: Callable[[str], None] | None = None) -> list[dict]:
+    """Run every task on ``executor`` (default: serial); returns one record per task, in the tasks' order, with
+    ``error`` set for the failed ones (the others still run)."""
+    from .executors import LocalExecutor
+
+    executor = executor or LocalExecutor(1)
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError(f"two runs share the name(s) {', '.join(dup[:3])}")
+    records: list[dict | None] = [None] * len(tasks)
+    done = 0
+    for outcome in executor.map(run_task, tasks):
+        task = tasks[outcome.index]
+        done += 1
+        if outcome.ok:
+            rec = dict(outcome.result, error=None)
+            what = ", ".join(f"{k} {rec[k]}" for k in ("train", "hessian", "clients", "spectrum", "surface")
+                             if rec.get(k))
+            msg = f"[{done}/{len(tasks)}] {task.name}: {what} ({rec['seconds']:.1f} s)"
+        else:
+            rec = {"name": task.name, "run_dir": task.run_dir, "train": None, "hessian": None, "clients": None,
+                   "spectrum": None, "surface": None, "seconds": None, "error": outcome.error}
+            msg = f"[{done}/{len(tasks)}] {task.name}: FAILED: {outcome.error}"
+            if outcome.details:
+                msg += "\n" + outcome.details.rstrip()
+        records[outcome.index] = rec
+        if echo:
+            echo(msg)
+    return [r for r in records if r is not None]
+
+
+# ---------------------------------------------------------------------------------------------- grid files
+@dataclass
+class SweepGrid:
+    """A parsed grid file: the run tasks and where they live."""
+
+    root: Path
+    tasks: list[RunTask] = field(default_factory=list)
+
+
+_GRID_SECTIONS = {"out", "seeds", "fixed", "grid", "include", "hessian", "spectrum", "clients", "surface",
+                  "threads"}
+
+
+def _as_list(key: str, value: Any, source: str) -> list:
+    if isinstance(value, list):
+        if not value:
+            raise ConfigError(f"[grid] {key} in {source} is an empty list")
+        return value
+    return [value]
+
+
+def _slug(value: Any) -> str:
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return re.sub(r"[^A-Za-z0-9.+=-]+", "_", text).strip("_") or "x"
+
+
+def _load_grid_file(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"grid file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() == ".toml":
+            import tomllib
+
+            raw = tomllib.loads(text)
+        elif path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            raw = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"grid file {path} must end in .toml, .yaml or .yml")
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"cannot parse grid file {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"grid file {path} must hold a table of settings")
+    return raw
+
+
+def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[RunTask]:
+    """The run tasks of a parsed grid (see the module docstring for the layout)."""
+    from .config import build_config, normalise_settings
+
+    unknown = sorted(set(raw) - _GRID_SECTIONS)
+    if unknown:
+        raise ConfigError(f"unknown section or key {unknown[0]!r} in {source}: use {', '.join(sorted(_GRID_SECTIONS))}")
+    for key in ("fixed", "grid", "hessian", "spectrum", "clients", "surface"):
+        if key in raw and not isinstance(raw[key], dict):
+            raise ConfigError(f"[{key}] in {source} must be a table")
+    fixed = normalise_settings(raw.get("fixed") or {}, source=f"[fixed] of {source}")
+    axes = dict(raw.get("grid") or {})
+    if "seeds" in raw:
+        if "seed" in axes:
+            raise ConfigError(f"{source} sets both 'seeds' and a 'seed' list under [grid]; keep one")
+        axes["seed"] = raw["seeds"]
+    axes = {k: _as_list(k, v, source) for k, v in axes.items()}
+    for k in axes:
+        normalise_settings({k: None}, source=f"[grid] of {source}")  # raises on unknown names
+    includes = raw.get("include") or []
+    if not isinstance(includes, list) or not all(isinstance(x, dict) for x in includes):
+        raise ConfigError(f"'include' in {source} must be a list of tables ([[include]] in TOML)")
+
+    points: list[dict] = []
+    keys = list(axes)
+    for combo in itertools.product(*(axes[k] for k in keys)):
+        points.append(dict(zip(keys, combo)))
+    if not axes and not includes:
+        points.append({})
+    points += [dict(x) for x in includes]
+
+    varying = [k for k in keys if len(axes[k]) > 1]
+    for extra in includes:
+        varying += [k for k in extra if k not in varying]
+    threads = raw.get("threads")
+    tasks, seen = [], {}
+    for point in points:
+        settings = _merge(fixed, normalise_settings(point, source=f"a run of {source}"))
+        cfg = build_config({}, settings)  # validate now: a bad value fails before any run starts
+        name = "__".join(f"{_slug(k)}-{_slug(point[k])}" for k in varying if k in point) or "run"
+        if name in seen:
+            if seen[name] == cfg.to_dict():
+                continue
+            raise ConfigError(f"two runs of {source} would share the directory name {name!r}")
+        seen[name] = cfg.to_dict()
+        tasks.append(RunTask(name=name, run_dir=str(Path(root) / name), settings=settings,
+                             hessian=_section(raw, "hessian"), spectrum=_section(raw, "spectrum"),
+                             clients=_section(raw, "clients"),
+                             surface=_section(raw, "surface"), threads=threads))
+    return tasks
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        if k == "params":
+            out["params"] = dict(base.get("params", {}), **v)
+        else:
+            out[k] = v
+    return out
+
+
+def _section(raw: dict, key: str) -> dict | None:
+    if key not in raw:
+        return None
+    return {str(k).replace("-", "_"): v for k, v in (raw[key] or {}).items()}
+
+
+def read_grid(path: str | Path, out: str | Path | None = None) -> SweepGrid:
+    """Parse a grid file; ``out`` overrides its ``out`` root. Run directories are made absolute (Ray workers)."""
+    path = Path(path)
+    raw = _load_grid_file(path)
+    root = Path(out or raw.get("out") or Path("runs") / path.stem).resolve()
+    fixed = raw.get("fixed") or {}
+    data_dir = fixed.get("data_dir", fixed.get("data-dir"))
+    if isinstance(fixed, dict) and data_dir and not Path(str(data_dir)).expanduser().is_absolute():
+        fixed = {k: v for k, v in fixed.items() if k not in ("data_dir", "data-dir")}
+        fixed["data_dir"] = str((path.parent / str(data_dir)).expanduser().resolve())
+        raw = dict(raw, fixed=fixed)
+    return SweepGrid(root=root, tasks=expand_grid(raw, root=root, source=str(path)))
+
+
+def run_sweep(grid_file: str | Path, *, executor=None, out: str | Path | None = None, threads: int | None = None,
+              dry_run: bool = False, echo: Callable[[str], None] | None = None) -> list[dict]:
+    """Run every run of ``grid_file`` (skipping finished work, resuming unfinished runs) and write
+    ``sweep.csv`` (one line per run: what was done, seconds, error) in the sweep's root."""
+    from .executors import LocalExecutor, default_threads
+
+    grid = read_grid(grid_file, out=out)
+    executor = executor or LocalExecutor(1)
+    per_task = threads or (default_threads(getattr(executor, "workers", 1)) if executor.name == "local" else
+                           max(1, int(getattr(executor, "cpus_per_task", 1))))
+    for t in grid.tasks:
+        t.threads = t.threads or per_task
+    if dry_run:
+        from .config import build_config
+
+        rows = []
+        for t in grid.tasks:
+            state = run_state(t.run_dir, expected=build_config({}, dict(t.settings, out=t.run_dir)))
+            rows.append({"name": t.name, "run_dir": t.run_dir, "state": state})
+            if echo:
+                echo(f"{state:>8}  {t.name}")
+        return rows
+    records = run_tasks(grid.tasks, executor, echo=echo)
+    _write_index(grid.root / "sweep.csv", records)
+    return records
+
+
+def _write_index(path: Path, records: Iterable[dict]) -> None:
+    import csv
+    import io
+
+    from .utils.io import atomic_write_text
+
+    cols = ["name", "run_dir", "train", "hessian", "clients", "spectrum", "surface", "seconds", "error"]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+    w.writeheader()
+    for r in records:
+        w.writerow(r)
+    atomic_write_text(path, buf.getvalue())
+

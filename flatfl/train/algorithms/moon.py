@@ -1,0 +1,146 @@
+"""MOON: model-contrastive federated learning (Li et al. CVPR 2021), as in the official code
+(``main.py::train_net_fedcon``, ``model.py::ModelFedCon``; algorithms.md section 13).
+
+Model: the network's encoder output h -> projection head [Linear(d, d), ReLU, Linear(d, 256)] -> z ->
+classifier Linear(256, C). :meth:`Moon.wrap_model` builds it around any flatfl model (``features`` / ``classifier``
+/ ``feature_dim``); the wrapped model keeps that interface, with ``features(x) = z``, so MAN, checkpoints and the
+Hessian tools see an ordinary flatfl model (checkpoints re-apply the wrapper on load).
+
+Local objective of client i::
+
+    CE + mu * CE( [cos(z, z_glob) / tau, cos(z, z_prev) / tau], target 0 )
+
+z_glob from the frozen model the server sent this round, z_prev from the client's own previous local model (a
+buffer of one); both without gradients. A client that never trained holds the initial weights as its previous
+model (then z_prev = z_glob in round 1 and the term has zero gradient). The previous models live in
+``self.clients["prev"]`` so they survive ``--resume``; they are evaluated with the server's buffers (BatchNorm
+statistics) of the round.
+
+z is the projection the working model computed in the closure's own forward pass (captured by a forward hook on
+the projection head, only in training mode); if that pass did not run the projection on this batch, z is computed
+again from ``step.x``. Server: FedAvg (sample-weighted), as the MOON code does.
+
+Defaults: tau = 0.5 (paper, code), mu = 1 (paper for CIFAR-100 / Tiny-ImageNet, FedAlign's choice; the code's
+CIFAR-10 README example uses 5). The MOON code's local optimizer (momentum 0.9, wd 1e-5) is set with the run's
+``--momentum`` / ``--weight-decay``.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import ConfigError
+from ..components import HParam
+from .base import Algorithm, register
+
+
+class MoonModel(nn.Module):
+    """features(x) = projection(encoder.features(x)) = z; forward(x) = classifier(z)."""
+
+    def __init__(self, encoder: nn.Module, proj_dim: int = 256):
+        super().__init__()
+        for need in ("features", "classifier", "feature_dim"):
+            if not hasattr(encoder, need):
+                raise ConfigError(f"MOON needs a model with features(x), classifier and feature_dim; "
+                                  f"{type(encoder).__name__} has no {need}")
+        d, classes = int(encoder.feature_dim), int(encoder.classifier.out_features)
+        encoder.classifier = nn.Identity()  # MOON's own classifier sits after the projection head
+        self.encoder = encoder
+        self.projection = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, proj_dim))
+        self.classifier = nn.Linear(proj_dim, classes)
+        self.feature_dim = proj_dim
+        if hasattr(encoder, "flatfl_spec"):
+            self.flatfl_spec = encoder.flatfl_spec
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.projection(self.encoder.features(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+    def activation_modules(self) -> list[nn.Module]:
+        inner = getattr(self.encoder, "activation_modules", None)
+        return [*(inner() if callable(inner) else []), self.projection[1]]
+
+
+def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
+    """mean_b -log( e^{cos(z, z_glob)/tau} / (e^{cos(z, z_glob)/tau} + e^{cos(z, z_prev)/tau}) )."""
+    logits = torch.stack([F.cosine_similarity(z, z_glob, dim=1), F.cosine_similarity(z, z_prev, dim=1)], 1) / tau
+    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
+
+
+def copy_with(frozen: nn.Module, params: dict[str, torch.Tensor]) -> nn.Module:
+    """A copy of a frozen model with the named parameters replaced (the previous local model)."""
+    model = copy.deepcopy(frozen)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in params:
+                p.copy_(params[name])
+    return model
+
+
+@register
+class Moon(Algorithm):
+    name = "moon"
+    summary = "MOON: CE + mu * model-contrastive loss (projection head; previous local model as negative)"
+    hparams = (
+        HParam("mu", 1.0, "MOON contrastive weight mu (paper: 1 on CIFAR-100/Tiny-ImageNet, 5 in the code's "
+               "CIFAR-10 example)", flag="moon-mu", check="nonnegative"),
+        HParam("tau", 0.5, "MOON temperature tau (paper, code)", flag="moon-tau", check="positive"),
+        HParam("proj_dim", 256, "output size of MOON's projection head (code: 256)", flag="moon-proj-dim",
+               check="positive"),
+    )
+
+    @classmethod
+    def wrap_model(cls, model, hp):
+        return model if isinstance(model, MoonModel) else MoonModel(model, int(hp["proj_dim"]))
+
+    def __init__(self, hp, **kwargs):
+        super().__init__(hp, **kwargs)
+        self._captured: list[torch.Tensor] = []  # z of the current closure's forward pass (at most one)
+        self._hooked: nn.Module | None = None  # the working model carrying the capture hook
+
+    def init_state(self) -> None:
+        self.clients["prev"] = self.layout.get().to(self.device).unsqueeze(0).repeat(self.num_clients, 1)
+
+    def _hook(self, model: nn.Module) -> None:
+        """Capture the projection output z of the working model's first training forward per closure."""
+        if self._hooked is model:
+            return
+        captured = self._captured
+
+        def capture(module, inputs, output):
+            if module.training and torch.is_grad_enabled() and not captured:
+                captured.append(output)
+
+        model.projection.register_forward_hook(capture)
+        self._hooked = model
+
+    def client_start(self, cctx):
+        self._hook(cctx.model)
+        self._captured.clear()
+        prev = self.layout.views(self.clients["prev"][cctx.client_id])
+        model = copy_with(cctx.round.global_model, dict(zip(self.layout.names, prev)))
+        cctx.extras["moon_prev_model"] = model
+        return super().client_start(cctx)
+
+    def loss_terms(self, step):
+        z = self._captured[0] if self._captured else None
+        self._captured.clear()
+        if z is None or z.shape[0] != step.x.shape[0]:
+            z = step.model.features(step.x)
+        cached = step.scratch.get("moon_targets")
+        if cached is None or cached[0] is not step.x:
+            with torch.no_grad():
+                z_glob = step.client.round.global_model.features(step.x)
+                z_prev = step.client.extras["moon_prev_model"].features(step.x)
+            cached = step.scratch["moon_targets"] = (step.x, z_glob, z_prev)
+        return self.mu * model_contrastive_loss(z, cached[1], cached[2], self.tau)
+
+    def client_end(self, cctx, params, loss):
+        self.clients["prev"][cctx.client_id] = params
+        cctx.extras.pop("moon_prev_model", None)
+        return super().client_end(cctx, params, loss)
