@@ -244,6 +244,11 @@ def test_fedalign_sigma_is_the_top_singular_value_of_the_transmitting_matrix():
     exact = np.sqrt([np.linalg.eigvalsh(m @ m.T).max() for m in x_np])
     sigma = spectral_norm(f_prev, f_last).numpy()
     assert np.allclose(sigma, exact, rtol=1e-6)  # non-negative features: a dominant eigenvalue, fast convergence
+    # vectors (the dense final block): X = a b^T / 1
+    va, vb = torch.randn(4, 7, generator=g, dtype=torch.float64), torch.randn(4, 3, generator=g, dtype=torch.float64)
+    xv = np.einsum("bi,bj->bij", va.numpy(), vb.numpy())
+    exact_v = np.sqrt([np.linalg.eigvalsh(m @ m.T).max() for m in xv])
+    assert np.allclose(spectral_norm(va, vb).numpy(), exact_v, rtol=1e-10)
     # and it is the code's 10-step estimate from the all-ones vector, not the exact value, on a slow spectrum:
     # X = A B^T / HW with A = 3 diag(d), B = I (HW = 3) is diag(d)
     d = np.array([1.0, 0.97, 0.5])
@@ -331,7 +336,8 @@ class Wrapped(nn.Module):
         super().__init__()
         d = encoder.feature_dim
         encoder.classifier = nn.Identity()
-        self.encoder, self.head, self.classifier = encoder, nn.Sequential(nn.Linear(d, d), nn.ReLU()), nn.Linear(d, classes)
+        self.encoder, self.classifier = encoder, nn.Linear(d, classes)
+        self.head = nn.Sequential(nn.Linear(d, d), nn.ReLU())
 
     def forward(self, x):
         return self.classifier(self.head[0](self.encoder.features(x)))  # the ReLU of the head is not used
@@ -454,6 +460,9 @@ def test_stochdepth_survival_schedule_and_eval_formula():
     assert 0.35 < np.mean(outcomes) < 0.65  # Bernoulli(0.5)
     with pytest.raises(ConfigError, match="residual"):
         StochDepth.prepare_model(DigitsCNN(10), StochDepth.resolve({}))
+    wrapped = StochDepth.prepare_model(Wrapped(build_model("resnet20", num_classes=10, in_channels=1, image_size=8)),
+                                       StochDepth.resolve({}))  # default: the paper's rho_L = 0.9
+    assert [b.survival for b in wrapped.encoder.residual_blocks()][-1] == 0.9
 
 
 def test_every_regularizer_and_flag_is_registered():

@@ -24,10 +24,11 @@ TINY = dict(dataset="digits", clients=4, participation=1.0, local_epochs=1, batc
             checkpoint_every=1)
 
 
-def _grid_text(out: Path, rounds: int, algos=("fedavg", "feddyn")) -> str:
+def _grid_text(out: Path, rounds, algos=("fedavg",)) -> str:
+    """A grid over ``algos`` x ``rounds`` (an int or a list: runs run in this order)."""
     lines = [f'out = "{out}"', "threads = 1", "[fixed]"]
     lines += [f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {v}" for k, v in TINY.items()]
-    lines += [f"rounds = {rounds}", "[grid]", "algo = [" + ", ".join(f'"{a}"' for a in algos) + "]"]
+    lines += ["[grid]", "algo = [" + ", ".join(f'"{a}"' for a in algos) + "]", f"rounds = {rounds}"]
     return "\n".join(lines) + "\n"
 
 
@@ -89,11 +90,11 @@ def test_yaml_grid_and_dry_run(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- resume after a kill
 def test_killed_sweep_resumes_the_unfinished_run_and_skips_the_finished_one(tmp_path):
-    rounds = 40
+    rounds = 15
     grid = tmp_path / "grid.toml"
     runs = tmp_path / "runs"
-    grid.write_text(_grid_text(runs, rounds))
-    first, second = runs / "algo-fedavg", runs / "algo-feddyn"
+    grid.write_text(_grid_text(runs, [1, rounds], algos=("feddyn",)))  # a 1-round run, then a 15-round one
+    first, second = runs / "rounds-1", runs / f"rounds-{rounds}"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "flatfl", "sweep", str(grid)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -117,11 +118,11 @@ def test_killed_sweep_resumes_the_unfinished_run_and_skips_the_finished_one(tmp_
 
     records = run_sweep(grid)
     by = {r["name"]: r for r in records}
-    assert by["algo-fedavg"]["train"] == "skipped" and by["algo-feddyn"]["train"] == "resumed"
+    assert by["rounds-1"]["train"] == "skipped" and by[f"rounds-{rounds}"]["train"] == "resumed"
     assert (first / "final.pt").read_bytes() == first_bytes  # untouched
     with (runs / "sweep.csv").open() as f:
         index = {row["name"]: row for row in csv.DictReader(f)}
-    assert index["algo-feddyn"]["train"] == "resumed" and index["algo-fedavg"]["error"] == ""
+    assert index[f"rounds-{rounds}"]["train"] == "resumed" and index["rounds-1"]["error"] == ""
 
     # The resumed run equals an uninterrupted run with the same settings (the engine's determinism).
     cfg = build_config({}, dict(TINY, rounds=rounds, algo="feddyn", out=str(tmp_path / "ref")))
@@ -134,16 +135,16 @@ def test_killed_sweep_resumes_the_unfinished_run_and_skips_the_finished_one(tmp_
 
 def test_a_directory_holding_other_settings_is_refused(tmp_path):
     grid = tmp_path / "grid.toml"
-    grid.write_text(_grid_text(tmp_path / "runs", 2, algos=("fedavg",)))
+    grid.write_text(_grid_text(tmp_path / "runs", 1))
     assert run_sweep(grid)[0]["train"] == "trained"
-    grid.write_text(_grid_text(tmp_path / "runs", 3, algos=("fedavg",)))
+    grid.write_text(_grid_text(tmp_path / "runs", 1).replace("batch_size = 50", "batch_size = 40"))
     rec = run_sweep(grid)[0]
-    assert rec["error"] and "holds a run with other settings (rounds: 2 there, 3 asked)" in rec["error"]
+    assert rec["error"] and "holds a run with other settings (batch_size: 50 there, 40 asked)" in rec["error"]
 
 
 # ---------------------------------------------------------------------------------------------- executors
 def _two_tasks(root: Path) -> list[RunTask]:
-    return [RunTask(name=a, run_dir=str(root / a), settings=dict(TINY, rounds=2, algo=a), threads=1)
+    return [RunTask(name=a, run_dir=str(root / a), settings=dict(TINY, rounds=1, algo=a), threads=1)
             for a in ("fedavg", "fedprox")]
 
 

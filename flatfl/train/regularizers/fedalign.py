@@ -98,7 +98,8 @@ def spectral_norm(f_prev: torch.Tensor, f_last: torch.Tensor, iterations: int = 
     return norm.reshape(-1).sqrt()
 
 
-def lipschitz_loss(student: tuple[torch.Tensor, torch.Tensor], teacher: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def lipschitz_loss(student: tuple[torch.Tensor, torch.Tensor],
+                   teacher: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """MSE between the student's and the detached teacher's spectral norms; each pair is (f_prev, f_last)."""
     sigma_s = spectral_norm(*student)
     with torch.no_grad():
@@ -177,7 +178,8 @@ class _DenseLayer(_FinalBlock):
         head = getattr(model, "classifier", None)
         modules = list(model.modules())
         if not isinstance(head, nn.Linear) or not any(m is head for m in modules):
-            raise ConfigError(f"fedalign needs a ResNet or a model with a final nn.Linear 'classifier'; {name} has none")
+            raise ConfigError(f"fedalign needs a ResNet or a model with a final nn.Linear 'classifier'; "
+                              f"{name} has none")
         end = next(i for i, m in enumerate(modules) if m is head)
         linears = [m for m in modules[:end] if isinstance(m, nn.Linear)]
         acts = getattr(model, "activation_modules", None)
