@@ -15,12 +15,15 @@ that configuration's fastest round alongside, for reference).
 
 What to expect, and why:
 
-* man: one square-and-mean per hooked activation, next to the convolutions that made it: a few percent (paper,
-  Sec. 3.3: negligible). Target: within 10%.
+* man: one squared norm per hooked activation and its backward (a scaled copy of the activation). The MAN paper's
+  cost count, N C_o H_o W_o (1 + C_i K^2) for a convolution, makes it negligible when C_i K^2 >> 1: true for
+  ResNet-20 (C_i K^2 >= 144), not for the digits CNN's first convolution (1 input channel, 3x3: C_i K^2 = 9) on
+  8x8 images, where element-wise work is a large part of a step. Target (realistic networks): within 10%.
 * asd: one forward pass of the frozen round model per step (no backward): about 1.3x.
 * mixup: one extra blend of the batch: about 1x.
 * fedalign: the final block re-run at width 0.25 on the detached penultimate features (1/16 of its multiply-adds
   on a ResNet) and two 10-step power iterations: the paper reports 1.02x the FLOPs on ResNet-56. Target: within 25%.
+  On the digits CNN (fc1 at width 0.25, closed-form sigma) the extra work is a few dozen tiny operations per step.
 * gradaug: two more forward/backward passes of slimmed networks (width 0.8 and U[0.8, 1]) on resized inputs:
   about 1.8-2.5x (paper Table 5: 170.7 vs 87.3 GFLOPs for n = 2).
 * stochdepth: dropped blocks are skipped in training: at most 1x.
@@ -47,9 +50,9 @@ from flatfl.train.components import load_all  # noqa: E402
 from flatfl.train.engine import Trainer  # noqa: E402
 
 TARGETS = {"man": 1.10, "fedalign": 1.25}
-FAMILIES = {
-    "digits-cnn": ("digits", ["none", "man", "asd", "mixup", "fedalign"]),
-    "resnet20": ("cifar-shaped", ["none", "man", "asd", "mixup", "fedalign", "gradaug", "stochdepth"]),
+FAMILIES = {  # model: (data, regularizers, timed rounds per --rounds: short digits rounds get more samples)
+    "digits-cnn": ("digits", ["none", "man", "asd", "mixup", "fedalign"], 6),
+    "resnet20": ("cifar-shaped", ["none", "man", "asd", "mixup", "fedalign", "gradaug", "stochdepth"], 1),
 }
 
 
@@ -62,7 +65,7 @@ def cifar_shaped(num_train: int, seed: int = 0) -> ImageDataset:
                         num_classes=10, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
 
 
-def measure(model: str, ds: ImageDataset, regs: list[str], args) -> tuple[dict, dict]:
+def measure(model: str, ds: ImageDataset, regs: list[str], rounds: int, args) -> tuple[dict, dict]:
     """CPU and wall-clock seconds of each timed round, per regularizer."""
     tmp = Path(tempfile.mkdtemp())
     trainers = {}
@@ -74,7 +77,7 @@ def measure(model: str, ds: ImageDataset, regs: list[str], args) -> tuple[dict, 
         trainers[reg]._round(0)  # warm-up
     cpu: dict[str, list[float]] = {reg: [] for reg in regs}
     wall: dict[str, list[float]] = {reg: [] for reg in regs}
-    for r in range(1, args.rounds + 1):
+    for r in range(1, rounds + 1):
         for reg in regs:
             c0, w0 = time.process_time(), time.perf_counter()
             trainers[reg]._round(r)
@@ -85,7 +88,8 @@ def measure(model: str, ds: ImageDataset, regs: list[str], args) -> tuple[dict, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=4, help="timed rounds per configuration (after one warm-up round)")
+    ap.add_argument("--rounds", type=int, default=4, help="timed rounds per configuration after one warm-up round "
+                    "(6x as many for the fast digits-cnn rounds)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: least noise on a shared machine)")
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=50)
@@ -96,11 +100,12 @@ def main() -> None:
     load_all()
     datasets = {"digits": load_dataset("digits"), "cifar-shaped": cifar_shaped(args.cifar_samples)}
     print(f"torch {torch.__version__}, {args.threads} thread(s); FedAvg + SGD, {args.clients} clients all "
-          f"participating, 1 local epoch, batch {args.batch_size}; fastest of {args.rounds} round-robin rounds")
+          f"participating, 1 local epoch, batch {args.batch_size}; fastest of {args.rounds} (resnet20) / "
+          f"{6 * args.rounds} (digits-cnn) round-robin rounds")
     print(f"{'model':<11} {'data':<13} {'regularizer':<11} {'CPU s/round':>11} {'vs none':>8} {'wall s':>7}  target")
     for model in args.models:
-        data, regs = FAMILIES[model]
-        cpu, wall = measure(model, datasets[data], regs, args)
+        data, regs, factor = FAMILIES[model]
+        cpu, wall = measure(model, datasets[data], regs, factor * args.rounds, args)
         base = min(cpu["none"])
         for reg in regs:
             best = min(cpu[reg])

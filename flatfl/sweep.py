@@ -9,6 +9,7 @@ Grid file (TOML or YAML)::
 
     out = "runs/man-grid"        # root of the run directories (default: runs/<file name without suffix>)
     seeds = [0, 1]               # optional; the same as a 'seed' list under [grid]
+    threads = 1                  # optional: torch threads per run (default: flatfl.executors.default_threads)
 
     [fixed]                      # settings shared by every run: flatfl train's options and hyper-parameter flags
     dataset = "digits"
@@ -194,7 +195,7 @@ def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
     summary = _read_json(out / "surface.json")
     if summary and _fresh(out / "surface.json", final):
         s = summary.get("settings", {})
-        if all(s.get(k) == v for k, v in wanted.items() if k in s):
+        if all(s.get(k) == v for k, v in wanted.items() if k in s and k not in ("device", "workers")):
             return "skipped"
     run_surface(str(final), str(out), quiet=quiet, **wanted)
     return "computed"

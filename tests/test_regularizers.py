@@ -316,7 +316,7 @@ def test_fedalign_resnet_value_detachment_and_width_restored():
     assert _slim_widths(model) == {1.0}  # the server model is the full network again
     ce = F.cross_entropy(step.logits, y)
     assert torch.allclose(loss, (1 + mu) * ce, rtol=1e-5)
-    assert float(step.scratch["fedalign_lip"]) > 0
+    assert step.scratch["fedalign_lip"] > 0
     loss.backward()
     got = dict((n, p.grad.clone()) for n, p in model.named_parameters())
     zero_grads(model)
@@ -352,7 +352,7 @@ def test_fedalign_finds_the_stage_inside_a_wrapper_and_survives_deep_copies():
     step = make_step(model, x, y)
     loss = reg.forward(step)
     assert torch.allclose(loss, 1.3 * F.cross_entropy(step.logits, y), rtol=1e-5)
-    assert float(step.scratch["fedalign_lip"]) > 0 and _slim_widths(model.encoder) == {1.0}
+    assert step.scratch["fedalign_lip"] > 0 and _slim_widths(model.encoder) == {1.0}
     copy.deepcopy(model)(x)  # an algorithm's own copy (FedNTD's teacher): hooks shared, nothing captured
     # around a CNN the wrapper's head breaks classifier(act(linear(.))): refused with one clear line
     dense = make_reg(FedAlign)

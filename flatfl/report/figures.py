@@ -131,7 +131,8 @@ def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
             any_density = True
     ax1.set_xlabel("index")
     ax1.set_ylabel("eigenvalue")
-    ax1.set_title("(a) top Hessian eigenvalues", fontsize=10)
+    ks = sorted({len(_spectrum_source(r).get("top_eigenvalues") or []) for r in (ref, cmp_)})
+    ax1.set_title(f"(a) top {'/'.join(map(str, ks))} Hessian eigenvalues", fontsize=10)
     ax1.grid(alpha=0.3)
     if ax1.lines:
         ax1.legend(fontsize=8)
@@ -157,14 +158,14 @@ def accuracy_page(title: str, groups: dict[str, list], column: str, subtitle: st
     n = max(1, len(groups))
     for k, (group, records) in enumerate(sorted(groups.items())):
         ax = fig.add_subplot(1, n, k + 1)
-        methods = sorted({r.method for r in records})
-        for rec in records:
+        bases = list(dict.fromkeys(r.method.split("+")[0] for r in records))  # X and X+reg share a colour
+        for rec in sorted(records, key=lambda r: (bases.index(r.method.split("+")[0]), r.method, r.seed)):
             xs = [row["round"] for row in rec.curve if row.get(column) is not None]
             ys = [100 * row[column] for row in rec.curve if row.get(column) is not None]
             if not xs:
                 continue
-            color = COLORS[methods.index(rec.method) % len(COLORS)]
-            style = "--" if "+" in rec.method else "-"
+            color = COLORS[bases.index(rec.method.split("+")[0]) % len(COLORS)]
+            style = "--" if "+" in rec.method else "-"  # dashed: with the regularizer
             ax.plot(xs, ys, style, color=color, linewidth=1.1, label=_label(rec))
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("round")

@@ -365,8 +365,8 @@ def _sign(delta: float | None, tol: float = 0.0) -> int | None:
 
 
 def direction_checks(spec: TableSpec, table_rows: list[dict]) -> list[dict]:
-    """For each (reference, compared) pair, partition and metric: our change and the paper's, and whether they
-    point the same way. ``resolved`` says whether our change exceeds twice its combined uncertainty (seed spread,
+    """For each (reference, compared) pair, partition and metric where we have both values: our change and the
+    paper's, and whether they point the same way. ``resolved`` says whether our change exceeds twice its combined uncertainty (seed spread,
     or the estimator's standard error), where one is known; None where none is."""
     by = {(r["method"], r["partition"]): r for r in table_rows}
     checks = []
@@ -377,6 +377,8 @@ def direction_checks(spec: TableSpec, table_rows: list[dict]) -> list[dict]:
                 continue
             for metric in spec.metrics:
                 oa, ob = a[f"ours_{metric}"], b[f"ours_{metric}"]
+                if oa is None or ob is None:
+                    continue  # nothing of ours to compare
                 pa, pb = a[f"paper_{metric}"], b[f"paper_{metric}"]
                 ours = None if oa is None or ob is None else ob - oa
                 paper = None if pa is None or pb is None else pb - pa

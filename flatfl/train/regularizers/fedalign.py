@@ -117,10 +117,14 @@ class _FinalBlock:
         self.seen: dict[str, torch.Tensor] = {}
         self.handles: list = []
 
-    def _hook(self, module: nn.Module, key: str, what: str) -> None:
+    def _hook(self, module: nn.Module, input_key: str | None, output_key: str | None) -> None:
+        """Record ``module``'s first input under ``input_key`` and its output under ``output_key`` (None: skip)."""
         def hook(mod, inputs, output) -> None:
             if self.recording and mod is module:
-                self.seen[key] = inputs[0] if what == "input" else output
+                if input_key is not None:
+                    self.seen[input_key] = inputs[0]
+                if output_key is not None:
+                    self.seen[output_key] = output
 
         self.handles.append(module.register_forward_hook(hook))
 
@@ -151,8 +155,7 @@ class _ResNetStage(_FinalBlock):
         self.backbone = backbone
         backbone.set_width(width, stages="last")  # raises ConfigError when e.g. GroupNorm cannot split
         backbone.set_width(1.0)
-        self._hook(backbone.last_stage, "prev", "input")
-        self._hook(backbone.last_stage, "last", "output")
+        self._hook(backbone.last_stage, "prev", "last")
 
     def check(self, seen):
         if "prev" not in seen:
@@ -189,11 +192,9 @@ class _DenseLayer(_FinalBlock):
                               "hidden layer is a Linear and a non-linearity feeding the classifier")
         self.name = name
         self.linear, self.act = linears[-1], acts[-1]
-        self._hook(self.linear, "prev", "input")
-        self._hook(self.linear, "linear_out", "output")
-        self._hook(self.act, "act_in", "input")
-        self._hook(self.act, "last", "output")
-        self._hook(head, "head_in", "input")
+        self._hook(self.linear, "prev", "linear_out")
+        self._hook(self.act, "act_in", "last")
+        self._hook(head, "head_in", None)
 
     def check(self, seen):
         # the structure must be classifier(act(linear(f_prev))): the very same tensors pass from one to the next
@@ -245,7 +246,8 @@ class FedAlign(Regularizer):
             return ce
         s_in, s_out = self._block.student(f_prev, self.width)
         lip = lipschitz_loss((s_in, s_out), (f_prev.detach(), f_last.detach()))
-        step.scratch["fedalign_lip"] = lip.detach()
-        lip_value = lip.detach()
-        scale = torch.where(lip_value > 0, ce.detach() / lip_value.clamp_min(torch.finfo(lip_value.dtype).tiny), 0.0)
-        return ce + self.mu * scale * lip
+        lip_value = lip.item()  # the code's .item() rescaling: value mu * CE, direction of L_lip's gradient
+        step.scratch["fedalign_lip"] = lip_value
+        if lip_value == 0.0:
+            return ce
+        return ce + (self.mu * ce.item() / lip_value) * lip

@@ -1,0 +1,222 @@
+"""The report: tables that carry each run's hessian.json values exactly, direction checks computed by hand, a PDF
+with the expected pages (read back from its bytes), missing analyses listed or computed."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from flatfl.cli import main
+from flatfl.errors import ConfigError
+from flatfl.report import build_report, pdf_page_count
+from flatfl.report.tables import TABLES, build_table, direction_checks, method_label, paper_values
+from flatfl.sweep import RunTask, run_tasks
+
+TINY = dict(dataset="digits", clients=4, participation=1.0, local_epochs=1, batch_size=50, eval_every=1,
+            checkpoint_every=1, rounds=2, partition="dirichlet", alpha=0.3)
+SPECTRUM = dict(top=3, tol=1e-2, trace=True, trace_hvps=6, trace_rtol=None, density=True, density_steps=6,
+                samples=64, batch_size=64)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """FedAvg and FedAvg+MAN with Hessian results (top 3, trace, density); FedDyn trained but not analysed."""
+    root = tmp_path_factory.mktemp("report-runs")
+    tasks = [RunTask("fedavg", str(root / "fedavg"), dict(TINY, algo="fedavg"), hessian=SPECTRUM, threads=1),
+             RunTask("fedavg-man", str(root / "fedavg-man"), dict(TINY, algo="fedavg", reg="man"),
+                     hessian=SPECTRUM, threads=1),
+             RunTask("feddyn", str(root / "feddyn"), dict(TINY, algo="feddyn"), threads=1)]
+    records = run_tasks(tasks)
+    assert all(r["error"] is None for r in records), records
+    return root
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _hessian(run: Path) -> dict:
+    return json.loads((run / "hessian" / "hessian.json").read_text())
+
+
+def _page_objects(data: bytes) -> int:
+    """Independent of pdf_page_count: count the page objects themselves (/Type /Page, not /Pages)."""
+    return len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", data))
+
+
+def test_csv_values_equal_each_runs_hessian_json(runs, tmp_path):
+    src = tmp_path / "runs"
+    shutil.copytree(runs, src)
+    summary = build_report([src / "fedavg", src / "fedavg-man"], tmp_path / "rep")
+    assert summary["tables"] == ["man-table2"]
+    table = {(r["method"], r["partition"]): r for r in _rows(tmp_path / "rep" / "man-table2.csv")}
+    for name, method in (("fedavg", "FedAvg"), ("fedavg-man", "FedAvg+MAN")):
+        h = _hessian(src / name)
+        row = table[(method, "dirichlet-0.3")]
+        assert float(row["ours_top_eigenvalue"]) == h["top_eigenvalues"][0]
+        assert float(row["ours_trace"]) == h["trace"]["estimate"]
+        assert float(row["ours_trace_se"]) == h["trace"]["stderr"]
+        assert row["n_runs"] == "1" and row["runs"] == name
+        with (src / name / "metrics.csv").open() as f:
+            last = list(csv.DictReader(f))[-1]
+        assert math.isclose(float(row["ours_accuracy"]), 100 * float(last["all_test_acc"]), rel_tol=1e-12)
+    # the paper's numbers sit beside ours
+    assert float(table[("FedAvg", "dirichlet-0.3")]["paper_top_eigenvalue"]) == 51.49
+    assert float(table[("FedAvg+MAN", "dirichlet-0.6")]["paper_trace"]) == 4747
+    assert table[("FedSAM", "dirichlet-0.3")]["ours_top_eigenvalue"] == ""  # no run: blank, not zero
+    per_run = {r["run"]: r for r in _rows(tmp_path / "rep" / "runs.csv")}
+    assert float(per_run["fedavg"]["top_eigenvalue"]) == _hessian(src / "fedavg")["top_eigenvalues"][0]
+
+
+def test_direction_checks_by_hand(runs, tmp_path):
+    summary = build_report([runs / "fedavg", runs / "fedavg-man"], tmp_path / "rep")
+    checks = {(c["partition"], c["metric"]): c for c in _rows(tmp_path / "rep" / "directions.csv")}
+    base, man = _hessian(runs / "fedavg"), _hessian(runs / "fedavg-man")
+    ours_lower = man["top_eigenvalues"][0] < base["top_eigenvalues"][0]
+    c = checks[("dirichlet-0.3", "top_eigenvalue")]
+    assert c["paper_direction"] == "lower"  # 51.49 -> 43.80 in MAN Table 2
+    assert c["ours_direction"] == ("lower" if ours_lower else "higher")
+    assert c["agrees"] == str(ours_lower)
+    assert ("dirichlet-0.6", "top_eigenvalue") not in checks  # no runs there: nothing to compare
+    counts = summary["directions"]["man-table2"]["top_eigenvalue"]
+    assert counts == {"compared": 1, "agree": int(ours_lower), "agree_resolved": 0, "disagree_resolved": 0}
+    # trace: 'resolved' is |change| > 2 sqrt(se_a^2 + se_b^2)
+    t = checks[("dirichlet-0.3", "trace")]
+    change = man["trace"]["estimate"] - base["trace"]["estimate"]
+    unc = math.hypot(man["trace"]["stderr"], base["trace"]["stderr"])
+    assert math.isclose(float(t["ours_change"]), change) and math.isclose(float(t["ours_uncertainty"]), unc)
+    assert t["resolved"] == str(abs(change) > 2 * unc)
+
+
+def test_direction_rules_on_made_up_rows():
+    spec = TABLES["man-table2"]
+
+    class Rec:  # the attributes build_table reads
+        def __init__(self, method, partition, lam, tr, se, seed=0):
+            self.method, self.partition, self.seed, self.name, self.dataset = method, partition, seed, method, "x"
+            self._v = {"top_eigenvalue": lam, "trace": tr, "accuracy": None}
+            self._se = se
+
+        def value(self, metric, column):
+            return self._v[metric]
+
+        def stderr(self, metric):
+            return self._se if metric == "trace" else None
+
+    recs = [Rec("FedDyn", "dirichlet-0.6", 10.0, 100.0, 1.0), Rec("FedDyn+MAN", "dirichlet-0.6", 12.0, 96.0, 2.0),
+            Rec("FedDyn", "dirichlet-0.3", 4.0, 50.0, 1.0, seed=0), Rec("FedDyn", "dirichlet-0.3", 6.0, 70.0, 1.0, seed=1),
+            Rec("FedDyn+MAN", "dirichlet-0.3", 3.0, 40.0, 1.0)]
+    rows = build_table(spec, recs, paper_values())
+    by = {(r["method"], r["partition"]): r for r in rows}
+    two = by[("FedDyn", "dirichlet-0.3")]
+    assert two["ours_top_eigenvalue"] == 5.0 and two["n_runs"] == 2
+    assert math.isclose(two["ours_top_eigenvalue_sd"], math.sqrt(2.0))  # sample sd of 4 and 6
+    assert math.isclose(two["ours_trace_se"], math.sqrt(2.0) / 2)  # mean of two estimates, se 1 each
+    checks = {(c["partition"], c["metric"]): c for c in direction_checks(spec, rows)
+              if c["reference"] == "FedDyn"}
+    up = checks[("dirichlet-0.6", "top_eigenvalue")]  # ours 10 -> 12 (higher); paper 47.03 -> 38.44 (lower)
+    assert up["ours_direction"] == "higher" and up["paper_direction"] == "lower" and up["agrees"] is False
+    assert up["resolved"] is None  # no uncertainty known for single-run eigenvalues
+    tr = checks[("dirichlet-0.6", "trace")]  # 100 -> 96: |-4| < 2 sqrt(1 + 4) = 4.47, not resolved
+    assert tr["agrees"] is True and math.isclose(tr["ours_uncertainty"], math.sqrt(5)) and tr["resolved"] is False
+    lam = checks[("dirichlet-0.3", "top_eigenvalue")]  # 5 (two seeds) -> 3 (one run, no estimator SE)
+    assert lam["agrees"] is True and lam["resolved"] is None  # one side's uncertainty unknown: not judged
+
+
+def test_pdf_has_the_expected_pages(runs, tmp_path):
+    summary = build_report([runs], tmp_path / "rep")
+    data = (tmp_path / "rep" / "report.pdf").read_bytes()
+    expected = ["summary", "man-table2: table", "man-table2: directions", "man-table2: spectrum FedAvg dirichlet-0.3",
+                "man-table2: accuracy", "runs"]  # FedDyn (no Hessian) is in the table and on the accuracy page
+    assert summary["pages"] == expected
+    assert pdf_page_count(data) == _page_objects(data) == len(expected)
+    assert data.startswith(b"%PDF") and data.rstrip().endswith(b"%%EOF")
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "| FedAvg | dirichlet-0.3 |" in md and "paper: CIFAR-100" in md and "ours: digits" in md
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == sorted(summary["files"])  # no temporaries
+
+
+def test_missing_results_are_listed_then_computed(runs, tmp_path):
+    src = tmp_path / "runs"
+    shutil.copytree(runs, src)
+    summary = build_report([src], tmp_path / "rep")
+    assert summary["tables"] == ["man-table2"]  # FedDyn matches the layout too
+    assert any(m.startswith("feddyn: no Hessian results") for m in summary["missing"])
+    assert any("--compute-missing" in m for m in summary["missing"])
+    row = {r["run"]: r for r in _rows(tmp_path / "rep" / "runs.csv")}["feddyn"]
+    assert row["top_eigenvalue"] == ""
+
+    res = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path / "rep2"), "--compute-missing",
+                                    "--samples", "64"])
+    assert res.exit_code == 0, res.output
+    h = _hessian(src / "feddyn")
+    assert h["settings"]["samples"] == 64 and h["settings"]["top"] == 1
+    row = {r["run"]: r for r in _rows(tmp_path / "rep2" / "runs.csv")}["feddyn"]
+    assert float(row["top_eigenvalue"]) == h["top_eigenvalues"][0]
+    assert json.loads((tmp_path / "rep2" / "summary.json").read_text())["missing"] == []
+    assert "point the same way as the paper's" in res.output
+
+
+def test_user_errors_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="holds no flatfl run"):
+        build_report([tmp_path], tmp_path / "out")
+    with pytest.raises(ConfigError, match="run directory not found"):
+        build_report([tmp_path / "nope"], tmp_path / "out")
+    res = CliRunner().invoke(main, ["report", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and res.output.startswith("flatfl: error: run directory not found")
+
+
+def test_unknown_table_is_refused(runs, tmp_path):
+    with pytest.raises(ConfigError, match="unknown table 'table9'"):
+        build_report([runs / "fedavg"], tmp_path / "rep", tables=["table9"])
+
+
+def test_method_labels_follow_the_papers():
+    assert method_label({"algo": "fedavg"}) == "FedAvg"
+    assert method_label({"algo": "fedavg", "local_opt": "sam"}) == "FedSAM"
+    assert method_label({"algo": "fedsam"}) == "FedSAM"
+    assert method_label({"algo": "fedasam", "reg": "man"}) == "FedASAM+MAN"
+    assert method_label({"algo": "feddyn", "local_opt": "sam", "reg": "man"}) == "FedDyn(SAM)+MAN"
+    assert method_label({"algo": "fedavg", "reg": "gradaug"}) == "FedAvg+GradAug"
+
+
+def test_shipped_paper_values_equal_the_shared_spec():
+    shared = Path(__file__).resolve().parents[1].parent / "shared" / "spec" / "paper_values.csv"
+    if not shared.is_file():
+        pytest.skip("shared/spec/paper_values.csv is not beside this checkout")
+    with shared.open() as f:
+        want = [dict(r, value=float(r["value"])) for r in csv.DictReader(f)]
+    assert paper_values() == want
+
+
+def test_fedalign_layout_reads_the_clients_section(runs, tmp_path):
+    """A FedAvg run on the FedML Dirichlet 0.5 split fills FedAlign Table 1; H_N / H_D come from the 'clients'
+    section that flatfl.analysis.clients.run_client_metrics adds to hessian.json."""
+    run = tmp_path / "fedavg-fedml"
+    shutil.copytree(runs / "fedavg", run)
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["config"].update(partition="fedml-dirichlet", alpha=0.5)
+    (run / "config.json").write_text(json.dumps(cfg))
+    h = _hessian(run)
+    h["clients"] = {"protocol": "default", "H_N": 3.25, "H_N_stderr": 0.5, "H_D": 0.875, "H_D_stderr": 0.01}
+    (run / "hessian" / "hessian.json").write_text(json.dumps(h))
+    summary = build_report([run], tmp_path / "rep")
+    assert summary["tables"] == ["fedalign-table1"] and summary["missing"] == []
+    row = {r["method"]: r for r in _rows(tmp_path / "rep" / "fedalign-table1.csv")}["FedAvg"]
+    assert float(row["ours_hessian_norm_gap"]) == 3.25 and float(row["ours_hessian_norm_gap_se"]) == 0.5
+    assert float(row["ours_hessian_direction"]) == 0.875 and float(row["ours_top_eigenvalue"]) == h["top_eigenvalues"][0]
+    assert float(row["paper_hessian_norm_gap"]) == 11360 and float(row["paper_accuracy"]) == 52.9
+    assert float(row["ours_accuracy"]) == 100 * float(list(csv.DictReader((run / "metrics.csv").open()))[-1]["test_acc"])
+    del h["clients"]
+    (run / "hessian" / "hessian.json").write_text(json.dumps(h))
+    missing = build_report([run], tmp_path / "rep2")["missing"]
+    assert any("no H_N / H_D" in m for m in missing)
+    with_cm = build_report([run], tmp_path / "rep3", compute_missing=True)["missing"]
+    assert any("train with --save-clients" in m for m in with_cm)  # the run kept no client models

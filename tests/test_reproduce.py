@@ -1,0 +1,122 @@
+"""``flatfl reproduce``: the paper preset carries the papers' settings; the tiny preset runs end to end (training,
+analyses, report) and a second call trains and analyses nothing again."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from flatfl.cli import main
+from flatfl.config import build_config
+from flatfl.errors import ConfigError
+from flatfl.report import pdf_page_count
+from flatfl.reproduce import plan
+
+
+def _by_name(tasks):
+    return {t.name: t for t in tasks}
+
+
+def _cfg(task):
+    return build_config({}, task.settings)
+
+
+def test_paper_preset_man_settings_are_the_papers():
+    tasks = _by_name(plan("man-tables", "paper", runs_dir="/tmp/x"))
+    assert len(tasks) == 24  # (4 + 2 algorithms) x (with, without MAN) x (delta 0.3, 0.6)
+    for t in tasks.values():
+        c = _cfg(t)
+        # MAN Sec. 4 and supplementary Sec. 7: CIFAR-100, 100 clients, 10% participation, 500 rounds, lr 0.1 decayed
+        # 0.998 per round, batch 50, 5 local epochs, clipping 10; weight decay 1e-3 (spec/algorithms.md §0)
+        assert (c.dataset, c.model, c.clients, c.participation, c.sampling) == \
+            ("cifar100", "cifar-cnn", 100, 0.1, "bernoulli")
+        assert (c.rounds, c.lr, c.lr_decay, c.batch_size, c.local_epochs, c.clip, c.weight_decay) == \
+            (500, 0.1, 0.998, 50, 5, 10.0, 1e-3)
+        assert c.partition == "dirichlet" and c.alpha in (0.3, 0.6)
+        assert t.hessian["method"] == "power" and t.hessian["samples"] is None  # PyHessian's protocol, all data
+    p = {n: t.settings.get("params", {}) for n, t in tasks.items()}
+    assert p["fedavg-man-dirichlet0.3-s0"]["zeta"] == 0.6  # supplementary Sec. 7: FedAvg+MAN
+    assert p["feddyn-man-dirichlet0.6-s0"] == {"feddyn_alpha": 0.01, "zeta": 0.15}  # main paper: 0.15 on CIFAR-100
+    assert p["feddc-dirichlet0.3-s0"] == {"feddc_alpha": 0.01}
+    assert p["fedsam-dirichlet0.3-s0"] == {"rho": 0.05}
+    assert p["fedasam-man-dirichlet0.3-s0"] == {"rho": 0.5, "eta": 0.2, "zeta": 0.15}
+    assert p["fedspeed-dirichlet0.6-s0"] == {"rho": 0.1, "fedspeed_lambda": 0.01}
+    assert "reg" not in tasks["fedspeed-dirichlet0.6-s0"].settings
+    # MAN Fig. 4: top 200 eigenvalues and the density, for FedAvg and FedSAM with and without MAN
+    with_spectrum = sorted(n for n, t in tasks.items() if t.spectrum)
+    assert len(with_spectrum) == 8 and all(n.startswith(("fedavg", "fedsam")) for n in with_spectrum)
+    assert tasks["fedavg-dirichlet0.3-s0"].spectrum["top"] == 200 and tasks["fedavg-dirichlet0.3-s0"].spectrum["density"]
+
+
+def test_paper_preset_fedalign_settings_are_the_papers():
+    tasks = _by_name(plan("fedalign-table1", "paper", runs_dir="/tmp/x"))
+    assert len(tasks) == 7
+    for t in tasks.values():
+        c = _cfg(t)
+        # FedAlign Sec. 3.2 and spec §18: ResNet-56, 16 clients all participating, Dirichlet 0.5, 25 rounds x 20
+        # local epochs, lr 0.01, momentum 0.9 Nesterov, weight decay 1e-4, batch 64
+        assert (c.dataset, c.model, c.clients, c.participation, c.partition, c.alpha) == \
+            ("cifar100", "resnet56", 16, 1.0, "fedml-dirichlet", 0.5)
+        assert (c.rounds, c.local_epochs, c.lr, c.lr_decay, c.momentum, c.nesterov, c.weight_decay, c.batch_size) == \
+            (25, 20, 0.01, 1.0, 0.9, True, 1e-4, 64)
+        assert c.save_clients and t.clients["protocol"] == "fedalign"
+    p = {n: t.settings.get("params", {}) for n, t in tasks.items()}
+    assert p["fedprox-fedml-dirichlet0.5-s0"] == {"mu": 1e-4}
+    assert p["moon-fedml-dirichlet0.5-s0"] == {"moon_mu": 1.0, "moon_tau": 0.5}
+    assert p["fedavg-gradaug-fedml-dirichlet0.5-s0"] == {"gradaug_mu": 1.75, "num_subnets": 2, "width": 0.8}
+    assert p["fedavg-mixup-fedml-dirichlet0.5-s0"] == {"mixup_gamma": 0.1}
+    assert p["fedavg-stochdepth-fedml-dirichlet0.5-s0"] == {"survival_last": 0.9}
+    assert p["fedavg-fedalign-fedml-dirichlet0.5-s0"] == {"fedalign_mu": 0.45, "width": 0.25}
+    assert tasks["fedavg-fedalign-fedml-dirichlet0.5-s0"].settings["clip"] == 10.0
+
+
+def test_quick_preset_keeps_the_methods_and_their_hyper_parameters():
+    paper, quick = _by_name(plan("man-tables", "paper")), _by_name(plan("man-tables", "quick"))
+    assert sorted(paper) == sorted(quick)
+    for name in paper:
+        assert paper[name].settings.get("params") == quick[name].settings.get("params")
+        assert _cfg(quick[name]).dataset == "digits"
+    table2 = {t.run_dir for t in plan("man-table2", "quick")}
+    assert table2 < {t.run_dir for t in quick.values()}  # man-table2 and man-tables share their run folders
+
+
+def test_bad_targets_presets_and_seeds():
+    with pytest.raises(ConfigError, match="unknown reproduction target"):
+        plan("man-table9")
+    with pytest.raises(ConfigError, match="unknown preset"):
+        plan("man-table2", "huge")
+    with pytest.raises(ConfigError, match="--seeds"):
+        plan("man-table2", "tiny", seeds=())
+    res = CliRunner().invoke(main, ["reproduce", "man-table6", "--preset", "tiny", "--seeds", "a,b"])
+    assert res.exit_code == 2 and "flatfl: error: --seeds must be comma-separated integers" in res.output
+
+
+def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path):
+    out, runs = tmp_path / "report", tmp_path / "runs"
+    args = ["reproduce", "man-table6", "--preset", "tiny", "--out", str(out), "--runs-dir", str(runs),
+            "--threads", "1"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert res.output.count("train trained, hessian computed") == 8
+    rows = list(csv.DictReader((out / "man-table6.csv").open()))
+    assert len(rows) == 8 and all(r["n_runs"] == "1" for r in rows)
+    for r in rows:
+        h = json.loads((runs / r["runs"] / "hessian" / "hessian.json").read_text())
+        assert float(r["ours_top_eigenvalue"]) == h["top_eigenvalues"][0]
+        assert float(r["ours_trace"]) == h["trace"]["estimate"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tables"] == ["man-table6"] and summary["missing"] == []
+    assert summary["pages"] == ["summary", "man-table6: table", "man-table6: directions", "man-table6: accuracy",
+                                "runs"]
+    assert pdf_page_count((out / "report.pdf").read_bytes()) == 5
+    counts = summary["directions"]["man-table6"]
+    assert counts["top_eigenvalue"]["compared"] == counts["trace"]["compared"] == 4
+    assert "top eigenvalue: " in res.output and "comparisons point the same way" in res.output
+
+    stamps = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0, again.output
+    assert again.output.count("train skipped, hessian skipped") == 8
+    assert stamps == {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}  # nothing rewritten
