@@ -310,7 +310,7 @@ def _echo_summary(summary: dict, out) -> None:
 # ------------------------------------------------------------------------------------------------------ reproduce
 REPRODUCE_EPILOG = """\b
 Examples:
-  flatfl reproduce man-tables --preset quick --workers 2      # MAN Tables 2 and 6 on digits (minutes, 2 cores)
+  flatfl reproduce man-tables --preset quick                  # MAN Tables 2 and 6 on digits (minutes, 2 cores)
   flatfl reproduce man-table2 --preset paper --data-dir ~/data --device cuda --executor ray
   flatfl reproduce fedalign-table1 --preset quick --out reports/fedalign
 Re-running the same command skips finished runs and analyses and resumes interrupted runs.
@@ -321,7 +321,7 @@ def _executor_options(fn):
     fn = click.option("--gpus-per-task", type=float, default=0, show_default=True, help="Ray: GPUs per run (e.g. 1 or 0.5)")(fn)
     fn = click.option("--ray-address", default=None, help="Ray: attach to this cluster (default $RAY_ADDRESS, else a local Ray)")(fn)
     fn = click.option("--threads", type=int, default=None, help="torch threads per run (default: 1 on up to 4 cores, else cores / workers)")(fn)
-    fn = click.option("--workers", type=int, default=1, show_default=True, help="runs at once (local: processes; ray: CPUs of a local Ray)")(fn)
+    fn = click.option("--workers", type=int, default=None, help="runs at once (local: processes; ray: CPUs of a local Ray); default: the number of CPU cores")(fn)
     fn = click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="where runs execute")(fn)
     return fn
 

@@ -110,11 +110,11 @@ class RunConfig:
         return self
 
 
-def read_config_file(path: str | Path) -> dict:
-    """Read a TOML (.toml) or YAML (.yaml/.yml) file into a flat dict of RunConfig fields + ``params``."""
+def read_settings_file(path: str | Path, what: str = "config file") -> dict:
+    """Parse a TOML (.toml) or YAML (.yaml/.yml) file holding a table; errors name ``what`` and the file."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(f"{what} not found: {path}")
     text = path.read_text(encoding="utf-8")
     try:
         if path.suffix.lower() == ".toml":
@@ -126,13 +126,19 @@ def read_config_file(path: str | Path) -> dict:
 
             raw = yaml.safe_load(text) or {}
         else:
-            raise ConfigError(f"config file {path} must end in .toml, .yaml or .yml")
+            raise ConfigError(f"{what} {path} must end in .toml, .yaml or .yml")
     except ConfigError:
         raise
     except Exception as e:  # parser errors carry line numbers
-        raise ConfigError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"cannot parse {what} {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"config file {path} must hold a table of settings")
+        raise ConfigError(f"{what} {path} must hold a table of settings")
+    return raw
+
+
+def read_config_file(path: str | Path) -> dict:
+    """Read a TOML (.toml) or YAML (.yaml/.yml) file into a flat dict of RunConfig fields + ``params``."""
+    raw = read_settings_file(path, "config file")
     return normalise_settings(raw, source=str(path))
 
 

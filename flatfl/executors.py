@@ -159,9 +159,11 @@ class RayExecutor:
             raise
 
 
-def make_executor(name: str, workers: int = 1, address: str | None = None, gpus_per_task: float = 0):
+def make_executor(name: str, workers: int | None = None, address: str | None = None, gpus_per_task: float = 0):
     """The executor called ``name`` ('local' or 'ray'); ``workers`` is the pool size (local) or the CPUs of a
-    local Ray instance (ray, when no cluster address is given)."""
+    local Ray instance (ray, when no cluster address is given); None means the number of CPU cores."""
+    if workers is None:
+        workers = os.cpu_count() or 1
     if name == "local":
         if address:
             raise ConfigError("--ray-address only applies to --executor ray")

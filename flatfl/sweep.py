@@ -298,27 +298,9 @@ def _slug(value: Any) -> str:
 
 
 def _load_grid_file(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError(f"grid file not found: {path}")
-    text = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix.lower() == ".toml":
-            import tomllib
+    from .config import read_settings_file
 
-            raw = tomllib.loads(text)
-        elif path.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            raw = yaml.safe_load(text) or {}
-        else:
-            raise ConfigError(f"grid file {path} must end in .toml, .yaml or .yml")
-    except ConfigError:
-        raise
-    except Exception as e:
-        raise ConfigError(f"cannot parse grid file {path}: {str(e).splitlines()[0]}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"grid file {path} must hold a table of settings")
-    return raw
+    return read_settings_file(path, "grid file")
 
 
 def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[RunTask]:
