@@ -7,7 +7,8 @@ tools keep the first-order graph), same machine, one run. Prints:
 2. top eigenvalue: time ratio PyHessian / flatfl, each tool's relative error;
 3. top 20: time ratio PyHessian / flatfl and each tool's maximum relative error against a tight reference
    (scipy ``eigsh``, ARPACK, tol 1e-6, on flatfl's operator: an independent Lanczos implementation);
-4. top 200 (flatfl only): HVPs per eigenvalue;
+4. top 200 (flatfl only): HVPs per eigenvalue; and the same on a trained digits CNN (the setting of MAN Fig. 4a:
+   a converged model), beside scipy ``eigsh``'s count at its default basis (ncv = 2k + 1) and tol 1e-6;
 5. trace at an equal HVP budget: standard error of Hutch++ and of Hutchinson (and PyHessian's trace rule for
    context: its estimate, its sample count and the standard error it does not report).
 
@@ -46,6 +47,45 @@ def man_cifar_cnn() -> nn.Module:
         )
 
 
+class PyHessianCounter:
+    """Counts PyHessian's Hessian-vector products (single-batch mode) by wrapping the function it calls."""
+
+    def __init__(self):
+        import pyhessian  # noqa: F401 - makes sure the submodule is loaded
+
+        self.module = sys.modules["pyhessian.hessian"]
+        self.original = self.module.hessian_vector_product
+        self.count = 0
+
+        def counting(*args, **kwargs):
+            self.count += 1
+            return self.original(*args, **kwargs)
+
+        self.module.hessian_vector_product = counting
+
+    def take(self) -> int:
+        count, self.count = self.count, 0
+        return count
+
+
+def trained_digits_operator(rounds: int):
+    """A digits CNN trained by flatfl for a few rounds, with 512 training samples (as in spec/analysis.md §2)."""
+    import tempfile
+
+    from click.testing import CliRunner
+
+    import flatfl
+    from flatfl.cli import main as cli
+
+    tmp = tempfile.mkdtemp(prefix="flatfl-bench-")
+    result = CliRunner().invoke(cli, ["train", "--dataset", "digits", "--model", "digits-cnn", "--rounds", str(rounds),
+                                      "--quiet", "--out", f"{tmp}/run"], catch_exceptions=False)
+    if result.exit_code != 0:
+        raise RuntimeError(result.output)
+    ckpt = flatfl.load_checkpoint(f"{tmp}/run/final.pt")
+    return HessianOperator(ckpt.model, ckpt.eval_batches("train", samples=512, seed=0))
+
+
 def say(*parts):
     print(*parts, flush=True)
 
@@ -70,13 +110,17 @@ def main(argv=None):
     ap.add_argument("--k-large", type=int, default=None, help="top-k for the HVPs-per-eigenvalue figure (200)")
     ap.add_argument("--trace-budget", type=int, default=None, help="HVP budget of each trace estimator (90)")
     ap.add_argument("--skip-pyhessian-topk", action="store_true", help="do not run PyHessian's top-k (slowest)")
+    ap.add_argument("--digits-rounds", type=int, default=None, help="training rounds of the digits CNN (20; 0 = skip)")
     args = ap.parse_args(argv)
     inputs = args.inputs or (128 if args.quick else 512)
     k = args.k or (10 if args.quick else 20)
     k_large = args.k_large or (50 if args.quick else 200)
     budget = args.trace_budget or (30 if args.quick else 90)
+    digits_rounds = args.digits_rounds if args.digits_rounds is not None else (5 if args.quick else 20)
 
     from pyhessian import hessian as PyHessian
+
+    counter = PyHessianCounter()
 
     torch.manual_seed(0)
     model = man_cifar_cnn().eval()
@@ -114,9 +158,11 @@ def main(argv=None):
     torch.manual_seed(0)
     ph_model = copy.deepcopy(model)
     ph = PyHessian(ph_model, nn.CrossEntropyLoss(), data=(x, y), cuda=False)
+    counter.take()
     (ph_top, _), ph_top_t = timed(lambda: ph.eigenvalues(top_n=1))
+    ph_top_hvps = counter.take()
     ours_top, ours_top_t = timed(lambda: top_eigenvalues(op, 1, seed=0))
-    say(f"\n[2] top eigenvalue: PyHessian {ph_top[0]:.5f} in {ph_top_t:.1f} s (error "
+    say(f"\n[2] top eigenvalue: PyHessian {ph_top[0]:.5f} in {ph_top_t:.1f} s, {ph_top_hvps} HVPs (error "
         f"{abs(ph_top[0] - reference[0]) / reference[0]:.2e}); flatfl {ours_top.eigenvalues[0]:.5f} in "
         f"{ours_top_t:.1f} s, {ours_top.hvps} HVPs (error {abs(ours_top.eigenvalues[0] - reference[0]) / reference[0]:.2e}"
         f", residual {ours_top.residuals[0]:.1e}); time ratio PyHessian / flatfl = {ph_top_t / ours_top_t:.1f}x")
@@ -129,10 +175,13 @@ def main(argv=None):
     if not args.skip_pyhessian_topk:
         torch.manual_seed(0)
         ph = PyHessian(copy.deepcopy(model), nn.CrossEntropyLoss(), data=(x, y), cuda=False)
+        counter.take()
         (ph_vals, _), ph_k_t = timed(lambda: ph.eigenvalues(top_n=k))
+        ph_k_hvps = counter.take()
         ph_err = max_rel_error(ph_vals, reference)
         unsorted = bool(np.any(np.diff(ph_vals) > 0))
-        say(f"    PyHessian {ph_k_t:.1f} s, max relative error {ph_err:.2e} (after sorting; returned "
+        say(f"    PyHessian {ph_k_t:.1f} s, {ph_k_hvps} HVPs ({ph_k_hvps / k:.1f} per eigenvalue), max relative "
+            f"error {ph_err:.2e} (after sorting; returned "
             f"{'unsorted' if unsorted else 'sorted'})")
         say(f"    time ratio PyHessian / flatfl = {ph_k_t / ours_k_t:.1f}x (target >= 5x); error ratio "
             f"PyHessian / flatfl = {ph_err / max(ours_err, 1e-300):.1e}")
@@ -144,12 +193,30 @@ def main(argv=None):
         f"lambda_{k_large} = {big.eigenvalues[-1]:.4g}; agrees with the reference top {k}: "
         f"max relative difference {max_rel_error(big.eigenvalues[:k], reference):.1e}")
 
+    if digits_rounds > 0:
+        digits = trained_digits_operator(digits_rounds)
+        trained, trained_t = timed(lambda: top_eigenvalues(digits, k_large, seed=0))
+        lin_d = spla.LinearOperator(
+            (digits.dim, digits.dim), dtype=np.float64,
+            matvec=lambda u: digits.matvec(torch.from_numpy(np.ascontiguousarray(u, dtype=np.float32).ravel()))
+            .double().numpy(),
+        )
+        before = digits.hvps
+        ref_d = np.sort(spla.eigsh(lin_d, k=k_large, which="LA", tol=1e-6,
+                                   v0=np.random.default_rng(0).standard_normal(digits.dim))[0])[::-1]
+        say(f"    trained digits CNN ({digits.dim:,} parameters, {digits_rounds} rounds, 512 samples): top {k_large} "
+            f"with {trained.hvps} HVPs = {trained.hvps / k_large:.2f} per eigenvalue ({trained_t:.1f} s), max "
+            f"relative error {max_rel_error(trained.eigenvalues, ref_d):.1e}; eigsh tol 1e-6 needed "
+            f"{digits.hvps - before} HVPs = {(digits.hvps - before) / k_large:.2f} per eigenvalue")
+
     # 5. trace at an equal HVP budget ---------------------------------------------------------------------------
     hutch, hutch_t = timed(lambda: hutchinson_trace(op, rtol=None, max_hvps=budget, seed=0))
     hpp, hpp_t = timed(lambda: hutchpp_trace(op, max_hvps=budget, seed=0))
     torch.manual_seed(0)
     ph = PyHessian(copy.deepcopy(model), nn.CrossEntropyLoss(), data=(x, y), cuda=False)
+    counter.take()
     ph_samples, ph_tr_t = timed(lambda: ph.trace())
+    counter.take()
     ph_se = np.std(ph_samples, ddof=1) / np.sqrt(len(ph_samples)) if len(ph_samples) > 1 else float("nan")
     say(f"\n[5] trace, {budget} HVPs each: Hutchinson {hutch.estimate:.4g} +- {hutch.stderr:.3g} ({hutch_t:.1f} s); "
         f"Hutch++ {hpp.estimate:.4g} +- {hpp.stderr:.3g} ({hpp_t:.1f} s); stderr ratio Hutchinson / Hutch++ = "

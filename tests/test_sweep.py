@@ -142,6 +142,20 @@ def test_a_directory_holding_other_settings_is_refused(tmp_path):
     assert rec["error"] and "holds a run with other settings (batch_size: 50 there, 40 asked)" in rec["error"]
 
 
+def test_a_run_killed_just_before_final_pt_is_completed_from_its_last_checkpoint(tmp_path):
+    from flatfl.sweep import run_task
+
+    task = RunTask("r", str(tmp_path / "r"), dict(TINY, rounds=2), threads=1)
+    assert run_task(task)["train"] == "trained"
+    final = tmp_path / "r" / "final.pt"
+    last = tmp_path / "r" / "checkpoints" / "round_0002.pt"
+    assert final.read_bytes() == last.read_bytes()  # the engine writes the same payload to both
+    final.unlink()  # as if killed after resume.pt (finished) but before final.pt
+    assert run_state(task.run_dir) == "partial"
+    assert run_task(task)["train"] == "resumed"
+    assert final.read_bytes() == last.read_bytes()
+
+
 # ---------------------------------------------------------------------------------------------- executors
 def _two_tasks(root: Path) -> list[RunTask]:
     return [RunTask(name=a, run_dir=str(root / a), settings=dict(TINY, rounds=1, algo=a), threads=1)
