@@ -361,8 +361,8 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, executor, 
 # ---------------------------------------------------------------------------------------------------------- sweep
 SWEEP_EPILOG = """\b
 Examples:
-  flatfl sweep grid.toml                                   # serially, on this machine
-  flatfl sweep grid.toml --workers 2                       # two runs at once (processes)
+  flatfl sweep grid.toml                                   # on this machine, one run per CPU core
+  flatfl sweep grid.toml --workers 1                       # one run at a time
   flatfl sweep grid.toml --executor ray --ray-address auto --gpus-per-task 1
   flatfl sweep grid.toml --dry-run                         # list the runs and their state
 \b

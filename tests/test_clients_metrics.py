@@ -236,3 +236,26 @@ def test_hessian_clients_bad_input_is_one_line_and_writes_nothing(run_dir, tmp_p
     (other / "hessian.json").write_text(json.dumps({"checkpoint": "/elsewhere/final.pt"}))
     line = _one_line_error(CliRunner().invoke(main, ["hessian-clients", str(run_dir), "--out", str(other)]))
     assert "belongs to" in line and sorted(p.name for p in other.iterdir()) == ["hessian.json"]
+
+
+def test_hessian_after_hessian_clients_keeps_the_clients_section(tmp_path):
+    """`flatfl hessian` into a folder holding `hessian-clients` results of the same checkpoint keeps them."""
+    import json
+
+    from click.testing import CliRunner
+
+    from flatfl.cli import main
+
+    run = tmp_path / "run"
+    r = CliRunner().invoke(main, ["train", "--model", "tiny", "--clients", "3", "--rounds", "1", "--local-epochs", "1",
+                                  "--save-clients", "--quiet", "--out", str(run)])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "h"
+    r = CliRunner().invoke(main, ["hessian-clients", str(run), "--probes", "10", "--groups", "5", "--samples", "60",
+                                  "--quiet", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    clients = json.loads((out / "hessian.json").read_text())["clients"]
+    r = CliRunner().invoke(main, ["hessian", str(run), "--samples", "60", "--quiet", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    after = json.loads((out / "hessian.json").read_text())
+    assert after["clients"] == clients and after["top_eigenvalues"]

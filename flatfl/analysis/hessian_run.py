@@ -6,11 +6,11 @@
   time with :mod:`flatfl.utils.io`, ``hessian.json`` last): a failure while computing leaves no output at all.
 * :func:`run_hessian` validates the settings, loads the checkpoint and its evaluation set, and chains the two.
 
-Outputs in ``--out DIR``: ``hessian.json`` (eigenvalues with residuals, trace with standard error, SLQ nodes and
-weights, HVP counts, seconds, settings, checkpoint path, round, parameter count), ``eigenvalues.csv``,
-``eigenvalues.png/.pdf`` (top-k curve, as MAN Fig. 4a; when k >= 2), ``density.png/.pdf`` (spectral density on a log
-axis, as MAN Fig. 4b; with ``--density``), and ``eigenvectors.pt`` with ``--save-eigenvectors`` (read it with
-:func:`load_eigenvectors`).
+Outputs in ``--out DIR``: ``hessian.json`` (eigenvalues with residuals ``||Hv - lambda v||``, error estimates
+``min(r, r^2 / gap)`` and converged flags; trace with standard error; SLQ nodes and weights; HVP counts, seconds,
+settings, checkpoint path, round, parameter count), ``eigenvalues.csv``, ``eigenvalues.png/.pdf`` (top-k curve, as
+MAN Fig. 4a; when k >= 2), ``density.png/.pdf`` (spectral density on a log axis, as MAN Fig. 4b; with
+``--density``), and ``eigenvectors.pt`` with ``--save-eigenvectors`` (read it with :func:`load_eigenvectors`).
 """
 from __future__ import annotations
 
@@ -116,12 +116,14 @@ def analyse(
                                   exact_residuals=exact_residuals)
         report["top_eigenvalues"] = eig.eigenvalues.tolist()
         report["residuals"] = eig.residuals.tolist()
+        report["error_estimates"] = None if eig.error_bounds is None else eig.error_bounds.tolist()
         report["converged"] = eig.converged.tolist()
         kind = "lanczos relation" if eig.method == "lanczos" and not exact_residuals else "explicit"
         report["eigen"] = {"method": eig.method, "hvps": eig.hvps, "tol": tol, "residual_kind": kind,
                            **_plain(eig.info)}
     else:
         report["top_eigenvalues"], report["residuals"], report["converged"] = [], [], []
+        report["error_estimates"] = None
         report["eigen"] = None
     if trace:
         tr = estimate_trace(op, trace_method, max_hvps=trace_hvps, rtol=trace_rtol, seed=seed + 1)
@@ -200,9 +202,12 @@ def _render_figures(report: dict, dens, title: str) -> dict[str, bytes]:
 
 
 def _eigenvalues_csv(report: dict) -> str:
-    lines = ["index,eigenvalue,residual,converged"]
-    for i, (lam, res, ok) in enumerate(zip(report["top_eigenvalues"], report["residuals"], report["converged"]), 1):
-        lines.append(f"{i},{lam!r},{res!r},{str(bool(ok)).lower()}")
+    lines = ["index,eigenvalue,residual,error_estimate,converged"]
+    estimates = report.get("error_estimates") or [None] * len(report["top_eigenvalues"])
+    rows = zip(report["top_eigenvalues"], report["residuals"], estimates, report["converged"])
+    for i, (lam, res, est, ok) in enumerate(rows, 1):
+        lines.append(f"{i},{lam!r},{'' if res is None else repr(res)},{'' if est is None else repr(est)},"
+                     f"{str(bool(ok)).lower()}")
     return "\n".join(lines) + "\n"
 
 
@@ -231,6 +236,9 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
     names = sorted(figures) + (["eigenvalues.csv"] if csv_text else []) + \
         (["eigenvectors.pt"] if vectors_payload else []) + ["hessian.json"]
     report = dict(report, files=names)
+    previous = _previous_clients_section(out / "hessian.json", report.get("checkpoint"))
+    if previous is not None and "clients" not in report:
+        report["clients"] = previous  # results of `flatfl hessian-clients` on the same checkpoint are kept
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, data in sorted(figures.items()):
@@ -245,6 +253,19 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
     atomic_write_json(out / "hessian.json", _plain(report))
     written.append(out / "hessian.json")
     return written
+
+
+def _previous_clients_section(path: Path, checkpoint) -> dict | None:
+    """The ``clients`` section of an existing hessian.json for the same checkpoint, if any."""
+    import json
+
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(old, dict) and old.get("checkpoint") == checkpoint and isinstance(old.get("clients"), dict):
+        return old["clients"]
+    return None
 
 
 @dataclass
