@@ -96,7 +96,7 @@ def test_killed_sweep_resumes_the_unfinished_run_and_skips_the_finished_one(tmp_
     grid.write_text(_grid_text(runs, [1, rounds], algos=("feddyn",)))  # a 1-round run, then a 15-round one
     first, second = runs / "rounds-1", runs / f"rounds-{rounds}"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "flatfl", "sweep", str(grid)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "flatfl", "sweep", str(grid), "--workers", "1"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 90
