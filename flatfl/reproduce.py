@@ -62,7 +62,7 @@ class Method:
     spectrum: bool = False
 
 
-def _man_methods(preset: str) -> dict[str, list[Method]]:
+def _man_methods() -> dict[str, list[Method]]:
     zeta, zeta_fedavg = 0.15, 0.6  # main paper Sec. 4 (CIFAR-100); supplementary Sec. 7 (FedAvg+MAN)
 
     def pair(label, settings, spectrum=False):
@@ -79,8 +79,7 @@ def _man_methods(preset: str) -> dict[str, list[Method]]:
     return {"man-table2": table2, "man-table6": table6}
 
 
-def _fedalign_methods(preset: str) -> list[Method]:
-    clip_fedalign = 10.0
+def _fedalign_methods() -> list[Method]:
     return [
         Method("FedAvg", {"algo": "fedavg"}),
         Method("FedProx", {"algo": "fedprox", "mu": 1e-4}),
@@ -90,7 +89,7 @@ def _fedalign_methods(preset: str) -> list[Method]:
         Method("FedAvg+GradAug", {"algo": "fedavg", "reg": "gradaug", "gradaug_mu": 1.75, "num_subnets": 2,
                                   "width": 0.8}),
         Method("FedAvg+FedAlign", {"algo": "fedavg", "reg": "fedalign", "fedalign_mu": 0.45, "width": 0.25,
-                                   "clip": clip_fedalign}),
+                                   "clip": 10.0}),  # FedAlign's code clips at 10 (spec §18)
     ]
 
 
@@ -188,7 +187,7 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
     tasks: list[RunTask] = []
     if target.startswith("man-"):
         cfg = _MAN[preset]
-        methods = _man_methods(preset)
+        methods = _man_methods()
         keys = ("man-table2", "man-table6") if target == "man-tables" else (target,)
         for key in keys:
             for m in methods[key]:
@@ -198,7 +197,7 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
                         tasks.append(_task(m, settings, seed, root, cfg, device, threads))
     else:
         cfg = _FEDALIGN[preset]
-        for m in _fedalign_methods(preset):
+        for m in _fedalign_methods():
             for seed in seeds:
                 settings = dict(cfg["run"], seed=seed, **extra)
                 settings.update(m.settings)
@@ -239,7 +238,7 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     records = run_tasks(tasks, executor, echo=echo)
     failed = [r for r in records if r.get("error")]
     tables = ("man-table2", "man-table6") if target == "man-tables" else (target,)
-    done = [t.run_dir for t, r in zip(tasks, records) if Path(t.run_dir, "config.json").is_file()]
+    done = [t.run_dir for t in tasks if Path(t.run_dir, "config.json").is_file()]
     if not done:
         raise ConfigError(f"no run of {target} could start; first error: {failed[0]['error'] if failed else '?'}")
     summary = build_report(done, out, tables=tables, title=f"flatfl reproduce {target} --preset {preset}",

@@ -113,7 +113,8 @@ def _compute_missing(records, specs, hessian: dict, clients: dict, echo) -> list
             continue
         t0 = time.perf_counter()
         try:
-            analyse_run(rec.run_dir, hessian=hessian if "hessian" in need or "clients" in need else None,
+            # only what is missing: an existing hessian.json (other settings, say top 200) is left as it is
+            analyse_run(rec.run_dir, hessian=hessian if "hessian" in need else None,
                         clients=clients if "clients" in need else None)
         except FlatflError as e:
             problems.append(f"{rec.name}: {e}")
@@ -260,7 +261,7 @@ def _directions_figure(spec, checks, counts):
 
 
 def _run_pages(rows: list[dict]):
-    header = ["run", "method", "partition", "seed", "rounds", "test acc %", "all-clients acc %", "λmax",
+    header = ["run", "method", "partition", "seed", "rounds", "test\nacc %", "all-clients\nacc %", "λmax",
               "trace", "trace SE", "H_N", "H_D"]
     per_page = 24
     for start in range(0, max(1, len(rows)), per_page):
@@ -336,7 +337,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
         pages.append(fig)
         page_titles.append(name)
 
-    sections = [("Scale", [s.paper_scale for s, _, _ in specs_rows] + [ours_scale]),
+    sections = [("Scale", list(dict.fromkeys(s.paper_scale for s, _, _ in specs_rows)) + [ours_scale]),
                 ("Directions: does each change point the same way as the paper's?",
                  [f"{s.key}: {_counts_line(m, c)}" for s, _, _ in specs_rows for m, c in counts[s.key].items()]
                  or ["no paper layout matched these runs"]),
