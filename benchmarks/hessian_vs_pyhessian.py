@@ -9,8 +9,9 @@ tools keep the first-order graph), same machine, one run. Prints:
    (scipy ``eigsh``, ARPACK, tol 1e-6, on flatfl's operator: an independent Lanczos implementation);
 4. top 200 (flatfl only): HVPs per eigenvalue; and the same on a trained digits CNN (the setting of MAN Fig. 4a:
    a converged model), beside scipy ``eigsh``'s count at its default basis (ncv = 2k + 1) and tol 1e-6;
-5. trace at an equal HVP budget: standard error of Hutch++ and of Hutchinson (and PyHessian's trace rule for
-   context: its estimate, its sample count and the standard error it does not report).
+5. trace at an equal HVP budget: standard error of Hutch++ and of Hutchinson, on the CNN and on the trained digits
+   CNN (and PyHessian's trace rule for context: its estimate, its sample count and the standard error it does not
+   report).
 
 Targets (issue 3): top-20 >= 5x faster than PyHessian with a smaller error; top-200 <= 3 HVPs per eigenvalue;
 HVP <= 3x a gradient.
@@ -223,6 +224,11 @@ def main(argv=None):
         f"{hutch.stderr / hpp.stderr:.2f}")
     say(f"    PyHessian trace rule: {np.mean(ph_samples):.4g} after {len(ph_samples)} samples ({ph_tr_t:.1f} s), "
         f"reported without an error bar; its samples' standard error would be {ph_se:.3g}")
+    if digits_rounds > 0:
+        d_hutch = hutchinson_trace(digits, rtol=None, max_hvps=budget, seed=0)
+        d_hpp = hutchpp_trace(digits, max_hvps=budget, seed=0)
+        say(f"    trained digits CNN, {budget} HVPs each: Hutchinson {d_hutch.estimate:.4g} +- {d_hutch.stderr:.3g}; "
+            f"Hutch++ {d_hpp.estimate:.4g} +- {d_hpp.stderr:.3g}; stderr ratio = {d_hutch.stderr / d_hpp.stderr:.2f}")
     say(f"\n# total HVPs by flatfl's operator in this run: {op.hvps}")
 
 

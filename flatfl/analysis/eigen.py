@@ -115,7 +115,7 @@ def top_eigenvalues(
     start = random_block("gaussian", n, b, gen, op.dtype, op.device)
     V[:b], _ = _orthonormalize_block(start, V[:0], start.norm(dim=1), eps, gen)
 
-    cur, restarts, R_last = 0, 0, None
+    cur, restarts, R_last, segment_start = 0, 0, None, 0
     check_every = max(b, b * math.ceil(m / 50 / b))
     next_check = min(m, max(k + b, check_every))
     while True:
@@ -123,11 +123,24 @@ def top_eigenvalues(
         W = apply_block(op, block.T).T.contiguous()  # H applied to the block, rows
         scale = W.norm(dim=1)
         basis = V[:cur + b]
-        C = basis @ W.T
-        W -= C.T @ basis
-        C2 = basis @ W.T  # second classical Gram-Schmidt pass keeps the basis orthogonal in float32
-        W -= C2.T @ basis
-        T[:cur + b, cur:cur + b] = (C + C2).double().cpu().numpy()
+        coef = np.zeros((cur + b, b))
+        # Local step first: the Lanczos recurrence couples a block only with itself and the previous block (and,
+        # right after a restart, with every kept Ritz vector); removing those large components first makes one
+        # full classical Gram-Schmidt pass enough (a second is made only if it cancels much), which halves the
+        # memory traffic over the basis, the main cost besides the products when the basis is large.
+        low = 0 if cur == segment_start else cur - b
+        local = V[low:cur + b]
+        c = local @ W.T
+        W -= c.T @ local
+        coef[low:] += c.double().cpu().numpy()
+        for _ in range(2):
+            before = W.norm(dim=1)
+            c = basis @ W.T
+            W -= c.T @ basis
+            coef += c.double().cpu().numpy()
+            if bool((W.norm(dim=1) >= 0.5 * before).all()):
+                break
+        T[:cur + b, cur:cur + b] = coef
         V[cur + b:cur + 2 * b], R_last = _orthonormalize_block(W, basis, scale, eps, gen)
         cur += b
 
@@ -142,7 +155,9 @@ def top_eigenvalues(
             converged = res[top] <= threshold
             used = _hvps(op) - start_hvps
             if converged.all() or used + b > max_hvps:
-                vectors = (torch.as_tensor(S[:, top].T.copy(), dtype=op.dtype, device=op.device) @ V[:cur])
+                vectors = None
+                if return_vectors or exact_residuals:
+                    vectors = torch.as_tensor(S[:, top].T.copy(), dtype=op.dtype, device=op.device) @ V[:cur]
                 residuals = res[top]
                 if exact_residuals:
                     residuals = _explicit_residuals(op, theta[top], vectors, b)
@@ -168,7 +183,7 @@ def top_eigenvalues(
                 V[keep_count + b:] = 0
                 T[:] = 0
                 T[np.arange(keep_count), np.arange(keep_count)] = theta[keep]
-                cur = keep_count
+                cur = segment_start = keep_count
                 next_check = min(m, cur + check_every)
                 restarts += 1
 

@@ -37,6 +37,8 @@ __all__ = ["run_hessian", "analyse", "write_outputs", "load_eigenvectors", "Eige
 METHODS = ("lanczos", "power")
 SPLITS = ("train", "test")
 EIGENVECTOR_FORMAT = "flatfl-eigenvectors"
+OUTPUT_NAMES = ("eigenvalues.png", "eigenvalues.pdf", "density.png", "density.pdf", "eigenvalues.csv",
+                "eigenvectors.pt")
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -250,6 +252,9 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
     if vectors_payload:
         atomic_torch_save(vectors_payload, out / "eigenvectors.pt")
         written.append(out / "eigenvectors.pt")
+    for name in OUTPUT_NAMES:  # outputs of an earlier run in the same folder that this run did not produce
+        if name not in names and (out / name).is_file():
+            (out / name).unlink()
     atomic_write_json(out / "hessian.json", _plain(report))
     written.append(out / "hessian.json")
     return written

@@ -119,7 +119,7 @@ def hutchpp_trace(
     The Hutchinson phase on the deflated operator may stop early at ``rtol`` (relative standard error).
     """
     _check_budget(max_hvps, rtol, min_samples)
-    s = max_hvps // 3 if sketch_size is None else int(sketch_size)
+    s = max(0, min(max_hvps // 3, (max_hvps - 2) // 2)) if sketch_size is None else int(sketch_size)
     s = min(s, op.dim)
     if s < 0 or 2 * s + 2 > max_hvps:
         raise ConfigError(f"a sketch of {s} vectors needs a budget of at least {2 * s + 2} products, got {max_hvps}")
