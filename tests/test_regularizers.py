@@ -162,6 +162,24 @@ def test_man_fallback_hooks_nonlinearities_before_the_final_linear():
     assert torch.allclose(loss, expected, rtol=1e-6)
 
 
+def test_man_refuses_a_model_that_changes_a_hooked_activation_in_place():
+    class AddsInPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.act, self.classifier = nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)
+
+        def forward(self, x):
+            h = self.act(self.fc(x))
+            h += 1.0  # MAN's term would no longer be the post-ReLU activation
+            return self.classifier(h)
+
+    model = AddsInPlace()
+    reg = make_reg(MAN, zeta=1.0, num_classes=2)
+    reg.attach(model)
+    with pytest.raises(ConfigError, match="in place"):
+        reg.forward(make_step(model, torch.randn(3, 4), torch.tensor([0, 1, 0]), num_classes=2))
+
+
 # --------------------------------------------------------------------------------------------------------- ASD
 class FixedLogits(nn.Module):
     """A 'model' whose logits are a parameter (the student) or a buffer (the teacher), whatever the input."""

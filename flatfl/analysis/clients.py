@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..utils.io import atomic_write_bytes, atomic_write_json
+from ..utils.io import atomic_write_bytes, atomic_write_json, json_safe
 from .trace import hutchinson_diagonal
 
 __all__ = ["PROTOCOLS", "ClientMetrics", "ProbeSums", "cross_client_metrics", "pairwise_metrics",
@@ -282,7 +282,7 @@ class ClientMetrics:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return _plain({
+        return json_safe({
             "protocol": self.protocol, "diagonal": self.diagonal, "pairs": self.pairs, "estimator": self.estimator,
             "num_clients": len(self.diag_norms),
             "H_N": self.H_N, "H_N_stderr": self.H_N_stderr, "H_D": self.H_D, "H_D_stderr": self.H_D_stderr,
@@ -293,23 +293,6 @@ class ClientMetrics:
             "stderr_method": f"delete-a-group jackknife over {self.groups} groups of probes",
             "seconds": self.seconds, "notes": self.notes,
         })
-
-
-def _plain(obj):
-    """JSON-safe copy: numpy to Python, NaN/inf to None."""
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _plain(obj.tolist())
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(float(obj)) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    return obj
 
 
 class _GroupSumStore:
@@ -591,7 +574,7 @@ def run_client_metrics(
     out.mkdir(parents=True, exist_ok=True)
     for name, payload in sorted(figures.items()):
         atomic_write_bytes(out / name, payload)
-    atomic_write_json(out / "hessian.json", _plain(report))
+    atomic_write_json(out / "hessian.json", json_safe(report))
     return report
 
 

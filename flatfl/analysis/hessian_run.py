@@ -15,7 +15,6 @@ MAN Fig. 4a; when k >= 2), ``density.png/.pdf`` (spectral density on a log axis,
 from __future__ import annotations
 
 import io
-import math
 import sys
 import time
 from collections import OrderedDict
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
 from .density import smoothed_density, spectral_density
 from .eigen import power_iteration, top_eigenvalues
 from .operator import HessianOperator
@@ -122,42 +121,24 @@ def analyse(
         report["converged"] = eig.converged.tolist()
         kind = "lanczos relation" if eig.method == "lanczos" and not exact_residuals else "explicit"
         report["eigen"] = {"method": eig.method, "hvps": eig.hvps, "tol": tol, "residual_kind": kind,
-                           **_plain(eig.info)}
+                           **json_safe(eig.info)}
     else:
         report["top_eigenvalues"], report["residuals"], report["converged"] = [], [], []
         report["error_estimates"] = None
         report["eigen"] = None
     if trace:
         tr = estimate_trace(op, trace_method, max_hvps=trace_hvps, rtol=trace_rtol, seed=seed + 1)
-        report["trace"] = _plain(tr.as_dict())
+        report["trace"] = json_safe(tr.as_dict())
     else:
         report["trace"] = None
     if density:
         dens = spectral_density(op, steps=density_steps, starts=density_starts, seed=seed + 2)
-        report["density"] = _plain(dens.as_dict())
+        report["density"] = json_safe(dens.as_dict())
     else:
         report["density"] = None
     report["hvps_total"] = int(getattr(op, "hvps", 0))
     report["seconds"] = time.perf_counter() - start
     return report, eig, dens
-
-
-def _plain(obj):
-    """JSON-safe copy: numpy scalars to Python, NaN/inf to None."""
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _plain(obj.tolist())
-    if isinstance(obj, (np.floating, float)):
-        value = float(obj)
-        return value if math.isfinite(value) else None
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    return obj
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -255,7 +236,7 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
     for name in OUTPUT_NAMES:  # outputs of an earlier run in the same folder that this run did not produce
         if name not in names and (out / name).is_file():
             (out / name).unlink()
-    atomic_write_json(out / "hessian.json", _plain(report))
+    atomic_write_json(out / "hessian.json", json_safe(report))
     written.append(out / "hessian.json")
     return written
 

@@ -44,7 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from ..utils.io import atomic_open, atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..utils.io import (atomic_open, atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text,
+                        json_safe)
 from .directions import (
     direction_params,
     directions_from_eigenvector_file,
@@ -596,7 +597,6 @@ def run_surface(
     for name, payload in sorted(figures.items()):
         atomic_write_bytes(out / name, payload)
     atomic_write_text(out / "surface.csv", surface_csv(result))
-    from .clients import _plain
 
-    atomic_write_json(out / "surface.json", _plain(summary))
+    atomic_write_json(out / "surface.json", json_safe(summary))
     return summary
