@@ -6,11 +6,15 @@ Errors caused by the user's input are :class:`flatfl.errors.FlatflError`; they a
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
-import click
+if os.path.basename(sys.argv[0] or "") == "flatfl":  # the console script: Ctrl-C while starting gives one line
+    from .__main__ import _interrupted_hook  # noqa: F401  (installs the hook)
 
-from .errors import FlatflError
+import click  # noqa: E402
+
+from .errors import FlatflError  # noqa: E402
 
 
 def friendly_errors(fn):
@@ -26,8 +30,30 @@ def friendly_errors(fn):
         except KeyboardInterrupt:
             click.echo("flatfl: interrupted", err=True)
             sys.exit(130)
+        except Exception as e:  # no traceback for the user: one line, exit 1 (FLATFL_DEBUG=1 shows it)
+            if os.environ.get("FLATFL_DEBUG"):
+                raise
+            click.echo(f"flatfl: error: {describe_failure(e)}", err=True)
+            sys.exit(2 if isinstance(e, (OSError, UnicodeDecodeError, ValueError)) else 1)
 
     return wrapper
+
+
+def describe_failure(e: BaseException) -> str:
+    """One line for an exception that is not a FlatflError (disk full, unreadable file, corrupt data...)."""
+    import errno
+
+    if isinstance(e, OSError):
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        if e.errno == errno.ENOSPC:
+            return f"no space left on device{where}: nothing half-written was kept; free space and run again"
+        return f"{e.strerror or type(e).__name__}{where}"
+    if isinstance(e, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({e.reason} at byte {e.start})"
+    text = " ".join(str(e).split())[:200]
+    if isinstance(e, ValueError):
+        return f"invalid data: {text or type(e).__name__}"
+    return f"internal error {type(e).__name__}: {text} (set FLATFL_DEBUG=1 for the traceback)"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
