@@ -56,7 +56,26 @@ def describe_failure(e: BaseException) -> str:
     return f"internal error {type(e).__name__}: {text} (set FLATFL_DEBUG=1 for the traceback)"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class FlatflGroup(click.Group):
+    """click's group, with its usage errors (a bad flag value, an unknown option) also on one line."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Abort:
+            click.echo("flatfl: interrupted", err=True)
+            sys.exit(130)
+        except click.ClickException as e:
+            where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "flatfl"
+            hint = f" (see '{where} --help')" if isinstance(e, click.UsageError) else ""
+            click.echo(f"flatfl: error: {' '.join(e.format_message().split())}{hint}", err=True)
+            sys.exit(e.exit_code)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=FlatflGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="flatfl")
 def main() -> None:
     """flatfl: federated learning with flatness regularizers, and the curvature of what it learns."""
@@ -374,6 +393,9 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, executor, 
         seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
     except ValueError:
         raise ConfigError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    from .executors import check_threads
+
+    check_threads(threads)
     ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
     summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
                                device=device, data_dir=data_dir, threads=threads, echo=click.echo)

@@ -96,6 +96,9 @@ def _read(path: Path) -> dict:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, a text file...
+        if "Weights only load failed" in str(e) or "Unsupported global" in str(e):
+            raise CheckpointError(f"{path} holds Python objects that flatfl will not load (unpickling them could run "
+                                  "code): not a flatfl checkpoint, or tampered with") from None
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path} is not a readable flatfl checkpoint (corrupt or truncated: {reason[:160]})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:

@@ -27,7 +27,7 @@ from ..config import RunConfig
 from ..data import load_dataset
 from ..data.partition import Partition, make_partition
 from ..errors import ConfigError, DivergenceError
-from ..utils.io import atomic_torch_save, atomic_write_json, atomic_write_text
+from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
 from .algorithms.base import Algorithm, weighted_mean
 from .checkpoint import load_resume_state, rng_state, save_checkpoint, save_resume_state
 from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, load_all
@@ -212,7 +212,11 @@ class Trainer:
         cfg = self.cfg
         if self.start_round >= cfg.rounds:
             if not (self.run_dir / "final.pt").is_file():  # killed between resume.pt and final.pt
-                save_checkpoint(self.run_dir / "final.pt", self._model_payload(self.start_round))
+                last = self.run_dir / "checkpoints" / f"round_{self.start_round:04d}.pt"
+                if last.is_file():  # the same payload as final.pt
+                    atomic_write_bytes(self.run_dir / "final.pt", last.read_bytes())
+                else:
+                    save_checkpoint(self.run_dir / "final.pt", self._model_payload(self.start_round))
                 self.log(f"run {self.run_dir}: wrote the missing final.pt of round {self.start_round}")
             else:
                 self.log(f"run {self.run_dir} already finished ({cfg.rounds} rounds)")

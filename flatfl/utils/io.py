@@ -60,6 +60,34 @@ def atomic_write_bytes_unrecorded(path: str | os.PathLike, data: bytes) -> None:
         f.write(data)
 
 
+def atomic_write_many(files: dict) -> None:
+    """Write several files as one step: every temporary file is written and fsynced first (a full disk fails
+    here, leaving no output at all), then each is renamed over its destination, in the given order."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in files.items():
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+            staged.append((tmp, path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+                f.flush()
+                with contextlib.suppress(OSError):
+                    os.fchmod(f.fileno(), _file_mode())
+                os.fsync(f.fileno())
+        from . import manifest
+
+        for tmp, path in staged:
+            os.replace(tmp, path)
+            manifest.record(path)
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     with atomic_open(path, "wb") as f:
         f.write(data)

@@ -106,7 +106,7 @@ def folder_lock(folder: str | os.PathLike) -> Iterator[Path]:
     leaves it empty)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"{folder} exists and is not a directory")
+        raise ConfigError(f"--out {folder} exists and is not a directory")
     created = []  # folders made here, innermost first: removed again if left empty
     probe = folder
     while not probe.exists() and probe != probe.parent:
@@ -136,3 +136,16 @@ def folder_lock(folder: str | os.PathLike) -> Iterator[Path]:
                 made.rmdir()  # only succeeds when nothing was written
             except OSError:
                 break
+
+
+def locks_output(fn):
+    """Decorator: run ``fn(checkpoint, out, ...)`` holding ``out``'s lock (one writer per output folder)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = kwargs["out"] if "out" in kwargs else args[1]
+        with folder_lock(out):
+            return fn(*args, **kwargs)
+
+    return wrapper
