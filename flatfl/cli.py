@@ -36,6 +36,20 @@ def main() -> None:
     """flatfl: federated learning with flatness regularizers, and the curvature of what it learns."""
 
 
+THREADS_HELP = ("torch threads, an integer >= 1 (default: 1 on machines with <= 2 cores, else the idle cores: "
+                "cores minus the 1-minute load average)")
+
+
+def _threads_option(fn):
+    return click.option("--threads", type=int, default=None, help=THREADS_HELP)(fn)
+
+
+def _apply_threads(threads) -> int:
+    from .utils.threads import apply_threads
+
+    return apply_threads(threads)
+
+
 # --------------------------------------------------------------------------------------------------------- train
 def _hparam_options(fn):
     """Add one click option per hyper-parameter flag declared by any algorithm, optimizer or regularizer."""
@@ -91,6 +105,7 @@ Examples:
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), help="continue the run in this directory")
 @click.option("--force", is_flag=True, help="overwrite an existing run directory")
 @click.option("--quiet", is_flag=True, help="no progress output")
+@_threads_option
 @_hparam_options
 @friendly_errors
 def train(config_file, resume_dir, force, quiet, **opts):
@@ -169,11 +184,13 @@ Examples:
 @click.option("--save-eigenvectors", is_flag=True, help="also write eigenvectors.pt (parameter layout included)")
 @click.option("--exact-residuals", is_flag=True, help="recompute each residual ||Hv - lambda v|| with one more HVP")
 @click.option("--quiet", is_flag=True, help="no progress bar")
+@_threads_option
 @friendly_errors
-def hessian(checkpoint, out, **opts):
+def hessian(checkpoint, out, threads, **opts):
     """Top Hessian eigenvalues, trace and spectral density of a checkpoint's model (mean loss, eval mode)."""
     from .analysis.hessian_run import run_hessian
 
+    _apply_threads(threads)
     report = run_hessian(checkpoint, out, **opts)
     values = report["top_eigenvalues"]
     if values:
@@ -208,11 +225,13 @@ The run must have been trained with --save-clients (clients.pt next to final.pt)
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
+@_threads_option
 @friendly_errors
-def hessian_clients(checkpoint, out, **opts):
+def hessian_clients(checkpoint, out, threads, **opts):
     """Cross-client Hessian metrics H_N and H_D (FedAlign Eq. 3-4) with standard errors."""
     from .analysis.clients import run_client_metrics
 
+    _apply_threads(threads)
     report = run_client_metrics(checkpoint, out, **opts)
     c = report["clients"]
 
@@ -253,11 +272,13 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 @click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--force", is_flag=True, help="start over instead of resuming surface.npz in --out")
 @click.option("--quiet", is_flag=True, help="no progress bar")
+@_threads_option
 @friendly_errors
-def surface(checkpoint, out, range_, **opts):
+def surface(checkpoint, out, range_, threads, **opts):
     """Loss and accuracy on a 2-D grid around a checkpoint's model (contour and 3-D figures)."""
     from .analysis.surface import run_surface
 
+    _apply_threads(threads)
     report = run_surface(checkpoint, out, range=range_, **opts)
     origin = report["loss_at_origin"]
     shown = "" if origin is None else f", loss at origin {origin:.6g}"
@@ -285,11 +306,13 @@ Examples:
 @click.option("--samples", type=int, default=None, help="--compute-missing: evaluation samples (default: the whole training split)")
 @click.option("--method", default="lanczos", show_default=True, help="--compute-missing: lanczos | power (PyHessian's rule)")
 @click.option("--device", default="cpu", show_default=True, help="--compute-missing: cpu | cuda | cuda:N | mps")
+@_threads_option
 @friendly_errors
-def report(run_dirs, out, tables, compute_missing, top, density, samples, method, device):
+def report(run_dirs, out, tables, compute_missing, top, density, samples, method, device, threads):
     """Tables (CSV, Markdown) and one PDF from run directories, with the papers' values beside ours."""
     from .report import build_report
 
+    _apply_threads(threads)
     hessian = {"top": top, "density": density, "samples": samples, "method": method}
     summary = build_report(list(run_dirs), out, tables=list(tables) or None, compute_missing=compute_missing,
                            hessian=hessian, device=device, echo=click.echo)
@@ -320,7 +343,7 @@ Re-running the same command skips finished runs and analyses and resumes interru
 def _executor_options(fn):
     fn = click.option("--gpus-per-task", type=float, default=0, show_default=True, help="Ray: GPUs per run (e.g. 1 or 0.5)")(fn)
     fn = click.option("--ray-address", default=None, help="Ray: attach to this cluster (default $RAY_ADDRESS, else a local Ray)")(fn)
-    fn = click.option("--threads", type=int, default=None, help="torch threads per run (default: 1 on up to 4 cores, else cores / workers)")(fn)
+    fn = click.option("--threads", type=int, default=None, help="torch threads per run, an integer >= 1 (default: 1 on <= 2 cores, else the idle cores, i.e. cores minus the 1-minute load average, / workers)")(fn)
     fn = click.option("--workers", type=int, default=None, help="runs at once (local: processes; ray: CPUs of a local Ray); default: the number of CPU cores")(fn)
     fn = click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="where runs execute")(fn)
     return fn

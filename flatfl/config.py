@@ -61,6 +61,7 @@ class RunConfig:
     checkpoint_every: int = 10
     save_clients: bool = False
     out: str | None = None
+    threads: int | None = None  # torch threads; None: flatfl.utils.threads.default_threads() at run time
 
     def resolved_model(self) -> str:
         return self.model or DEFAULT_MODELS.get(self.dataset.lower().replace("-", ""), "digits-cnn")
@@ -92,6 +93,9 @@ class RunConfig:
         need(self.eval_every >= 1, f"--eval-every must be a positive integer, got {self.eval_every}")
         need(self.checkpoint_every >= 1, f"--checkpoint-every must be a positive integer, got {self.checkpoint_every}")
         need(self.eval_batch_size >= 1, f"--eval-batch-size must be a positive integer, got {self.eval_batch_size}")
+        from .utils.threads import check_threads
+
+        check_threads(self.threads, "--threads")
         if self.partition != "iid":
             need(self.alpha > 0, f"the Dirichlet concentration --alpha must be > 0, got {self.alpha}")
         from .train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, all_hparams

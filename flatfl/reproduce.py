@@ -226,6 +226,9 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     from .executors import LocalExecutor, default_threads
     from .report import build_report
 
+    from .utils.threads import check_threads
+
+    check_threads(threads)
     start = time.perf_counter()
     executor = executor or LocalExecutor(1)
     if threads is None:

@@ -61,7 +61,7 @@ HESSIAN_DIR = "hessian"  # RUN/hessian/hessian.json: Hessian results (and the 'c
 SPECTRUM_DIR = "spectrum"  # RUN/spectrum/hessian.json: a second Hessian analysis, the top-k and density (MAN Fig. 4)
 CLIENTS_DIR = HESSIAN_DIR  # run_client_metrics adds its section to the same hessian.json
 SURFACE_DIR = "surface"  # RUN/surface/surface.npz
-_CONFIG_KEYS_IGNORED = ("out", "device", "data_dir")  # may differ between a run and its resumption
+_CONFIG_KEYS_IGNORED = ("out", "device", "data_dir", "threads")  # may differ between a run and its resumption
 
 
 # ---------------------------------------------------------------------------------------------- one task
@@ -228,7 +228,9 @@ def run_task(task: RunTask) -> dict:
     import torch
 
     if task.threads:
-        torch.set_num_threads(int(task.threads))
+        from .utils.threads import apply_threads
+
+        apply_threads(int(task.threads))
     start = time.perf_counter()
     lines: list[str] = []
     log = lines.append if task.quiet else (lambda s: print(f"[{task.name}] {s}", file=sys.stderr, flush=True))
@@ -337,7 +339,9 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
     varying = [k for k in keys if len(axes[k]) > 1]
     for extra in includes:
         varying += [k for k in extra if k not in varying]
-    threads = raw.get("threads")
+    from .utils.threads import check_threads
+
+    threads = check_threads(raw.get("threads"), f"'threads' in {source}")
     tasks, seen = [], {}
     for point in points:
         settings = _merge(fixed, normalise_settings(point, source=f"a run of {source}"))
@@ -391,6 +395,9 @@ def run_sweep(grid_file: str | Path, *, executor=None, out: str | Path | None = 
     ``sweep.csv`` (one line per run: what was done, seconds, error) in the sweep's root."""
     from .executors import LocalExecutor, default_threads
 
+    from .utils.threads import check_threads
+
+    check_threads(threads)
     grid = read_grid(grid_file, out=out)
     executor = executor or LocalExecutor(1)
     per_task = threads or (default_threads(getattr(executor, "workers", 1)) if executor.name == "local" else

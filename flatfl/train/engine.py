@@ -88,6 +88,10 @@ class Trainer:
         self.quiet = quiet
         self.log = log or (lambda s: print(s, file=sys.stderr))
         self.device = resolve_device(cfg.device)
+        if cfg.threads is not None:  # None: leave the process's setting (the CLI sets the default of utils.threads)
+            from ..utils.threads import apply_threads
+
+            apply_threads(cfg.threads)
         torch.use_deterministic_algorithms(False)
         set_global_seed(cfg.seed)
 
