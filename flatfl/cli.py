@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from pathlib import Path
 
 import click
 
@@ -113,7 +114,24 @@ def train(config_file, resume_dir, force, quiet, **opts):
     from .train.run import train_from_options
 
     final = train_from_options(config_file=config_file, resume_dir=resume_dir, force=force, quiet=quiet, opts=opts)
-    click.echo(str(final))
+    click.echo(_train_summary(final))
+
+
+def _train_summary(final) -> str:
+    """One line: the last evaluated round's test accuracy (server model, all-clients average) and the checkpoint."""
+    import csv
+    from pathlib import Path
+
+    rows = []
+    metrics = Path(final).parent / "metrics.csv"
+    if metrics.is_file():
+        with open(metrics, newline="") as f:
+            rows = list(csv.DictReader(f))
+    if not rows:
+        return f"trained -> {final}"
+    last = rows[-1]
+    return (f"round {last['round']}: test accuracy {100 * float(last['test_acc']):.2f}% (server model), "
+            f"{100 * float(last['all_test_acc']):.2f}% (average of all clients' models) -> {final}")
 
 
 @main.command()
@@ -193,14 +211,20 @@ def hessian(checkpoint, out, threads, **opts):
     _apply_threads(threads)
     report = run_hessian(checkpoint, out, **opts)
     values = report["top_eigenvalues"]
+    found = []
     if values:
         shown = ", ".join(f"{v:.6g}" for v in values[:5]) + (" ..." if len(values) > 5 else "")
         click.echo(f"top eigenvalues: {shown}")
+        found.append(f"top eigenvalue {values[0]:.6g}")
     if report["trace"]:
         tr = report["trace"]
         stderr = "n/a" if tr["stderr"] is None else f"{tr['stderr']:.3g}"
         click.echo(f"trace: {tr['estimate']:.6g} +- {stderr} ({tr['method']}, {tr['hvps']} HVPs)")
-    click.echo(f"{report['hvps_total']} HVPs in {report['seconds']:.1f} s -> {out}")
+        found.append(f"trace {tr['estimate']:.6g} +- {stderr}")
+    if report.get("density"):
+        found.append("spectral density")
+    click.echo(f"{', '.join(found)} on {report.get('num_samples')} samples; {report['hvps_total']} HVPs in "
+               f"{report['seconds']:.1f} s -> {Path(out) / 'hessian.json'}")
 
 
 # ------------------------------------------------------------------------------------------------ hessian-clients
@@ -241,7 +265,9 @@ def hessian_clients(checkpoint, out, threads, **opts):
     click.echo(f"protocol {c['protocol']} ({c['num_clients']} clients, {c['pairs']} pairs, {c['estimator']})")
     click.echo(f"H_N: {show(c['H_N'], c['H_N_stderr'])}")
     click.echo(f"H_D: {show(c['H_D'], c['H_D_stderr'])}")
-    click.echo(f"{c['hvps']} HVPs in {c['seconds']:.1f} s -> {out}")
+    click.echo(f"H_N {show(c['H_N'], c['H_N_stderr'])}, H_D {show(c['H_D'], c['H_D_stderr'])} "
+               f"({c['protocol']} protocol, {c['num_clients']} clients); {c['hvps']} HVPs in {c['seconds']:.1f} s "
+               f"-> {Path(out) / 'hessian.json'}")
 
 
 # --------------------------------------------------------------------------------------------------------- surface
@@ -282,8 +308,9 @@ def surface(checkpoint, out, range_, threads, **opts):
     report = run_surface(checkpoint, out, range=range_, **opts)
     origin = report["loss_at_origin"]
     shown = "" if origin is None else f", loss at origin {origin:.6g}"
-    click.echo(f"{report['points']} points ({report['points_computed_now']} computed now) in "
-               f"{report['seconds']:.1f} s{shown} -> {out}")
+    click.echo(f"loss min {report['loss_min']:.6g}, max {report['loss_max']:.6g}{shown}; {report['points']} points "
+               f"({report['points_computed_now']} computed now) in {report['seconds']:.1f} s "
+               f"-> {Path(out) / 'surface.json'}")
 
 
 # --------------------------------------------------------------------------------------------------------- report
@@ -327,7 +354,8 @@ def _echo_summary(summary: dict, out) -> None:
             click.echo(f"{key}: {_counts_line(metric, c)}")
     for line in summary["missing"]:
         click.echo(f"missing: {line}", err=True)
-    click.echo(f"{summary['runs']} runs, {len(summary['pages'])} PDF pages -> {out}/report.pdf")
+    tables = ", ".join(summary.get("tables") or []) or "no paper table"
+    click.echo(f"{summary['runs']} runs, tables: {tables}; {len(summary['pages'])} PDF pages -> {out}/report.pdf")
 
 
 # ------------------------------------------------------------------------------------------------------ reproduce
@@ -374,8 +402,12 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, executor, 
     ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
     summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
                                device=device, data_dir=data_dir, threads=threads, echo=click.echo)
-    _echo_summary(summary, out or f"reports/{target}-{preset}")
-    click.echo(f"done in {summary['seconds']:.0f} s")
+    report_dir = out or f"reports/{target}-{preset}"
+    _echo_summary(summary, report_dir)
+    tasks = summary.get("tasks") or []
+    n_failed = len(summary["failed"])
+    click.echo(f"{target} ({preset}): {len(tasks) - n_failed} of {len(tasks)} runs done, "
+               f"{len(summary.get('tables') or [])} tables in {summary['seconds']:.0f} s -> {report_dir}/report.pdf")
     if summary["failed"]:
         click.echo(f"flatfl: error: {len(summary['failed'])} run(s) failed: " + "; ".join(summary["failed"][:3]), err=True)
         sys.exit(1)
@@ -420,7 +452,8 @@ def sweep(grid_file, out, dry_run, executor, workers, threads, ray_address, gpus
     if dry_run:
         return
     failed = [r for r in records if r.get("error")]
-    click.echo(f"{len(records) - len(failed)} of {len(records)} runs done")
+    root = Path(records[0]["run_dir"]).parent if records else out
+    click.echo(f"{len(records) - len(failed)} of {len(records)} runs done -> {root}/sweep.csv")
     if failed:
         click.echo(f"flatfl: error: {len(failed)} run(s) failed: " + "; ".join(f"{r['name']}: {r['error']}" for r in failed[:3]), err=True)
         sys.exit(1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -114,6 +115,9 @@ def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path):
     counts = summary["directions"]["man-table6"]
     assert counts["top_eigenvalue"]["compared"] == counts["trace"]["compared"] == 4
     assert "top eigenvalue: " in res.output and "comparisons point the same way" in res.output
+    last = res.output.strip().splitlines()[-1]  # the one-line summary: counts and where the report is
+    assert re.fullmatch(rf"man-table6 \(tiny\): 8 of 8 runs done, 1 tables in \d+ s -> {re.escape(str(out))}/report\.pdf",
+                        last), last
 
     stamps = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}
     again = CliRunner().invoke(main, args)
