@@ -200,6 +200,7 @@ Examples:
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--save-eigenvectors", is_flag=True, help="also write eigenvectors.pt (parameter layout included)")
+@click.option("--model-factory", default=None, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--exact-residuals", is_flag=True, help="recompute each residual ||Hv - lambda v|| with one more HVP")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_threads_option
@@ -248,6 +249,7 @@ The run must have been trained with --save-clients (clients.pt next to final.pt)
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample draws and the probes")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
+@click.option("--model-factory", default=None, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_threads_option
 @friendly_errors
@@ -297,6 +299,7 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--force", is_flag=True, help="start over instead of resuming surface.npz in --out")
+@click.option("--model-factory", default=None, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_threads_option
 @friendly_errors
