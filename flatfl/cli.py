@@ -60,8 +60,29 @@ def _hparam_options(fn):
         t = hp.py_type
         ctype = click.Choice(list(hp.choices)) if hp.choices else {bool: click.BOOL, int: int, float: float}.get(t, str)
         fn = click.option(hp.cli_flag, key, type=ctype, default=None, show_default=False,
-                          help=f"{hp.help} (default {hp.default!r}; see 'flatfl algos')")(fn)
+                          help=_hparam_help(key))(fn)
     return fn
+
+
+def _hparam_help(key: str) -> str:
+    """The flag's help: what it is, which pieces read it and the default each applies (a flag shared by several
+    pieces gets the first one's description without its trailing note, then every piece's own default)."""
+    import re
+
+    from .train.components import ALGORITHMS, KIND_FLAGS, hparam_declarations
+
+    decl = hparam_declarations()[key]
+    if len(decl) == 1:
+        kind, name, hp = decl[0]
+        return f"{hp.help} [{KIND_FLAGS[kind]} {name} only; default {hp.default!r}]"
+    text = re.sub(r"\s*\([^()]*\)$", "", decl[0][2].help)
+    parts = []
+    for kind, name, hp in decl:
+        also = [a for a, cls in sorted(ALGORITHMS.items()) if kind == "local optimizer" and cls.local_opt == name
+                and key not in {h.key for h in cls.hparams}]
+        parts.append(f"{KIND_FLAGS[kind]} {name}" + (f" (and --algo {', '.join(also)})" if also else "")
+                     + f": {hp.default!r}")
+    return f"{text} [default by piece: {'; '.join(parts)}]"
 
 
 TRAIN_EPILOG = """\b

@@ -105,6 +105,9 @@ class RunConfig:
             need(k in known, f"unknown hyper-parameter {k!r}: see 'flatfl algos' for the valid names")
         for reg, name in ((ALGORITHMS, self.algo), (LOCAL_OPTIMIZERS, self.local_opt), (REGULARIZERS, self.reg)):
             reg.get_class(name).resolve(self.params)  # raises ConfigError on bad names or values
+        from .train.components import check_used_hparams
+
+        check_used_hparams(self.params, self.algo, self.local_opt, self.reg)  # e.g. --zeta without --reg man
         from .data.datasets import DATASETS
         from .data.partition import PARTITIONS
 

@@ -28,7 +28,7 @@ Presets (:data:`PRESETS`):
 * ``quick``: the same grids scaled down to the embedded digits (1,797 8x8 images) on a laptop CPU: MAN with the
   digits CNN, 20 clients joining with probability 0.5 (10 per round, as in the paper), 50 rounds x 2 local epochs,
   the paper's optimiser settings and hyper-parameters; Hessian by Lanczos and Hutch++ on the whole digits training
-  split (1,437 images), top 50 eigenvalues and the density for the Fig. 4 pairs. FedAlign with ResNet-20 on digits,
+  split (1,442 images), top 50 eigenvalues and the density for the Fig. 4 pairs. FedAlign with ResNet-20 on digits,
   16 clients, 10 rounds x 2 local epochs.
 * ``tiny``: the same grids for seconds-long tests (2 rounds, 4 clients, a few probes).
 

@@ -241,6 +241,31 @@ def run_task(task: RunTask) -> dict:
     return out
 
 
+def preflight(tasks: list[RunTask]) -> None:
+    """Check once, on this machine, what every unfinished run needs from it: its device and its dataset. A missing
+    GPU or data set is then one error line (exit 2) instead of the same failure once per run. Only for the local
+    executor: on a cluster the driver need not have the workers' GPUs or data."""
+    from .config import build_config
+    from .data import load_dataset
+    from .train.engine import resolve_device
+
+    checked: set = set()
+    for t in tasks:
+        try:
+            if run_state(t.run_dir) == "finished":
+                continue
+            cfg = build_config({}, t.settings)
+        except ConfigError:
+            continue  # the task reports it itself
+        if ("device", cfg.device) not in checked:
+            resolve_device(cfg.device)
+            checked.add(("device", cfg.device))
+        data = ("data", cfg.dataset, str(Path(cfg.data_dir).expanduser().resolve()))
+        if data not in checked:
+            load_dataset(cfg.dataset, cfg.data_dir)
+            checked.add(data)
+
+
 def run_tasks(tasks: list[RunTask], executor=None, *, echo: Callable[[str], None] | None = None) -> list[dict]:
     """Run every task on ``executor`` (default: serial); returns one record per task, in the tasks' order, with
     ``error`` set for the failed ones (the others still run)."""
@@ -251,8 +276,11 @@ def run_tasks(tasks: list[RunTask], executor=None, *, echo: Callable[[str], None
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ConfigError(f"two runs share the name(s) {', '.join(dup[:3])}")
+    if executor.name == "local":
+        preflight(tasks)
     records: list[dict | None] = [None] * len(tasks)
     done = 0
+    last_error = None
     for outcome in executor.map(run_task, tasks):
         task = tasks[outcome.index]
         done += 1
@@ -264,9 +292,11 @@ def run_tasks(tasks: list[RunTask], executor=None, *, echo: Callable[[str], None
         else:
             rec = {"name": task.name, "run_dir": task.run_dir, "train": None, "hessian": None, "clients": None,
                    "spectrum": None, "surface": None, "seconds": None, "error": outcome.error}
-            msg = f"[{done}/{len(tasks)}] {task.name}: FAILED: {outcome.error}"
+            same = outcome.error == last_error and not outcome.details
+            msg = f"[{done}/{len(tasks)}] {task.name}: FAILED: " + ("the same error" if same else outcome.error)
             if outcome.details:
                 msg += "\n" + outcome.details.rstrip()
+            last_error = outcome.error
         records[outcome.index] = rec
         if echo:
             echo(msg)
@@ -343,9 +373,16 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
 
     threads = check_threads(raw.get("threads"), f"'threads' in {source}")
     tasks, seen = [], {}
+    fixed_used: set[str] = set()
     for point in points:
-        settings = _merge(fixed, normalise_settings(point, source=f"a run of {source}"))
-        cfg = build_config({}, settings)  # validate now: a bad value fails before any run starts
+        own = normalise_settings(point, source=f"a run of {source}")
+        settings = _merge(fixed, own)
+        settings = _drop_unused_fixed(settings, set(own.get("params", {})), fixed_used)
+        try:
+            cfg = build_config({}, settings)  # validate now: a bad value fails before any run starts
+        except ConfigError as e:
+            where = ", ".join(f"{k}={v}" for k, v in point.items()) or "the fixed settings"
+            raise ConfigError(f"{source}, run {where}: {e}") from None
         name = "__".join(f"{_slug(k)}-{_slug(point[k])}" for k in varying if k in point) or "run"
         if name in seen:
             if seen[name] == cfg.to_dict():
@@ -356,7 +393,30 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
                              hessian=_section(raw, "hessian"), spectrum=_section(raw, "spectrum"),
                              clients=_section(raw, "clients"),
                              surface=_section(raw, "surface"), threads=threads))
+    unused = sorted(set(fixed.get("params", {})) - fixed_used)
+    if unused:
+        from .train.components import hparam_declarations
+
+        owners = " / ".join(f"{kind} {name}" for kind, name, _ in hparam_declarations()[unused[0]])
+        raise ConfigError(f"[fixed] {unused[0]} in {source}: no run of the grid uses it (a setting of {owners})")
     return tasks
+
+
+def _drop_unused_fixed(settings: dict, own_params: set, fixed_used: set) -> dict:
+    """A [fixed] hyper-parameter applies to the runs whose pieces read it (``zeta`` to the MAN runs of a grid over
+    ``reg = ["none", "man"]``) and is left out of the others; a run's own settings are kept (and checked)."""
+    from .config import RunConfig
+    from .train.components import used_hparams
+
+    params = settings.get("params") or {}
+    try:
+        used = used_hparams(settings.get("algo", RunConfig.algo), settings.get("local_opt", RunConfig.local_opt),
+                            settings.get("reg", RunConfig.reg))
+    except ConfigError:
+        return settings  # an unknown name: build_config says which
+    fixed_used.update(k for k in params if k in used and k not in own_params)
+    kept = {k: v for k, v in params.items() if k in used or k in own_params}
+    return dict(settings, params=kept) if "params" in settings else settings
 
 
 def _merge(base: dict, extra: dict) -> dict:

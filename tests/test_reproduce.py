@@ -124,3 +124,16 @@ def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path):
     assert again.exit_code == 0, again.output
     assert again.output.count("train skipped, hessian skipped") == 8
     assert stamps == {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}  # nothing rewritten
+
+
+def test_missing_cuda_is_one_line_not_one_per_run(tmp_path, monkeypatch):
+    """The device (and the dataset) are checked once before any run starts (issue 18.7: 16 identical errors)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res = CliRunner().invoke(main, ["reproduce", "man-table6", "--preset", "tiny", "--device", "cuda", "--workers",
+                                    "1", "--out", str(tmp_path / "r"), "--runs-dir", str(tmp_path / "runs")])
+    assert res.exit_code == 2, res.output
+    errors = [ln for ln in res.output.splitlines() if "CUDA" in ln]
+    assert errors == ["flatfl: error: --device cuda asked for, but CUDA is not available on this machine"]
+    assert "FAILED" not in res.output and not (tmp_path / "runs").exists()
