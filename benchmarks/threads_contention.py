@@ -58,6 +58,8 @@ def main() -> None:
     ap.add_argument("--train-rounds", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--settle", type=float, default=5.0, help="seconds between starting the competitor and timing")
+    ap.add_argument("--extra-threads", type=int, nargs="*", default=[],
+                    help="also time these explicit --threads values (e.g. 1 on a many-core machine)")
     args = ap.parse_args()
 
     env = dict(os.environ)
@@ -85,23 +87,27 @@ def main() -> None:
                     lambda out: ["hessian", ckpt, "--method", "power", "--quiet", "--out", out],
             }
             times: dict[str, dict[str, list[float]]] = {}
+            labels = ["old", "new"] + [f"{n} threads" for n in args.extra_threads]
             for name, make in commands.items():
-                times[name] = {"old": [], "new": []}
+                times[name] = {label: [] for label in labels}
                 for r in range(args.repeats):
-                    for label in ("old", "new"):
-                        out = str(tmp / f"{len(times)}-{label}-{r}")
-                        extra = ["--threads", str(old)] if label == "old" else []
+                    for label in labels:
+                        out = str(tmp / f"{len(times)}-{label.replace(' ', '')}-{r}")
+                        n = old if label == "old" else new if label == "new" else int(label.split()[0])
+                        extra = [] if label == "new" else ["--threads", str(n)]
                         t = flatfl(*make(out), *extra, env=env)
                         times[name][label].append(t)
-                        print(f"  {name}: {label} default ({old if label == 'old' else new} threads): {t:.1f} s",
-                              flush=True)
+                        shown = f"{label} default ({n} threads)" if label in ("old", "new") else f"explicit {label}"
+                        print(f"  {name}: {shown}: {t:.1f} s", flush=True)
         finally:
             competitor.kill()
             competitor.wait()
     print("\nsummary (median wall time beside one busy core; ratio = torch default / flatfl default):")
     for name, t in times.items():
-        o, n = sorted(t["old"])[len(t["old"]) // 2], sorted(t["new"])[len(t["new"]) // 2]
-        print(f"  {name}: {o:.1f} s with {old} threads vs {n:.1f} s with {new}: ratio {o / n:.1f}x")
+        med = {k: sorted(v)[len(v) // 2] for k, v in t.items()}
+        o, n = med["old"], med["new"]
+        extra = "".join(f"; {k}: {v:.1f} s" for k, v in med.items() if k not in ("old", "new"))
+        print(f"  {name}: {o:.1f} s with {old} threads vs {n:.1f} s with {new}: ratio {o / n:.1f}x{extra}")
 
 
 if __name__ == "__main__":

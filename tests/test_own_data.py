@@ -191,3 +191,18 @@ def test_bad_datasets_are_one_line():
         Trainer(cfg, "unused", dataset=object())
     with pytest.raises(FlatflError, match="class indices"):
         Trainer(cfg, "unused", dataset=TensorDataset(torch.rand(10, 1, 8, 8), torch.rand(10)))
+
+
+def test_surface_and_resume_of_the_custom_run_use_the_recorded_factory_and_data(readme_run):
+    folder, _ = readme_run
+    r = subprocess.run([sys.executable, "-m", "flatfl", "surface", "runs/own", "--grid", "3", "--samples", "64",
+                        "--quiet", "--out", "runs/own/surface"], cwd=folder, env=env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((folder / "runs/own/surface/surface.json").read_text())
+    assert s["num_samples"] == 64 and s["num_params"] == 2146
+    # resuming a finished custom run from the command line rebuilds the network (factory) and data (data.pt)
+    r = subprocess.run([sys.executable, "-m", "flatfl", "train", "--resume", "runs/own"], cwd=folder, env=env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "already finished" in r.stderr and r.stdout.strip().endswith("runs/own/final.pt")
