@@ -38,7 +38,7 @@ def main() -> None:
 
 
 THREADS_HELP = ("torch threads, an integer >= 1 (default: 1 on machines with <= 2 cores, else the idle cores: "
-                "cores minus the 1-minute load average)")
+                "cores minus the busy ones, from the 1-minute load average and the current use)")
 
 
 def _threads_option(fn):
@@ -141,7 +141,6 @@ def train(config_file, resume_dir, force, quiet, **opts):
 def _train_summary(final) -> str:
     """One line: the last evaluated round's test accuracy (server model, all-clients average) and the checkpoint."""
     import csv
-    from pathlib import Path
 
     rows = []
     metrics = Path(final).parent / "metrics.csv"
@@ -395,7 +394,7 @@ Re-running the same command skips finished runs and analyses and resumes interru
 def _executor_options(fn):
     fn = click.option("--gpus-per-task", type=float, default=0, show_default=True, help="Ray: GPUs per run (e.g. 1 or 0.5)")(fn)
     fn = click.option("--ray-address", default=None, help="Ray: attach to this cluster (default $RAY_ADDRESS, else a local Ray)")(fn)
-    fn = click.option("--threads", type=int, default=None, help="torch threads per run, an integer >= 1 (default: 1 on <= 2 cores, else the idle cores, i.e. cores minus the 1-minute load average, / workers)")(fn)
+    fn = click.option("--threads", type=int, default=None, help="torch threads per run, an integer >= 1 (default: 1 on <= 2 cores, else the idle cores / workers)")(fn)
     fn = click.option("--workers", type=int, default=None, help="runs at once (local: processes; ray: CPUs of a local Ray); default: the number of CPU cores")(fn)
     fn = click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="where runs execute")(fn)
     return fn

@@ -111,6 +111,9 @@ class Trainer:
 
         if dataset is None and resume and (self.run_dir / CUSTOM_DATA_FILE).is_file():
             dataset = load_saved_dataset(self.run_dir / CUSTOM_DATA_FILE)
+        elif dataset is None and resume and (_saved_run_info(self.run_dir).get("dataset") or {}).get("custom"):
+            raise ConfigError(f"{self.run_dir} was trained on a custom dataset that was not saved with it: resume it "
+                              "from Python, Trainer(cfg, run_dir, resume=True, dataset=...)")
         self.ds = as_image_dataset(dataset, test_dataset) if dataset is not None else \
             load_dataset(cfg.dataset, cfg.data_dir)
         self.custom_data = self.ds.name.lower().replace("-", "").replace("_", "") not in DATASETS
@@ -428,12 +431,17 @@ class Trainer:
         self.start_round = int(st["round"])
 
 
+def _saved_run_info(run_dir: Path) -> dict:
+    try:
+        info = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def _saved_factory(run_dir: Path) -> str | None:
     """The model factory a custom-model run recorded (resuming it without a model); an error when it has none."""
-    try:
-        spec = json.loads((run_dir / "config.json").read_text()).get("model") or {}
-    except (OSError, ValueError):
-        return None
+    spec = _saved_run_info(run_dir).get("model") or {}
     if spec.get("name") != "custom":
         return None
     if not spec.get("factory"):
