@@ -12,6 +12,9 @@ Grid file (TOML or YAML)::
     threads = 1                  # optional: torch threads per run (default: flatfl.executors.default_threads)
 
     [fixed]                      # settings shared by every run: flatfl train's options and hyper-parameter flags
+                                 # (a hyper-parameter here goes to the runs whose pieces read it, e.g. zeta to the
+                                 # MAN runs; one that no run reads is an error, as is one set for a run in [grid]
+                                 # or [[include]] that the run does not read)
     dataset = "digits"
     rounds = 30
 
@@ -84,7 +87,18 @@ class RunTask:
 
 
 def _comparable_config(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if k not in _CONFIG_KEYS_IGNORED}
+    out = {k: v for k, v in cfg.items() if k not in _CONFIG_KEYS_IGNORED}
+    if isinstance(out.get("params"), dict):  # settings no piece of the run reads (older runs kept them) change nothing
+        from .config import RunConfig
+        from .train.components import used_hparams
+
+        try:
+            used = used_hparams(out.get("algo", RunConfig.algo), out.get("local_opt", RunConfig.local_opt),
+                                out.get("reg", RunConfig.reg))
+            out["params"] = {k: v for k, v in out["params"].items() if k in used}
+        except ConfigError:
+            pass
+    return out
 
 
 def run_state(run_dir: str | Path, expected=None) -> str:

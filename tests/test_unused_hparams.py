@@ -114,3 +114,24 @@ def test_help_states_each_default_once():
 def test_unused_setting_error_from_python():
     with pytest.raises(ConfigError, match="--zeta is a setting of --reg man"):
         RunConfig(params={"zeta": 0.2}).validate()
+
+
+def test_a_run_saved_with_an_unused_setting_still_counts_as_the_same_run(tmp_path):
+    """Runs written before unused settings were refused may hold one (a sweep's [fixed] zeta in its reg=none runs):
+    it changes nothing, so a sweep resumes them instead of calling them different."""
+    import json
+
+    from flatfl.sweep import run_state
+
+    r = CliRunner().invoke(main, ["train", "--model", "tiny", "--rounds", "1", "--clients", "2", "--quiet",
+                                  "--threads", "1", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    f = tmp_path / "run" / "config.json"
+    saved = json.loads(f.read_text())
+    saved["config"]["params"] = {"zeta": 0.3}
+    f.write_text(json.dumps(saved))
+    expected = build_config({}, {"model": "tiny", "rounds": 1, "clients": 2, "out": str(tmp_path / "run")})
+    assert run_state(tmp_path / "run", expected=expected) == "finished"
+    other = build_config({}, {"model": "tiny", "rounds": 1, "clients": 2, "reg": "man", "params": {"zeta": 0.2}})
+    with pytest.raises(ConfigError):
+        run_state(tmp_path / "run", expected=other)
