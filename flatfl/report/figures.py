@@ -5,7 +5,7 @@
 * :func:`spectrum_pair_page`: MAN Fig. 4 for one "X vs X+regularizer" pair: (a) the top-k eigenvalues of both
   models overlaid, (b) their eigenvalue spectral densities (SLQ, Gaussian-smoothed, log axis) overlaid.
 * :func:`accuracy_page`: test accuracy against rounds, one panel per partition, one line per run.
-* :func:`surface_page`: loss-surface contours of up to six runs (``surface/surface.npz``).
+* :func:`surface_page`: loss-surface contours of up to eight runs on one colour scale (``surface.npz``).
 """
 from __future__ import annotations
 
@@ -111,7 +111,8 @@ def table_page(title: str, header: list[str], rows: list[list], *, subtitle: lis
         widths = []
         for j in range(len(header)):
             w = 0.0
-            for text in [header[j]] + [r[j] for r in cells]:
+            for i, text in enumerate([header[j]] + [r[j] for r in cells]):
+                probe.set_weight("bold" if i == 0 else "normal")  # the header is drawn bold
                 for part in str(text).split("\n"):
                     probe.set_text(part)
                     w = max(w, probe.get_window_extent(renderer).width)
@@ -123,6 +124,9 @@ def table_page(title: str, header: list[str], rows: list[list], *, subtitle: lis
     lines = [max(str(c).count("\n") + 1 for c in row) for row in [header] + cells]
     ax_h = ax.bbox.height
     celld = table.get_celld()
+    for (i, j), cell in celld.items():
+        if i == 0:
+            cell.set_text_props(weight="bold")  # before fitting: bold text is wider
     for size in (9.0, 8.5, 8.0, 7.5, 7.0, 6.5, 6.0, 5.5, 5.0, 4.5):
         line_px = size * 1.25 * fig.dpi / 72
         pad_px = size * 0.7 * fig.dpi / 72
@@ -141,7 +145,6 @@ def table_page(title: str, header: list[str], rows: list[list], *, subtitle: lis
         cell.set_linewidth(0.4)
         if i == 0:
             cell.set_facecolor("#e8e8e8")
-            cell.set_text_props(weight="bold")
         elif highlight is not None and i - 1 < len(highlight) and j < len(highlight[i - 1]) and highlight[i - 1][j]:
             cell.set_facecolor(highlight[i - 1][j])
     for k, (line, head) in enumerate(below):
@@ -300,15 +303,15 @@ def accuracy_page(title: str, groups: dict[str, list], column: str, subtitle: st
 
 
 def surface_page(title: str, records: list) -> Figure:
-    """Filled loss contours of up to six runs that have ``surface/surface.npz`` on one shared colour scale (unfilled
+    """Filled loss contours of up to eight runs that have ``surface/surface.npz`` on one shared colour scale (unfilled
     points left blank), with the directions named on the axes."""
     import json
     from pathlib import Path
 
     fig = _canvas(Figure(figsize=PAGE_SIZE))
     fig.suptitle(title, fontsize=12, weight="bold", y=0.975)
-    shown = records[:6]
-    cols = min(3, len(shown)) or 1
+    shown = records[:8]
+    cols = min(4, len(shown)) or 1
     rows = (len(shown) + cols - 1) // cols or 1
     data = []
     for rec in shown:

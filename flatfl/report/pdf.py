@@ -266,7 +266,7 @@ def findings(spec, rows, checks, records) -> list[str]:
         by_metric[c["metric"]].append(c)
     for metric, cs in by_metric.items():
         name = METRIC_NAMES.get(metric, metric)
-        for verdict, word in (("agree", "agrees with the paper"), ("disagree", "DISAGREES with the paper"),
+        for verdict, word in (("agree", "agree with the paper"), ("disagree", "DISAGREES with the paper"),
                               ("inconclusive", "inconclusive"), ("incomparable", "incomparable (other settings)")):
             sel = [c for c in cs if c["verdict"] == verdict]
             if not sel:
@@ -343,11 +343,14 @@ def _table_figure(spec, rows, ours_scale, model, found):
             for m in spec.metrics:
                 line += [_cell(r, m, newline=True), r[f"paper_{m}"]]
         cells.append(line)
-    settings = sorted({r[f"ours_{m}_setting"] for r in rows for m in ("top_eigenvalue", "trace")
-                       if r.get(f"ours_{m}_setting")})
+    def used(metric):
+        vals = sorted({r[f"ours_{metric}_setting"].split(", ", 1)[-1] for r in rows
+                       if r.get(f"ours_{metric}_setting")})
+        return " | ".join(vals) if vals else "not computed"
+
     subtitle = [spec.paper_scale, ours_scale,
-                f"model: every row measures the {MODEL_NAMES[model]} (accuracy and Hessian); Hessian: "
-                + ("; ".join(settings) if settings else "none computed"),
+                f"model: every row measures the {MODEL_NAMES[model]} (accuracy and Hessian); λmax: "
+                f"{used('top_eigenvalue')}; trace: {used('trace')}",
                 "ours: mean ±sd over seeds (n), or for one run ±the estimator's own error (est.); † other settings"]
     notes = list(spec.notes) + incomparable_notes(spec, rows)
     return figures.table_page(spec.title, header, cells, subtitle=subtitle, notes=notes, findings=found)
@@ -362,7 +365,7 @@ def _directions_figure(spec, checks, counts):
             return "-" if v is None else f"{v:+.1f}%"
 
         two_se = "-" if c["ours_uncertainty"] is None else \
-            f"{figures._fmt(2 * c['ours_uncertainty'], 2)}\n({c['uncertainty_from']})"
+            f"{figures._fmt(2 * c['ours_uncertainty'], 2)} ({c['uncertainty_from']})"
         cells.append([c["partition"], f"{c['reference']}\nvs {c['compared']}", METRIC_NAMES[c["metric"]],
                       f"{figures._fmt(c['ours_reference'])} → {figures._fmt(c['ours_compared'])}",
                       pct(c["ours_change_pct"]), two_se,
@@ -373,12 +376,15 @@ def _directions_figure(spec, checks, counts):
         colors.append([None] * 8 + [col])
     subtitle = [_counts_line(m, c) for m, c in counts.items()] or ["no comparison has values on both sides"]
     pages = []
-    per_page = 18
+    per_page = 16
     for k in range(0, max(1, len(cells)), per_page):
         part = "" if len(cells) <= per_page else f" ({k // per_page + 1}/{(len(cells) + per_page - 1) // per_page})"
         pages.append(figures.table_page(f"{spec.title.split(':')[0]}: direction of each change{part}", header,
-                                        cells[k:k + per_page], subtitle=subtitle, highlight=colors[k:k + per_page],
-                                        col_widths=[0.09, 0.2, 0.09, 0.15, 0.07, 0.1, 0.14, 0.07, 0.09]))
+                                        cells[k:k + per_page], subtitle=subtitle + [
+                                            "± 2 SE: twice the standard error of our change (n=k: sd / sqrt(k) "
+                                            "over k seeds per side; est.: the estimator's own error); inconclusive "
+                                            "when the change is within it"],
+                                        highlight=colors[k:k + per_page]))
     return pages
 
 
@@ -530,9 +536,9 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
                 f"{spec.key}: accuracy")
         with_surface = [r for r in spec_records if r.surface_path]
         if with_surface:
-            for k in range(0, len(with_surface), 6):
+            for k in range(0, len(with_surface), 8):
                 add(figures.surface_page(f"{spec.title.split(':')[0]}: loss surfaces of the {MODEL_NAMES[m]} "
-                                         "model", with_surface[k:k + 6]), f"{spec.key}: surfaces")
+                                         "model", with_surface[k:k + 8]), f"{spec.key}: surfaces")
     other = [r for r in records if not any(r.method in s.rows and r.partition in s.partitions for s in specs)]
     if other:
         groups = defaultdict(list)

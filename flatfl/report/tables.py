@@ -519,12 +519,13 @@ def _sign(delta: float | None, tol: float = 0.0) -> int | None:
 
 
 def _mean_error(row: dict, metric: str) -> tuple[float | None, str]:
-    """Standard error of a row's mean: sd / sqrt(n) over seeds (n >= 2), else the estimator's own error."""
+    """Standard error of a row's mean and where it comes from: sd / sqrt(n) over seeds ('n=3', n >= 2), else the
+    estimator's own error ('est.'), else none."""
     n, sd, se = row[f"ours_{metric}_n"], row[f"ours_{metric}_sd"], row[f"ours_{metric}_se"]
     if n >= 2 and sd is not None:
-        return sd / math.sqrt(n), f"seeds (n={n})"
+        return sd / math.sqrt(n), f"n={n}"
     if se is not None:
-        return se, "estimator"
+        return se, "est."
     return None, "none"
 
 
