@@ -351,21 +351,28 @@ Examples:
 @click.option("--table", "tables", multiple=True,
               help="paper layout: man-table2 | man-table6 | man-tables | fedalign-table1 (repeatable; default: every layout the runs fill)")
 @click.option("--compute-missing", is_flag=True, help="compute missing Hessian (and H_N / H_D) results instead of listing them")
-@click.option("--top", type=int, default=1, show_default=True, help="--compute-missing: number of top eigenvalues")
-@click.option("--density/--no-density", default=False, show_default=True, help="--compute-missing: also the spectral density")
-@click.option("--samples", type=int, default=None, help="--compute-missing: evaluation samples (default: the whole training split)")
-@click.option("--method", default="lanczos", show_default=True, help="--compute-missing: lanczos | power (PyHessian's rule)")
+@click.option("--model", type=click.Choice(["server", "clients-average"]), default=None,
+              help="the model every row measures (accuracy and Hessian); default: clients-average for the MAN tables (MAN reports the all-clients average), server for FedAlign's")
+@click.option("--top", type=int, default=None, help="Hessian asked for: number of top eigenvalues (--compute-missing default 1)")
+@click.option("--density/--no-density", default=None, help="Hessian asked for: with the spectral density (--compute-missing default: no)")
+@click.option("--samples", type=int, default=None, help="Hessian asked for: evaluation samples (default: the whole training split)")
+@click.option("--method", default=None, help="Hessian asked for: lanczos | power (--compute-missing default lanczos)")
 @click.option("--device", default="cpu", show_default=True, help="--compute-missing: cpu | cuda | cuda:N | mps")
 @_threads_option
 @friendly_errors
-def report(run_dirs, out, tables, compute_missing, top, density, samples, method, device, threads):
-    """Tables (CSV, Markdown) and one PDF from run directories, with the papers' values beside ours."""
+def report(run_dirs, out, tables, model, compute_missing, top, density, samples, method, device, threads):
+    """Tables (CSV, Markdown) and one PDF from run directories, with the papers' values beside ours.
+
+    A Hessian option given (--top, --density, --samples, --method) asks for those settings: only analyses made
+    with them fill the table, and --compute-missing computes them (into a folder of their own where an analysis
+    with other settings exists)."""
     from .report import build_report
 
     _apply_threads(threads)
-    hessian = {"top": top, "density": density, "samples": samples, "method": method}
+    hessian = {k: v for k, v in {"top": top, "density": density, "samples": samples, "method": method}.items()
+               if v is not None}
     summary = build_report(list(run_dirs), out, tables=list(tables) or None, compute_missing=compute_missing,
-                           hessian=hessian, device=device, echo=click.echo)
+                           hessian=hessian, device=device, echo=click.echo, model=model)
     _echo_summary(summary, out)
 
 
@@ -375,6 +382,9 @@ def _echo_summary(summary: dict, out) -> None:
     for key, counts in summary["directions"].items():
         for metric, c in counts.items():
             click.echo(f"{key}: {_counts_line(metric, c)}")
+    for line in summary.get("notices", []):
+        if not line.startswith("computed for"):  # those were echoed as they happened
+            click.echo(f"notice: {line}", err=True)
     for line in summary["missing"]:
         click.echo(f"missing: {line}", err=True)
     tables = ", ".join(summary.get("tables") or []) or "no paper table"
@@ -409,9 +419,11 @@ def _executor_options(fn):
 @click.option("--seeds", default="0", show_default=True, help="comma-separated seeds, e.g. 0,1,2")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (paper preset: CIFAR-100)")
+@click.option("--model", type=click.Choice(["server", "clients-average"]), default=None,
+              help="the model the Hessian and the table measure; default: clients-average for the MAN tables, server for FedAlign's")
 @_executor_options
 @friendly_errors
-def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, executor, workers, threads, ray_address,
+def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, executor, workers, threads, ray_address,
               gpus_per_task):
     """Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign Table 1."""
     from .errors import ConfigError
@@ -424,7 +436,7 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, executor, 
         raise ConfigError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
     summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
-                               device=device, data_dir=data_dir, threads=threads, echo=click.echo)
+                               device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model)
     report_dir = out or f"reports/{target}-{preset}"
     _echo_summary(summary, report_dir)
     tasks = summary.get("tasks") or []

@@ -58,13 +58,49 @@ from typing import Any, Callable, Iterable
 from .errors import CheckpointError, ConfigError
 
 __all__ = ["RunTask", "run_task", "analyse_run", "run_tasks", "run_state", "read_grid", "expand_grid", "run_sweep",
-           "SweepGrid", "HESSIAN_DIR", "SPECTRUM_DIR", "CLIENTS_DIR", "SURFACE_DIR"]
+           "SweepGrid", "HESSIAN_DIR", "SPECTRUM_DIR", "CLIENTS_DIR", "SURFACE_DIR", "MODEL_CHECKPOINTS",
+           "analysis_dir", "model_checkpoint", "settings_match"]
 
 HESSIAN_DIR = "hessian"  # RUN/hessian/hessian.json: Hessian results (and the 'clients' section when computed)
 SPECTRUM_DIR = "spectrum"  # RUN/spectrum/hessian.json: a second Hessian analysis, the top-k and density (MAN Fig. 4)
 CLIENTS_DIR = HESSIAN_DIR  # run_client_metrics adds its section to the same hessian.json
 SURFACE_DIR = "surface"  # RUN/surface/surface.npz
 _CONFIG_KEYS_IGNORED = ("out", "device", "data_dir", "threads")  # may differ between a run and its resumption
+# the two models a run ends with: the server's, and the average of all clients' latest models (MAN's and FedDyn's
+# reported accuracy); each analysis folder is suffixed with the model unless it is the server's
+MODEL_CHECKPOINTS = {"server": "final.pt", "clients-average": "final-clients-average.pt"}
+
+
+def analysis_dir(kind: str, model: str = "server") -> str:
+    """The folder of a run holding ``kind`` ('hessian', 'spectrum', 'surface') of ``model``: ``hessian`` for the
+    server model, ``hessian-clients-average`` for the all-clients average."""
+    if model not in MODEL_CHECKPOINTS:
+        raise ConfigError(f"unknown model {model!r}: choose server or clients-average")
+    return kind if model == "server" else f"{kind}-{model}"
+
+
+def model_checkpoint(run_dir: str | Path, model: str = "server") -> Path:
+    """The checkpoint of ``model`` in a finished run. Runs trained before final-clients-average.pt existed (or
+    whose final.pt was recovered from a round checkpoint) get it written now from final.pt's 'all_state_dict'."""
+    run_dir = Path(run_dir)
+    final = run_dir / "final.pt"
+    if model not in MODEL_CHECKPOINTS:
+        raise ConfigError(f"unknown model {model!r}: choose server or clients-average")
+    if not final.is_file():
+        raise CheckpointError(f"{run_dir} has no final.pt: the run is not finished (resume it first)")
+    path = run_dir / MODEL_CHECKPOINTS[model]
+    if model != "server" and (not path.is_file() or path.stat().st_mtime < final.stat().st_mtime):
+        import torch
+
+        from .train.checkpoint import save_checkpoint
+
+        payload = torch.load(final, map_location="cpu", weights_only=True)
+        if "all_state_dict" not in payload:
+            raise CheckpointError(f"{final} holds no all-clients average (written by an older flatfl)")
+        equal = all(torch.equal(payload["state_dict"][k], payload["all_state_dict"][k]) for k in payload["state_dict"])
+        save_checkpoint(path, dict(payload, state_dict=payload["all_state_dict"], model_role=model,
+                                   equals_server=equal))
+    return path
 
 
 # ---------------------------------------------------------------------------------------------- one task
@@ -84,6 +120,7 @@ class RunTask:
     surface: dict | None = None
     threads: int | None = None  # torch intra-op threads inside the task (None: leave torch's default)
     quiet: bool = True
+    model: str = "server"  # the model the Hessian, spectrum and surface analyses measure (MODEL_CHECKPOINTS)
 
 
 def _comparable_config(cfg: dict) -> dict:
@@ -165,7 +202,7 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _same_settings(saved: dict | None, wanted: dict) -> bool:
+def settings_match(saved: dict | None, wanted: dict) -> bool:
     """True when every setting asked for was used. A None asks for the default (compared only for 'samples',
     where None means 'the whole split'); device and data folder may differ."""
     if not isinstance(saved, dict):
@@ -179,12 +216,15 @@ def _fresh(result: Path, final: Path) -> bool:
 
 
 def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str = HESSIAN_DIR) -> str:
+    """Compute into RUN/folder unless an analysis of ``final`` with the wanted settings is there (one made with other
+    settings, or of another model, is replaced: callers that keep it choose another folder)."""
     from .analysis.hessian_run import run_hessian
 
     out = run_dir / folder
     report = _read_json(out / "hessian.json")
     if report and _fresh(out / "hessian.json", final) and report.get("top_eigenvalues") is not None \
-            and _same_settings(report.get("settings"), wanted):
+            and Path(str(report.get("checkpoint", ""))).name == final.name \
+            and settings_match(report.get("settings"), wanted):
         return "skipped"
     run_hessian(str(final), str(out), quiet=quiet, **wanted)
     return "computed"
@@ -196,16 +236,16 @@ def _clients(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
     out = run_dir / CLIENTS_DIR
     report = _read_json(out / "hessian.json") or {}
     section = report.get("clients")
-    if section and _fresh(out / "hessian.json", final) and _same_settings(section.get("settings"), wanted):
+    if section and _fresh(out / "hessian.json", final) and settings_match(section.get("settings"), wanted):
         return "skipped"
     run_client_metrics(str(final), str(out), quiet=quiet, **wanted)
     return "computed"
 
 
-def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
+def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str = SURFACE_DIR) -> str:
     from .analysis.surface import run_surface
 
-    out = run_dir / SURFACE_DIR
+    out = run_dir / folder
     summary = _read_json(out / "surface.json")
     if summary and _fresh(out / "surface.json", final):
         s = summary.get("settings", {})
@@ -216,21 +256,26 @@ def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
 
 
 def analyse_run(run_dir: str | Path, *, hessian: dict | None = None, spectrum: dict | None = None,
-                clients: dict | None = None, surface: dict | None = None, quiet: bool = True) -> dict:
-    """The analyses of one finished run, each skipped when its result is there, newer than final.pt and made
-    with the settings asked for: ``hessian`` -> RUN/hessian/hessian.json, then ``clients`` (H_N, H_D: the
-    'clients' section of the same file), ``spectrum`` -> RUN/spectrum/hessian.json (a second Hessian analysis,
-    e.g. the top 200 eigenvalues and the density, kept apart so the table's protocol stays one),
-    ``surface`` -> RUN/surface/. Returns {'hessian': 'computed'|'skipped'|None, ...}."""
+                clients: dict | None = None, surface: dict | None = None, quiet: bool = True,
+                model: str = "server", hessian_dir: str | None = None) -> dict:
+    """The analyses of one finished run, each skipped when its result is there, newer than the model's checkpoint
+    and made with the settings asked for. ``model`` ('server' or 'clients-average', :data:`MODEL_CHECKPOINTS`)
+    chooses the checkpoint the Hessian, spectrum and surface measure; their folders are
+    :func:`analysis_dir` (``hessian``, ``spectrum``, ``surface``, suffixed ``-clients-average`` for that model),
+    or ``hessian_dir`` for the Hessian. ``clients`` (H_N, H_D) takes the clients' own models (clients.pt).
+    Returns {'hessian': 'computed'|'skipped'|None, ...}."""
     run_dir = Path(run_dir)
     final = run_dir / "final.pt"
     if not final.is_file():
         raise CheckpointError(f"{run_dir} has no final.pt: the run is not finished (resume it first)")
-    return {"hessian": _hessian(run_dir, final, dict(hessian), quiet) if hessian is not None else None,
+    ckpt = model_checkpoint(run_dir, model) if (hessian, spectrum, surface) != (None, None, None) else final
+    return {"hessian": (_hessian(run_dir, ckpt, dict(hessian), quiet, hessian_dir or analysis_dir("hessian", model))
+                        if hessian is not None else None),
             "clients": _clients(run_dir, final, dict(clients), quiet) if clients is not None else None,
-            "spectrum": (_hessian(run_dir, final, dict(spectrum), quiet, SPECTRUM_DIR) if spectrum is not None
-                         else None),
-            "surface": _surface(run_dir, final, dict(surface), quiet) if surface is not None else None}
+            "spectrum": (_hessian(run_dir, ckpt, dict(spectrum), quiet, analysis_dir("spectrum", model))
+                         if spectrum is not None else None),
+            "surface": (_surface(run_dir, ckpt, dict(surface), quiet, analysis_dir("surface", model))
+                        if surface is not None else None)}
 
 
 def run_task(task: RunTask) -> dict:
@@ -250,7 +295,7 @@ def run_task(task: RunTask) -> dict:
     log = lines.append if task.quiet else (lambda s: print(f"[{task.name}] {s}", file=sys.stderr, flush=True))
     out = {"name": task.name, "run_dir": task.run_dir, "train": _train(task, log)}
     out.update(analyse_run(task.run_dir, hessian=task.hessian, spectrum=task.spectrum, clients=task.clients,
-                           surface=task.surface, quiet=task.quiet))
+                           surface=task.surface, quiet=task.quiet, model=task.model))
     out["seconds"] = round(time.perf_counter() - start, 3)
     return out
 

@@ -403,6 +403,13 @@ class Trainer:
         }
         atomic_torch_save(state, d / "resume.pt")
         if final:
+            # the all-clients average (MAN's and FedDyn's reported model) as a checkpoint of its own, in the same
+            # format, so analyses can take either model; for algorithms where it equals the server model it is
+            # still written (and says so in 'equals_server')
+            avg = dict(payload, state_dict=payload["all_state_dict"], model_role="clients-average",
+                       equals_server=all(torch.equal(payload["state_dict"][k], payload["all_state_dict"][k])
+                                         for k in payload["state_dict"]))
+            save_checkpoint(d / "final-clients-average.pt", avg)
             save_checkpoint(d / "final.pt", payload)
 
     def _last_good(self) -> str:
