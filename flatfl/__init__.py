@@ -4,11 +4,14 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def load_checkpoint(path, device="cpu"):
-    """Load a flatfl checkpoint: returns a :class:`flatfl.train.checkpoint.Checkpoint` (model in eval mode)."""
+def load_checkpoint(path, device="cpu", *, model=None, model_factory=None, which="server", data_dir=None):
+    """Load a flatfl checkpoint: returns a :class:`flatfl.train.checkpoint.Checkpoint` (model in eval mode).
+
+    ``model``: your own network (an ``nn.Module`` of the trained architecture; the weights are loaded into it), or
+    ``model_factory="module:function"``; ``which``: "server" or "all" (the average of all clients' models)."""
     from .train.checkpoint import load_checkpoint as _load
 
-    return _load(path, device=device)
+    return _load(path, device=device, which=which, data_dir=data_dir, model=model, model_factory=model_factory)
 
 
 __all__ = ["__version__", "load_checkpoint"]

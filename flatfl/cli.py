@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from pathlib import Path
 
 if os.path.basename(sys.argv[0] or "") == "flatfl":  # the console script: Ctrl-C while starting gives one line
     from .__main__ import _interrupted_hook  # noqa: F401  (installs the hook)
@@ -81,6 +82,20 @@ def main() -> None:
     """flatfl: federated learning with flatness regularizers, and the curvature of what it learns."""
 
 
+THREADS_HELP = ("torch threads, an integer >= 1 (default: 1 on machines with <= 2 cores, else the idle cores: "
+                "cores minus the busy ones, from the 1-minute load average and the current use)")
+
+
+def _threads_option(fn):
+    return click.option("--threads", type=int, default=None, help=THREADS_HELP)(fn)
+
+
+def _apply_threads(threads) -> int:
+    from .utils.threads import apply_threads
+
+    return apply_threads(threads)
+
+
 # --------------------------------------------------------------------------------------------------------- train
 def _hparam_options(fn):
     """Add one click option per hyper-parameter flag declared by any algorithm, optimizer or regularizer."""
@@ -90,8 +105,29 @@ def _hparam_options(fn):
         t = hp.py_type
         ctype = click.Choice(list(hp.choices)) if hp.choices else {bool: click.BOOL, int: int, float: float}.get(t, str)
         fn = click.option(hp.cli_flag, key, type=ctype, default=None, show_default=False,
-                          help=f"{hp.help} (default {hp.default!r}; see 'flatfl algos')")(fn)
+                          help=_hparam_help(key))(fn)
     return fn
+
+
+def _hparam_help(key: str) -> str:
+    """The flag's help: what it is, which pieces read it and the default each applies (a flag shared by several
+    pieces gets the first one's description without its trailing note, then every piece's own default)."""
+    import re
+
+    from .train.components import ALGORITHMS, KIND_FLAGS, hparam_declarations
+
+    decl = hparam_declarations()[key]
+    if len(decl) == 1:
+        kind, name, hp = decl[0]
+        return f"{hp.help} [{KIND_FLAGS[kind]} {name} only; default {hp.default!r}]"
+    text = re.sub(r"\s*\([^()]*\)$", "", decl[0][2].help)
+    parts = []
+    for kind, name, hp in decl:
+        also = [a for a, cls in sorted(ALGORITHMS.items()) if kind == "local optimizer" and cls.local_opt == name
+                and key not in {h.key for h in cls.hparams}]
+        parts.append(f"{KIND_FLAGS[kind]} {name}" + (f" (and --algo {', '.join(also)})" if also else "")
+                     + f": {hp.default!r}")
+    return f"{text} [default by piece: {'; '.join(parts)}]"
 
 
 TRAIN_EPILOG = """\b
@@ -136,6 +172,7 @@ Examples:
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), help="continue the run in this directory")
 @click.option("--force", is_flag=True, help="overwrite an existing run directory")
 @click.option("--quiet", is_flag=True, help="no progress output")
+@_threads_option
 @_hparam_options
 @friendly_errors
 def train(config_file, resume_dir, force, quiet, **opts):
@@ -143,7 +180,23 @@ def train(config_file, resume_dir, force, quiet, **opts):
     from .train.run import train_from_options
 
     final = train_from_options(config_file=config_file, resume_dir=resume_dir, force=force, quiet=quiet, opts=opts)
-    click.echo(str(final))
+    click.echo(_train_summary(final))
+
+
+def _train_summary(final) -> str:
+    """One line: the last evaluated round's test accuracy (server model, all-clients average) and the checkpoint."""
+    import csv
+
+    rows = []
+    metrics = Path(final).parent / "metrics.csv"
+    if metrics.is_file():
+        with open(metrics, newline="") as f:
+            rows = list(csv.DictReader(f))
+    if not rows:
+        return f"trained -> {final}"
+    last = rows[-1]
+    return (f"round {last['round']}: test accuracy {100 * float(last['test_acc']):.2f}% (server model), "
+            f"{100 * float(last['all_test_acc']):.2f}% (average of all clients' models) -> {final}")
 
 
 @main.command()
@@ -212,23 +265,32 @@ Examples:
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--save-eigenvectors", is_flag=True, help="also write eigenvectors.pt (parameter layout included)")
+@click.option("--model-factory", default=None, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--exact-residuals", is_flag=True, help="recompute each residual ||Hv - lambda v|| with one more HVP")
 @click.option("--quiet", is_flag=True, help="no progress bar")
+@_threads_option
 @friendly_errors
-def hessian(checkpoint, out, **opts):
+def hessian(checkpoint, out, threads, **opts):
     """Top Hessian eigenvalues, trace and spectral density of a checkpoint's model (mean loss, eval mode)."""
     from .analysis.hessian_run import run_hessian
 
+    _apply_threads(threads)
     report = run_hessian(checkpoint, out, **opts)
     values = report["top_eigenvalues"]
+    found = []
     if values:
         shown = ", ".join(f"{v:.6g}" for v in values[:5]) + (" ..." if len(values) > 5 else "")
         click.echo(f"top eigenvalues: {shown}")
+        found.append(f"top eigenvalue {values[0]:.6g}")
     if report["trace"]:
         tr = report["trace"]
         stderr = "n/a" if tr["stderr"] is None else f"{tr['stderr']:.3g}"
         click.echo(f"trace: {tr['estimate']:.6g} +- {stderr} ({tr['method']}, {tr['hvps']} HVPs)")
-    click.echo(f"{report['hvps_total']} HVPs in {report['seconds']:.1f} s -> {out}")
+        found.append(f"trace {tr['estimate']:.6g} +- {stderr}")
+    if report.get("density"):
+        found.append("spectral density")
+    click.echo(f"{', '.join(found)} on {report.get('num_samples')} samples; {report['hvps_total']} HVPs in "
+               f"{report['seconds']:.1f} s -> {Path(out) / 'hessian.json'}")
 
 
 # ------------------------------------------------------------------------------------------------ hessian-clients
@@ -252,12 +314,15 @@ The run must have been trained with --save-clients (clients.pt next to final.pt)
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample draws and the probes")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
+@click.option("--model-factory", default=None, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--quiet", is_flag=True, help="no progress bar")
+@_threads_option
 @friendly_errors
-def hessian_clients(checkpoint, out, **opts):
+def hessian_clients(checkpoint, out, threads, **opts):
     """Cross-client Hessian metrics H_N and H_D (FedAlign Eq. 3-4) with standard errors."""
     from .analysis.clients import run_client_metrics
 
+    _apply_threads(threads)
     report = run_client_metrics(checkpoint, out, **opts)
     c = report["clients"]
 
@@ -267,7 +332,9 @@ def hessian_clients(checkpoint, out, **opts):
     click.echo(f"protocol {c['protocol']} ({c['num_clients']} clients, {c['pairs']} pairs, {c['estimator']})")
     click.echo(f"H_N: {show(c['H_N'], c['H_N_stderr'])}")
     click.echo(f"H_D: {show(c['H_D'], c['H_D_stderr'])}")
-    click.echo(f"{c['hvps']} HVPs in {c['seconds']:.1f} s -> {out}")
+    click.echo(f"H_N {show(c['H_N'], c['H_N_stderr'])}, H_D {show(c['H_D'], c['H_D_stderr'])} "
+               f"({c['protocol']} protocol, {c['num_clients']} clients); {c['hvps']} HVPs in {c['seconds']:.1f} s "
+               f"-> {Path(out) / 'hessian.json'}")
 
 
 # --------------------------------------------------------------------------------------------------------- surface
@@ -297,17 +364,21 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--force", is_flag=True, help="start over instead of resuming surface.npz in --out")
+@click.option("--model-factory", default=None, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--quiet", is_flag=True, help="no progress bar")
+@_threads_option
 @friendly_errors
-def surface(checkpoint, out, range_, **opts):
+def surface(checkpoint, out, range_, threads, **opts):
     """Loss and accuracy on a 2-D grid around a checkpoint's model (contour and 3-D figures)."""
     from .analysis.surface import run_surface
 
+    _apply_threads(threads)
     report = run_surface(checkpoint, out, range=range_, **opts)
     origin = report["loss_at_origin"]
     shown = "" if origin is None else f", loss at origin {origin:.6g}"
-    click.echo(f"{report['points']} points ({report['points_computed_now']} computed now) in "
-               f"{report['seconds']:.1f} s{shown} -> {out}")
+    click.echo(f"loss min {report['loss_min']:.6g}, max {report['loss_max']:.6g}{shown}; {report['points']} points "
+               f"({report['points_computed_now']} computed now) in {report['seconds']:.1f} s "
+               f"-> {Path(out) / 'surface.json'}")
 
 
 # --------------------------------------------------------------------------------------------------------- report
@@ -325,19 +396,28 @@ Examples:
 @click.option("--table", "tables", multiple=True,
               help="paper layout: man-table2 | man-table6 | man-tables | fedalign-table1 (repeatable; default: every layout the runs fill)")
 @click.option("--compute-missing", is_flag=True, help="compute missing Hessian (and H_N / H_D) results instead of listing them")
-@click.option("--top", type=int, default=1, show_default=True, help="--compute-missing: number of top eigenvalues")
-@click.option("--density/--no-density", default=False, show_default=True, help="--compute-missing: also the spectral density")
-@click.option("--samples", type=int, default=None, help="--compute-missing: evaluation samples (default: the whole training split)")
-@click.option("--method", default="lanczos", show_default=True, help="--compute-missing: lanczos | power (PyHessian's rule)")
+@click.option("--model", type=click.Choice(["server", "clients-average"]), default=None,
+              help="the model every row measures (accuracy and Hessian); default: clients-average for the MAN tables (MAN reports the all-clients average), server for FedAlign's")
+@click.option("--top", type=int, default=None, help="Hessian asked for: number of top eigenvalues (--compute-missing default 1)")
+@click.option("--density/--no-density", default=None, help="Hessian asked for: with the spectral density (--compute-missing default: no)")
+@click.option("--samples", type=int, default=None, help="Hessian asked for: evaluation samples (default: the whole training split)")
+@click.option("--method", default=None, help="Hessian asked for: lanczos | power (--compute-missing default lanczos)")
 @click.option("--device", default="cpu", show_default=True, help="--compute-missing: cpu | cuda | cuda:N | mps")
+@_threads_option
 @friendly_errors
-def report(run_dirs, out, tables, compute_missing, top, density, samples, method, device):
-    """Tables (CSV, Markdown) and one PDF from run directories, with the papers' values beside ours."""
+def report(run_dirs, out, tables, model, compute_missing, top, density, samples, method, device, threads):
+    """Tables (CSV, Markdown) and one PDF from run directories, with the papers' values beside ours.
+
+    A Hessian option given (--top, --density, --samples, --method) asks for those settings: only analyses made
+    with them fill the table, and --compute-missing computes them (into a folder of their own where an analysis
+    with other settings exists)."""
     from .report import build_report
 
-    hessian = {"top": top, "density": density, "samples": samples, "method": method}
+    _apply_threads(threads)
+    hessian = {k: v for k, v in {"top": top, "density": density, "samples": samples, "method": method}.items()
+               if v is not None}
     summary = build_report(list(run_dirs), out, tables=list(tables) or None, compute_missing=compute_missing,
-                           hessian=hessian, device=device, echo=click.echo)
+                           hessian=hessian, device=device, echo=click.echo, model=model)
     _echo_summary(summary, out)
 
 
@@ -347,9 +427,13 @@ def _echo_summary(summary: dict, out) -> None:
     for key, counts in summary["directions"].items():
         for metric, c in counts.items():
             click.echo(f"{key}: {_counts_line(metric, c)}")
+    for line in summary.get("notices", []):
+        if not line.startswith("computed for"):  # those were echoed as they happened
+            click.echo(f"notice: {line}", err=True)
     for line in summary["missing"]:
         click.echo(f"missing: {line}", err=True)
-    click.echo(f"{summary['runs']} runs, {len(summary['pages'])} PDF pages -> {out}/report.pdf")
+    tables = ", ".join(summary.get("tables") or []) or "no paper table"
+    click.echo(f"{summary['runs']} runs, tables: {tables}; {len(summary['pages'])} PDF pages -> {out}/report.pdf")
 
 
 # ------------------------------------------------------------------------------------------------------ reproduce
@@ -365,7 +449,7 @@ Re-running the same command skips finished runs and analyses and resumes interru
 def _executor_options(fn):
     fn = click.option("--gpus-per-task", type=float, default=0, show_default=True, help="Ray: GPUs per run (e.g. 1 or 0.5)")(fn)
     fn = click.option("--ray-address", default=None, help="Ray: attach to this cluster (default $RAY_ADDRESS, else a local Ray)")(fn)
-    fn = click.option("--threads", type=int, default=None, help="torch threads per run (default: 1 on up to 4 cores, else cores / workers)")(fn)
+    fn = click.option("--threads", type=int, default=None, help="torch threads per run, an integer >= 1 (default: 1 on <= 2 cores, else the idle cores / workers)")(fn)
     fn = click.option("--workers", type=int, default=None, help="runs at once (local: processes; ray: CPUs of a local Ray); default: the number of CPU cores")(fn)
     fn = click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="where runs execute")(fn)
     return fn
@@ -380,9 +464,11 @@ def _executor_options(fn):
 @click.option("--seeds", default="0", show_default=True, help="comma-separated seeds, e.g. 0,1,2")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (paper preset: CIFAR-100)")
+@click.option("--model", type=click.Choice(["server", "clients-average"]), default=None,
+              help="the model the Hessian and the table measure; default: clients-average for the MAN tables, server for FedAlign's")
 @_executor_options
 @friendly_errors
-def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, executor, workers, threads, ray_address,
+def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, executor, workers, threads, ray_address,
               gpus_per_task):
     """Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign Table 1."""
     from .errors import ConfigError
@@ -393,14 +479,18 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, executor, 
         seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
     except ValueError:
         raise ConfigError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
-    from .executors import check_threads
+    from .utils.threads import check_threads
 
     check_threads(threads)
     ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
     summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
-                               device=device, data_dir=data_dir, threads=threads, echo=click.echo)
-    _echo_summary(summary, out or f"reports/{target}-{preset}")
-    click.echo(f"done in {summary['seconds']:.0f} s")
+                               device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model)
+    report_dir = out or f"reports/{target}-{preset}"
+    _echo_summary(summary, report_dir)
+    tasks = summary.get("tasks") or []
+    n_failed = len(summary["failed"])
+    click.echo(f"{target} ({preset}): {len(tasks) - n_failed} of {len(tasks)} runs done, "
+               f"{len(summary.get('tables') or [])} tables in {summary['seconds']:.0f} s -> {report_dir}/report.pdf")
     if summary["failed"]:
         click.echo(f"flatfl: error: {len(summary['failed'])} run(s) failed: " + "; ".join(summary["failed"][:3]), err=True)
         sys.exit(1)
@@ -445,7 +535,8 @@ def sweep(grid_file, out, dry_run, executor, workers, threads, ray_address, gpus
     if dry_run:
         return
     failed = [r for r in records if r.get("error")]
-    click.echo(f"{len(records) - len(failed)} of {len(records)} runs done")
+    root = Path(records[0]["run_dir"]).parent if records else out
+    click.echo(f"{len(records) - len(failed)} of {len(records)} runs done -> {root}/sweep.csv")
     if failed:
         click.echo(f"flatfl: error: {len(failed)} run(s) failed: " + "; ".join(f"{r['name']}: {r['error']}" for r in failed[:3]), err=True)
         sys.exit(1)

@@ -65,6 +65,7 @@ class RunConfig:
     checkpoint_every: int = 10
     save_clients: bool = False
     out: str | None = None
+    threads: int | None = None  # torch threads; None: flatfl.utils.threads.default_threads() at run time
 
     def check_types(self) -> "RunConfig":
         """Every field holds a value of its declared type (see :mod:`flatfl.utils.values` for the rules)."""
@@ -124,6 +125,9 @@ class RunConfig:
         need(self.eval_every >= 1, f"--eval-every must be a positive integer, got {self.eval_every}")
         need(self.checkpoint_every >= 1, f"--checkpoint-every must be a positive integer, got {self.checkpoint_every}")
         need(self.eval_batch_size >= 1, f"--eval-batch-size must be a positive integer, got {self.eval_batch_size}")
+        from .utils.threads import check_threads
+
+        check_threads(self.threads, "--threads")
         if self.partition != "iid":
             need(self.alpha > 0, f"the Dirichlet concentration --alpha must be > 0, got {self.alpha}")
         from .train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, all_hparams
@@ -133,6 +137,9 @@ class RunConfig:
             need(k in known, f"unknown hyper-parameter {k!r}: see 'flatfl algos' for the valid names")
         for reg, name in ((ALGORITHMS, self.algo), (LOCAL_OPTIMIZERS, self.local_opt), (REGULARIZERS, self.reg)):
             reg.get_class(name).resolve(self.params)  # raises ConfigError on bad names or values
+        from .train.components import check_used_hparams
+
+        check_used_hparams(self.params, self.algo, self.local_opt, self.reg)  # e.g. --zeta without --reg man
         from .data.datasets import DATASETS
         from .data.partition import PARTITIONS
 

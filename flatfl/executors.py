@@ -54,20 +54,14 @@ def _failure(index: int, exc: BaseException) -> Outcome:
 def default_threads(workers: int) -> int:
     """Torch threads per task when ``workers`` tasks share this machine.
 
-    Up to 4 cores: 1 (processes use few cores better than threads, and oversubscribed threads cost a lot: measured
-    on this 2-core machine under load, a digits Hessian run took 96 s with torch's default 2 threads and 5.5 s with
-    1, and a 2-round digits run 27 s against 1.5 s). More cores: an even share, at least 1.
+    The rule of every compute command (:func:`flatfl.utils.threads.default_threads`): 1 on up to 2 cores, else the
+    idle cores (cores minus the 1-minute load average) shared among the workers, at least 1. Oversubscribed threads
+    cost a lot: measured on a 2-core machine under load, a digits Hessian run took 96 s with torch's default 2
+    threads and 5.5 s with 1, and a 2-round digits run 27 s against 1.5 s.
     """
-    cores = os.cpu_count() or 1
-    return 1 if cores <= 4 else max(1, cores // max(1, workers))
+    from .utils.threads import default_threads as idle_share
 
-
-def check_threads(threads, what: str = "--threads") -> None:
-    """``threads`` is None (the default) or a positive integer of reasonable size."""
-    if threads is None:
-        return
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 4096:
-        raise ConfigError(f"{what} must be a positive integer, got {threads!r}")
+    return idle_share(workers)
 
 
 def watch_parent(parent_pid: int, interval: float = 0.5) -> None:

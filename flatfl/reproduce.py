@@ -28,7 +28,7 @@ Presets (:data:`PRESETS`):
 * ``quick``: the same grids scaled down to the embedded digits (1,797 8x8 images) on a laptop CPU: MAN with the
   digits CNN, 20 clients joining with probability 0.5 (10 per round, as in the paper), 50 rounds x 2 local epochs,
   the paper's optimiser settings and hyper-parameters; Hessian by Lanczos and Hutch++ on the whole digits training
-  split (1,437 images), top 50 eigenvalues and the density for the Fig. 4 pairs. FedAlign with ResNet-20 on digits,
+  split (1,442 images), top 50 eigenvalues and the density for the Fig. 4 pairs. FedAlign with ResNet-20 on digits,
   16 clients, 10 rounds x 2 local epochs.
 * ``tiny``: the same grids for seconds-long tests (2 rounds, 4 clients, a few probes).
 
@@ -104,7 +104,7 @@ _MAN = {
         "hessian": dict(top=1, method="power", tol=1e-3, trace=True, trace_method="pyhessian", trace_hvps=100,
                         samples=None, batch_size=50),
         "spectrum": dict(top=200, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=100,
-                         samples=None, batch_size=256),
+                         density_starts=4, samples=None, batch_size=256),
     },
     "quick": {
         "run": dict(dataset="digits", model="digits-cnn", clients=20, participation=0.5, sampling="bernoulli",
@@ -113,7 +113,7 @@ _MAN = {
         "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=100,
                         trace_rtol=0.01, samples=None, batch_size=512),
         "spectrum": dict(top=50, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=80,
-                         samples=None, batch_size=512),
+                         density_starts=4, samples=None, batch_size=512),
     },
     "tiny": {
         "run": dict(dataset="digits", model="digits-cnn", clients=4, participation=1.0, sampling="bernoulli",
@@ -122,7 +122,7 @@ _MAN = {
         "hessian": dict(top=1, method="lanczos", tol=1e-2, trace=True, trace_method="hutchpp", trace_hvps=9,
                         trace_rtol=None, samples=96, batch_size=96),
         "spectrum": dict(top=3, method="lanczos", tol=1e-2, trace=False, density=True, density_steps=6,
-                         samples=96, batch_size=96),
+                         density_starts=2, samples=96, batch_size=96),
     },
 }
 _FEDALIGN = {
@@ -171,8 +171,13 @@ def _run_name(label: str, settings: dict, seed: int) -> str:
 
 
 def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = None, seeds=(0,),
-         device: str = "cpu", data_dir: str | None = None, threads: int | None = None) -> list[RunTask]:
-    """The run tasks of ``target`` at ``preset``: one per (method, partition, seed), with its analyses."""
+         device: str = "cpu", data_dir: str | None = None, threads: int | None = None,
+         model: str | None = None) -> list[RunTask]:
+    """The run tasks of ``target`` at ``preset``: one per (method, partition, seed), with its analyses.
+
+    ``model``: the model the Hessian analyses measure, 'server' or 'clients-average'; default the one the table
+    reports (:func:`flatfl.report.tables.model_for`: the all-clients average for the MAN tables, the server model
+    for FedAlign's)."""
     if target not in TARGETS:
         raise ConfigError(f"unknown reproduction target {target!r}: choose one of {', '.join(TARGETS)}")
     if preset not in PRESETS:
@@ -184,6 +189,9 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
     extra = {"device": device}
     if data_dir:
         extra["data_dir"] = str(Path(data_dir).expanduser().resolve())
+    from .report.tables import TABLES, model_for
+
+    model = model_for(TABLES["fedalign-table1" if target == "fedalign-table1" else "man-table2"], model)
     tasks: list[RunTask] = []
     if target.startswith("man-"):
         cfg = _MAN[preset]
@@ -194,18 +202,19 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
                 for alpha in MAN_ALPHAS:
                     for seed in seeds:
                         settings = dict(cfg["run"], alpha=alpha, seed=seed, **m.settings, **extra)
-                        tasks.append(_task(m, settings, seed, root, cfg, device, threads))
+                        tasks.append(_task(m, settings, seed, root, cfg, device, threads, model))
     else:
         cfg = _FEDALIGN[preset]
         for m in _fedalign_methods():
             for seed in seeds:
                 settings = dict(cfg["run"], seed=seed, **extra)
                 settings.update(m.settings)
-                tasks.append(_task(m, settings, seed, root, cfg, device, threads))
+                tasks.append(_task(m, settings, seed, root, cfg, device, threads, model))
     return tasks
 
 
-def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: str, threads) -> RunTask:
+def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: str, threads,
+          model: str = "server") -> RunTask:
     from .config import normalise_settings
 
     name = _run_name(m.label, settings, seed)
@@ -214,24 +223,29 @@ def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: s
     clients = dict(cfg["clients"], seed=seed, device=device) if cfg.get("clients") else None
     surface = dict(cfg["surface"], seed=seed, device=device) if cfg.get("surface") else None
     return RunTask(name=name, run_dir=str(root / name), settings=normalise_settings(settings, source=name),
-                   hessian=hessian, spectrum=spectrum, clients=clients, surface=surface, threads=threads)
+                   hessian=hessian, spectrum=spectrum, clients=clients, surface=surface, threads=threads,
+                   model=model)
 
 
 def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = None,
               runs_dir: str | Path | None = None, executor=None, seeds=(0,), device: str = "cpu",
               data_dir: str | None = None, threads: int | None = None,
-              echo: Callable[[str], None] | None = None) -> dict:
+              echo: Callable[[str], None] | None = None, model: str | None = None) -> dict:
     """Train and analyse every run of ``target`` at ``preset`` (skipping finished work), then write the report
     into ``out``. Returns the report's summary plus 'tasks' (what each run did) and 'seconds'."""
     from .executors import LocalExecutor, default_threads
     from .report import build_report
 
+    from .utils.threads import check_threads
+
+    check_threads(threads)
     start = time.perf_counter()
     executor = executor or LocalExecutor(1)
     if threads is None:
         threads = default_threads(getattr(executor, "workers", 1)) if executor.name == "local" else \
             max(1, int(getattr(executor, "cpus_per_task", 1)))
-    tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads)
+    tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads,
+                 model=model)
     out = Path(out or Path("reports") / f"{target}-{preset}")
     if echo:
         echo(f"{target} ({preset}): {len(tasks)} runs in {Path(tasks[0].run_dir).parent}, report in {out}")
@@ -242,7 +256,7 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     if not done:
         raise ConfigError(f"no run of {target} could start; first error: {failed[0]['error'] if failed else '?'}")
     summary = build_report(done, out, tables=tables, title=f"flatfl reproduce {target} --preset {preset}",
-                           echo=echo)
+                           echo=echo, model=model)
     summary["tasks"] = records
     summary["failed"] = [f"{r['name']}: {r['error']}" for r in failed]
     summary["seconds"] = round(time.perf_counter() - start, 1)

@@ -12,6 +12,9 @@ Grid file (TOML or YAML)::
     threads = 1                  # optional: torch threads per run (default: flatfl.executors.default_threads)
 
     [fixed]                      # settings shared by every run: flatfl train's options and hyper-parameter flags
+                                 # (a hyper-parameter here goes to the runs whose pieces read it, e.g. zeta to the
+                                 # MAN runs; one that no run reads is an error, as is one set for a run in [grid]
+                                 # or [[include]] that the run does not read)
     dataset = "digits"
     rounds = 30
 
@@ -55,13 +58,49 @@ from typing import Any, Callable, Iterable
 from .errors import CheckpointError, ConfigError
 
 __all__ = ["RunTask", "run_task", "analyse_run", "run_tasks", "run_state", "read_grid", "expand_grid", "run_sweep",
-           "SweepGrid", "HESSIAN_DIR", "SPECTRUM_DIR", "CLIENTS_DIR", "SURFACE_DIR"]
+           "SweepGrid", "HESSIAN_DIR", "SPECTRUM_DIR", "CLIENTS_DIR", "SURFACE_DIR", "MODEL_CHECKPOINTS",
+           "analysis_dir", "model_checkpoint", "settings_match"]
 
 HESSIAN_DIR = "hessian"  # RUN/hessian/hessian.json: Hessian results (and the 'clients' section when computed)
 SPECTRUM_DIR = "spectrum"  # RUN/spectrum/hessian.json: a second Hessian analysis, the top-k and density (MAN Fig. 4)
 CLIENTS_DIR = HESSIAN_DIR  # run_client_metrics adds its section to the same hessian.json
 SURFACE_DIR = "surface"  # RUN/surface/surface.npz
-_CONFIG_KEYS_IGNORED = ("out", "device", "data_dir")  # may differ between a run and its resumption
+_CONFIG_KEYS_IGNORED = ("out", "device", "data_dir", "threads")  # may differ between a run and its resumption
+# the two models a run ends with: the server's, and the average of all clients' latest models (MAN's and FedDyn's
+# reported accuracy); each analysis folder is suffixed with the model unless it is the server's
+MODEL_CHECKPOINTS = {"server": "final.pt", "clients-average": "final-clients-average.pt"}
+
+
+def analysis_dir(kind: str, model: str = "server") -> str:
+    """The folder of a run holding ``kind`` ('hessian', 'spectrum', 'surface') of ``model``: ``hessian`` for the
+    server model, ``hessian-clients-average`` for the all-clients average."""
+    if model not in MODEL_CHECKPOINTS:
+        raise ConfigError(f"unknown model {model!r}: choose server or clients-average")
+    return kind if model == "server" else f"{kind}-{model}"
+
+
+def model_checkpoint(run_dir: str | Path, model: str = "server") -> Path:
+    """The checkpoint of ``model`` in a finished run. Runs trained before final-clients-average.pt existed (or
+    whose final.pt was recovered from a round checkpoint) get it written now from final.pt's 'all_state_dict'."""
+    run_dir = Path(run_dir)
+    final = run_dir / "final.pt"
+    if model not in MODEL_CHECKPOINTS:
+        raise ConfigError(f"unknown model {model!r}: choose server or clients-average")
+    if not final.is_file():
+        raise CheckpointError(f"{run_dir} has no final.pt: the run is not finished (resume it first)")
+    path = run_dir / MODEL_CHECKPOINTS[model]
+    if model != "server" and (not path.is_file() or path.stat().st_mtime < final.stat().st_mtime):
+        import torch
+
+        from .train.checkpoint import save_checkpoint
+
+        payload = torch.load(final, map_location="cpu", weights_only=True)
+        if "all_state_dict" not in payload:
+            raise CheckpointError(f"{final} holds no all-clients average (written by an older flatfl)")
+        equal = all(torch.equal(payload["state_dict"][k], payload["all_state_dict"][k]) for k in payload["state_dict"])
+        save_checkpoint(path, dict(payload, state_dict=payload["all_state_dict"], model_role=model,
+                                   equals_server=equal))
+    return path
 
 
 # ---------------------------------------------------------------------------------------------- one task
@@ -81,10 +120,22 @@ class RunTask:
     surface: dict | None = None
     threads: int | None = None  # torch intra-op threads inside the task (None: leave torch's default)
     quiet: bool = True
+    model: str = "server"  # the model the Hessian, spectrum and surface analyses measure (MODEL_CHECKPOINTS)
 
 
 def _comparable_config(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if k not in _CONFIG_KEYS_IGNORED}
+    out = {k: v for k, v in cfg.items() if k not in _CONFIG_KEYS_IGNORED}
+    if isinstance(out.get("params"), dict):  # settings no piece of the run reads (older runs kept them) change nothing
+        from .config import RunConfig
+        from .train.components import used_hparams
+
+        try:
+            used = used_hparams(out.get("algo", RunConfig.algo), out.get("local_opt", RunConfig.local_opt),
+                                out.get("reg", RunConfig.reg))
+            out["params"] = {k: v for k, v in out["params"].items() if k in used}
+        except ConfigError:
+            pass
+    return out
 
 
 def run_state(run_dir: str | Path, expected=None) -> str:
@@ -151,7 +202,7 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _same_settings(saved: dict | None, wanted: dict) -> bool:
+def settings_match(saved: dict | None, wanted: dict) -> bool:
     """True when every setting asked for was used. A None asks for the default (compared only for 'samples',
     where None means 'the whole split'); device and data folder may differ."""
     if not isinstance(saved, dict):
@@ -165,12 +216,15 @@ def _fresh(result: Path, final: Path) -> bool:
 
 
 def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str = HESSIAN_DIR) -> str:
+    """Compute into RUN/folder unless an analysis of ``final`` with the wanted settings is there (one made with other
+    settings, or of another model, is replaced: callers that keep it choose another folder)."""
     from .analysis.hessian_run import run_hessian
 
     out = run_dir / folder
     report = _read_json(out / "hessian.json")
     if report and _fresh(out / "hessian.json", final) and report.get("top_eigenvalues") is not None \
-            and _same_settings(report.get("settings"), wanted):
+            and Path(str(report.get("checkpoint", ""))).name == final.name \
+            and settings_match(report.get("settings"), wanted):
         return "skipped"
     run_hessian(str(final), str(out), quiet=quiet, **wanted)
     return "computed"
@@ -182,16 +236,16 @@ def _clients(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
     out = run_dir / CLIENTS_DIR
     report = _read_json(out / "hessian.json") or {}
     section = report.get("clients")
-    if section and _fresh(out / "hessian.json", final) and _same_settings(section.get("settings"), wanted):
+    if section and _fresh(out / "hessian.json", final) and settings_match(section.get("settings"), wanted):
         return "skipped"
     run_client_metrics(str(final), str(out), quiet=quiet, **wanted)
     return "computed"
 
 
-def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
+def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str = SURFACE_DIR) -> str:
     from .analysis.surface import run_surface
 
-    out = run_dir / SURFACE_DIR
+    out = run_dir / folder
     summary = _read_json(out / "surface.json")
     if summary and _fresh(out / "surface.json", final):
         s = summary.get("settings", {})
@@ -202,21 +256,26 @@ def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
 
 
 def analyse_run(run_dir: str | Path, *, hessian: dict | None = None, spectrum: dict | None = None,
-                clients: dict | None = None, surface: dict | None = None, quiet: bool = True) -> dict:
-    """The analyses of one finished run, each skipped when its result is there, newer than final.pt and made
-    with the settings asked for: ``hessian`` -> RUN/hessian/hessian.json, then ``clients`` (H_N, H_D: the
-    'clients' section of the same file), ``spectrum`` -> RUN/spectrum/hessian.json (a second Hessian analysis,
-    e.g. the top 200 eigenvalues and the density, kept apart so the table's protocol stays one),
-    ``surface`` -> RUN/surface/. Returns {'hessian': 'computed'|'skipped'|None, ...}."""
+                clients: dict | None = None, surface: dict | None = None, quiet: bool = True,
+                model: str = "server", hessian_dir: str | None = None) -> dict:
+    """The analyses of one finished run, each skipped when its result is there, newer than the model's checkpoint
+    and made with the settings asked for. ``model`` ('server' or 'clients-average', :data:`MODEL_CHECKPOINTS`)
+    chooses the checkpoint the Hessian, spectrum and surface measure; their folders are
+    :func:`analysis_dir` (``hessian``, ``spectrum``, ``surface``, suffixed ``-clients-average`` for that model),
+    or ``hessian_dir`` for the Hessian. ``clients`` (H_N, H_D) takes the clients' own models (clients.pt).
+    Returns {'hessian': 'computed'|'skipped'|None, ...}."""
     run_dir = Path(run_dir)
     final = run_dir / "final.pt"
     if not final.is_file():
         raise CheckpointError(f"{run_dir} has no final.pt: the run is not finished (resume it first)")
-    return {"hessian": _hessian(run_dir, final, dict(hessian), quiet) if hessian is not None else None,
+    ckpt = model_checkpoint(run_dir, model) if (hessian, spectrum, surface) != (None, None, None) else final
+    return {"hessian": (_hessian(run_dir, ckpt, dict(hessian), quiet, hessian_dir or analysis_dir("hessian", model))
+                        if hessian is not None else None),
             "clients": _clients(run_dir, final, dict(clients), quiet) if clients is not None else None,
-            "spectrum": (_hessian(run_dir, final, dict(spectrum), quiet, SPECTRUM_DIR) if spectrum is not None
-                         else None),
-            "surface": _surface(run_dir, final, dict(surface), quiet) if surface is not None else None}
+            "spectrum": (_hessian(run_dir, ckpt, dict(spectrum), quiet, analysis_dir("spectrum", model))
+                         if spectrum is not None else None),
+            "surface": (_surface(run_dir, ckpt, dict(surface), quiet, analysis_dir("surface", model))
+                        if surface is not None else None)}
 
 
 def run_task(task: RunTask) -> dict:
@@ -228,15 +287,42 @@ def run_task(task: RunTask) -> dict:
     import torch
 
     if task.threads:
-        torch.set_num_threads(int(task.threads))
+        from .utils.threads import apply_threads
+
+        apply_threads(int(task.threads))
     start = time.perf_counter()
     lines: list[str] = []
     log = lines.append if task.quiet else (lambda s: print(f"[{task.name}] {s}", file=sys.stderr, flush=True))
     out = {"name": task.name, "run_dir": task.run_dir, "train": _train(task, log)}
     out.update(analyse_run(task.run_dir, hessian=task.hessian, spectrum=task.spectrum, clients=task.clients,
-                           surface=task.surface, quiet=task.quiet))
+                           surface=task.surface, quiet=task.quiet, model=task.model))
     out["seconds"] = round(time.perf_counter() - start, 3)
     return out
+
+
+def preflight(tasks: list[RunTask]) -> None:
+    """Check once, on this machine, what every unfinished run needs from it: its device and its dataset. A missing
+    GPU or data set is then one error line (exit 2) instead of the same failure once per run. Only for the local
+    executor: on a cluster the driver need not have the workers' GPUs or data."""
+    from .config import build_config
+    from .data import load_dataset
+    from .train.engine import resolve_device
+
+    checked: set = set()
+    for t in tasks:
+        try:
+            if run_state(t.run_dir) == "finished":
+                continue
+            cfg = build_config({}, t.settings)
+        except ConfigError:
+            continue  # the task reports it itself
+        if ("device", cfg.device) not in checked:
+            resolve_device(cfg.device)
+            checked.add(("device", cfg.device))
+        data = ("data", cfg.dataset, str(Path(cfg.data_dir).expanduser().resolve()))
+        if data not in checked:
+            load_dataset(cfg.dataset, cfg.data_dir)
+            checked.add(data)
 
 
 def run_tasks(tasks: list[RunTask], executor=None, *, echo: Callable[[str], None] | None = None) -> list[dict]:
@@ -249,8 +335,11 @@ def run_tasks(tasks: list[RunTask], executor=None, *, echo: Callable[[str], None
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ConfigError(f"two runs share the name(s) {', '.join(dup[:3])}")
+    if executor.name == "local":
+        preflight(tasks)
     records: list[dict | None] = [None] * len(tasks)
     done = 0
+    last_error = None
     for outcome in executor.map(run_task, tasks):
         task = tasks[outcome.index]
         done += 1
@@ -262,9 +351,11 @@ def run_tasks(tasks: list[RunTask], executor=None, *, echo: Callable[[str], None
         else:
             rec = {"name": task.name, "run_dir": task.run_dir, "train": None, "hessian": None, "clients": None,
                    "spectrum": None, "surface": None, "seconds": None, "error": outcome.error}
-            msg = f"[{done}/{len(tasks)}] {task.name}: FAILED: {outcome.error}"
+            same = outcome.error == last_error and not outcome.details
+            msg = f"[{done}/{len(tasks)}] {task.name}: FAILED: " + ("the same error" if same else outcome.error)
             if outcome.details:
                 msg += "\n" + outcome.details.rstrip()
+            last_error = outcome.error
         records[outcome.index] = rec
         if echo:
             echo(msg)
@@ -341,14 +432,20 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
     varying = [k for k in keys if len(axes[k]) > 1]
     for extra in includes:
         varying += [k for k in extra if k not in varying]
-    threads = raw.get("threads")
-    from .executors import check_threads
+    from .utils.threads import check_threads
 
-    check_threads(threads, f"threads in {source}")
+    threads = check_threads(raw.get("threads"), f"'threads' in {source}")
     tasks, seen = [], {}
+    fixed_used: set[str] = set()
     for point in points:
-        settings = _merge(fixed, normalise_settings(point, source=f"a run of {source}"))
-        cfg = build_config({}, settings)  # validate now: a bad value fails before any run starts
+        own = normalise_settings(point, source=f"a run of {source}")
+        settings = _merge(fixed, own)
+        settings = _drop_unused_fixed(settings, set(own.get("params", {})), fixed_used)
+        try:
+            cfg = build_config({}, settings)  # validate now: a bad value fails before any run starts
+        except ConfigError as e:
+            where = ", ".join(f"{k}={v}" for k, v in point.items()) or "the fixed settings"
+            raise ConfigError(f"{source}, run {where}: {e}") from None
         name = "__".join(f"{_slug(k)}-{_slug(point[k])}" for k in varying if k in point) or "run"
         if name in seen:
             if seen[name] == cfg.to_dict():
@@ -359,7 +456,30 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
                              hessian=_copy(sections["hessian"]), spectrum=_copy(sections["spectrum"]),
                              clients=_copy(sections["clients"]),
                              surface=_copy(sections["surface"]), threads=threads))
+    unused = sorted(set(fixed.get("params", {})) - fixed_used)
+    if unused:
+        from .train.components import hparam_declarations
+
+        owners = " / ".join(f"{kind} {name}" for kind, name, _ in hparam_declarations()[unused[0]])
+        raise ConfigError(f"[fixed] {unused[0]} in {source}: no run of the grid uses it (a setting of {owners})")
     return tasks
+
+
+def _drop_unused_fixed(settings: dict, own_params: set, fixed_used: set) -> dict:
+    """A [fixed] hyper-parameter applies to the runs whose pieces read it (``zeta`` to the MAN runs of a grid over
+    ``reg = ["none", "man"]``) and is left out of the others; a run's own settings are kept (and checked)."""
+    from .config import RunConfig
+    from .train.components import used_hparams
+
+    params = settings.get("params") or {}
+    try:
+        used = used_hparams(settings.get("algo", RunConfig.algo), settings.get("local_opt", RunConfig.local_opt),
+                            settings.get("reg", RunConfig.reg))
+    except ConfigError:
+        return settings  # an unknown name: build_config says which
+    fixed_used.update(k for k in params if k in used and k not in own_params)
+    kept = {k: v for k, v in params.items() if k in used or k in own_params}
+    return dict(settings, params=kept) if "params" in settings else settings
 
 
 def check_analysis_options(section: str, options: dict, source: str = "grid") -> None:
@@ -433,10 +553,10 @@ def run_sweep(grid_file: str | Path, *, executor=None, out: str | Path | None = 
               dry_run: bool = False, echo: Callable[[str], None] | None = None) -> list[dict]:
     """Run every run of ``grid_file`` (skipping finished work, resuming unfinished runs) and write
     ``sweep.csv`` (one line per run: what was done, seconds, error) in the sweep's root."""
-    from .executors import LocalExecutor, check_threads, default_threads
+    from .executors import LocalExecutor, default_threads
+    from .utils.threads import check_threads
 
     check_threads(threads)
-
     grid = read_grid(grid_file, out=out)
     executor = executor or LocalExecutor(1)
     per_task = threads or (default_threads(getattr(executor, "workers", 1)) if executor.name == "local" else

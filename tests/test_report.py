@@ -28,9 +28,10 @@ SPECTRUM = dict(top=3, tol=1e-2, trace=True, trace_hvps=6, trace_rtol=None, dens
 def runs(tmp_path_factory):
     """FedAvg and FedAvg+MAN with Hessian results (top 3, trace, density); FedDyn trained but not analysed."""
     root = tmp_path_factory.mktemp("report-runs")
-    tasks = [RunTask("fedavg", str(root / "fedavg"), dict(TINY, algo="fedavg"), hessian=SPECTRUM, threads=1),
+    tasks = [RunTask("fedavg", str(root / "fedavg"), dict(TINY, algo="fedavg"), hessian=SPECTRUM, threads=1,
+                     model="clients-average"),
              RunTask("fedavg-man", str(root / "fedavg-man"), dict(TINY, algo="fedavg", reg="man"),
-                     hessian=SPECTRUM, threads=1),
+                     hessian=SPECTRUM, threads=1, model="clients-average"),
              RunTask("feddyn", str(root / "feddyn"), dict(TINY, algo="feddyn"), threads=1)]
     records = run_tasks(tasks)
     assert all(r["error"] is None for r in records), records
@@ -42,8 +43,9 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _hessian(run: Path) -> dict:
-    return json.loads((run / "hessian" / "hessian.json").read_text())
+def _hessian(run: Path, folder: str = "hessian-clients-average") -> dict:
+    """The MAN tables measure the all-clients average: its analysis lives in hessian-clients-average/."""
+    return json.loads((run / folder / "hessian.json").read_text())
 
 
 def _page_objects(data: bytes) -> int:
@@ -85,30 +87,46 @@ def test_direction_checks_by_hand(runs, tmp_path):
     assert c["ours_direction"] == ("lower" if ours_lower else "higher")
     assert c["agrees"] == str(ours_lower)
     assert ("dirichlet-0.6", "top_eigenvalue") not in checks  # no runs there: nothing to compare
+
+    def err(h):  # one seed: the eigensolver's own error estimate, else its residual norm
+        est = (h.get("error_estimates") or [None])[0]
+        return abs(est if est is not None else h["residuals"][0])
+
+    d = man["top_eigenvalues"][0] - base["top_eigenvalues"][0]
+    u = math.hypot(err(man), err(base))
+    want = ("agree" if ours_lower else "disagree") if abs(d) > 2 * u else "inconclusive"
+    assert c["verdict"] == want and math.isclose(float(c["ours_uncertainty"]), u)
     counts = summary["directions"]["man-table2"]["top_eigenvalue"]
-    assert counts == {"compared": 1, "agree": int(ours_lower), "agree_resolved": 0, "disagree_resolved": 0}
+    assert counts == {"compared": 1, "agree": int(want == "agree"), "disagree": int(want == "disagree"),
+                      "inconclusive": int(want == "inconclusive"), "incomparable": 0}
     # trace: 'resolved' is |change| > 2 sqrt(se_a^2 + se_b^2)
     t = checks[("dirichlet-0.3", "trace")]
     change = man["trace"]["estimate"] - base["trace"]["estimate"]
     unc = math.hypot(man["trace"]["stderr"], base["trace"]["stderr"])
     assert math.isclose(float(t["ours_change"]), change) and math.isclose(float(t["ours_uncertainty"]), unc)
     assert t["resolved"] == str(abs(change) > 2 * unc)
+    assert t["verdict"] == ("inconclusive" if abs(change) <= 2 * unc else
+                            "agree" if (change < 0) == (t["paper_direction"] == "lower") else "disagree")
 
 
 def test_direction_rules_on_made_up_rows():
     spec = TABLES["man-table2"]
 
     class Rec:  # the attributes build_table reads
-        def __init__(self, method, partition, lam, tr, se, seed=0):
+        def __init__(self, method, partition, lam, tr, se, seed=0, samples=1437):
             self.method, self.partition, self.seed, self.name, self.dataset = method, partition, seed, method, "x"
+            self.model = "clients-average"
             self._v = {"top_eigenvalue": lam, "trace": tr, "accuracy": None}
-            self._se = se
+            self._se, self._samples = se, samples
 
-        def value(self, metric, column):
+        def value(self, metric, column=None):
             return self._v[metric]
 
         def stderr(self, metric):
             return self._se if metric == "trace" else None
+
+        def setting(self, metric):
+            return f"lanczos, {self._samples} samples"
 
     recs = [Rec("FedDyn", "dirichlet-0.6", 10.0, 100.0, 1.0), Rec("FedDyn+MAN", "dirichlet-0.6", 12.0, 96.0, 2.0),
             Rec("FedDyn", "dirichlet-0.3", 4.0, 50.0, 1.0, seed=0), Rec("FedDyn", "dirichlet-0.3", 6.0, 70.0, 1.0, seed=1),
@@ -123,11 +141,28 @@ def test_direction_rules_on_made_up_rows():
               if c["reference"] == "FedDyn"}
     up = checks[("dirichlet-0.6", "top_eigenvalue")]  # ours 10 -> 12 (higher); paper 47.03 -> 38.44 (lower)
     assert up["ours_direction"] == "higher" and up["paper_direction"] == "lower" and up["agrees"] is False
-    assert up["resolved"] is None  # no uncertainty known for single-run eigenvalues
+    assert up["resolved"] is None and up["verdict"] == "inconclusive"  # no uncertainty known: not judged
     tr = checks[("dirichlet-0.6", "trace")]  # 100 -> 96: |-4| < 2 sqrt(1 + 4) = 4.47, not resolved
     assert tr["agrees"] is True and math.isclose(tr["ours_uncertainty"], math.sqrt(5)) and tr["resolved"] is False
+    assert tr["verdict"] == "inconclusive"
     lam = checks[("dirichlet-0.3", "top_eigenvalue")]  # 5 (two seeds) -> 3 (one run, no estimator SE)
-    assert lam["agrees"] is True and lam["resolved"] is None  # one side's uncertainty unknown: not judged
+    assert lam["agrees"] is True and lam["resolved"] is None and lam["verdict"] == "inconclusive"
+    # trace, delta 0.3: 60 +- sd 14.14 over 2 seeds (se of the mean 10) -> 40 +- 1 (estimator): |-20| <= 2 * 10.05
+    t3 = checks[("dirichlet-0.3", "trace")]
+    assert math.isclose(t3["ours_uncertainty"], math.hypot(math.sqrt(200) / math.sqrt(2), 1.0))
+    assert t3["verdict"] == "inconclusive"
+    # a clear change: FedDC 100 +- 1 -> 50 +- 1 (paper: lower) agrees; the other way disagrees
+    recs2 = [Rec("FedDC", "dirichlet-0.3", 1.0, 100.0, 1.0), Rec("FedDC+MAN", "dirichlet-0.3", 1.0, 50.0, 1.0),
+             Rec("FedDC", "dirichlet-0.6", 1.0, 50.0, 1.0), Rec("FedDC+MAN", "dirichlet-0.6", 1.0, 100.0, 1.0,
+                                                                  samples=512)]
+    rows2 = build_table(spec, recs2, paper_values())
+    c2 = {(c["partition"], c["metric"]): c for c in direction_checks(spec, rows2)}
+    assert c2[("dirichlet-0.3", "trace")]["verdict"] == "agree"
+    # other samples on one side: marked, and not judged
+    assert c2[("dirichlet-0.6", "trace")]["verdict"] == "incomparable"
+    by2 = {(r["method"], r["partition"]): r for r in rows2}
+    assert by2[("FedDC+MAN", "dirichlet-0.6")]["ours_trace_mark"] == "†"
+    assert by2[("FedDC+MAN", "dirichlet-0.3")]["ours_trace_mark"] == ""
 
 
 def test_pdf_has_the_expected_pages(runs, tmp_path):
@@ -161,7 +196,9 @@ def test_missing_results_are_listed_then_computed(runs, tmp_path):
     row = {r["run"]: r for r in _rows(tmp_path / "rep2" / "runs.csv")}["feddyn"]
     assert float(row["top_eigenvalue"]) == h["top_eigenvalues"][0]
     assert json.loads((tmp_path / "rep2" / "summary.json").read_text())["missing"] == []
-    assert "point the same way as the paper's" in res.output
+    assert "agree with the paper's direction" in res.output
+    assert "computed for feddyn: the Hessian of the all-clients average model into hessian-clients-average/" \
+        in res.output
 
 
 def test_user_errors_are_one_line(tmp_path):
@@ -206,8 +243,8 @@ def test_fedalign_layout_reads_the_clients_section(runs, tmp_path):
     (run / "config.json").write_text(json.dumps(cfg))
     h = _hessian(run)
     h["clients"] = {"protocol": "default", "H_N": 3.25, "H_N_stderr": 0.5, "H_D": 0.875, "H_D_stderr": 0.01}
-    (run / "hessian" / "hessian.json").write_text(json.dumps(h))
-    summary = build_report([run], tmp_path / "rep")
+    (run / "hessian-clients-average" / "hessian.json").write_text(json.dumps(h))
+    summary = build_report([run], tmp_path / "rep", model="clients-average")
     assert summary["tables"] == ["fedalign-table1"] and summary["missing"] == []
     row = {r["method"]: r for r in _rows(tmp_path / "rep" / "fedalign-table1.csv")}["FedAvg"]
     assert float(row["ours_hessian_norm_gap"]) == 3.25 and float(row["ours_hessian_norm_gap_se"]) == 0.5
@@ -215,8 +252,59 @@ def test_fedalign_layout_reads_the_clients_section(runs, tmp_path):
     assert float(row["paper_hessian_norm_gap"]) == 11360 and float(row["paper_accuracy"]) == 52.9
     assert float(row["ours_accuracy"]) == 100 * float(list(csv.DictReader((run / "metrics.csv").open()))[-1]["test_acc"])
     del h["clients"]
-    (run / "hessian" / "hessian.json").write_text(json.dumps(h))
-    missing = build_report([run], tmp_path / "rep2")["missing"]
+    (run / "hessian-clients-average" / "hessian.json").write_text(json.dumps(h))
+    missing = build_report([run], tmp_path / "rep2", model="clients-average")["missing"]
     assert any("no H_N / H_D" in m for m in missing)
-    with_cm = build_report([run], tmp_path / "rep3", compute_missing=True)["missing"]
+    with_cm = build_report([run], tmp_path / "rep3", compute_missing=True, model="clients-average")["missing"]
     assert any("train with --save-clients" in m for m in with_cm)  # the run kept no client models
+
+
+def test_final_clients_average_checkpoint(runs):
+    """final-clients-average.pt: final.pt's all-clients average as the model, in the same format (FedDyn's server
+    model differs from it); the Hessian of a MAN table row is computed on it."""
+    import torch
+
+    from flatfl.train.checkpoint import load_checkpoint
+
+    for name in ("feddyn", "fedavg"):
+        final = torch.load(runs / name / "final.pt", weights_only=True)
+        avg = torch.load(runs / name / "final-clients-average.pt", weights_only=True)
+        assert avg["model_role"] == "clients-average" and avg["format"] == final["format"]
+        assert all(torch.equal(avg["state_dict"][k], final["all_state_dict"][k]) for k in final["state_dict"])
+        same = all(torch.equal(final["state_dict"][k], final["all_state_dict"][k]) for k in final["state_dict"])
+        assert avg["equals_server"] == same
+        if name == "feddyn":
+            assert not same  # FedDyn's server model is not the clients' average
+        ck = load_checkpoint(runs / name / "final-clients-average.pt")
+        assert all(torch.equal(v, avg["state_dict"][k]) for k, v in ck.model.state_dict().items())
+    assert _hessian(runs / "fedavg")["checkpoint"].endswith("final-clients-average.pt")
+
+
+def test_asked_settings_are_computed_apart_and_said(runs, tmp_path):
+    """An existing Hessian with other settings is neither overwritten nor silently used: the asked one goes into a
+    folder of its own, the report says so and uses it; without --compute-missing the run is listed as missing."""
+    src = tmp_path / "runs"
+    shutil.copytree(runs / "fedavg", src / "fedavg")
+    before = (src / "fedavg" / "hessian-clients-average" / "hessian.json").read_bytes()
+    summary = build_report([src], tmp_path / "rep0", hessian={"top": 2, "samples": 32})
+    assert any(m.startswith("fedavg: no Hessian results of the all-clients average model with the asked settings")
+               for m in summary["missing"])
+    res = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path / "rep"), "--compute-missing",
+                                    "--top", "2", "--samples", "32"])
+    assert res.exit_code == 0, res.output
+    new = src / "fedavg" / "hessian-clients-average-samples32-top2" / "hessian.json"
+    assert new.is_file() and (src / "fedavg" / "hessian-clients-average" / "hessian.json").read_bytes() == before
+    h = json.loads(new.read_text())
+    assert h["settings"]["top"] == 2 and h["settings"]["samples"] == 32 and h["num_samples"] == 32
+    assert "into hessian-clients-average-samples32-top2/ (the analysis in hessian-clients-average/ has other " \
+           "settings and is kept)" in res.output
+    row = {r["run"]: r for r in _rows(tmp_path / "rep" / "runs.csv")}["fedavg"]
+    assert float(row["top_eigenvalue"]) == h["top_eigenvalues"][0] and row["hessian_samples"] == "32"
+    assert row["hessian_dir"] == "hessian-clients-average-samples32-top2"
+    table = {(r["method"], r["partition"]): r for r in _rows(tmp_path / "rep" / "man-table2.csv")}
+    assert "32 samples" in table[("FedAvg", "dirichlet-0.3")]["ours_top_eigenvalue_setting"]
+    # asking for more samples than the split holds: said, and the table shows what was used
+    res = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path / "rep2"), "--compute-missing",
+                                    "--samples", "100000"])
+    assert res.exit_code == 0, res.output
+    assert "notice: fedavg: 100,000 samples asked for the Hessian, the split has 1,442: all 1,442 used" in res.output

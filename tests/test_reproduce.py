@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -103,7 +104,9 @@ def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path):
     rows = list(csv.DictReader((out / "man-table6.csv").open()))
     assert len(rows) == 8 and all(r["n_runs"] == "1" for r in rows)
     for r in rows:
-        h = json.loads((runs / r["runs"] / "hessian" / "hessian.json").read_text())
+        # MAN reports the all-clients average: the Hessian is of final-clients-average.pt
+        h = json.loads((runs / r["runs"] / "hessian-clients-average" / "hessian.json").read_text())
+        assert h["checkpoint"].endswith("final-clients-average.pt") and r["model"] == "all-clients average"
         assert float(r["ours_top_eigenvalue"]) == h["top_eigenvalues"][0]
         assert float(r["ours_trace"]) == h["trace"]["estimate"]
     summary = json.loads((out / "summary.json").read_text())
@@ -113,10 +116,26 @@ def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path):
     assert pdf_page_count((out / "report.pdf").read_bytes()) == 5
     counts = summary["directions"]["man-table6"]
     assert counts["top_eigenvalue"]["compared"] == counts["trace"]["compared"] == 4
-    assert "top eigenvalue: " in res.output and "comparisons point the same way" in res.output
+    assert "top eigenvalue: " in res.output and "agree with the paper's direction" in res.output
+    last = res.output.strip().splitlines()[-1]  # the one-line summary: counts and where the report is
+    assert re.fullmatch(rf"man-table6 \(tiny\): 8 of 8 runs done, 1 tables in \d+ s -> {re.escape(str(out))}/report\.pdf",
+                        last), last
 
     stamps = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0, again.output
     assert again.output.count("train skipped, hessian skipped") == 8
     assert stamps == {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}  # nothing rewritten
+
+
+def test_missing_cuda_is_one_line_not_one_per_run(tmp_path, monkeypatch):
+    """The device (and the dataset) are checked once before any run starts (issue 18.7: 16 identical errors)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res = CliRunner().invoke(main, ["reproduce", "man-table6", "--preset", "tiny", "--device", "cuda", "--workers",
+                                    "1", "--out", str(tmp_path / "r"), "--runs-dir", str(tmp_path / "runs")])
+    assert res.exit_code == 2, res.output
+    errors = [ln for ln in res.output.splitlines() if "CUDA" in ln]
+    assert errors == ["flatfl: error: --device cuda asked for, but CUDA is not available on this machine"]
+    assert "FAILED" not in res.output and not (tmp_path / "runs").exists()

@@ -52,7 +52,8 @@ def test_grid_expands_to_every_combination_plus_includes(tmp_path):
     assert t.settings["algo"] == "feddyn" and t.settings["reg"] == "man" and t.settings["seed"] == 1
     assert t.settings["params"] == {"zeta": 0.3} and t.settings["rounds"] == 3 and t.settings["alpha"] == 0.3
     inc = by["algo-fedsam__rho-0.1"]  # an include is named after its own settings
-    assert inc.settings["params"] == {"zeta": 0.3, "rho": 0.1}
+    assert inc.settings["params"] == {"rho": 0.1}  # [fixed] zeta applies to the MAN runs only
+    assert by["algo-feddyn__reg-none__seed-1"].settings["params"] == {}
     assert all(t.hessian == {"top": 2} for t in tasks) and all(t.clients is None for t in tasks)
     assert Path(t.run_dir) == tmp_path / t.name
 

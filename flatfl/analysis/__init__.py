@@ -3,7 +3,7 @@
 Python API (the ``flatfl hessian`` command is a thin layer over it)::
 
     import flatfl
-    from flatfl.analysis import HessianOperator, top_eigenvalues, hutchpp_trace, spectral_density
+    from flatfl.analysis import HessianOperator, top_eigenvalues, hutchpp_trace, spectral_density, smoothed_density
 
     ckpt = flatfl.load_checkpoint("RUN/final.pt")
     op = HessianOperator(ckpt.model, ckpt.eval_batches(split="train", samples=512))  # any nn.Module + batches

@@ -478,6 +478,7 @@ def run_client_metrics(
     device: str = "cpu",
     data_dir=None,
     quiet: bool = False,
+    model_factory: str | None = None,
 ) -> dict:
     """What ``flatfl hessian-clients`` does: a run saved with ``--save-clients`` in; the ``clients`` section of
     ``hessian.json`` and ``clients_heatmap.png/.pdf`` out (every file atomic; nothing written on bad input)."""
@@ -502,7 +503,7 @@ def run_client_metrics(
     from ..train.checkpoint import load_checkpoint
     from .operator import HessianOperator
 
-    ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir)
+    ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory)
     existing = _existing_report(out / "hessian.json", ckpt)
     state = ckpt.client_state()  # CheckpointError when the run was trained without --save-clients
     num_clients = int(state["params"].shape[0])

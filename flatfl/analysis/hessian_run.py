@@ -337,6 +337,7 @@ def run_hessian(
     exact_residuals: bool = False,
     data_dir=None,
     quiet: bool = False,
+    model_factory: str | None = None,
 ) -> dict:
     """Load ``checkpoint``, compute the requested Hessian quantities, write them into ``out``; returns the report."""
     _validate(top, method, tol, trace_method, trace_hvps, trace_rtol, density_steps, density_starts, split,
@@ -352,7 +353,7 @@ def run_hessian(
 
     from ..train.checkpoint import load_checkpoint
 
-    ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir)
+    ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory)
     batches = ckpt.eval_batches(split=split, samples=samples, batch_size=batch_size, seed=seed)
     op = HessianOperator(ckpt.model, batches, mode="eval")
     if top > op.dim:

@@ -505,6 +505,7 @@ def run_surface(
     force: bool = False,
     save_every: int = 8,
     quiet: bool = False,
+    model_factory: str | None = None,
 ) -> dict:
     """What ``flatfl surface`` does: checkpoint in; ``surface.npz`` (the resumable grid), ``surface.csv``,
     ``surface.json``, ``directions.pt`` and contour / 3-D figures (PNG, PDF) out. Bad input writes nothing."""
@@ -525,7 +526,7 @@ def run_surface(
 
     from ..train.checkpoint import load_checkpoint
 
-    ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir)
+    ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory)
     model = ckpt.model
     batches = ckpt.eval_batches(split=split, samples=samples, batch_size=batch_size, seed=seed)
     fingerprint = {

@@ -43,10 +43,12 @@ class ImageDataset:
         return int(self.train_x.shape[2])
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """uint8 images -> float32, scaled to [0, 1] then standardised per channel."""
-        x = x.to(torch.float32).div_(self.max_value)
-        mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+        """uint8 images -> float32, scaled to [0, 1] then standardised per channel (a new tensor: float inputs of a
+        custom dataset are never changed in place)."""
+        x = x.to(torch.float32, copy=True).div_(self.max_value)
+        shape = (1, -1) + (1,) * max(0, x.dim() - 2)
+        mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(shape)
+        std = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(shape)
         return x.sub_(mean).div_(std)
 
     def split(self, which: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,6 +57,122 @@ class ImageDataset:
         if which == "test":
             return self.test_x, self.test_y
         raise ConfigError(f"unknown split {which!r}: choose 'train' or 'test'")
+
+
+CUSTOM_DATA_FORMAT = "flatfl-data"
+
+
+def _stack(data, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels) of a TensorDataset, a pair of tensors/arrays, or any map-style dataset of (input, label)."""
+    tensors = getattr(data, "tensors", None)
+    if isinstance(tensors, (tuple, list)) and len(tensors) == 2:  # torch.utils.data.TensorDataset
+        x, y = tensors
+    elif isinstance(data, (tuple, list)) and len(data) == 2 and all(hasattr(t, "shape") for t in data):
+        x, y = data
+    else:
+        try:
+            n = len(data)
+            items = [data[i] for i in range(n)]
+        except Exception as e:
+            raise ConfigError(f"{what}: expected a map-style dataset of (image, label) pairs (len() and [i]), a "
+                              f"TensorDataset or a pair of tensors; got {type(data).__name__} ({e})") from None
+        if n == 0:
+            raise ConfigError(f"{what} is empty")
+        if not all(isinstance(it, (tuple, list)) and len(it) >= 2 for it in items):
+            raise ConfigError(f"{what}: every item must be an (image, label) pair")
+        x = torch.stack([torch.as_tensor(np.asarray(it[0]) if not torch.is_tensor(it[0]) else it[0]) for it in items])
+        y = torch.as_tensor([int(it[1]) for it in items])
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    if y.dim() != 1 or len(y) != len(x):
+        raise ConfigError(f"{what}: need one integer label per input, got inputs {tuple(x.shape)} and labels "
+                          f"{tuple(y.shape)}")
+    if y.is_floating_point() and not bool((y == y.round()).all()):
+        raise ConfigError(f"{what}: labels must be class indices (integers)")
+    y = y.to(torch.int64)
+    if len(y) and int(y.min()) < 0:
+        raise ConfigError(f"{what}: labels must be class indices >= 0")
+    if x.dim() == 3:  # (N, H, W) grey images
+        x = x.unsqueeze(1)
+    if x.dtype != torch.uint8:
+        x = x.to(torch.float32)
+    return x.contiguous(), y.contiguous()
+
+
+def as_image_dataset(train, test=None, *, num_classes: int | None = None, name: str = "custom") -> ImageDataset:
+    """An :class:`ImageDataset` from your own data: ``train`` (and ``test``) may each be a
+    ``torch.utils.data.TensorDataset``, any map-style dataset of (image, label) pairs, or an (inputs, labels) pair
+    of tensors. An :class:`ImageDataset` is returned unchanged.
+
+    Inputs are held in memory. Float inputs are used as given (no scaling); uint8 images are scaled to [0, 1] and
+    standardised per channel with the training split's mean and standard deviation, as the built-in datasets are.
+    Without ``test``, a fixed 20% of each class of ``train`` (a permutation seeded 20240531, independent of the run
+    seed) is held out as the test split. ``num_classes`` defaults to the largest label + 1.
+    """
+    if isinstance(train, ImageDataset):
+        return train
+    x, y = _stack(train, "dataset")
+    if test is not None:
+        tx, ty = _stack(test, "test dataset")
+        if tuple(tx.shape[1:]) != tuple(x.shape[1:]):
+            raise ConfigError(f"test inputs have shape {tuple(tx.shape[1:])}, training inputs {tuple(x.shape[1:])}")
+        tx = tx.to(x.dtype)
+    else:
+        tr, te = _held_out_split(y.numpy())
+        x, y, tx, ty = x[tr], y[tr], x[te], y[te]
+    k = int(max(int(y.max()), int(ty.max()) if len(ty) else 0)) + 1
+    if num_classes is not None:
+        if num_classes < k:
+            raise ConfigError(f"num_classes={num_classes} but a label is {k - 1}")
+        k = int(num_classes)
+    if x.dtype == torch.uint8:
+        xf = x.float() / 255.0
+        dims = [0] + list(range(2, x.dim()))
+        mean = tuple(float(v) for v in xf.mean(dim=dims).reshape(-1))
+        std = tuple(max(float(v), 1e-8) for v in xf.std(dim=dims).reshape(-1))
+        max_value = 255.0
+    else:
+        mean, std, max_value = (0.0,), (1.0,), 1.0
+    return ImageDataset(name=name, train_x=x, train_y=y, test_x=tx.contiguous(), test_y=ty.contiguous(),
+                        num_classes=k, mean=mean, std=std, max_value=max_value,
+                        class_names=[str(i) for i in range(k)], augment_default=False)
+
+
+def _held_out_split(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fixed stratified 80/20 split (20% of each class, rounded down, to the test side)."""
+    rng = np.random.default_rng(20240531)
+    test_mask = np.zeros(len(labels), dtype=bool)
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        rng.shuffle(idx)
+        test_mask[idx[: len(idx) // 5]] = True
+    if test_mask.all() or not test_mask.any():
+        raise ConfigError(f"cannot hold out a test split from {len(labels)} samples: pass a test dataset")
+    return np.flatnonzero(~test_mask), np.flatnonzero(test_mask)
+
+
+def dataset_payload(ds: ImageDataset) -> dict:
+    """A custom dataset as plain tensors and values (``torch.load(weights_only=True)`` reads it back)."""
+    return {"format": CUSTOM_DATA_FORMAT, "name": ds.name, "train_x": ds.train_x, "train_y": ds.train_y,
+            "test_x": ds.test_x, "test_y": ds.test_y, "num_classes": ds.num_classes, "mean": list(ds.mean),
+            "std": list(ds.std), "max_value": float(ds.max_value), "class_names": list(ds.class_names)}
+
+
+def load_saved_dataset(path: str | Path) -> ImageDataset:
+    """Read the ``data.pt`` a run on a custom dataset saved (tensors only, no code executed)."""
+    from ..errors import DatasetError
+
+    path = Path(path)
+    try:
+        d = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise DatasetError(f"the run's saved data is missing: {path}") from None
+    except Exception:
+        raise DatasetError(f"{path} is not a readable flatfl data file (corrupt or truncated)") from None
+    if not isinstance(d, dict) or d.get("format") != CUSTOM_DATA_FORMAT:
+        raise DatasetError(f"{path} is not a flatfl data file")
+    return ImageDataset(name=d["name"], train_x=d["train_x"], train_y=d["train_y"], test_x=d["test_x"],
+                        test_y=d["test_y"], num_classes=int(d["num_classes"]), mean=tuple(d["mean"]),
+                        std=tuple(d["std"]), max_value=float(d["max_value"]), class_names=list(d["class_names"]))
 
 
 def _load_digits(data_dir: Path | None, **_: object) -> ImageDataset:

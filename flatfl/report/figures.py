@@ -5,7 +5,7 @@
 * :func:`spectrum_pair_page`: MAN Fig. 4 for one "X vs X+regularizer" pair: (a) the top-k eigenvalues of both
   models overlaid, (b) their eigenvalue spectral densities (SLQ, Gaussian-smoothed, log axis) overlaid.
 * :func:`accuracy_page`: test accuracy against rounds, one panel per partition, one line per run.
-* :func:`surface_page`: loss-surface contours of up to six runs (``surface/surface.npz``).
+* :func:`surface_page`: loss-surface contours of up to eight runs on one colour scale (``surface.npz``).
 """
 from __future__ import annotations
 
@@ -20,11 +20,19 @@ PAGE_SIZE = (11.69, 8.27)  # A4 landscape, inches
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 
 
+def _canvas(fig: Figure) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def text_page(title: str, sections: list[tuple[str, list[str]]], footer: str = "") -> Figure:
-    """A page of text: ``sections`` are (heading, lines); long lines are wrapped."""
-    fig = Figure(figsize=PAGE_SIZE)
-    fig.text(0.05, 0.95, title, fontsize=16, weight="bold", va="top")
-    y = 0.88
+    """A page of text: ``sections`` are (heading, lines); long lines are wrapped to the page."""
+    fig = _canvas(Figure(figsize=PAGE_SIZE))
+    for k, part in enumerate(textwrap.wrap(title, 95)[:2]):
+        fig.text(0.05, 0.95 - 0.04 * k, part, fontsize=16, weight="bold", va="top")
+    y = 0.88 - (0.04 if len(title) > 95 else 0)
     for heading, lines in sections:
         if y < 0.08:
             break
@@ -34,7 +42,8 @@ def text_page(title: str, sections: list[tuple[str, list[str]]], footer: str = "
         for line in lines:
             for part in textwrap.wrap(line, 150, subsequent_indent="    ") or [""]:
                 if y < 0.06:
-                    fig.text(0.06, y, "... (continued in the CSV files)", fontsize=8.5, va="top", style="italic")
+                    fig.text(0.06, y, "... (continued in report.md and the CSV files)", fontsize=8.5, va="top",
+                             style="italic")
                     y -= 1
                     break
                 fig.text(0.06, y, part, fontsize=8.5, va="top", family="monospace")
@@ -50,6 +59,8 @@ def text_page(title: str, sections: list[tuple[str, list[str]]], footer: str = "
 def _fmt(v, digits: int = 4) -> str:
     if v is None or (isinstance(v, float) and not np.isfinite(v)):
         return "-"
+    if isinstance(v, (bool, np.bool_)):
+        return str(bool(v))
     if isinstance(v, (int, np.integer)):
         return str(v)
     a = abs(v)
@@ -60,44 +71,85 @@ def _fmt(v, digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
+def _wrapped(lines: list[str], width: int) -> list[str]:
+    out = []
+    for n in lines:
+        out += textwrap.wrap(n, width, subsequent_indent="   ") or [""]
+    return out
+
+
 def table_page(title: str, header: list[str], rows: list[list], *, subtitle: list[str] | None = None,
                notes: list[str] | None = None, highlight: list[list[str | None]] | None = None,
-               col_widths: list[float] | None = None) -> Figure:
-    """A table page. ``rows`` hold numbers or strings; ``highlight[i][j]`` an optional cell colour."""
-    fig = Figure(figsize=PAGE_SIZE)
-    fig.text(0.04, 0.96, title, fontsize=14, weight="bold", va="top")
-    y = 0.915
-    for line in subtitle or []:
-        fig.text(0.04, y, line, fontsize=9, va="top")
-        y -= 0.028
-    note_lines = []
-    for n in notes or []:
-        note_lines += textwrap.wrap(n, 170, subsequent_indent="   ")
-    bottom = 0.04 + 0.022 * len(note_lines)
-    ax = fig.add_axes((0.03, bottom + 0.01, 0.94, max(0.1, y - bottom - 0.02)))
+               col_widths: list[float] | None = None, findings: list[str] | None = None) -> Figure:
+    """A table page. ``rows`` hold numbers or strings ('\\n' breaks a cell's line); ``highlight[i][j]`` an optional
+    cell colour; ``findings`` and ``notes`` are printed under the table. The font size and row heights are chosen
+    so that every cell's text stays inside its cell (measured with the renderer)."""
+    fig = _canvas(Figure(figsize=PAGE_SIZE))
+    fig.text(0.03, 0.965, title, fontsize=13, weight="bold", va="top")
+    y = 0.925
+    for line in _wrapped(subtitle or [], 175):
+        fig.text(0.03, y, line, fontsize=8.5, va="top")
+        y -= 0.024
+    below = []
+    if findings:
+        below += [("Findings", True)] + [(x, False) for x in _wrapped([f"• {f}" for f in findings], 190)]
+    if notes:
+        below += [("Notes", True)] + [(x, False) for x in _wrapped(notes, 190)]
+    line_h = 0.019
+    below = below[:max(0, int(0.45 / line_h))]
+    bottom = 0.03 + line_h * len(below)
+    ax = fig.add_axes((0.03, bottom + 0.01, 0.94, max(0.12, y - bottom - 0.02)))
     ax.axis("off")
     cells = [[_fmt(v) if not isinstance(v, str) else v for v in row] for row in rows]
     if not cells:
         cells = [["(no runs)"] + [""] * (len(header) - 1)]
-    table = ax.table(cellText=cells, colLabels=header, loc="upper center", cellLoc="center",
-                     colWidths=col_widths)
+    renderer = fig.canvas.get_renderer()
+    if col_widths is None:  # proportional to the widest line of each column
+        from matplotlib.text import Text
+
+        probe = Text(0, 0, "", fontsize=8, figure=fig)
+        widths = []
+        for j in range(len(header)):
+            w = 0.0
+            for i, text in enumerate([header[j]] + [r[j] for r in cells]):
+                probe.set_weight("bold" if i == 0 else "normal")  # the header is drawn bold
+                for part in str(text).split("\n"):
+                    probe.set_text(part)
+                    w = max(w, probe.get_window_extent(renderer).width)
+            widths.append(w + 12)
+        total = sum(widths)
+        col_widths = [w / total for w in widths]
+    table = ax.table(cellText=cells, colLabels=header, loc="upper center", cellLoc="center", colWidths=col_widths)
     table.auto_set_font_size(False)
-    size = 8.5 if len(header) <= 9 else 7.5 if len(header) <= 12 else 6.5
-    table.set_fontsize(size)
-    n_rows = len(cells) + 1
-    table.scale(1.0, min(1.6, max(0.9, 22.0 / n_rows)))
-    tall_header = any("\n" in h for h in header)
-    for (i, j), cell in table.get_celld().items():
+    lines = [max(str(c).count("\n") + 1 for c in row) for row in [header] + cells]
+    ax_h = ax.bbox.height
+    celld = table.get_celld()
+    for (i, j), cell in celld.items():
+        if i == 0:
+            cell.set_text_props(weight="bold")  # before fitting: bold text is wider
+    for size in (9.0, 8.5, 8.0, 7.5, 7.0, 6.5, 6.0, 5.5, 5.0, 4.5):
+        line_px = size * 1.25 * fig.dpi / 72
+        pad_px = size * 0.7 * fig.dpi / 72
+        heights = [(n * line_px + pad_px) / ax_h for n in lines]
+        if sum(heights) > 1.0 and size > 4.5:
+            continue
+        table.set_fontsize(size)
+        for (i, j), cell in celld.items():
+            cell.set_height(heights[i])
+        fig.canvas.draw()
+        fits = all(cell.get_text().get_window_extent(renderer).width + 3 <= cell.get_window_extent(renderer).width
+                   for cell in celld.values() if cell.get_text().get_text())
+        if fits:
+            break
+    for (i, j), cell in celld.items():
         cell.set_linewidth(0.4)
         if i == 0:
             cell.set_facecolor("#e8e8e8")
-            cell.set_text_props(weight="bold")
-            if tall_header:
-                cell.set_height(cell.get_height() * 2.0)
         elif highlight is not None and i - 1 < len(highlight) and j < len(highlight[i - 1]) and highlight[i - 1][j]:
             cell.set_facecolor(highlight[i - 1][j])
-    for k, line in enumerate(note_lines):
-        fig.text(0.04, bottom - 0.022 * k - 0.005, line, fontsize=7.5, va="top", color="0.25")
+    for k, (line, head) in enumerate(below):
+        fig.text(0.03, bottom - line_h * k - 0.002, line, fontsize=8 if head else 7.5, va="top",
+                 weight="bold" if head else "normal", color="0.1" if head else "0.25")
     return fig
 
 
@@ -106,95 +158,193 @@ def _label(rec) -> str:
 
 
 def _spectrum_source(rec) -> dict:
-    """The analysis with the most eigenvalues or a density: spectrum/hessian.json when computed, else hessian/."""
+    """The analysis with the most eigenvalues or a density: the spectrum folder when computed, else the Hessian's."""
     return rec.spectrum or rec.hessian or {}
 
 
-def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
-    """MAN Fig. 4 for one pair of runs: top-k eigenvalues and spectral densities of both models overlaid."""
-    from ..analysis.density import smoothed_density
+# one (colour, marker) per method, dashed lines for "+regularizer"
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<")
 
-    fig = Figure(figsize=PAGE_SIZE)
-    fig.suptitle(title, fontsize=13, weight="bold")
+
+def _style(k: int, method: str) -> dict:
+    return {"color": COLORS[k % len(COLORS)], "marker": MARKERS[k % len(MARKERS)],
+            "linestyle": "--" if "+" in method else "-"}
+
+
+def density_curves(groups: dict[str, list[dict]], sigma_fraction: float = 0.01, points: int = 2000):
+    """Gaussian-smoothed spectral densities of each group (all SLQ starts of all its runs averaged) on one common
+    grid; sigma = ``sigma_fraction`` of the pooled eigenvalue range. Returns (grid, {name: density}, sigma)."""
+    pooled = {}
+    for name, dens in groups.items():
+        nodes = [np.asarray(t, float) for d in dens for t in d["nodes"]]
+        weights = [np.asarray(w, float) for d in dens for w in d["weights"]]
+        if nodes:
+            pooled[name] = (nodes, weights)
+    if not pooled:
+        return None, {}, None
+    lo = min(t.min() for nodes, _ in pooled.values() for t in nodes)
+    hi = max(t.max() for nodes, _ in pooled.values() for t in nodes)
+    sigma = sigma_fraction * max(hi - lo, 1e-12)
+    grid = np.linspace(lo - 3 * sigma, hi + 3 * sigma, points)
+    curves = {}
+    for name, (nodes, weights) in pooled.items():
+        dens = np.zeros(points)
+        for t, w in zip(nodes, weights):
+            dens += np.exp(-((grid[:, None] - t[None, :]) ** 2) / (2 * sigma * sigma)) @ w
+        dens /= len(nodes) * sigma * np.sqrt(2 * np.pi)
+        curves[name] = dens
+    return grid, curves, sigma
+
+
+def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
+    """MAN Fig. 4 for one "X vs X+regularizer" pair, each side one run or a list of seeds: (a) the top-k eigenvalues
+    (mean over seeds, the band their range), (b) the spectral densities, every SLQ start of every seed averaged,
+    Gaussian-smoothed with a stated width, on a log axis that starts at 1e-4 of the peak."""
+    ref = ref if isinstance(ref, (list, tuple)) else [ref]
+    cmp_ = cmp_ if isinstance(cmp_, (list, tuple)) else [cmp_]
+    fig = _canvas(Figure(figsize=PAGE_SIZE))
+    fig.suptitle(title, fontsize=12, weight="bold", y=0.975)
     ax1 = fig.add_subplot(1, 2, 1)
     ax2 = fig.add_subplot(1, 2, 2)
-    any_density = False
-    for rec, color in ((ref, COLORS[0]), (cmp_, COLORS[1])):
-        h = _spectrum_source(rec)
-        values = h.get("top_eigenvalues") or []
-        if len(values) >= 2:
-            ax1.plot(np.arange(1, len(values) + 1), values, color=color, linewidth=1.3, label=_label(rec))
-        dens = h.get("density")
-        if dens and dens.get("nodes"):
-            grid, curve = smoothed_density(dens["nodes"], dens["weights"])
-            ax2.semilogy(grid, curve + 1e-7, color=color, linewidth=1.0, label=_label(rec))
-            any_density = True
-    ax1.set_xlabel("index")
-    ax1.set_ylabel("eigenvalue")
-    ks = sorted({len(_spectrum_source(r).get("top_eigenvalues") or []) for r in (ref, cmp_)})
-    ax1.set_title(f"(a) top {'/'.join(map(str, ks))} Hessian eigenvalues", fontsize=10)
+    ks, dens_groups, labels = [], {}, {}
+    for k, recs in enumerate((ref, cmp_)):
+        method = recs[0].method
+        style = _style(k, method)
+        tops = [list(_spectrum_source(r).get("top_eigenvalues") or []) for r in recs]
+        tops = [t for t in tops if len(t) >= 2]
+        label = f"{method} ({len(recs)} seed{'s' if len(recs) > 1 else ''})"
+        labels[method] = label
+        if tops:
+            n = min(len(t) for t in tops)
+            ks.append(n)
+            arr = np.array([t[:n] for t in tops])
+            idx = np.arange(1, n + 1)
+            ax1.plot(idx, arr.mean(0), color=style["color"], linestyle=style["linestyle"], marker=style["marker"],
+                     markevery=max(1, n // 12), markersize=4, linewidth=1.3, label=label)
+            if len(tops) > 1:
+                ax1.fill_between(idx, arr.min(0), arr.max(0), color=style["color"], alpha=0.15, linewidth=0)
+        dens = [d for d in (_spectrum_source(r).get("density") for r in recs) if d and d.get("nodes")]
+        if dens:
+            dens_groups[method] = dens
+    ax1.set_xlabel("eigenvalue index (largest first)")
+    ax1.set_ylabel("Hessian eigenvalue")
+    ax1.set_title(f"(a) top {'/'.join(map(str, sorted(set(ks)))) or '-'} eigenvalues (MAN Fig. 4a; the paper: "
+                  "top 200)", fontsize=9.5)
     ax1.grid(alpha=0.3)
     if ax1.lines:
         ax1.legend(fontsize=8)
     else:
         ax1.text(0.5, 0.5, "fewer than 2 eigenvalues computed", ha="center", transform=ax1.transAxes)
-    ax2.set_xlabel("eigenvalue")
-    ax2.set_ylabel("density (log scale)")
-    ax2.set_title("(b) eigenvalue spectral density (SLQ)", fontsize=10)
-    if any_density:
+    grid, curves, sigma = density_curves(dens_groups)
+    if curves:
+        peak = max(c.max() for c in curves.values())
+        floor = 1e-4 * peak
+        for k, (method, curve) in enumerate(curves.items()):
+            style = _style(k, method)
+            shown = np.where(curve >= floor, curve, np.nan)  # below the axis: not drawn (no floor line)
+            starts = sum(len(d["nodes"]) for d in dens_groups[method])
+            ax2.semilogy(grid, shown, color=style["color"], linestyle=style["linestyle"], linewidth=1.2,
+                         label=f"{labels[method]}, {starts} SLQ starts")
+        ax2.set_ylim(floor, 2 * peak)
         ax2.legend(fontsize=8)
+        ax2.set_title(f"(b) spectral density (SLQ), Gaussian smoothing σ = {_fmt(sigma, 3)} (1% of the range)",
+                      fontsize=9.5)
     else:
         ax2.text(0.5, 0.5, "no spectral density computed", ha="center", transform=ax2.transAxes)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+        ax2.set_title("(b) spectral density (SLQ)", fontsize=9.5)
+    ax2.set_xlabel("eigenvalue")
+    ax2.set_ylabel("density (log scale, from 1e-4 of the peak)")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig
 
 
-def accuracy_page(title: str, groups: dict[str, list], column: str, subtitle: str = "") -> Figure:
-    """Accuracy (``column`` of metrics.csv, in %) against rounds; one panel per group (partition)."""
-    fig = Figure(figsize=PAGE_SIZE)
-    fig.suptitle(title, fontsize=13, weight="bold")
+def accuracy_page(title: str, groups: dict[str, list], column: str, subtitle: str = "",
+                  ylabel: str = "test accuracy (%)") -> Figure:
+    """Accuracy (``column`` of metrics.csv, in %) against rounds; one panel per group (partition), one line per
+    method (the mean over its seeds, the band their range), each method its own colour and marker."""
+    fig = _canvas(Figure(figsize=PAGE_SIZE))
+    fig.suptitle(title, fontsize=12, weight="bold", y=0.975)
     if subtitle:
-        fig.text(0.5, 0.915, subtitle, ha="center", fontsize=9)
+        for k, part in enumerate(textwrap.wrap(subtitle, 170)[:2]):
+            fig.text(0.5, 0.935 - 0.022 * k, part, ha="center", fontsize=8.5)
     n = max(1, len(groups))
+    methods = list(dict.fromkeys(r.method for recs in groups.values() for r in recs))
+    handles = {}
     for k, (group, records) in enumerate(sorted(groups.items())):
         ax = fig.add_subplot(1, n, k + 1)
-        bases = list(dict.fromkeys(r.method.split("+")[0] for r in records))  # X and X+reg share a colour
-        for rec in sorted(records, key=lambda r: (bases.index(r.method.split("+")[0]), r.method, r.seed)):
-            xs = [row["round"] for row in rec.curve if row.get(column) is not None]
-            ys = [100 * row[column] for row in rec.curve if row.get(column) is not None]
-            if not xs:
+        for mi, method in enumerate(methods):
+            curves = []
+            for rec in (r for r in records if r.method == method):
+                pts = {row["round"]: 100 * row[column] for row in rec.curve if row.get(column) is not None}
+                if pts:
+                    curves.append(pts)
+            if not curves:
                 continue
-            color = COLORS[bases.index(rec.method.split("+")[0]) % len(COLORS)]
-            style = "--" if "+" in rec.method else "-"  # dashed: with the regularizer
-            ax.plot(xs, ys, style, color=color, linewidth=1.1, label=_label(rec))
+            xs = sorted(set.intersection(*(set(c) for c in curves)))
+            arr = np.array([[c[x] for x in xs] for c in curves])
+            st = _style(mi, method)
+            (line,) = ax.plot(xs, arr.mean(0), color=st["color"], linestyle=st["linestyle"], marker=st["marker"],
+                              markevery=max(1, len(xs) // 8), markersize=4, linewidth=1.2,
+                              label=f"{method} (n={len(curves)})")
+            if len(curves) > 1:
+                ax.fill_between(xs, arr.min(0), arr.max(0), color=st["color"], alpha=0.12, linewidth=0)
+            handles[method] = line
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("round")
-        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
-    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    if handles:
+        fig.legend(list(handles.values()), [h.get_label() for h in handles.values()], loc="lower center",
+                   ncol=min(4, len(handles)), fontsize=8, frameon=False)
+    rows = (len(handles) + 3) // 4
+    fig.tight_layout(rect=(0, 0.03 + 0.03 * rows, 1, 0.91))
     return fig
 
 
 def surface_page(title: str, records: list) -> Figure:
-    """Filled loss contours of up to six runs that have ``surface/surface.npz`` (unfilled points left blank)."""
-    fig = Figure(figsize=PAGE_SIZE)
-    fig.suptitle(title, fontsize=13, weight="bold")
-    shown = records[:6]
-    cols = min(3, len(shown)) or 1
+    """Filled loss contours of up to eight runs that have ``surface/surface.npz`` on one shared colour scale (unfilled
+    points left blank), with the directions named on the axes."""
+    import json
+    from pathlib import Path
+
+    fig = _canvas(Figure(figsize=PAGE_SIZE))
+    fig.suptitle(title, fontsize=12, weight="bold", y=0.975)
+    shown = records[:8]
+    cols = min(4, len(shown)) or 1
     rows = (len(shown) + cols - 1) // cols or 1
-    for k, rec in enumerate(shown):
-        ax = fig.add_subplot(rows, cols, k + 1)
+    data = []
+    for rec in shown:
         with np.load(rec.surface_path, allow_pickle=False) as z:
-            xs, ys, loss = z["x"], z["y"], np.where(z["done"], z["loss"], np.nan)
-        finite = loss[np.isfinite(loss)]
-        if finite.size >= 4 and np.ptp(finite) > 0:
-            levels = np.linspace(finite.min(), np.quantile(finite, 0.98), 20)
+            data.append((z["x"], z["y"], np.where(z["done"], z["loss"], np.nan)))
+    finite = np.concatenate([d[2][np.isfinite(d[2])].ravel() for d in data]) if data else np.array([])
+    levels = None
+    if finite.size >= 4 and np.ptp(finite) > 0:
+        levels = np.linspace(finite.min(), np.quantile(finite, 0.98), 20)
+    axes, cs = [], None
+    for k, (rec, (xs, ys, loss)) in enumerate(zip(shown, data)):
+        ax = fig.add_subplot(rows, cols, k + 1)
+        axes.append(ax)
+        if levels is not None:
             cs = ax.contourf(xs, ys, np.clip(loss, None, levels[-1]), levels=levels, cmap="viridis")
-            fig.colorbar(cs, ax=ax, fraction=0.046)
         ax.plot([0], [0], "r+", markersize=8)
+        info = {}
+        meta = Path(rec.surface_path).with_name("surface.json")
+        if meta.is_file():
+            try:
+                info = json.loads(meta.read_text()).get("settings", {})
+            except ValueError:
+                info = {}
+        kind = {"hessian": "Hessian eigenvector"}.get(info.get("directions"), "random direction")
+        ax.set_xlabel(f"step along {kind} 1", fontsize=8)
+        ax.set_ylabel(f"step along {kind} 2", fontsize=8)
+        ax.tick_params(labelsize=7)
         ax.set_title(f"{rec.method}, {rec.partition}", fontsize=9)
         ax.set_aspect("equal")
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0, 0.9, 0.94))
+    if cs is not None:
+        cax = fig.add_axes((0.92, 0.12, 0.015, 0.75))
+        cb = fig.colorbar(cs, cax=cax)
+        cb.set_label("training loss (shared scale, clipped at the 98th percentile)", fontsize=8)
+        cb.ax.tick_params(labelsize=7)
     return fig

@@ -29,13 +29,17 @@ from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from . import figures
 from .tables import (
     METRIC_NAMES,
+    MODEL_ACCURACY,
+    MODEL_NAMES,
     TABLES,
     RunRecord,
     build_table,
     direction_checks,
     find_run_dirs,
+    incomparable_notes,
     load_run,
     matching_tables,
+    model_for,
     paper_values,
     scale_label,
     tables_for,
@@ -89,15 +93,35 @@ def _needs(rec: RunRecord, specs) -> list[str]:
         need.append("hessian")
     wants_clients = any(s.key == "fedalign-table1" and rec.method in s.rows and rec.partition in s.partitions
                         for s in specs)
-    if wants_clients and (h.get("clients") or {}).get("H_N") is None:
+    if wants_clients and (rec.clients or {}).get("H_N") is None:
         need.append("clients")
     return need
 
 
-def _compute_missing(records, specs, hessian: dict, clients: dict, echo) -> list[str]:
-    from ..sweep import analyse_run
+def _folder_tag(asked: dict) -> str:
+    parts = []
+    for k, v in sorted(asked.items()):
+        if k in ("device", "quiet", "data_dir"):
+            continue
+        parts.append(k if v is True else f"no{k}" if v is False else f"{k}{v if v is not None else 'all'}")
+    return "-".join(parts).replace("_", "").replace(".", "p") or "default"
 
-    problems = []
+
+def _settings_ok(asked: dict):
+    from ..sweep import settings_match
+
+    if not asked:
+        return None
+    return lambda h: settings_match(h.get("settings"), asked)
+
+
+def _compute_missing(records, specs, hessian: dict, asked: dict, clients: dict, echo) -> tuple[list, list]:
+    """Compute, for every run, what the report lacks: a Hessian of the run's model with the settings asked for
+    (``asked``: the options the user gave; an analysis made with other settings is kept where it is and the asked
+    one is computed into a folder of its own), and H_N / H_D. Returns (problems, what was done)."""
+    from ..sweep import analyse_run, analysis_dir
+
+    problems, done = [], []
     for rec in records:
         need = _needs(rec, specs)
         if not need:
@@ -111,17 +135,41 @@ def _compute_missing(records, specs, hessian: dict, clients: dict, echo) -> list
             need.remove("clients")
         if not need:
             continue
+        folder = analysis_dir("hessian", rec.model)
+        other = [n for n in rec.analyses if n == folder]
+        if "hessian" in need and other:
+            folder = f"{folder}-{_folder_tag(asked)}"  # never overwrite (nor silently keep) other settings
         t0 = time.perf_counter()
         try:
-            # only what is missing: an existing hessian.json (other settings, say top 200) is left as it is
             analyse_run(rec.run_dir, hessian=hessian if "hessian" in need else None,
-                        clients=clients if "clients" in need else None)
+                        clients=clients if "clients" in need else None, model=rec.model, hessian_dir=folder)
         except FlatflError as e:
             problems.append(f"{rec.name}: {e}")
             continue
+        what = []
+        if "hessian" in need:
+            what.append(f"the Hessian of the {MODEL_NAMES[rec.model]} model into {folder}/"
+                        + (f" (the analysis in {other[0]}/ has other settings and is kept)" if other else ""))
+        if "clients" in need:
+            what.append("H_N / H_D")
+        line = f"computed for {rec.name}: {', '.join(what)} ({time.perf_counter() - t0:.1f} s)"
+        done.append(line)
         if echo:
-            echo(f"computed {', '.join(need)} for {rec.name} ({time.perf_counter() - t0:.1f} s)")
-    return problems
+            echo(line)
+    return problems, done
+
+
+def _sample_notices(records) -> list[str]:
+    """A notice for every Hessian whose asked sample count exceeded the split (it used the whole split)."""
+    out = []
+    for rec in records:
+        h = rec.hessian or {}
+        asked = (h.get("settings") or {}).get("samples")
+        used = h.get("num_samples")
+        if asked is not None and used is not None and int(asked) > int(used):
+            out.append(f"{rec.name}: {int(asked):,} samples asked for the Hessian, the split has {int(used):,}: "
+                       f"all {int(used):,} used (the tables show the samples actually used)")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- CSV / Markdown
@@ -140,9 +188,10 @@ def _run_rows(records: list[RunRecord]) -> list[dict]:
     for r in records:
         h = r.hessian or {}
         s = h.get("settings") or {}
-        cl = h.get("clients") or {}
+        cl = r.clients or {}
         rows.append({
             "run": r.name, "method": r.method, "partition": r.partition, "dataset": r.dataset, "seed": r.seed,
+            "hessian_model": MODEL_NAMES[r.model], "hessian_dir": r.hessian_dir,
             "model": r.config.get("model") or "default", "clients": r.config.get("clients"),
             "rounds": r.config.get("rounds"), "rounds_done": r.rounds_done, "finished": r.finished,
             "test_acc": r.accuracy("test_acc"), "all_test_acc": r.accuracy("all_test_acc"),
@@ -152,60 +201,120 @@ def _run_rows(records: list[RunRecord]) -> list[dict]:
             "hessian_direction_stderr": r.stderr("hessian_direction"),
             "num_eigenvalues": len(h.get("top_eigenvalues") or []), "density": bool(h.get("density")),
             "hessian_method": s.get("method"), "trace_method": s.get("trace_method"),
-            "hessian_samples": h.get("num_samples"), "clients_protocol": cl.get("protocol"),
+            "hessian_samples": h.get("num_samples"), "hessian_samples_asked": s.get("samples"),
+            "clients_protocol": cl.get("protocol"),
             "run_dir": str(r.run_dir),
         })
     return rows
 
 
-def _cell(row: dict, metric: str) -> str:
+def _cell(row: dict, metric: str, newline: bool = False) -> str:
+    """'mean ±sd (n=3)' over seeds; one run: 'value ±se (est.)' with the estimator's own error, if any; a dagger
+    when the value was computed with other settings than its column's."""
     v = row[f"ours_{metric}"]
     if v is None:
         return "-"
-    err = row[f"ours_{metric}_sd"] if row[f"ours_{metric}_sd"] is not None else row[f"ours_{metric}_se"]
-    txt = figures._fmt(v)
-    return txt + (f" ±{figures._fmt(err, 2)}" if err is not None else "")
+    n, sd, se = row[f"ours_{metric}_n"], row[f"ours_{metric}_sd"], row[f"ours_{metric}_se"]
+    txt = figures._fmt(v) + row.get(f"ours_{metric}_mark", "")
+    sep = "\n" if newline else " "
+    if n >= 2 and sd is not None:
+        txt += f"{sep}±{figures._fmt(sd, 2)} (n={n})"
+    elif se is not None:
+        txt += f"{sep}±{figures._fmt(se, 2)} (est.)"
+    return txt
 
 
 def _summary_counts(checks: list[dict]) -> dict:
     out = {}
     for metric in sorted({c["metric"] for c in checks}):
-        cs = [c for c in checks if c["metric"] == metric and c["agrees"] is not None]
-        out[metric] = {"compared": len(cs), "agree": sum(c["agrees"] for c in cs),
-                       "agree_resolved": sum(bool(c["agrees"] and c["resolved"]) for c in cs),
-                       "disagree_resolved": sum(bool(c["agrees"] is False and c["resolved"]) for c in cs)}
+        cs = [c for c in checks if c["metric"] == metric]
+        out[metric] = {"compared": len(cs), **{v: sum(c["verdict"] == v for c in cs)
+                                               for v in ("agree", "disagree", "inconclusive", "incomparable")}}
     return out
 
 
 def _counts_line(metric: str, c: dict) -> str:
-    line = (f"{METRIC_NAMES.get(metric, metric)}: {c['agree']} of {c['compared']} comparisons point the same way "
-            f"as the paper's")
-    if c["agree_resolved"] or c["disagree_resolved"]:
-        line += (f" ({c['agree_resolved']} agreeing and {c['disagree_resolved']} disagreeing by more than twice "
-                 "our uncertainty)")
+    line = (f"{METRIC_NAMES.get(metric, metric)}: of {c['compared']} comparisons, {c['agree']} agree with the "
+            f"paper's direction, {c['disagree']} disagree, {c['inconclusive']} inconclusive (change within twice "
+            "its standard error)")
+    if c.get("incomparable"):
+        line += f", {c['incomparable']} incomparable (other settings)"
     return line
 
 
-def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str]) -> str:
+def _final_train_loss(records, method, part) -> float | None:
+    vals = [r.curve[-1].get("train_loss") for r in records if r.method == method and r.partition == part and r.curve]
+    vals = [v for v in vals if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+# Notes from measurements made outside the report (an independent FedDyn+MAN loop, issue 17); shown, marked as
+# curated, only beside a table holding the rows they concern.
+CURATED_NOTES = {
+    ("man-table2", "FedDyn"): ("on digits an independent FedDyn+MAN loop found that MAN raises FedDyn's trace while "
+                               "the top eigenvalue mostly falls: FedDyn alone drives the training loss to ~1e-3, "
+                               "and MAN moves curvature into the shrunken early layers."),
+}
+
+
+def findings(spec, rows, checks, records) -> list[str]:
+    """What agrees with the paper, what does not, from the numbers: per metric the counts and which rows, the final
+    training losses of disagreeing pairs (a measured hint), then curated notes, marked as such."""
+    out = []
+    by_metric = defaultdict(list)
+    for c in checks:
+        by_metric[c["metric"]].append(c)
+    for metric, cs in by_metric.items():
+        name = METRIC_NAMES.get(metric, metric)
+        for verdict, word in (("agree", "agree with the paper"), ("disagree", "DISAGREES with the paper"),
+                              ("inconclusive", "inconclusive"), ("incomparable", "incomparable (other settings)")):
+            sel = [c for c in cs if c["verdict"] == verdict]
+            if not sel:
+                continue
+            which = "; ".join(f"{c['compared']} vs {c['reference']} {c['partition']} "
+                              f"({'-' if c['ours_change_pct'] is None else format(c['ours_change_pct'], '+.0f')}%"
+                              f"{'' if c['paper_change_pct'] is None else ', paper ' + format(c['paper_change_pct'], '+.0f') + '%'})"
+                              for c in sel)
+            out.append(f"{name}: {len(sel)} of {len(cs)} {word}: {which}")
+    loss_pairs = sorted({(c["reference"], c["compared"], c["partition"]) for c in checks if c["verdict"] == "disagree"})
+    for ref, cmp_, part in loss_pairs:
+        la, lb = _final_train_loss(records, ref, part), _final_train_loss(records, cmp_, part)
+        if la is not None and lb is not None:
+            out.append(f"measured: final training loss {ref} {figures._fmt(la, 3)}, {cmp_} {figures._fmt(lb, 3)} "
+                       f"({part})")
+    methods = {r["method"] for r in rows if r["n_runs"]}
+    for (key, method), note in CURATED_NOTES.items():
+        if key == spec.key and method in methods:
+            out.append(f"curated note (measured outside this report): {note}")
+    return out or ["no comparison has our values on both sides"]
+
+
+def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str], notices: list[str]) -> str:
     lines = ["# flatfl report", "", ours_scale, ""]
-    for spec, rows, checks in specs_rows:
-        lines += [f"## {spec.title}", "", spec.paper_scale, ""]
+    if notices:
+        lines += ["## Notices", ""] + [f"- {n}" for n in notices] + [""]
+    for spec, rows, checks, found, model in specs_rows:
+        lines += [f"## {spec.title}", "", spec.paper_scale, "",
+                  f"Every row measures one model: the {MODEL_NAMES[model]} (accuracy and Hessian alike). Ours: mean "
+                  "±sd over seeds (n), or for one run ±the estimator's own error (est.).", ""]
         metrics = list(spec.metrics)
-        head = ["method", "partition"] + [f"{METRIC_NAMES[m]} {who}" for m in metrics for who in ("ours", "paper")] \
-            + ["runs"]
+        head = ["method", "partition", "model"] + [f"{METRIC_NAMES[m]} {who}" for m in metrics
+                                                   for who in ("ours", "paper")] + ["Hessian setting", "runs"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for r in rows:
-            cells = [r["method"], r["partition"]]
+            cells = [r["method"], r["partition"], r["model"] or "-"]
             for m in metrics:
                 p = r[f"paper_{m}"]
                 cells.append(f"{_cell(r, m)} | {figures._fmt(p) if p is not None else '-'}")
+            cells.append(r.get("ours_top_eigenvalue_setting") or "-")
             cells.append(str(r["n_runs"]))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         for metric, c in counts.get(spec.key, {}).items():
             lines.append(f"- {_counts_line(metric, c)}")
-        for n in spec.notes:
+        lines += ["", "Findings:", ""] + [f"- {f}" for f in found]
+        for n in list(spec.notes) + incomparable_notes(spec, rows):
             lines.append(f"- note: {n}")
         lines.append("")
     if missing:
@@ -214,73 +323,99 @@ def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str]) -> 
 
 
 # ---------------------------------------------------------------------------------------------- PDF pages
-def _table_figure(spec, rows, records, ours_scale):
+SHORT = {"top_eigenvalue": "λmax", "trace": "trace", "accuracy": "acc %", "hessian_norm_gap": "H_N",
+         "hessian_direction": "H_D"}
+
+
+def _table_figure(spec, rows, ours_scale, model, found):
+    multi = len(spec.partitions) > 1
     header = ["method"]
     for part in spec.partitions:
         for m in spec.metrics:
-            short = {"top_eigenvalue": "λmax", "trace": "trace", "accuracy": "acc %", "hessian_norm_gap": "H_N",
-                     "hessian_direction": "H_D"}[m]
-            pre = f"{part}\n" if len(spec.partitions) > 1 else ""
-            header += [f"{pre}{short} ours", f"{pre}{short} paper"]
+            pre = f"{part}\n" if multi else ""
+            header += [f"{pre}{SHORT[m]} ours", f"{pre}{SHORT[m]} paper"]
     by = {(r["method"], r["partition"]): r for r in rows}
     cells = []
     for method in spec.rows:
-        line = [method if spec.paper_name(method) == method else f"{method} ({spec.paper_name(method)})"]
+        line = [method if spec.paper_name(method) == method else f"{method}\n(paper: {spec.paper_name(method)})"]
         for part in spec.partitions:
             r = by[(method, part)]
             for m in spec.metrics:
-                line += [_cell(r, m), r[f"paper_{m}"]]
+                line += [_cell(r, m, newline=True), r[f"paper_{m}"]]
         cells.append(line)
-    n_runs = sorted({r["n_runs"] for r in rows})
+    def used(metric):
+        vals = sorted({r[f"ours_{metric}_setting"].split(", ", 1)[-1] for r in rows
+                       if r.get(f"ours_{metric}_setting")})
+        return " | ".join(vals) if vals else "not computed"
+
     subtitle = [spec.paper_scale, ours_scale,
-                "ours: mean over runs; ± is the spread over seeds, or for one run the estimator's standard error "
-                f"(trace, H_N, H_D); runs per cell: {', '.join(map(str, n_runs))}"]
-    return figures.table_page(spec.title, header, cells, subtitle=subtitle, notes=list(spec.notes))
+                f"model: every row measures the {MODEL_NAMES[model]} (accuracy and Hessian); λmax: "
+                f"{used('top_eigenvalue')}; trace: {used('trace')}",
+                "ours: mean ±sd over seeds (n), or for one run ±the estimator's own error (est.); † other settings"]
+    notes = list(spec.notes) + incomparable_notes(spec, rows)
+    return figures.table_page(spec.title, header, cells, subtitle=subtitle, notes=notes, findings=found)
 
 
 def _directions_figure(spec, checks, counts):
-    header = ["partition", "comparison", "metric", "ours:\nreference -> compared", "ours\nchange",
-              "paper:\nreference -> compared", "paper\nchange", "same\ndirection", "change beyond\n2 x uncertainty"]
+    header = ["partition", "comparison", "metric", "ours:\nreference → compared", "ours\nchange",
+              "± 2 SE\n(from)", "paper:\nreference → compared", "paper\nchange", "verdict"]
     cells, colors = [], []
     for c in checks:
         def pct(v):
             return "-" if v is None else f"{v:+.1f}%"
 
-        agree = {True: "yes", False: "NO", None: "-"}[c["agrees"]]
-        cells.append([c["partition"], f"{c['reference']} vs {c['compared']}", METRIC_NAMES[c["metric"]],
-                      f"{figures._fmt(c['ours_reference'])} -> {figures._fmt(c['ours_compared'])}",
-                      pct(c["ours_change_pct"]),
-                      f"{figures._fmt(c['paper_reference'])} -> {figures._fmt(c['paper_compared'])}",
-                      pct(c["paper_change_pct"]), agree,
-                      {True: "yes", False: "no", None: "-"}[c["resolved"]]])
-        col = {True: "#d9f2d9", False: "#f8d7d7", None: None}[c["agrees"]]
-        colors.append([None] * 7 + [col, None])
+        two_se = "-" if c["ours_uncertainty"] is None else \
+            f"{figures._fmt(2 * c['ours_uncertainty'], 2)} ({c['uncertainty_from']})"
+        cells.append([c["partition"], f"{c['reference']}\nvs {c['compared']}", METRIC_NAMES[c["metric"]],
+                      f"{figures._fmt(c['ours_reference'])} → {figures._fmt(c['ours_compared'])}",
+                      pct(c["ours_change_pct"]), two_se,
+                      f"{figures._fmt(c['paper_reference'])} → {figures._fmt(c['paper_compared'])}",
+                      pct(c["paper_change_pct"]), c["verdict"]])
+        col = {"agree": "#d9f2d9", "disagree": "#f8d7d7", "inconclusive": "#f2f2f2",
+               "incomparable": "#fff2cc"}[c["verdict"]]
+        colors.append([None] * 8 + [col])
     subtitle = [_counts_line(m, c) for m, c in counts.items()] or ["no comparison has values on both sides"]
-    return figures.table_page(f"{spec.title}: direction of each change", header, cells, subtitle=subtitle,
-                              highlight=colors, col_widths=[0.09, 0.19, 0.09, 0.15, 0.07, 0.15, 0.07, 0.07, 0.1])
+    pages = []
+    per_page = 16
+    for k in range(0, max(1, len(cells)), per_page):
+        part = "" if len(cells) <= per_page else f" ({k // per_page + 1}/{(len(cells) + per_page - 1) // per_page})"
+        pages.append(figures.table_page(f"{spec.title.split(':')[0]}: direction of each change{part}", header,
+                                        cells[k:k + per_page], subtitle=subtitle + [
+                                            "± 2 SE: twice the standard error of our change (n=k: sd / sqrt(k) "
+                                            "over k seeds per side; est.: the estimator's own error); inconclusive "
+                                            "when the change is within it"],
+                                        highlight=colors[k:k + per_page]))
+    return pages
 
 
 def _run_pages(rows: list[dict]):
-    header = ["run", "method", "partition", "seed", "rounds", "test\nacc %", "all-clients\nacc %", "λmax",
-              "trace", "trace SE", "H_N", "H_D"]
+    header = ["run", "method", "partition", "seed", "rounds", "test\nacc %", "all-clients\nacc %", "Hessian of\n(samples)",
+              "λmax", "trace", "trace SE", "H_N", "H_D"]
     per_page = 24
     for start in range(0, max(1, len(rows)), per_page):
         chunk = rows[start:start + per_page]
-        cells = [[r["run"][-38:], r["method"], r["partition"], r["seed"],
-                  f"{r['rounds_done']}/{r['rounds']}", r["test_acc"], r["all_test_acc"], r["top_eigenvalue"],
-                  r["trace"], r["trace_stderr"], r["hessian_norm_gap"], r["hessian_direction"]] for r in chunk]
+        cells = [[r["run"], r["method"], r["partition"], r["seed"],
+                  f"{r['rounds_done']}/{r['rounds']}", r["test_acc"], r["all_test_acc"],
+                  f"{r['hessian_model']}\n({r['hessian_samples'] if r['hessian_samples'] is not None else '-'})",
+                  r["top_eigenvalue"], r["trace"], r["trace_stderr"], r["hessian_norm_gap"], r["hessian_direction"]]
+                 for r in chunk]
         yield figures.table_page(f"Every run ({start + 1}-{start + len(chunk)} of {len(rows)})", header, cells,
-                                 col_widths=[0.22, 0.11, 0.1, 0.04, 0.05, 0.06, 0.07, 0.07, 0.07, 0.06, 0.07, 0.05])
+                                 col_widths=[0.2, 0.1, 0.1, 0.035, 0.05, 0.055, 0.065, 0.1, 0.06, 0.06, 0.055,
+                                             0.06, 0.05])
 
 
 def build_report(paths, out, *, tables=None, compute_missing: bool = False, hessian: dict | None = None,
                  clients: dict | None = None, device: str = "cpu", title: str = "flatfl report",
-                 echo: Callable[[str], None] | None = None) -> dict:
+                 echo: Callable[[str], None] | None = None, model: str | None = None) -> dict:
     """Write the report of the runs under ``paths`` into ``out``; returns the summary (also summary.json).
 
     ``tables``: layout keys ('man-table2', 'man-table6', 'man-tables', 'fedalign-table1'); None picks every layout
-    that at least one run fills. ``hessian`` / ``clients``: the settings used for missing analyses when
-    ``compute_missing`` (defaults :data:`DEFAULT_HESSIAN`, :data:`DEFAULT_CLIENTS`).
+    that at least one run fills. ``model``: 'server' or 'clients-average', the model every row measures (accuracy
+    and Hessian); None: each layout's default (:func:`~flatfl.report.tables.model_for`). ``hessian``: the Hessian
+    settings asked for; with ``compute_missing`` a run lacking a Hessian of its model with those settings gets one
+    (into a folder of its own when an analysis with other settings exists), without it such a run is listed as
+    missing; the table then uses only analyses with the asked settings. ``clients``: H_N / H_D settings
+    (defaults :data:`DEFAULT_HESSIAN`, :data:`DEFAULT_CLIENTS`).
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -288,18 +423,39 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     run_dirs = find_run_dirs(paths)
     records = [load_run(d) for d in run_dirs]
     specs = tables_for(tables) if tables else [TABLES[k] for k in matching_tables(records)]
+    asked = {k: v for k, v in (hessian or {}).items() if v is not None or k == "samples"}
+    settings_ok = _settings_ok(asked)
+
+    def model_of(rec):
+        for spec in specs:
+            if rec.method in spec.rows and rec.partition in spec.partitions:
+                return model_for(spec, model)
+        return model_for(specs[0], model) if specs else (model or "server")
+
+    for rec in records:
+        rec.select(model_of(rec), settings_ok)
+    notices: list[str] = []
     problems: list[str] = []
     if compute_missing:
-        h = dict(DEFAULT_HESSIAN, **(hessian or {}), device=device)
+        h = dict(DEFAULT_HESSIAN, **asked, device=device)
         c = dict(DEFAULT_CLIENTS, **(clients or {}), device=device)
-        problems = _compute_missing(records, specs, h, c, echo)
+        problems, done = _compute_missing(records, specs, h, asked, c, echo)
+        notices += done
         records = [load_run(d) for d in run_dirs]
+        for rec in records:
+            rec.select(model_of(rec), settings_ok)
+    if asked:
+        notices.append("Hessian settings asked for: " + ", ".join(f"{k} {v}" for k, v in sorted(asked.items()))
+                       + "; only analyses made with them are used")
+    sample_notes = _sample_notices(records)
+    notices += sample_notes
     missing = []
     for rec in records:
         need = _needs(rec, specs)
         if need:
-            what = " and ".join({"hessian": "Hessian results (hessian/hessian.json)",
-                                 "clients": "H_N / H_D (the 'clients' section of hessian.json)"}[n] for n in need)
+            what = " and ".join({"hessian": f"Hessian results of the {MODEL_NAMES[rec.model]} model"
+                                            + (" with the asked settings" if asked else ""),
+                                 "clients": "H_N / H_D"}[n] for n in need)
             missing.append(f"{rec.name}: no {what}")
     missing += [p for p in problems if p not in missing]
     if missing and not compute_missing:
@@ -309,10 +465,12 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     ours_scale = scale_label(records)
     specs_rows, counts, all_checks = [], {}, []
     for spec in specs:
-        rows = build_table(spec, records, values)
+        m = model_for(spec, model)
+        spec_records = [r for r in records if r.method in spec.rows and r.partition in spec.partitions]
+        rows = build_table(spec, spec_records, values)
         checks = direction_checks(spec, rows)
         counts[spec.key] = _summary_counts(checks)
-        specs_rows.append((spec, rows, checks))
+        specs_rows.append((spec, rows, checks, findings(spec, rows, checks, spec_records), m))
         all_checks += checks
 
     # ---- files
@@ -321,14 +479,14 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     written = []
     atomic_write_text(out / "runs.csv", _csv(run_rows))
     written.append("runs.csv")
-    for spec, rows, _ in specs_rows:
+    for spec, rows, *_ in specs_rows:
         atomic_write_text(out / f"{spec.key}.csv", _csv(rows))
         written.append(f"{spec.key}.csv")
     if specs_rows:
         atomic_write_text(out / "directions.csv", _csv(all_checks, list(all_checks[0]) if all_checks else
                                                            ["table", "partition", "reference", "compared", "metric"]))
         written.append("directions.csv")
-    atomic_write_text(out / "report.md", _markdown(specs_rows, ours_scale, counts, missing))
+    atomic_write_text(out / "report.md", _markdown(specs_rows, ours_scale, counts, missing, notices))
     written.append("report.md")
 
     pages, page_titles = [], []
@@ -337,57 +495,66 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
         pages.append(fig)
         page_titles.append(name)
 
-    sections = [("Scale", list(dict.fromkeys(s.paper_scale for s, _, _ in specs_rows)) + [ours_scale]),
+    sections = [("Scale", list(dict.fromkeys(s.paper_scale for s, *_ in specs_rows)) + [ours_scale]),
+                ("Model", [f"{s.key}: every row measures the {MODEL_NAMES[m]} model (accuracy and Hessian)"
+                           for s, _, _, _, m in specs_rows] or ["-"]),
                 ("Directions: does each change point the same way as the paper's?",
-                 [f"{s.key}: {_counts_line(m, c)}" for s, _, _ in specs_rows for m, c in counts[s.key].items()]
+                 [f"{s.key}: {_counts_line(m, c)}" for s, *_ in specs_rows for m, c in counts[s.key].items()]
                  or ["no paper layout matched these runs"]),
                 ("Runs", [f"{len(records)} run(s); {sum(r.finished for r in records)} finished; "
                           f"{sum(1 for r in records if r.hessian)} with Hessian results"]),
+                ("Notices", notices or ["none"]),
                 ("Missing", missing or ["nothing"])]
     add(figures.text_page(title, sections, footer=f"flatfl report, {time.strftime('%Y-%m-%d %H:%M')}"), "summary")
-    for spec, rows, checks in specs_rows:
-        add(_table_figure(spec, rows, records, ours_scale), f"{spec.key}: table")
-        add(_directions_figure(spec, checks, counts[spec.key]), f"{spec.key}: directions")
+    for spec, rows, checks, found, m in specs_rows:
+        add(_table_figure(spec, rows, ours_scale, m, found), f"{spec.key}: table")
+        for k, fig in enumerate(_directions_figure(spec, checks, counts[spec.key])):
+            add(fig, f"{spec.key}: directions" + (f" {k + 1}" if k else ""))
         spec_records = [r for r in records if r.method in spec.rows and r.partition in spec.partitions]
         for ref, cmp_ in spec.comparisons:
             for part in spec.partitions:
                 a = [r for r in spec_records if r.method == ref and r.partition == part]
                 b = [r for r in spec_records if r.method == cmp_ and r.partition == part]
-                pairs = [(x, y) for x in a for y in b if x.seed == y.seed]
-                for x, y in pairs[:1]:
-                    hx, hy = figures._spectrum_source(x), figures._spectrum_source(y)
-                    if (len(hx.get("top_eigenvalues") or []) >= 2 and len(hy.get("top_eigenvalues") or []) >= 2) \
-                            or (hx.get("density") and hy.get("density")):
-                        add(figures.spectrum_pair_page(x, y, f"{ref} vs {cmp_}, {part}: Hessian spectrum "
-                                                             "(as MAN Fig. 4)"), f"{spec.key}: spectrum {ref} {part}")
+                if not a or not b:
+                    continue
+                ha = [figures._spectrum_source(x) for x in a]
+                hb = [figures._spectrum_source(y) for y in b]
+                if (any(len(h.get("top_eigenvalues") or []) >= 2 for h in ha)
+                        and any(len(h.get("top_eigenvalues") or []) >= 2 for h in hb)) \
+                        or (any(h.get("density") for h in ha) and any(h.get("density") for h in hb)):
+                    add(figures.spectrum_pair_page(a, b, f"{ref} vs {cmp_}, {part}: Hessian spectrum of the "
+                                                         f"{MODEL_NAMES[m]} model (as MAN Fig. 4)"),
+                        f"{spec.key}: spectrum {ref} {part}")
         groups = defaultdict(list)
         for r in spec_records:
             groups[r.partition].append(r)
         if groups:
             add(figures.accuracy_page(f"{spec.title.split(':')[0]}: accuracy against rounds", groups,
-                                      spec.accuracy_column,
-                                      subtitle=f"{spec.accuracy_column} of metrics.csv; {ours_scale}"),
+                                      MODEL_ACCURACY[m],
+                                      subtitle=f"test accuracy of the {MODEL_NAMES[m]} model; {ours_scale}",
+                                      ylabel=f"test accuracy, {MODEL_NAMES[m]} (%)"),
                 f"{spec.key}: accuracy")
         with_surface = [r for r in spec_records if r.surface_path]
         if with_surface:
-            for k in range(0, len(with_surface), 6):
-                add(figures.surface_page(f"{spec.title.split(':')[0]}: loss surfaces", with_surface[k:k + 6]),
-                    f"{spec.key}: surfaces")
+            for k in range(0, len(with_surface), 8):
+                add(figures.surface_page(f"{spec.title.split(':')[0]}: loss surfaces of the {MODEL_NAMES[m]} "
+                                         "model", with_surface[k:k + 8]), f"{spec.key}: surfaces")
     other = [r for r in records if not any(r.method in s.rows and r.partition in s.partitions for s in specs)]
     if other:
         groups = defaultdict(list)
         for r in other:
             groups[r.partition].append(r)
-        add(figures.accuracy_page("Other runs: accuracy against rounds", groups, "test_acc"), "other: accuracy")
+        add(figures.accuracy_page("Other runs: accuracy against rounds", groups, "test_acc",
+                                  ylabel="test accuracy, server (%)"), "other: accuracy")
     for fig in _run_pages(run_rows):
         add(fig, "runs")
     n_pages = write_pdf(pages, out / "report.pdf")
     written.append("report.pdf")
 
     summary = {"runs": len(records), "tables": [s.key for s in specs], "directions": counts,
+               "models": {s.key: m for s, _, _, _, m in specs_rows}, "notices": notices,
                "missing": missing, "pages": page_titles, "files": written + ["summary.json"],
                "ours_scale": ours_scale}
     atomic_write_json(out / "summary.json", summary)
     assert n_pages == len(page_titles)
     return summary
-

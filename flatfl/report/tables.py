@@ -22,12 +22,14 @@ import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 from ..errors import ConfigError
 
 __all__ = ["RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_label", "partition_label",
            "TableSpec", "TABLES", "paper_values", "build_table", "direction_checks", "matching_tables",
-           "scale_label", "METRIC_NAMES"]
+           "scale_label", "METRIC_NAMES", "MODELS", "MODEL_NAMES", "model_for", "read_clients_metrics",
+           "analysis_model", "incomparable_notes", "VERDICTS"]
 
 ALGO_NAMES = {
     "fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "feddyn": "FedDyn", "feddc": "FedDC",
@@ -66,9 +68,43 @@ def partition_label(cfg: dict) -> str:
     return part if part == "iid" else f"{part}-{float(cfg.get('alpha', 0.3)):g}"
 
 
+MODELS = ("server", "clients-average")
+MODEL_NAMES = {"server": "server", "clients-average": "all-clients average"}
+MODEL_ACCURACY = {"server": "test_acc", "clients-average": "all_test_acc"}  # metrics.csv column of each model
+
+
+def analysis_model(h: dict | None) -> str | None:
+    """Which model a hessian.json measured: 'clients-average' when its checkpoint is final-clients-average.pt,
+    'server' for final.pt (or a round checkpoint); None when it does not say."""
+    ck = str((h or {}).get("checkpoint") or "")
+    name = Path(ck).name
+    if name.startswith("final-clients-average"):
+        return "clients-average"
+    if name == "final.pt" or name.startswith("round_"):
+        return "server"
+    return None
+
+
+def read_clients_metrics(run_dir: Path, analyses: dict[str, dict]) -> dict | None:
+    """H_N / H_D of a run: the one place the report reads them. ``flatfl hessian-clients`` writes its results either
+    into a file of their own (``clients-<protocol>.json`` in the run or its hessian folder) or, in older runs, as
+    the 'clients' section of hessian/hessian.json; the first found in that order is used."""
+    for folder in (run_dir, run_dir / "hessian"):
+        for f in sorted(folder.glob("clients-*.json")) if folder.is_dir() else []:
+            data = _read_json(f)
+            if data and data.get("H_N") is not None:
+                return dict(data, source=str(f.relative_to(run_dir)))
+    for name, h in sorted(analyses.items()):
+        cl = (h or {}).get("clients")
+        if cl and cl.get("H_N") is not None:
+            return dict(cl, source=f"{name}/hessian.json")
+    return None
+
+
 @dataclass
 class RunRecord:
-    """What the report knows about one run directory."""
+    """What the report knows about one run directory. ``analyses`` holds every Hessian analysis found
+    (folder name -> hessian.json); :meth:`select` picks the one of a model (and settings) as ``hessian``."""
 
     run_dir: Path
     config: dict
@@ -78,10 +114,13 @@ class RunRecord:
     seed: int
     rounds_done: int
     curve: list[dict] = field(default_factory=list)  # metrics.csv rows (numbers)
-    hessian: dict | None = None  # hessian/hessian.json (the table's analysis)
+    hessian: dict | None = None  # the table's analysis (of ``model``)
     hessian_path: Path | None = None
-    spectrum: dict | None = None  # spectrum/hessian.json (top-k and density for the Fig. 4 pages), if any
+    spectrum: dict | None = None  # the top-k and density for the Fig. 4 pages (of ``model``), if any
     surface_path: Path | None = None
+    analyses: dict = field(default_factory=dict)
+    clients: dict | None = None  # H_N / H_D (read_clients_metrics)
+    model: str = "server"
 
     @property
     def name(self) -> str:
@@ -91,6 +130,38 @@ class RunRecord:
     def finished(self) -> bool:
         return (self.run_dir / "final.pt").is_file()
 
+    def candidates(self, model: str, kind: str = "hessian") -> list[str]:
+        """Folders holding a ``kind`` ('hessian' or 'spectrum') analysis of ``model``, the canonical one first."""
+        from ..sweep import analysis_dir
+
+        canon = analysis_dir(kind, model)
+        names = [n for n, h in self.analyses.items() if n.split("-")[0] == kind and analysis_model(h) == model]
+        return sorted(names, key=lambda n: (n != canon, n))
+
+    def select(self, model: str, settings_ok: Callable[[dict], bool] | None = None) -> "RunRecord":
+        """Use the analyses of ``model`` ('server' / 'clients-average'); with ``settings_ok`` only a Hessian
+        analysis whose settings it accepts. Sets ``hessian``, ``spectrum``, ``surface_path``; returns self."""
+        from ..sweep import analysis_dir
+
+        if model not in MODELS:
+            raise ConfigError(f"unknown model {model!r}: choose server or clients-average")
+        self.model = model
+        names = [n for n in self.candidates(model) if settings_ok is None or settings_ok(self.analyses[n])]
+        # the table needs a top eigenvalue and a trace: prefer an analysis that has both
+        names.sort(key=lambda n: not (self.analyses[n].get("top_eigenvalues")
+                                      and (self.analyses[n].get("trace") or {}).get("estimate") is not None))
+        self.hessian = self.analyses[names[0]] if names else None
+        self.hessian_path = self.run_dir / names[0] / "hessian.json" if names else None
+        spec = self.candidates(model, "spectrum")
+        self.spectrum = self.analyses[spec[0]] if spec else None
+        surface = self.run_dir / analysis_dir("surface", model) / "surface.npz"
+        self.surface_path = surface if surface.is_file() else None
+        return self
+
+    @property
+    def hessian_dir(self) -> str | None:
+        return None if self.hessian_path is None else self.hessian_path.parent.name
+
     def accuracy(self, column: str) -> float | None:
         """The last evaluated ``column`` of metrics.csv, in percent."""
         for row in reversed(self.curve):
@@ -99,10 +170,11 @@ class RunRecord:
                 return 100.0 * v
         return None
 
-    def value(self, metric: str, accuracy_column: str = "test_acc") -> float | None:
+    def value(self, metric: str, accuracy_column: str | None = None) -> float | None:
+        """``metric`` of this run's selected model (accuracy: ``accuracy_column``, default the model's own)."""
         h = self.hessian or {}
         if metric == "accuracy":
-            return self.accuracy(accuracy_column)
+            return self.accuracy(accuracy_column or MODEL_ACCURACY[self.model])
         if metric == "top_eigenvalue":
             values = h.get("top_eigenvalues") or []
             return float(values[0]) if values else None
@@ -110,21 +182,44 @@ class RunRecord:
             tr = h.get("trace") or {}
             return None if tr.get("estimate") is None else float(tr["estimate"])
         if metric in ("hessian_norm_gap", "hessian_direction"):
-            cl = h.get("clients") or {}
+            cl = self.clients or {}
             v = cl.get("H_N" if metric == "hessian_norm_gap" else "H_D")
             return None if v is None else float(v)
         raise ConfigError(f"unknown metric {metric!r}")
 
     def stderr(self, metric: str) -> float | None:
-        """The estimator's standard error of ``metric`` where the analysis gives one (trace, H_N, H_D)."""
+        """The estimator's own error of ``metric`` where the analysis gives one: the trace's standard error, the top
+        eigenvalue's error estimate (else its residual norm, a bound on the error), H_N / H_D's standard errors."""
         h = self.hessian or {}
         if metric == "trace":
             v = (h.get("trace") or {}).get("stderr")
+        elif metric == "top_eigenvalue":
+            est, res = h.get("error_estimates") or [], h.get("residuals") or []
+            v = est[0] if est and est[0] is not None else (res[0] if res else None)
         elif metric in ("hessian_norm_gap", "hessian_direction"):
-            v = (h.get("clients") or {}).get("H_N_stderr" if metric == "hessian_norm_gap" else "H_D_stderr")
+            v = (self.clients or {}).get("H_N_stderr" if metric == "hessian_norm_gap" else "H_D_stderr")
         else:
             v = None
-        return None if v is None else float(v)
+        return None if v is None or not math.isfinite(float(v)) else abs(float(v))
+
+    def setting(self, metric: str) -> str | None:
+        """The settings that change ``metric``'s number, as one short string (model, method, samples, protocol);
+        two runs whose strings differ must not be compared without a mark."""
+        if metric == "accuracy":
+            return MODEL_NAMES[self.model]
+        if metric in ("hessian_norm_gap", "hessian_direction"):
+            cl = self.clients or {}
+            if not cl:
+                return None
+            s = cl.get("settings") or {}
+            return (f"protocol {cl.get('protocol', s.get('protocol', '?'))}, probes {s.get('probes', '?')}, "
+                    f"samples {s.get('samples') or 'all'}")
+        h = self.hessian
+        if not h:
+            return None
+        s = h.get("settings") or {}
+        how = s.get("method", "?") if metric == "top_eigenvalue" else s.get("trace_method", "?")
+        return f"{MODEL_NAMES[self.model]}, {how}, {h.get('num_samples', '?')} samples"
 
 
 def _read_metrics(path: Path) -> list[dict]:
@@ -152,8 +247,9 @@ def _read_json(path: Path) -> dict | None:
         raise ConfigError(f"{path} is not readable JSON; delete it to recompute it") from None
 
 
-def load_run(run_dir: str | Path) -> RunRecord:
-    """Read a run directory (config.json, metrics.csv, hessian/hessian.json, surface/surface.npz)."""
+def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
+    """Read a run directory (config.json, metrics.csv, every Hessian analysis, H_N / H_D, the loss surface) and
+    select the analyses of ``model``."""
     d = Path(run_dir)
     f = d / "config.json"
     if not f.is_file():
@@ -162,18 +258,20 @@ def load_run(run_dir: str | Path) -> RunRecord:
         cfg = json.loads(f.read_text())["config"]
     except Exception:
         raise ConfigError(f"{f} is not a readable flatfl run config") from None
-    from ..sweep import HESSIAN_DIR, SPECTRUM_DIR, SURFACE_DIR
-
-    hessian_path = d / HESSIAN_DIR / "hessian.json"
-    hessian = _read_json(hessian_path)
-    spectrum = _read_json(d / SPECTRUM_DIR / "hessian.json")
-    surface = d / SURFACE_DIR / "surface.npz"
+    analyses = {}
+    for sub in sorted(d.iterdir()):
+        if sub.is_dir() and sub.name.split("-")[0] in ("hessian", "spectrum"):
+            h = _read_json(sub / "hessian.json")
+            if h is not None:
+                if analysis_model(h) is None:  # written before the checkpoint was recorded: the server model
+                    h = dict(h, checkpoint=str(d / "final.pt"))
+                analyses[sub.name] = h
     curve = _read_metrics(d / "metrics.csv")
-    return RunRecord(run_dir=d, config=cfg, method=method_label(cfg), partition=partition_label(cfg),
-                     dataset=str(cfg.get("dataset", "?")), seed=int(cfg.get("seed", 0)),
-                     rounds_done=int(curve[-1]["round"]) if curve and curve[-1].get("round") else 0, curve=curve,
-                     hessian=hessian, hessian_path=hessian_path if hessian else None, spectrum=spectrum,
-                     surface_path=surface if surface.is_file() else None)
+    rec = RunRecord(run_dir=d, config=cfg, method=method_label(cfg), partition=partition_label(cfg),
+                    dataset=str(cfg.get("dataset", "?")), seed=int(cfg.get("seed", 0)),
+                    rounds_done=int(curve[-1]["round"]) if curve and curve[-1].get("round") else 0, curve=curve,
+                    analyses=analyses, clients=read_clients_metrics(d, analyses))
+    return rec.select(model)
 
 
 def find_run_dirs(paths) -> list[Path]:
@@ -197,8 +295,8 @@ def find_run_dirs(paths) -> list[Path]:
     return unique
 
 
-def collect_runs(paths) -> list[RunRecord]:
-    return [load_run(d) for d in find_run_dirs(paths)]
+def collect_runs(paths, model: str = "server") -> list[RunRecord]:
+    return [load_run(d, model) for d in find_run_dirs(paths)]
 
 
 # ---------------------------------------------------------------------------------------------- layouts
@@ -216,7 +314,7 @@ class TableSpec:
     metrics: tuple[str, ...]
     comparisons: tuple[tuple[str, str], ...]
     paper_scale: str
-    accuracy_column: str = "test_acc"
+    default_model: str = "server"  # the model each row measures unless the report is told otherwise
     paper_names: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -237,16 +335,15 @@ TABLES: dict[str, TableSpec] = {
         rows=("FedAvg", "FedAvg+MAN", "FedSAM", "FedSAM+MAN", "FedDyn", "FedDyn+MAN", "FedDC", "FedDC+MAN"),
         partitions=("dirichlet-0.3", "dirichlet-0.6"), metrics=("top_eigenvalue", "trace", "accuracy"),
         comparisons=_with_reg(("FedAvg", "FedSAM", "FedDyn", "FedDC")), paper_scale=MAN_SCALE,
-        accuracy_column="all_test_acc",
-        notes=("accuracy: the average of all clients' latest models (MAN's protocol); the paper's accuracies are "
-               "Table 1 ('accuracy_after_500_rounds').",
+        default_model="clients-average",
+        notes=("the paper's accuracies are its Table 1 ('accuracy_after_500_rounds').",
                "the paper's FedDC values are identical for delta 0.3 and 0.6.")),
     "man-table6": TableSpec(
         key="man-table6", source="MAN", table="Table 6 (supplementary)",
         title="MAN supplementary Table 6: FedASAM and FedSpeed with and without MAN",
         rows=("FedASAM", "FedASAM+MAN", "FedSpeed", "FedSpeed+MAN"),
         partitions=("dirichlet-0.3", "dirichlet-0.6"), metrics=("top_eigenvalue", "trace", "accuracy"),
-        comparisons=_with_reg(("FedASAM", "FedSpeed")), paper_scale=MAN_SCALE, accuracy_column="all_test_acc",
+        comparisons=_with_reg(("FedASAM", "FedSpeed")), paper_scale=MAN_SCALE, default_model="clients-average",
         notes=("the paper's FedASAM and FedASAM+MAN values repeat its Table 2 FedAvg and FedAvg+MAN values digit for "
                "digit (probably a copy error); the FedASAM checks compare with those numbers.",)),
     "fedalign-table1": TableSpec(
@@ -260,7 +357,7 @@ TABLES: dict[str, TableSpec] = {
                      ("FedAvg", "FedAvg+StochDepth"), ("FedAvg", "FedAvg+GradAug"), ("FedAvg", "FedAvg+FedAlign")),
         paper_scale=("paper: CIFAR-100, ResNet-56, 16 clients all participating, Dirichlet 0.5 (FedML), 25 rounds x "
                      "20 local epochs, PyHessian power iteration and Hutchinson"),
-        accuracy_column="test_acc",
+        default_model="server",
         paper_names=(("FedAvg+Mixup", "Mixup"), ("FedAvg+StochDepth", "StochDepth"), ("FedAvg+GradAug", "GradAug")),
         notes=("FedAlign itself has no row in the paper's Table 1 (its accuracy is in Table 2 there); ours is shown "
                "without a paper value.",
@@ -332,30 +429,87 @@ def scale_label(records: list[RunRecord]) -> str:
             f"{len(seeds)} seed(s)")
 
 
+def model_for(spec: TableSpec, model: str | None) -> str:
+    """The model whose numbers fill ``spec``'s rows: ``model`` when given, else the layout's default.
+
+    MAN (main paper, Sec. 5: "we follow the protocol of [FedDyn], where we take the average of all the client
+    models for reporting accuracy"; spec/algorithms.md: the official scripts keep ``tst_perf_all``) reports the
+    all-clients average; its Hessian is said to be "the global model's" without naming which, so the MAN layouts
+    measure the all-clients average for every column, accuracy and Hessian alike. FedAlign evaluates the server
+    (global) model; with all clients joining every round, FedAvg's server model is that average anyway."""
+    m = model or spec.default_model
+    if m not in MODELS:
+        raise ConfigError(f"unknown model {m!r}: choose server or clients-average")
+    return m
+
+
+def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+    return _mean_and_spread(values)
+
+
 def build_table(spec: TableSpec, records: list[RunRecord], values: list[dict] | None = None) -> list[dict]:
-    """One row per (method, partition) of ``spec``: our mean over the matching runs (``n`` of them), its spread
-    over seeds (``_sd``) or the estimator's standard error for a single run (``_se``), and the paper's value."""
+    """One row per (method, partition) of ``spec``: our mean over the matching runs' values (``_n`` of them), the
+    standard deviation over seeds (``_sd``, two or more runs), the estimator's own error of that mean (``_se``:
+    sqrt(sum se_i^2) / n, where every run has one), the settings that made the number (``_setting``; 'mixed: ...'
+    when the runs differ) and the paper's value. The records must already hold the model to report
+    (:meth:`RunRecord.select`); the row names it (``model``)."""
     paper = _paper_lookup(spec, values if values is not None else paper_values())
     rows = []
     for method in spec.rows:
         for part in spec.partitions:
             runs = [r for r in records if r.method == method and r.partition == part]
+            models = sorted({getattr(r, "model", "server") for r in runs})
             row = {"table": spec.key, "method": method, "paper_method": spec.paper_name(method), "partition": part,
-                   "n_runs": len(runs), "runs": ";".join(r.name for r in runs),
-                   "dataset": ";".join(sorted({r.dataset for r in runs}))}
+                   "model": "/".join(MODEL_NAMES.get(m, m) for m in models), "n_runs": len(runs),
+                   "runs": ";".join(r.name for r in runs), "dataset": ";".join(sorted({r.dataset for r in runs}))}
             for metric in spec.metrics:
-                got = [v for v in (r.value(metric, spec.accuracy_column) for r in runs) if v is not None]
-                mean, sd = _mean_and_spread(got)
+                have = [(r, v) for r, v in ((r, r.value(metric)) for r in runs) if v is not None]
+                got = [v for _, v in have]
+                mean, sd = _mean_sd(got)
                 row[f"ours_{metric}"] = mean
                 row[f"ours_{metric}_n"] = len(got)
                 row[f"ours_{metric}_sd"] = sd
-                ses = [r.stderr(metric) for r in runs]
-                row[f"ours_{metric}_se"] = (math.sqrt(sum(s * s for s in ses)) / len(ses)
-                                            if got and len(ses) == len(got) and all(s is not None for s in ses)
-                                            else None)
+                ses = [r.stderr(metric) for r, _ in have]
+                row[f"ours_{metric}_se"] = (math.sqrt(sum(x * x for x in ses)) / len(ses)
+                                            if ses and all(x is not None for x in ses) else None)
+                settings = sorted({st for st in (getattr(r, "setting", lambda m: None)(metric) for r, _ in have)
+                                   if st is not None})
+                row[f"ours_{metric}_setting"] = (settings[0] if len(settings) == 1 else
+                                                 "mixed: " + " | ".join(settings) if settings else None)
+                row[f"ours_{metric}_mark"] = ""
                 row[f"paper_{metric}"] = paper.get((spec.paper_name(method), part, metric))
             rows.append(row)
+    _mark_incomparable(spec, rows)
     return rows
+
+
+def _mark_incomparable(spec: TableSpec, rows: list[dict]) -> None:
+    """A dagger on every value computed with settings other than the column's most common ones (or mixed)."""
+    for metric in spec.metrics:
+        settings = [r[f"ours_{metric}_setting"] for r in rows if r[f"ours_{metric}"] is not None]
+        if not settings:
+            continue
+        common = max(sorted(set(settings)), key=settings.count)
+        for r in rows:
+            if r[f"ours_{metric}"] is not None and (r[f"ours_{metric}_setting"] != common
+                                                    or common.startswith("mixed")):
+                r[f"ours_{metric}_mark"] = "†"
+
+
+def incomparable_notes(spec: TableSpec, rows: list[dict]) -> list[str]:
+    """The footnotes of the daggers of :func:`_mark_incomparable` (empty when every column is one protocol)."""
+    out = []
+    for metric in spec.metrics:
+        marked = [r for r in rows if r[f"ours_{metric}_mark"]]
+        if not marked:
+            continue
+        settings = [r[f"ours_{metric}_setting"] for r in rows if r[f"ours_{metric}"] is not None]
+        common = max(sorted(set(settings)), key=settings.count)
+        what = "; ".join(f"{r['method']} {r['partition']}: {r[f'ours_{metric}_setting']}" for r in marked)
+        out.append(f"† {METRIC_NAMES.get(metric, metric)} computed with other settings than the rest of its column "
+                   f"({common}): {what}. Not comparable without caution; direction checks between them are "
+                   "marked 'incomparable'.")
+    return out
 
 
 def _sign(delta: float | None, tol: float = 0.0) -> int | None:
@@ -364,10 +518,31 @@ def _sign(delta: float | None, tol: float = 0.0) -> int | None:
     return 0 if abs(delta) <= tol else (1 if delta > 0 else -1)
 
 
+def _mean_error(row: dict, metric: str) -> tuple[float | None, str]:
+    """Standard error of a row's mean and where it comes from: sd / sqrt(n) over seeds ('n=3', n >= 2), else the
+    estimator's own error ('est.'), else none."""
+    n, sd, se = row[f"ours_{metric}_n"], row[f"ours_{metric}_sd"], row[f"ours_{metric}_se"]
+    if n >= 2 and sd is not None:
+        return sd / math.sqrt(n), f"n={n}"
+    if se is not None:
+        return se, "est."
+    return None, "none"
+
+
+VERDICTS = ("agree", "disagree", "inconclusive", "incomparable")
+
+
 def direction_checks(spec: TableSpec, table_rows: list[dict]) -> list[dict]:
     """For each (reference, compared) pair, partition and metric where we have both values: our change and the
-    paper's, and whether they point the same way. ``resolved`` says whether our change exceeds twice its combined uncertainty (seed spread,
-    or the estimator's standard error), where one is known; None where none is."""
+    paper's, and a verdict:
+
+    * ``incomparable``: the two values were computed with different settings (model, method, samples, protocol);
+    * ``inconclusive``: our change is within twice its standard error, sqrt(se_a^2 + se_b^2), where each side's
+      se is sd / sqrt(n) over seeds (n >= 2) or, for one seed, the estimator's own error; also when no error is
+      known at all (one seed and no estimator error), or the paper gives no value;
+    * ``agree`` / ``disagree``: the change exceeds twice its standard error and points the paper's way or not.
+
+    ``agrees`` keeps the bare sign comparison (None without a paper value)."""
     by = {(r["method"], r["partition"]): r for r in table_rows}
     checks = []
     for ref, cmp_ in spec.comparisons:
@@ -380,26 +555,33 @@ def direction_checks(spec: TableSpec, table_rows: list[dict]) -> list[dict]:
                 if oa is None or ob is None:
                     continue  # nothing of ours to compare
                 pa, pb = a[f"paper_{metric}"], b[f"paper_{metric}"]
-                ours = None if oa is None or ob is None else ob - oa
+                ours = ob - oa
                 paper = None if pa is None or pb is None else pb - pa
-                unc = None
-                ua = a[f"ours_{metric}_sd"] if a[f"ours_{metric}_sd"] is not None else a[f"ours_{metric}_se"]
-                ub = b[f"ours_{metric}_sd"] if b[f"ours_{metric}_sd"] is not None else b[f"ours_{metric}_se"]
-                if ua is not None and ub is not None:
-                    unc = math.sqrt(ua * ua + ub * ub)
+                (ua, ka), (ub, kb) = _mean_error(a, metric), _mean_error(b, metric)
+                unc = math.sqrt(ua * ua + ub * ub) if ua is not None and ub is not None else None
                 s_ours, s_paper = _sign(ours), _sign(paper)
-                agrees = None if s_ours is None or s_paper is None else (s_ours == s_paper)
+                agrees = None if s_paper is None else (s_ours == s_paper)
+                same_setting = a[f"ours_{metric}_setting"] == b[f"ours_{metric}_setting"] and \
+                    not str(a[f"ours_{metric}_setting"]).startswith("mixed")
+                resolved = None if unc is None else abs(ours) > 2 * unc
+                if not same_setting:
+                    verdict = "incomparable"
+                elif agrees is None or not resolved:
+                    verdict = "inconclusive"
+                else:
+                    verdict = "agree" if agrees else "disagree"
                 checks.append({
                     "table": spec.key, "partition": part, "reference": ref, "compared": cmp_, "metric": metric,
+                    "model": a["model"] if a["model"] == b["model"] else f"{a['model']} / {b['model']}",
                     "ours_reference": oa, "ours_compared": ob, "ours_change": ours,
-                    "ours_change_pct": None if ours is None or not oa else 100.0 * ours / abs(oa),
-                    "ours_uncertainty": unc,
-                    "resolved": None if unc is None or ours is None else abs(ours) > 2 * unc,
+                    "ours_change_pct": None if not oa else 100.0 * ours / abs(oa),
+                    "ours_uncertainty": unc, "uncertainty_from": f"{ka} / {kb}",
+                    "resolved": resolved,
                     "paper_reference": pa, "paper_compared": pb, "paper_change": paper,
                     "paper_change_pct": None if paper is None or not pa else 100.0 * paper / abs(pa),
-                    "ours_direction": {1: "higher", -1: "lower", 0: "equal", None: None}[s_ours],
+                    "ours_direction": {1: "higher", -1: "lower", 0: "equal"}[s_ours],
                     "paper_direction": {1: "higher", -1: "lower", 0: "equal", None: None}[s_paper],
-                    "agrees": agrees,
+                    "agrees": agrees, "verdict": verdict,
                 })
     return checks
 

@@ -145,7 +145,7 @@ class Checkpoint:
     """
 
     def __init__(self, payload: dict, path: Path, device: str | torch.device = "cpu", which: str = "server",
-                 data_dir: str | Path | None = None):
+                 data_dir: str | Path | None = None, model: nn.Module | None = None, model_factory: str | None = None):
         from ..models import build_model
 
         self.path = Path(path)
@@ -162,16 +162,29 @@ class Checkpoint:
         key = {"server": "state_dict", "all": "all_state_dict"}.get(which)
         if key is None or key not in payload:
             raise CheckpointError(f"{path} has no {which!r} model (choose 'server' or 'all')")
+        custom = self.model_spec.get("name") == "custom"
+        if model is None and (model_factory or (custom and self.model_spec.get("factory"))):
+            from ..models.factory import model_from_factory
+
+            model_factory = model_factory or self.model_spec["factory"]
+            model = model_from_factory(model_factory)
+        if model is None and custom:
+            raise CheckpointError(f"{path} holds a custom network ({self.model_spec.get('class', '?')}) and no model "
+                                  "factory: pass the network, flatfl.load_checkpoint(path, model=net), or "
+                                  "--model-factory module:function")
+        what = f"model {self.model_spec.get('name')!r}" if model is None else \
+            (f"--model-factory {model_factory}" if model_factory else f"the given {type(model).__name__}")
         try:
-            model = build_model(self.model_spec["name"], **self.model_spec["kwargs"])
+            if model is None:
+                model = build_model(self.model_spec["name"], **self.model_spec["kwargs"])
             model = _apply_wrappers(model, self.config)
         except Exception as e:
-            raise CheckpointError(f"{path}: cannot rebuild model {self.model_spec.get('name')!r}: {e}") from None
+            raise CheckpointError(f"{path}: cannot rebuild {what}: {e}") from None
         try:
             model.load_state_dict(payload[key], strict=True)
         except RuntimeError as e:
             first = str(e).strip().splitlines()
-            raise CheckpointError(f"{path}: weights do not fit model {self.model_spec['name']!r} "
+            raise CheckpointError(f"{path}: weights do not fit {what} "
                                   f"({first[1].strip() if len(first) > 1 else first[0]})") from None
         self.model: nn.Module = model.to(self.device).eval()
         self._dataset = None
@@ -189,9 +202,20 @@ class Checkpoint:
     def dataset(self):
         """The run's dataset (loaded on first use, from ``data_dir``)."""
         if self._dataset is None:
-            from ..data import load_dataset
+            info = self.payload["dataset"]
+            if info.get("custom"):
+                from ..data.datasets import load_saved_dataset
 
-            self._dataset = load_dataset(self.dataset_name, self.data_dir, download=False)
+                if not info.get("file"):
+                    raise CheckpointError(f"{self.path}: the run's custom dataset {self.dataset_name!r} was not "
+                                          "saved with it (over 1 GiB); evaluate the model on your own batches")
+                here = self.path.parent
+                f = here / info["file"] if (here / info["file"]).is_file() else here.parent / info["file"]
+                self._dataset = load_saved_dataset(f)
+            else:
+                from ..data import load_dataset
+
+                self._dataset = load_dataset(self.dataset_name, self.data_dir, download=False)
         return self._dataset
 
     def eval_batches(self, split: str = "train", samples: int | None = None, batch_size: int = 256,
@@ -275,8 +299,13 @@ def _apply_wrappers(model: nn.Module, config: dict) -> nn.Module:
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", which: str = "server",
-                    data_dir: str | Path | None = None) -> Checkpoint:
-    """Load a checkpoint file or a run directory's final checkpoint."""
+                    data_dir: str | Path | None = None, model: nn.Module | None = None,
+                    model_factory: str | None = None) -> Checkpoint:
+    """Load a checkpoint file or a run directory's final checkpoint.
+
+    A run on your own network: pass ``model`` (an ``nn.Module`` of the trained architecture; the weights are loaded
+    into it) or ``model_factory="module:function"``; without either, the factory the run recorded is used. Weights
+    are read with ``torch.load(weights_only=True)``; the model object is never unpickled."""
     from ..errors import ConfigError
 
     dev = str(device)
@@ -289,7 +318,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", which:
     if dev == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
         raise ConfigError("device 'mps' asked for, but MPS is not available on this machine")
     p = resolve_checkpoint_path(path)
-    return Checkpoint(_read(p), p, device=device, which=which, data_dir=data_dir)
+    return Checkpoint(_read(p), p, device=device, which=which, data_dir=data_dir, model=model,
+                      model_factory=model_factory)
 
 
 def finite(x: float) -> bool:

@@ -120,6 +120,49 @@ def all_hparams() -> dict[str, HParam]:
     return flags
 
 
+KIND_FLAGS = {"algorithm": "--algo", "local optimizer": "--local-opt", "regularizer": "--reg"}
+
+
+def hparam_declarations() -> dict[str, list[tuple[str, str, HParam]]]:
+    """settings key -> every (kind, component name, HParam) declaring it: local optimizers, then algorithms, then
+    regularizers, each in name order."""
+    load_all()
+    out: dict[str, list[tuple[str, str, HParam]]] = {}
+    for reg in (LOCAL_OPTIMIZERS, ALGORITHMS, REGULARIZERS):
+        for name in sorted(reg):
+            for hp in reg[name].hparams:
+                out.setdefault(hp.key, []).append((reg.kind, name, hp))
+    return out
+
+
+def used_hparams(algo: str, local_opt: str, reg: str) -> set[str]:
+    """The settings keys read by the selected algorithm, the local optimizer it runs and the regularizer."""
+    algo_cls = ALGORITHMS.get_class(algo)
+    pieces = (algo_cls, LOCAL_OPTIMIZERS.get_class(algo_cls.local_optimizer(local_opt)), REGULARIZERS.get_class(reg))
+    return {hp.key for cls in pieces for hp in cls.hparams}
+
+
+def check_used_hparams(settings: dict[str, Any], algo: str, local_opt: str, reg: str) -> None:
+    """A :class:`ConfigError` naming the first explicitly set hyper-parameter that none of the selected pieces
+    reads (the algorithm, the local optimizer it runs, i.e. its own one for fedsam / fedspeed..., the regularizer):
+    setting it would be saved in the config and silently ignored."""
+    algo_cls = ALGORITHMS.get_class(algo)
+    opt_name = algo_cls.local_optimizer(local_opt)
+    used = used_hparams(algo, local_opt, reg)
+    declared = hparam_declarations()
+    for key in settings:
+        if key in used or key not in declared:
+            continue
+        owners = [f"{KIND_FLAGS[kind]} {name}" for kind, name, _ in declared[key]]
+        flag = declared[key][0][2].cli_flag
+        run = f"--algo {algo_cls.name}, --local-opt {opt_name}, --reg {REGULARIZERS.get_class(reg).name}"
+        if len(owners) == 1:
+            raise ConfigError(f"{flag} is a setting of {owners[0]}, which this run ({run}) does not use: remove it "
+                              f"or add {owners[0]}")
+        raise ConfigError(f"{flag} is a setting of {' / '.join(owners)}, none of which this run ({run}) uses: "
+                          "remove it or select one of them")
+
+
 def describe(kind_registry: Registry) -> str:
     """Human-readable listing of the pieces of one kind and their hyper-parameters with defaults."""
     lines = []

@@ -47,6 +47,8 @@ def comparable_settings(cfg: RunConfig) -> dict:
     """The settings a resumed run must share with its start, as plain JSON-safe values."""
     d = json.loads(json.dumps(cfg.to_dict(), default=str))
     return {k: v for k, v in d.items() if k not in RESUME_FREE_SETTINGS}
+CUSTOM_DATA_FILE = "data.pt"  # a custom dataset saved with its run (tensors only)
+CUSTOM_DATA_LIMIT_BYTES = 1 << 30
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,19 +89,42 @@ class Trainer:
     """Builds a run from its config and runs (or resumes) it. ``run()`` returns the path of ``final.pt``."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, quiet: bool = False,
-                 log: Callable[[str], None] | None = None, dataset=None, model: torch.nn.Module | None = None):
-        """``dataset`` (an :class:`~flatfl.data.ImageDataset`) and ``model`` override the config's names, for
-        runs on in-memory data or a custom network from Python (the model is deep-copied)."""
+                 log: Callable[[str], None] | None = None, dataset=None, model: torch.nn.Module | None = None,
+                 test_dataset=None, model_factory: str | None = None):
+        """Your own data and network, from Python, override the config's names:
+
+        * ``dataset`` (and ``test_dataset``): a ``torch.utils.data.TensorDataset``, any map-style dataset of
+          (image, label) pairs, an (inputs, labels) pair of tensors or an :class:`~flatfl.data.ImageDataset`
+          (see :func:`flatfl.data.datasets.as_image_dataset`: without ``test_dataset`` a fixed 20% of each class is
+          held out). A custom dataset is saved with the run (``data.pt``, tensors only, up to 1 GiB) so that
+          ``flatfl hessian`` and ``--resume`` find it.
+        * ``model``: any ``nn.Module`` (deep-copied); ``model_factory="module:function"`` names a function that
+          builds it. The checkpoint records that the model is custom and the factory, if given, so that
+          ``flatfl hessian CKPT`` (or ``--model-factory``) and ``flatfl.load_checkpoint(path, model=net)`` rebuild
+          it from weights alone."""
         load_all()
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.quiet = quiet
         self.log = log or (lambda s: print(s, file=sys.stderr))
         self.device = resolve_device(cfg.device)
+        if cfg.threads is not None:  # None: leave the process's setting (the CLI sets the default of utils.threads)
+            from ..utils.threads import apply_threads
+
+            apply_threads(cfg.threads)
         torch.use_deterministic_algorithms(False)
         set_global_seed(cfg.seed)
 
-        self.ds = dataset if dataset is not None else load_dataset(cfg.dataset, cfg.data_dir)
+        from ..data.datasets import DATASETS, as_image_dataset, load_saved_dataset
+
+        if dataset is None and resume and (self.run_dir / CUSTOM_DATA_FILE).is_file():
+            dataset = load_saved_dataset(self.run_dir / CUSTOM_DATA_FILE)
+        elif dataset is None and resume and (_saved_run_info(self.run_dir).get("dataset") or {}).get("custom"):
+            raise ConfigError(f"{self.run_dir} was trained on a custom dataset that was not saved with it: resume it "
+                              "from Python, Trainer(cfg, run_dir, resume=True, dataset=...)")
+        self.ds = as_image_dataset(dataset, test_dataset) if dataset is not None else \
+            load_dataset(cfg.dataset, cfg.data_dir)
+        self.custom_data = self.ds.name.lower().replace("-", "").replace("_", "") not in DATASETS
         self.augment = cfg.augment if cfg.augment is not None else self.ds.augment_default
         labels = self.ds.train_y.numpy()
         part_file = self.run_dir / "partition.json"
@@ -119,12 +144,24 @@ class Trainer:
         from ..models import build_model
 
         torch.manual_seed(cfg.seed)
+        if model is None and model_factory is None and resume:
+            model_factory = _saved_factory(self.run_dir)
+        if model is None and model_factory is not None:
+            from ..models.factory import model_from_factory
+
+            model = model_from_factory(model_factory)
         if model is None:
             model = build_model(cfg.resolved_model(), num_classes=self.ds.num_classes,
                                 in_channels=self.ds.in_channels, image_size=self.ds.image_size, **cfg.model_args)
         else:
             model = copy.deepcopy(model)
-        self.model_spec = dict(getattr(model, "flatfl_spec", None) or {"name": "custom", "kwargs": {}})
+        if getattr(model, "flatfl_spec", None):
+            self.model_spec = dict(model.flatfl_spec)
+        else:
+            from ..models.factory import check_factory_name, describe_model_class
+
+            self.model_spec = {"name": "custom", "kwargs": {}, "custom": True, "class": describe_model_class(model),
+                               "factory": None if model_factory is None else check_factory_name(model_factory)}
         self.algo_cls = ALGORITHMS.get_class(cfg.algo)
         self.reg_cls = REGULARIZERS.get_class(cfg.reg)
         self.opt_cls = LOCAL_OPTIMIZERS.get_class(self.algo_cls.local_optimizer(cfg.local_opt))
@@ -319,11 +356,29 @@ class Trainer:
         cfg = self.cfg.to_dict()
         cfg["out"] = str(d)
         atomic_write_json(d / "config.json", {"flatfl_version": __version__, "config": cfg,
-                                              "model": self.model_spec, "resolved": self.resolved})
+                                              "model": self.model_spec, "resolved": self.resolved,
+                                              "dataset": self._dataset_info()})
+        if self.custom_data and not (d / CUSTOM_DATA_FILE).is_file():
+            from ..data.datasets import dataset_payload
+
+            if self._dataset_info()["file"]:
+                atomic_torch_save(dataset_payload(self.ds), d / CUSTOM_DATA_FILE)
+            else:
+                self.log(f"the custom dataset is over {CUSTOM_DATA_LIMIT_BYTES >> 20} MiB and was not saved with "
+                         "the run: analyse it from Python (flatfl.analysis.HessianOperator(model, batches))")
         if not (d / "partition.json").is_file():
             pd = self.partition.to_dict()
             pd["label_counts"] = self.label_counts.tolist()
             atomic_write_json(d / "partition.json", pd)
+
+    def _dataset_info(self) -> dict:
+        """Where the run's data comes from: a dataset name, or (custom data) the run's data.pt when saved."""
+        info = {"name": self.ds.name, "custom": self.custom_data, "file": None}
+        if self.custom_data:
+            size = sum(t.numel() * t.element_size() for t in (self.ds.train_x, self.ds.train_y, self.ds.test_x,
+                                                             self.ds.test_y))
+            info["file"] = CUSTOM_DATA_FILE if size <= CUSTOM_DATA_LIMIT_BYTES else None
+        return info
 
     def _write_metrics(self) -> None:
         buf = io.StringIO()
@@ -346,7 +401,8 @@ class Trainer:
             "state_dict": server,
             "all_state_dict": all_sd,
             "dataset": {"name": self.ds.name, "data_dir": str(Path(self.cfg.data_dir).resolve()),
-                        "num_classes": self.ds.num_classes, "input_shape": list(self.ds.input_shape)},
+                        "num_classes": self.ds.num_classes, "input_shape": list(self.ds.input_shape),
+                        **self._dataset_info()},
             "partition": self.partition.to_dict(),
             "config": cfg,
             "resolved": self.resolved,
@@ -371,6 +427,13 @@ class Trainer:
             "rng": rng_state(), "settings": comparable_settings(self.cfg),
         }
         if final:  # final.pt first: a run whose resume.pt says finished always has its final.pt
+            # the all-clients average (MAN's and FedDyn's reported model) as a checkpoint of its own, in the same
+            # format, so analyses can take either model; for algorithms where it equals the server model it is
+            # still written (and says so in 'equals_server')
+            avg = dict(payload, state_dict=payload["all_state_dict"], model_role="clients-average",
+                       equals_server=all(torch.equal(payload["state_dict"][k], payload["all_state_dict"][k])
+                                         for k in payload["state_dict"]))
+            save_checkpoint(d / "final-clients-average.pt", avg)
             save_checkpoint(d / "final.pt", payload)
         save_resume_state(d / "resume.pt", state)
 
@@ -403,6 +466,25 @@ class Trainer:
         self.metrics = list(st["metrics"])
         self.elapsed = float(st.get("elapsed", 0.0))
         self.start_round = int(st["round"])
+
+
+def _saved_run_info(run_dir: Path) -> dict:
+    try:
+        info = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _saved_factory(run_dir: Path) -> str | None:
+    """The model factory a custom-model run recorded (resuming it without a model); an error when it has none."""
+    spec = _saved_run_info(run_dir).get("model") or {}
+    if spec.get("name") != "custom":
+        return None
+    if not spec.get("factory"):
+        raise ConfigError(f"{run_dir} was trained on a custom network ({spec.get('class', '?')}) with no model "
+                          "factory recorded: resume it from Python, Trainer(cfg, run_dir, resume=True, model=net)")
+    return spec["factory"]
 
 
 def read_run_config(run_dir: str | Path) -> RunConfig:

@@ -19,8 +19,11 @@ def default_run_dir(cfg) -> Path:
 
 def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=False, opts=None) -> Path:
     opts = dict(opts or {})
+    from ..utils.threads import apply_threads
+
     if resume_dir is not None:
         cfg = read_run_config(resume_dir)
+        apply_threads(opts.get("threads") if opts.get("threads") is not None else cfg.threads)
         with folder_lock(resume_dir):
             trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet)
             return trainer.run()
@@ -33,6 +36,7 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
         cli["params"] = params
     file_settings = read_config_file(config_file) if config_file else {}
     cfg = build_config(file_settings, cli)
+    apply_threads(cfg.threads)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     cfg.out = str(run_dir)
     if run_dir.exists() and not run_dir.is_dir():

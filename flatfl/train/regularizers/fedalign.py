@@ -51,8 +51,7 @@ from .base import Regularizer
 from .man import NONLINEARITIES
 
 POWER_ITERATIONS = 10
-WIDTH_HELP = ("width omega of the slimmed sub-network: FedAlign's final block (default 0.25), GradAug's "
-              "minimum width (default 0.8)")
+WIDTH_HELP = "width omega of the slimmed sub-network: FedAlign's final block, GradAug's minimum width"
 _NORM_FLOOR = 1e-12
 
 

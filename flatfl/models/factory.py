@@ -1,0 +1,60 @@
+"""Your own network, named as ``module:function`` (``--model-factory my_models:my_net``).
+
+The function is imported (the current directory is searched first, as ``python -m`` does) and called with no
+arguments; it must return an ``nn.Module`` of the architecture the checkpoint was trained with. Only the weights come
+from the checkpoint (``torch.load(weights_only=True)``): the model object itself is never unpickled.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from torch import nn
+
+from ..errors import ConfigError
+
+__all__ = ["check_factory_name", "model_from_factory", "describe_model_class"]
+
+
+def check_factory_name(spec) -> str:
+    """``module:function`` (dotted module path, dotted attribute path), else a :class:`ConfigError`."""
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise ConfigError(f"--model-factory must be 'module:function' (e.g. my_models:my_net), got {spec!r}")
+    module, func = spec.split(":")
+    parts = module.split(".") + func.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise ConfigError(f"--model-factory must be 'module:function' (e.g. my_models:my_net), got {spec!r}")
+    return spec
+
+
+def model_from_factory(spec: str) -> nn.Module:
+    """Import ``module:function``, call it with no arguments and check that it returns an ``nn.Module``."""
+    module_name, func_name = check_factory_name(spec).split(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:  # kept: worker processes unpickling the model import it too
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"--model-factory {spec}: cannot import {module_name!r} ({e})") from None
+    target = module
+    for part in func_name.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ConfigError(f"--model-factory {spec}: {module_name!r} has no {func_name!r}")
+    if not callable(target):
+        raise ConfigError(f"--model-factory {spec}: {func_name!r} is not callable")
+    try:
+        model = target()
+    except Exception as e:
+        raise ConfigError(f"--model-factory {spec}: calling {func_name}() failed: {type(e).__name__}: {e}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"--model-factory {spec}: {func_name}() returned a {type(model).__name__}, "
+                          "not a torch.nn.Module")
+    return model
+
+
+def describe_model_class(model: nn.Module) -> str:
+    cls = type(model)
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -1,0 +1,208 @@
+"""Own data and own networks (issue 18.3): the README's snippet run as written (extracted from README.md), then
+``flatfl hessian`` on its checkpoint through the CLI, checked against a dense Hessian of the user's network."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+import flatfl
+from flatfl.cli import main
+from flatfl.config import RunConfig
+from flatfl.errors import FlatflError
+from flatfl.train.engine import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_blocks(lang: str) -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+def block_starting(lang: str, first_line: str) -> str:
+    found = [b for b in readme_blocks(lang) if b.startswith(first_line)]
+    assert len(found) == 1, f"README.md must hold one {lang} block starting {first_line!r}"
+    return found[0]
+
+
+def env():
+    e = dict(os.environ, OMP_NUM_THREADS="1")
+    e["PYTHONPATH"] = str(ROOT) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    return e
+
+
+@pytest.fixture(scope="module")
+def readme_run(tmp_path_factory):
+    """Run the README's two Python blocks as written, in an empty folder."""
+    folder = tmp_path_factory.mktemp("own")
+    (folder / "my_models.py").write_text(block_starting("python", "# my_models.py"))
+    snippet = block_starting("python", "# training from Python, on your own data")
+    (folder / "snippet.py").write_text(snippet + "\nprint('FINAL', final)\nprint('ACC', ckpt.model is not None)\n")
+    r = subprocess.run([sys.executable, "snippet.py"], cwd=folder, env=env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return folder, r.stdout
+
+
+def test_readme_snippet_trains_and_loads_the_custom_network(readme_run):
+    folder, stdout = readme_run
+    run = folder / "runs" / "own"
+    assert f"FINAL {Path('runs/own/final.pt')}" in stdout
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["model"]["name"] == "custom" and saved["model"]["factory"] == "my_models:my_net"
+    assert saved["model"]["class"] == "torch.nn.modules.container.Sequential"
+    assert saved["dataset"]["custom"] and saved["dataset"]["file"] == "data.pt"
+    payload = torch.load(run / "final.pt", weights_only=True)
+    assert payload["model_spec"]["factory"] == "my_models:my_net" and payload["dataset"]["custom"]
+
+    # load_checkpoint(path, model=net) puts the trained weights into the user's network; its test accuracy on the
+    # user's own tensors (rebuilt here as the snippet built them) equals the run's last recorded test accuracy
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 2))
+    ckpt = flatfl.load_checkpoint(run, model=net)
+    assert ckpt.model is net and torch.equal(net[1].weight, payload["state_dict"]["1.weight"])
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, 1, 8, 8, generator=g)
+    y = (x[:, 0, :4].mean((1, 2)) > x[:, 0, 4:].mean((1, 2))).long()
+    with torch.no_grad():
+        acc = float((net(x[800:]).argmax(1) == y[800:]).float().mean())
+    last = list(csv.DictReader((run / "metrics.csv").open()))[-1]
+    assert acc == pytest.approx(float(last["test_acc"]), abs=1e-6)
+    assert acc > 0.7  # the task is learnable: well above chance (0.5)
+
+
+def test_flatfl_hessian_on_the_custom_checkpoint_matches_a_dense_hessian(readme_run):
+    folder, _ = readme_run
+    commands = [ln for ln in block_starting("bash", "flatfl hessian runs/own").splitlines() if ln.strip()]
+    assert len(commands) == 2
+    results = []
+    for line in commands:
+        args = shlex.split(line.split("#")[0])
+        assert args[0] == "flatfl"
+        r = subprocess.run([sys.executable, "-m", "flatfl", *args[1:], "--quiet"], cwd=folder, env=env(),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        out = folder / args[args.index("--out") + 1]
+        assert str(out.relative_to(folder) / "hessian.json") in r.stdout.strip().splitlines()[-1]
+        results.append(json.loads((out / "hessian.json").read_text()))
+
+    # independent truth: the dense Hessian of the mean cross-entropy of the user's network over the training split
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, 1, 8, 8, generator=g)
+    y = (x[:, 0, :4].mean((1, 2)) > x[:, 0, 4:].mean((1, 2))).long()
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 2))
+    flatfl.load_checkpoint(folder / "runs" / "own", model=net)
+    names = [n for n, _ in net.named_parameters()]
+    shapes = [p.shape for p in net.parameters()]
+    theta = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).double()
+    net = net.double()
+
+    def loss(flat):
+        params, i = {}, 0
+        for n, s in zip(names, shapes):
+            k = int(np.prod(s))
+            params[n] = flat[i:i + k].view(s)
+            i += k
+        return F.cross_entropy(torch.func.functional_call(net, params, (x[:800].double(),)), y[:800])
+
+    dense = torch.autograd.functional.hessian(loss, theta).numpy()
+    top = np.linalg.eigvalsh((dense + dense.T) / 2)[::-1]
+    for rep in results:
+        assert rep["num_samples"] == 800 and rep["num_params"] == theta.numel() == 2146
+    assert results[0]["top_eigenvalues"] == pytest.approx(top[:5], rel=1e-3)
+    assert results[1]["top_eigenvalues"][0] == pytest.approx(top[0], rel=1e-3)
+
+
+def test_custom_network_without_factory_is_one_clear_line(tmp_path):
+    cfg = RunConfig(rounds=1, clients=2).validate()
+    x = torch.rand(60, 1, 8, 8)
+    y = torch.arange(60) % 3
+    final = Trainer(cfg, tmp_path / "r", dataset=TensorDataset(x, y), quiet=True,
+                    model=nn.Sequential(nn.Flatten(), nn.Linear(64, 3))).run()
+    with pytest.raises(FlatflError, match="custom network .*Sequential.*model=net.*--model-factory"):
+        flatfl.load_checkpoint(final)
+    r = CliRunner().invoke(main, ["hessian", str(final), "--out", str(tmp_path / "h")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "--model-factory module:function" in r.output
+    r = CliRunner().invoke(main, ["hessian", str(final), "--model-factory", "nope", "--out", str(tmp_path / "h")])
+    assert r.exit_code == 2 and "must be 'module:function'" in r.output and r.output.count("\n") == 1
+    r = CliRunner().invoke(main, ["hessian", str(final), "--model-factory", "no_such_module_x:f",
+                                  "--out", str(tmp_path / "h")])
+    assert r.exit_code == 2 and "cannot import 'no_such_module_x'" in r.output
+    assert not (tmp_path / "h").exists()
+    # a wrong architecture: the weights do not fit, one line
+    with pytest.raises(FlatflError, match="weights do not fit the given Sequential"):
+        flatfl.load_checkpoint(final, model=nn.Sequential(nn.Flatten(), nn.Linear(64, 4)))
+    # resuming a custom-network run without a factory says how to do it instead of training another model
+    r = CliRunner().invoke(main, ["train", "--resume", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "resume it from Python" in r.output
+
+
+class PairDataset(Dataset):
+    """A map-style dataset of (numpy uint8 image, int label): no tensors attribute, no flatfl fields."""
+
+    def __init__(self, n, seed):
+        rng = np.random.default_rng(seed)
+        self.labels = rng.integers(0, 4, size=n)
+        self.images = (rng.random((n, 3, 8, 8)) * 60 + self.labels[:, None, None, None] * 60).astype(np.uint8)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.images[i], int(self.labels[i])
+
+
+def test_map_style_dataset_with_a_registry_model_then_hessian_cli(tmp_path):
+    ds = PairDataset(200, 0)
+    cfg = RunConfig(model="tiny", rounds=2, clients=3, batch_size=20).validate()
+    final = Trainer(cfg, tmp_path / "r", dataset=ds, quiet=True).run()  # no test set: 20% of each class held out
+    ckpt = flatfl.load_checkpoint(final)
+    data = ckpt.dataset()
+    assert data.num_classes == 4 and len(data.train_y) + len(data.test_y) == 200
+    assert len(data.test_y) == sum(int((ds.labels == c).sum()) // 5 for c in range(4))
+    # the uint8 images are scaled and standardised with the training split's per-channel statistics
+    tr = torch.as_tensor(ds.images).float() / 255
+    assert data.mean[0] == pytest.approx(float(data.train_x[:, 0].float().mean() / 255), rel=1e-5)
+    assert min(data.mean) > float(tr.mean()) * 0.5
+    r = CliRunner().invoke(main, ["hessian", str(final), "--trace-hvps", "10", "--quiet", "--out",
+                                  str(tmp_path / "h")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "h" / "hessian.json").read_text())["num_samples"] == len(data.train_y)
+
+
+def test_bad_datasets_are_one_line():
+    cfg = RunConfig(rounds=1, clients=2).validate()
+    with pytest.raises(FlatflError, match="one integer label per input"):
+        Trainer(cfg, "unused", dataset=(torch.rand(10, 1, 8, 8), torch.zeros(9)))
+    with pytest.raises(FlatflError, match="map-style dataset of \\(image, label\\)"):
+        Trainer(cfg, "unused", dataset=object())
+    with pytest.raises(FlatflError, match="class indices"):
+        Trainer(cfg, "unused", dataset=TensorDataset(torch.rand(10, 1, 8, 8), torch.rand(10)))
+
+
+def test_surface_and_resume_of_the_custom_run_use_the_recorded_factory_and_data(readme_run):
+    folder, _ = readme_run
+    r = subprocess.run([sys.executable, "-m", "flatfl", "surface", "runs/own", "--grid", "3", "--samples", "64",
+                        "--quiet", "--out", "runs/own/surface"], cwd=folder, env=env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((folder / "runs/own/surface/surface.json").read_text())
+    assert s["num_samples"] == 64 and s["num_params"] == 2146
+    # resuming a finished custom run from the command line rebuilds the network (factory) and data (data.pt)
+    r = subprocess.run([sys.executable, "-m", "flatfl", "train", "--resume", "runs/own"], cwd=folder, env=env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "already finished" in r.stderr and r.stdout.strip().endswith("runs/own/final.pt")

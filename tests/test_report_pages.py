@@ -1,0 +1,215 @@
+"""The report from hand-written run folders (no training): mean +- sd over two seeds and an 'inconclusive' verdict
+where the seeds disagree, every row naming its model, daggers on numbers made with other settings, and every page
+of both report layouts rendered with no text leaving its cell, axes or page (matplotlib renderer extents)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flatfl.report.pdf as report_pdf
+from flatfl.config import build_config
+from flatfl.report import build_report
+from flatfl.reproduce import plan
+
+
+def _write_run(task, *, lam, trace, trace_se, acc, model, topk=None, density=False, clients=None, surface=False,
+               samples=1437, train_loss=0.05):
+    d = Path(task.run_dir)
+    d.mkdir(parents=True)
+    cfg = build_config({}, task.settings).to_dict()
+    (d / "config.json").write_text(json.dumps({"config": cfg}))
+    with (d / "metrics.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["round", "train_loss", "test_acc", "all_test_acc"])
+        for r in (1, 2, 3):
+            w.writerow([r, train_loss * (4 - r), acc / 100 * r / 3, (acc - 1) / 100 * r / 3])
+    (d / "final.pt").write_bytes(b"not read by the report")
+    ckpt = "final.pt" if model == "server" else "final-clients-average.pt"
+    folder = "hessian" if model == "server" else "hessian-clients-average"
+    top = topk or [lam]
+    h = {"checkpoint": str(d / ckpt), "num_samples": min(samples, 1437),
+         "settings": {"method": "lanczos", "trace_method": "hutchpp", "samples": samples if samples != 1437 else None},
+         "top_eigenvalues": top, "residuals": [1e-3] * len(top), "error_estimates": [1e-4] * len(top),
+         "trace": {"estimate": trace, "stderr": trace_se}, "density": None}
+    (d / folder).mkdir()
+    (d / folder / "hessian.json").write_text(json.dumps(h))
+    if density:
+        rng = np.random.default_rng(len(d.name))
+        spec = dict(h, top_eigenvalues=sorted(rng.uniform(0.1, lam, 60).tolist() + [lam], reverse=True),
+                    density={"nodes": [sorted(rng.uniform(-0.5, lam, 12).tolist()) for _ in range(3)],
+                             "weights": [(np.ones(12) / 12).tolist() for _ in range(3)]})
+        sd = "spectrum" if model == "server" else "spectrum-clients-average"
+        (d / sd).mkdir()
+        (d / sd / "hessian.json").write_text(json.dumps(spec))
+    if clients:
+        (d / "clients-default.json").write_text(json.dumps(dict(clients, protocol="default",
+                                                                settings={"probes": 20, "samples": 64})))
+    if surface:
+        sdir = d / ("surface" if model == "server" else "surface-clients-average")
+        sdir.mkdir()
+        x = np.linspace(-1, 1, 5)
+        loss = (x[:, None] ** 2 + 2 * x[None, :] ** 2) * lam / 10 + 0.1
+        np.savez(sdir / "surface.npz", x=x, y=x, loss=loss, done=np.ones_like(loss, dtype=bool))
+        (sdir / "surface.json").write_text(json.dumps({"settings": {"directions": "hessian"}}))
+
+
+# top eigenvalue per (method, seed): FedAvg's seeds disagree about MAN; FedDyn's agree that MAN lowers it
+MAN_VALUES = {"FedAvg": (10.0, 12.0), "FedAvg+MAN": (13.0, 8.0), "FedDyn": (20.0, 20.2), "FedDyn+MAN": (10.0, 10.2)}
+
+
+@pytest.fixture(scope="module")
+def man_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("man-fake")
+    tasks = plan("man-table2", "tiny", runs_dir=root, seeds=(0, 1))
+    from flatfl.report.tables import method_label
+
+    for t in tasks:
+        method = method_label(t.settings | t.settings.get("params", {}))
+        if method not in MAN_VALUES or t.settings["alpha"] != 0.3:
+            continue
+        lam = MAN_VALUES[method][t.settings["seed"]]
+        _write_run(t, lam=lam, trace=10 * lam, trace_se=0.5, acc=90 + lam / 10, model="clients-average",
+                   density=method.startswith("FedAvg"),
+                   samples={"FedDyn+MAN": 512, "FedAvg+MAN": 2048}.get(method, 1437))
+    return root
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_two_seeds_mean_sd_and_inconclusive_direction(man_runs, tmp_path):
+    """The FedAvg pair: seeds 10, 12 -> 13, 8. Mean 11 -> 10.5, sd sqrt(2) and sqrt(12.5); the standard error of
+    the difference sqrt(2/2 + 12.5/2) = 2.69 exceeds |-0.5| / 2: inconclusive, although the means fall as in the
+    paper. FedDyn: 20.1 -> 10.1 with sd 0.141 both: agree."""
+    summary = build_report([man_runs], tmp_path / "rep")
+    rows = {(r["method"], r["partition"]): r for r in _rows(tmp_path / "rep" / "man-table2.csv")}
+    fa = rows[("FedAvg", "dirichlet-0.3")]
+    assert float(fa["ours_top_eigenvalue"]) == 11.0 and fa["ours_top_eigenvalue_n"] == "2"
+    assert math.isclose(float(fa["ours_top_eigenvalue_sd"]), math.sqrt(2))
+    assert fa["model"] == "all-clients average"
+    checks = {(c["reference"], c["metric"]): c for c in _rows(tmp_path / "rep" / "directions.csv")
+              if c["partition"] == "dirichlet-0.3"}
+    c = checks[("FedAvg", "top_eigenvalue")]
+    se = math.sqrt(2 / 2 + 12.5 / 2)
+    assert math.isclose(float(c["ours_uncertainty"]), se) and float(c["ours_change"]) == -0.5
+    assert c["ours_direction"] == c["paper_direction"] == "lower" and c["verdict"] == "inconclusive"
+    dyn = checks[("FedDyn", "top_eigenvalue")]
+    # FedDyn+MAN's Hessian used 512 samples, the others the whole split: marked, and not judged
+    assert dyn["verdict"] == "incomparable"
+    assert rows[("FedDyn+MAN", "dirichlet-0.3")]["ours_top_eigenvalue_mark"] == "†"
+    # FedAvg+MAN's asked 2048 of a 1437-image split: said, and its (capped) number is comparable
+    assert any(n.startswith("fedavg-man-") and "2,048 samples asked" in n and "all 1,437 used" in n
+               for n in summary["notices"])
+    # the table shows mean +- sd (n) and names the model; the findings name the rows
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "11.00 ±1.4 (n=2)" in md and "all-clients average" in md
+    assert "inconclusive: FedAvg+MAN vs FedAvg dirichlet-0.3" in md
+    assert "1437 samples" in md and "1437 samples" in rows[("FedAvg", "dirichlet-0.3")]["ours_top_eigenvalue_setting"]
+
+
+def test_agree_when_the_change_exceeds_twice_its_error(man_runs, tmp_path):
+    # without FedDyn+MAN's 2048-sample analysis the FedDyn pair is comparable: 20.1 -> 10.1, se 0.141: agree
+    import shutil
+
+    src = tmp_path / "runs"
+    shutil.copytree(man_runs, src)
+    for d in src.glob("feddyn-man-*"):
+        h = json.loads((d / "hessian-clients-average" / "hessian.json").read_text())
+        h["settings"]["samples"], h["num_samples"] = None, 1437
+        (d / "hessian-clients-average" / "hessian.json").write_text(json.dumps(h))
+    build_report([src], tmp_path / "rep")
+    c = {(c["reference"], c["metric"]): c for c in _rows(tmp_path / "rep" / "directions.csv")}
+    assert c[("FedDyn", "top_eigenvalue")]["verdict"] == "agree"
+    assert math.isclose(float(c[("FedDyn", "top_eigenvalue")]["ours_uncertainty"]), math.sqrt(0.02))
+
+
+@pytest.fixture(scope="module")
+def fedalign_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fa-fake")
+    for k, t in enumerate(plan("fedalign-table1", "tiny", runs_dir=root, seeds=(0,))):
+        _write_run(t, lam=5.0 + k, trace=40.0 + 3 * k, trace_se=1.0, acc=60 + k, model="server",
+                   clients={"H_N": 30.0 + k, "H_N_stderr": 2.0, "H_D": 0.9, "H_D_stderr": 0.01}, surface=True)
+    return root
+
+
+def _text_leaks(fig) -> list[str]:
+    """Every visible text that leaves the page, its table cell or (for texts placed in axes) its axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.table import Table
+    from matplotlib.text import Text
+
+    FigureCanvasAgg(fig)
+    drawn = []  # only the texts matplotlib actually draws (ticks outside the view limits exist but are not drawn)
+    original = Text.draw
+
+    def record(self, renderer):
+        drawn.append(self)
+        return original(self, renderer)
+
+    Text.draw = record
+    try:
+        fig.canvas.draw()
+    finally:
+        Text.draw = original
+    drawn = set(map(id, drawn))
+    r = fig.canvas.get_renderer()
+    page = fig.bbox
+    bad = []
+
+    def inside(inner, outer, tol=1.0):
+        return (inner.x0 >= outer.x0 - tol and inner.x1 <= outer.x1 + tol and inner.y0 >= outer.y0 - tol
+                and inner.y1 <= outer.y1 + tol)
+
+    for t in fig.findobj(Text):
+        if id(t) not in drawn or not t.get_visible() or not t.get_text().strip():
+            continue
+        if not inside(t.get_window_extent(r), page):
+            bad.append(f"off the page: {t.get_text()[:60]!r}")
+    for table in fig.findobj(Table):
+        for cell in table.get_celld().values():
+            txt = cell.get_text()
+            if txt.get_text().strip() and not inside(txt.get_window_extent(r), cell.get_window_extent(r)):
+                bad.append(f"out of its cell: {txt.get_text()[:60]!r}")
+    for ax in fig.axes:
+        for t in ax.texts:
+            if t.get_visible() and t.get_text().strip() and not inside(t.get_window_extent(r), ax.bbox):
+                bad.append(f"out of its axes: {t.get_text()[:60]!r}")
+    return bad
+
+
+@pytest.mark.parametrize("which", ["man", "fedalign"])
+def test_every_page_keeps_its_text_inside(which, man_runs, fedalign_runs, tmp_path, monkeypatch):
+    captured = []
+    real = report_pdf.write_pdf
+
+    def keep(pages, path):
+        pages = list(pages)
+        captured.extend(pages)
+        return real(pages, path)
+
+    monkeypatch.setattr(report_pdf, "write_pdf", keep)
+    runs = man_runs if which == "man" else fedalign_runs
+    summary = build_report([runs], tmp_path / "rep", tables=["man-table2"] if which == "man" else None)
+    names = summary["pages"]
+    assert len(captured) == len(names)
+    if which == "man":
+        assert any(n.startswith("man-table2: spectrum") for n in names)
+    else:
+        assert "fedalign-table1: surfaces" in names and "fedalign-table1: table" in names
+    leaks = {name: _text_leaks(fig) for name, fig in zip(names, captured)}
+    assert {k: v for k, v in leaks.items() if v} == {}
+
+
+def test_the_extent_check_sees_a_leak():
+    """The checker itself: a word far wider than its forced column is reported."""
+    from flatfl.report.figures import table_page
+
+    fig = table_page("t", ["a", "b"], [["x" * 300, "y"]], col_widths=[0.1, 0.9])
+    assert any("out of its cell" in b for b in _text_leaks(fig))
