@@ -38,14 +38,19 @@ def save_resume_state(path: str | Path, state: dict) -> None:
     atomic_torch_save(dict(state, format=RESUME_FORMAT, format_version=RESUME_FORMAT_VERSION), path)
 
 
+def refused_objects(error: BaseException) -> bool:
+    """Whether ``torch.load(weights_only=True)`` failed because the file names Python objects (classes, functions:
+    what a pickle would import and run), as opposed to bytes that are no pickle at all."""
+    return "Unsupported global" in str(error) or "GLOBAL" in str(error)
+
+
 def load_resume_state(path: str | Path) -> dict:
     """Read ``resume.pt`` without executing code (``weights_only=True``); every problem is one CheckpointError."""
     path = Path(path)
     try:
         st = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        text = str(e)
-        if "weights_only" in text or "Unsupported global" in text or "Weights only load failed" in text:
+        if refused_objects(e):
             raise CheckpointError(f"{path} holds Python objects that flatfl will not load (it could run code): "
                                   "it is not from this flatfl version or was tampered with; delete it and rerun "
                                   "the training with --force to start over") from None
@@ -96,7 +101,7 @@ def _read(path: Path) -> dict:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, a text file...
-        if "Weights only load failed" in str(e) or "Unsupported global" in str(e):
+        if refused_objects(e):
             raise CheckpointError(f"{path} holds Python objects that flatfl will not load (unpickling them could run "
                                   "code): not a flatfl checkpoint, or tampered with") from None
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
