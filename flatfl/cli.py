@@ -6,12 +6,16 @@ Errors caused by the user's input are :class:`flatfl.errors.FlatflError`; they a
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
-import click
+if os.path.basename(sys.argv[0] or "") == "flatfl":  # the console script: Ctrl-C while starting gives one line
+    from .__main__ import _interrupted_hook  # noqa: F401  (installs the hook)
 
-from .errors import FlatflError
+import click  # noqa: E402
+
+from .errors import FlatflError  # noqa: E402
 
 
 def friendly_errors(fn):
@@ -27,11 +31,52 @@ def friendly_errors(fn):
         except KeyboardInterrupt:
             click.echo("flatfl: interrupted", err=True)
             sys.exit(130)
+        except Exception as e:  # no traceback for the user: one line, exit 1 (FLATFL_DEBUG=1 shows it)
+            if os.environ.get("FLATFL_DEBUG"):
+                raise
+            click.echo(f"flatfl: error: {describe_failure(e)}", err=True)
+            sys.exit(2 if isinstance(e, (OSError, UnicodeDecodeError, ValueError)) else 1)
 
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+def describe_failure(e: BaseException) -> str:
+    """One line for an exception that is not a FlatflError (disk full, unreadable file, corrupt data...)."""
+    import errno
+
+    if isinstance(e, OSError):
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        if e.errno == errno.ENOSPC:
+            return f"no space left on device{where}: nothing half-written was kept; free space and run again"
+        return f"{e.strerror or type(e).__name__}{where}"
+    if isinstance(e, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({e.reason} at byte {e.start})"
+    text = " ".join(str(e).split())[:200]
+    if isinstance(e, ValueError):
+        return f"invalid data: {text or type(e).__name__}"
+    return f"internal error {type(e).__name__}: {text} (set FLATFL_DEBUG=1 for the traceback)"
+
+
+class FlatflGroup(click.Group):
+    """click's group, with its usage errors (a bad flag value, an unknown option) also on one line."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Abort:
+            click.echo("flatfl: interrupted", err=True)
+            sys.exit(130)
+        except click.ClickException as e:
+            where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "flatfl"
+            hint = f" (see '{where} --help')" if isinstance(e, click.UsageError) else ""
+            click.echo(f"flatfl: error: {' '.join(e.format_message().split())}{hint}", err=True)
+            sys.exit(e.exit_code)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=FlatflGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="flatfl")
 def main() -> None:
     """flatfl: federated learning with flatness regularizers, and the curvature of what it learns."""
@@ -434,6 +479,9 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, exe
         seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
     except ValueError:
         raise ConfigError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    from .utils.threads import check_threads
+
+    check_threads(threads)
     ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
     summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
                                device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model)

@@ -15,6 +15,10 @@ from typing import Any
 
 from .errors import ConfigError
 
+MAX_SEED = 2**32 - 1
+MAX_COUNT = 10**7  # rounds and clients
+MIN_ROUND_PROBABILITY = 0.01  # Bernoulli sampling: a draw must seat at least one client with this probability
+
 DEFAULT_MODELS = {
     "digits": "digits-cnn",
     "cifar10": "cifar-cnn",
@@ -63,6 +67,23 @@ class RunConfig:
     out: str | None = None
     threads: int | None = None  # torch threads; None: flatfl.utils.threads.default_threads() at run time
 
+    def check_types(self) -> "RunConfig":
+        """Every field holds a value of its declared type (see :mod:`flatfl.utils.values` for the rules)."""
+        from .utils.values import coerce
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            hint = str(f.type).replace(" ", "")
+            optional = hint.endswith("|None")
+            kind = {"bool": bool, "int": int, "float": float, "str": str, "dict": dict}.get(hint.split("|")[0])
+            if kind is None or (optional and value is None):
+                continue
+            setattr(self, f.name, coerce(value, kind, f"--{f.name.replace('_', '-')}"))
+        for name, table in (("model_args", self.model_args), ("params", self.params)):
+            if any(not isinstance(k, str) for k in table):
+                raise ConfigError(f"{name} keys must be strings, got {sorted(map(repr, table))[:3]}")
+        return self
+
     def resolved_model(self) -> str:
         return self.model or DEFAULT_MODELS.get(self.dataset.lower().replace("-", ""), "digits-cnn")
 
@@ -79,8 +100,19 @@ class RunConfig:
             if not cond:
                 raise ConfigError(msg)
 
+        self.check_types()
+        need(0 <= self.seed <= MAX_SEED, f"--seed must be in 0..{MAX_SEED}, got {self.seed}")
+        need(self.rounds <= MAX_COUNT, f"--rounds must be at most {MAX_COUNT}, got {self.rounds}")
+        need(self.clients <= MAX_COUNT, f"--clients must be at most {MAX_COUNT}, got {self.clients}")
+
         need(self.rounds >= 1, f"--rounds must be a positive integer, got {self.rounds}")
         need(0 < self.participation <= 1, f"--participation must be in (0, 1], got {self.participation}")
+        if self.sampling == "bernoulli" and self.clients >= 1:
+            # each draw of the Bernoulli sample is repeated until a client joins: keep the expected redraws bounded
+            p_any = -math.expm1(self.clients * math.log1p(-min(self.participation, 1 - 1e-16)))
+            need(self.participation == 1 or p_any >= MIN_ROUND_PROBABILITY,
+                 f"--participation {self.participation:g} with {self.clients} clients leaves a round empty with "
+                 f"probability {1 - p_any:.6g}: choose participation * clients of at least about 0.01")
         need(self.lr > 0 and math.isfinite(self.lr), f"--lr must be > 0, got {self.lr}")
         need(0 < self.lr_decay <= 1.5, f"--lr-decay must be in (0, 1.5], got {self.lr_decay}")
         need(self.batch_size >= 1, f"--batch-size must be a positive integer, got {self.batch_size}")
@@ -122,7 +154,12 @@ def read_settings_file(path: str | Path, what: str = "config file") -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
     try:
         if path.suffix.lower() == ".toml":
             import tomllib

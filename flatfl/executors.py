@@ -64,6 +64,32 @@ def default_threads(workers: int) -> int:
     return idle_share(workers)
 
 
+def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
+    """In a worker process: exit as soon as the parent (the sweep) is gone, killed included, so that no orphan
+    keeps training and writing. Linux: the kernel sends SIGKILL (PR_SET_PDEATHSIG); elsewhere a daemon thread polls."""
+    import threading
+    import time
+
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def poll():
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(interval)
+
+    threading.Thread(target=poll, name="flatfl-watch-parent", daemon=True).start()
+
+
 class LocalExecutor:
     """Serial (``workers=1``) or a process pool of ``workers`` (``spawn``: safe with torch's threads)."""
 
@@ -88,7 +114,8 @@ class LocalExecutor:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(self.workers, len(items)), mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=min(self.workers, len(items)), mp_context=ctx,
+                                 initializer=watch_parent, initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
             try:
                 for fut in as_completed(futures):

@@ -404,6 +404,10 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
     for key in ("fixed", "grid", "hessian", "spectrum", "clients", "surface"):
         if key in raw and not isinstance(raw[key], dict):
             raise ConfigError(f"[{key}] in {source} must be a table")
+    sections = {key: _section(raw, key) for key in ("hessian", "spectrum", "clients", "surface")}
+    for key, options in sections.items():
+        if options is not None:
+            check_analysis_options(key, options, source)  # a typo fails before any training
     fixed = normalise_settings(raw.get("fixed") or {}, source=f"[fixed] of {source}")
     axes = dict(raw.get("grid") or {})
     if "seeds" in raw:
@@ -449,9 +453,9 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
             raise ConfigError(f"two runs of {source} would share the directory name {name!r}")
         seen[name] = cfg.to_dict()
         tasks.append(RunTask(name=name, run_dir=str(Path(root) / name), settings=settings,
-                             hessian=_section(raw, "hessian"), spectrum=_section(raw, "spectrum"),
-                             clients=_section(raw, "clients"),
-                             surface=_section(raw, "surface"), threads=threads))
+                             hessian=_copy(sections["hessian"]), spectrum=_copy(sections["spectrum"]),
+                             clients=_copy(sections["clients"]),
+                             surface=_copy(sections["surface"]), threads=threads))
     unused = sorted(set(fixed.get("params", {})) - fixed_used)
     if unused:
         from .train.components import hparam_declarations
@@ -476,6 +480,43 @@ def _drop_unused_fixed(settings: dict, own_params: set, fixed_used: set) -> dict
     fixed_used.update(k for k in params if k in used and k not in own_params)
     kept = {k: v for k, v in params.items() if k in used or k in own_params}
     return dict(settings, params=kept) if "params" in settings else settings
+
+
+def check_analysis_options(section: str, options: dict, source: str = "grid") -> None:
+    """Names and types of a grid's [hessian] / [spectrum] / [clients] / [surface] options, checked against the
+    analysis function's own parameters (``checkpoint``, ``out`` and ``quiet`` are set by the sweep)."""
+    import inspect
+
+    from .analysis.clients import run_client_metrics
+    from .analysis.hessian_run import run_hessian
+    from .analysis.surface import run_surface
+    from .utils.values import coerce
+
+    fn = {"hessian": run_hessian, "spectrum": run_hessian, "clients": run_client_metrics, "surface": run_surface}[section]
+    params = {n: p for n, p in inspect.signature(fn).parameters.items() if n not in ("checkpoint", "out", "quiet")}
+    for key, value in options.items():
+        if key not in params:
+            raise ConfigError(f"unknown option {key!r} in [{section}] of {source}: use {', '.join(sorted(params))}")
+        p = params[key]
+        hint = str(p.annotation).replace(" ", "")
+        kind = {"bool": bool, "int": int, "float": float, "str": str}.get(hint.split("|")[0])
+        if value is None and (p.default is None or hint.endswith("|None")):
+            continue
+        if kind is not None:
+            options[key] = value = coerce(value, kind, f"{key} in [{section}] of {source}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key in (
+                "top", "samples", "batch_size", "probes", "groups", "grid", "workers", "trace_hvps",
+                "density_steps", "density_starts") and value < (0 if key == "top" else 1):
+            raise ConfigError(f"{key} in [{section}] of {source} must be {'>= 0' if key == 'top' else '>= 1'}, "
+                              f"got {value!r}")
+        if key in ("tol", "trace_rtol") and isinstance(value, (int, float)) and not 0 < value < 1:
+            raise ConfigError(f"{key} in [{section}] of {source} must be in (0, 1), got {value!r}")
+        if key == "seed" and isinstance(value, int) and not 0 <= value <= 2**32 - 1:
+            raise ConfigError(f"seed in [{section}] of {source} must be in 0..{2**32 - 1}, got {value!r}")
+
+
+def _copy(options: dict | None) -> dict | None:
+    return None if options is None else dict(options)
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -513,7 +554,6 @@ def run_sweep(grid_file: str | Path, *, executor=None, out: str | Path | None = 
     """Run every run of ``grid_file`` (skipping finished work, resuming unfinished runs) and write
     ``sweep.csv`` (one line per run: what was done, seconds, error) in the sweep's root."""
     from .executors import LocalExecutor, default_threads
-
     from .utils.threads import check_threads
 
     check_threads(threads)

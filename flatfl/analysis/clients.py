@@ -54,7 +54,8 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..utils.io import atomic_write_bytes, atomic_write_json, json_safe
+from ..utils.lock import locks_output
+from ..utils.io import atomic_write_many, json_safe
 from .trace import hutchinson_diagonal
 
 __all__ = ["PROTOCOLS", "ClientMetrics", "ProbeSums", "cross_client_metrics", "pairwise_metrics",
@@ -462,6 +463,7 @@ def _render_heatmap(metrics: ClientMetrics, title: str, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+@locks_output
 def run_client_metrics(
     checkpoint,
     out,
@@ -491,8 +493,8 @@ def run_client_metrics(
         raise ConfigError(f"--samples must be a positive integer, got {samples}")
     if batch_size is not None and batch_size <= 0:
         raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
-    if not tol > 0:
-        raise ConfigError(f"--tol must be positive, got {tol}")
+    if isinstance(tol, bool) or not (isinstance(tol, (int, float)) and 0 < tol < 1):
+        raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {tol!r}")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
@@ -561,8 +563,16 @@ def run_client_metrics(
 
     import flatfl
 
+    from .hessian_run import weights_digest
+
+    digest = weights_digest(ckpt.model)
+    section["weights_sha256"] = digest
+    section["round"] = ckpt.round
+    if existing is not None and existing.get("weights_sha256") not in (None, digest):
+        raise ConfigError(f"{out / 'hessian.json'} holds results of other weights than {ckpt.path}; "
+                          "choose another --out")
     report = existing if existing is not None else {
-        "checkpoint": str(ckpt.path), "round": ckpt.round, "model": ckpt.model_spec.get("name"),
+        "checkpoint": str(ckpt.path), "round": ckpt.round, "weights_sha256": digest, "model": ckpt.model_spec.get("name"),
         "dataset": ckpt.dataset_name, "num_params": ckpt.num_params,
         "flatfl_version": flatfl.__version__, "torch_version": torch.__version__,
     }
@@ -573,9 +583,9 @@ def run_client_metrics(
             names.append(name)
     report["files"] = names
     out.mkdir(parents=True, exist_ok=True)
-    for name, payload in sorted(figures.items()):
-        atomic_write_bytes(out / name, payload)
-    atomic_write_json(out / "hessian.json", json_safe(report))
+    files = {out / name: payload for name, payload in sorted(figures.items())}
+    files[out / "hessian.json"] = json.dumps(json_safe(report), indent=2, default=str) + "\n"
+    atomic_write_many(files)  # all or nothing: a full disk leaves the folder as it was
     return report
 
 
@@ -589,7 +599,7 @@ def _existing_report(path: Path, ckpt) -> dict | None:
         raise ConfigError(f"{path} exists but is not readable JSON; remove it or choose another --out") from None
     if not isinstance(report, dict):
         raise ConfigError(f"{path} exists but is not a flatfl hessian.json; choose another --out")
-    if report.get("checkpoint") not in (None, str(ckpt.path)):
+    if report.get("checkpoint") not in (None, str(ckpt.path)) and not report.get("weights_sha256"):
         raise ConfigError(f"{path} belongs to checkpoint {report['checkpoint']}, not {ckpt.path}; "
                           "choose another --out")
     return report

@@ -111,9 +111,15 @@ def directions_from_eigenvector_file(path, model: nn.Module):
 
     The file's parameter names and shapes must match the model's; returns ``((d1, d2), eigenvalues)``.
     """
-    from .hessian_run import load_eigenvectors
+    from .hessian_run import load_eigenvectors, weights_digest
 
     saved = load_eigenvectors(path)
+    if saved.weights_sha256 is None:
+        raise CheckpointError(f"{path} does not record which model it was computed on (older flatfl): recompute it "
+                              "with flatfl hessian --save-eigenvectors on this checkpoint")
+    if saved.weights_sha256 != weights_digest(model):
+        raise CheckpointError(f"{path} holds eigenvectors of another checkpoint (round {saved.round}, "
+                              f"{saved.checkpoint}), not of this model: recompute them on this checkpoint")
     params = direction_params(model)
     names = _param_names(model)
     shapes = [tuple(p.shape) for p in params]

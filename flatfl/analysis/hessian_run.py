@@ -15,6 +15,7 @@ MAN Fig. 4a; when k >= 2), ``density.png/.pdf`` (spectral density on a log axis,
 from __future__ import annotations
 
 import io
+import json
 import sys
 import time
 from collections import OrderedDict
@@ -25,7 +26,8 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
+from ..utils.lock import locks_output
+from ..utils.io import atomic_write_many, json_safe
 from .density import smoothed_density, spectral_density
 from .eigen import power_iteration, top_eigenvalues
 from .operator import HessianOperator
@@ -47,8 +49,8 @@ def _validate(top, method, tol, trace_method, trace_hvps, trace_rtol, density_st
         raise ConfigError(f"--top must be a non-negative integer, got {top!r}")
     if method not in METHODS:
         raise ConfigError(f"unknown eigenvalue method {method!r}; choose one of {', '.join(METHODS)}")
-    if not (isinstance(tol, (int, float)) and tol > 0):
-        raise ConfigError(f"--tol must be positive, got {tol!r}")
+    if isinstance(tol, bool) or not (isinstance(tol, (int, float)) and 0 < tol < 1):
+        raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {tol!r}")
     if trace_method is not None and trace_method not in TRACE_METHODS:
         raise ConfigError(f"unknown trace method {trace_method!r}; choose one of {', '.join(TRACE_METHODS)}")
     if trace_hvps < 1:
@@ -215,43 +217,58 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
             "param_shapes": [list(s) for s in op.param_shapes],
             "checkpoint": report.get("checkpoint"),
             "round": report.get("round"),
+            "weights_sha256": report.get("weights_sha256"),
         }
     names = sorted(figures) + (["eigenvalues.csv"] if csv_text else []) + \
         (["eigenvectors.pt"] if vectors_payload else []) + ["hessian.json"]
     report = dict(report, files=names)
-    previous = _previous_clients_section(out / "hessian.json", report.get("checkpoint"))
+    previous = _previous_clients_section(out / "hessian.json", report.get("checkpoint"), report.get("weights_sha256"))
     if previous is not None and "clients" not in report:
         report["clients"] = previous  # results of `flatfl hessian-clients` on the same checkpoint are kept
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, data in sorted(figures.items()):
-        atomic_write_bytes(out / name, data)
-        written.append(out / name)
+    files: dict = {out / name: data for name, data in sorted(figures.items())}
     if csv_text:
-        atomic_write_text(out / "eigenvalues.csv", csv_text)
-        written.append(out / "eigenvalues.csv")
+        files[out / "eigenvalues.csv"] = csv_text
     if vectors_payload:
-        atomic_torch_save(vectors_payload, out / "eigenvectors.pt")
-        written.append(out / "eigenvectors.pt")
+        buf = io.BytesIO()
+        torch.save(vectors_payload, buf)
+        files[out / "eigenvectors.pt"] = buf.getvalue()
+    files[out / "hessian.json"] = json.dumps(json_safe(report), indent=2, default=str) + "\n"
+    atomic_write_many(files)  # all or nothing: a full disk leaves the folder as it was
+    from ..utils.manifest import remove_owned
+
     for name in OUTPUT_NAMES:  # outputs of an earlier run in the same folder that this run did not produce
         if name not in names and (out / name).is_file():
-            (out / name).unlink()
-    atomic_write_json(out / "hessian.json", json_safe(report))
-    written.append(out / "hessian.json")
-    return written
+            remove_owned(out / name)  # only if flatfl wrote it: a user's file of the same name is kept
+    return list(files)
 
 
-def _previous_clients_section(path: Path, checkpoint) -> dict | None:
-    """The ``clients`` section of an existing hessian.json for the same checkpoint, if any."""
+def _previous_clients_section(path: Path, checkpoint, digest=None) -> dict | None:
+    """The ``clients`` section of an existing hessian.json for the same model (same weights digest; the same
+    checkpoint path for files written before digests were recorded), if any."""
     import json
 
     try:
-        old = json.loads(path.read_text())
+        old = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if isinstance(old, dict) and old.get("checkpoint") == checkpoint and isinstance(old.get("clients"), dict):
-        return old["clients"]
-    return None
+    if not isinstance(old, dict) or not isinstance(old.get("clients"), dict):
+        return None
+    same = old.get("weights_sha256") == digest if digest and old.get("weights_sha256") else \
+        old.get("checkpoint") == checkpoint
+    return old["clients"] if same else None
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 of a model's parameters and buffers (names, shapes and values): what a derived result came from."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in list(model.state_dict().items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+    return h.hexdigest()
 
 
 @dataclass
@@ -265,6 +282,7 @@ class EigenvectorFile:
     param_shapes: list[tuple[int, ...]]
     checkpoint: str | None
     round: int | None
+    weights_sha256: str | None = None
 
     def as_parameters(self, i: int) -> "OrderedDict[str, torch.Tensor]":
         """Eigenvector ``i`` shaped like the model's parameters, keyed by parameter name."""
@@ -290,11 +308,12 @@ def load_eigenvectors(path) -> EigenvectorFile:
     return EigenvectorFile(
         eigenvalues=payload["eigenvalues"], residuals=payload["residuals"], vectors=payload["vectors"],
         param_names=list(payload["param_names"]), param_shapes=[tuple(s) for s in payload["param_shapes"]],
-        checkpoint=payload.get("checkpoint"), round=payload.get("round"),
+        checkpoint=payload.get("checkpoint"), round=payload.get("round"), weights_sha256=payload.get("weights_sha256"),
     )
 
 
 # ---------------------------------------------------------------------------------------------- the command
+@locks_output
 def run_hessian(
     checkpoint,
     out,
@@ -361,6 +380,7 @@ def run_hessian(
     header = {
         "checkpoint": str(ckpt.path),
         "round": ckpt.round,
+        "weights_sha256": weights_digest(ckpt.model),
         "model": ckpt.model_spec.get("name"),
         "dataset": ckpt.dataset_name,
         "num_params": op.dim,

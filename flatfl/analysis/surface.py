@@ -44,8 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from ..utils.io import (atomic_open, atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text,
-                        json_safe)
+from ..utils.lock import locks_output
+from ..utils.io import atomic_open, atomic_torch_save, atomic_write_many, json_safe
 from .directions import (
     direction_params,
     directions_from_eigenvector_file,
@@ -484,6 +484,7 @@ def _load_saved_directions(path: Path, fingerprint: dict, model: nn.Module):
     return pair, json.loads(payload["info"])
 
 
+@locks_output
 def run_surface(
     checkpoint,
     out,
@@ -510,8 +511,8 @@ def run_surface(
     ``surface.json``, ``directions.pt`` and contour / 3-D figures (PNG, PDF) out. Bad input writes nothing."""
     radius = range
     _validate(directions, grid, radius, samples, workers, batch_size, split, eigenvectors)
-    if not tol > 0:
-        raise ConfigError(f"--tol must be positive, got {tol}")
+    if isinstance(tol, bool) or not (isinstance(tol, (int, float)) and 0 < tol < 1):
+        raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {tol!r}")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
@@ -595,9 +596,8 @@ def run_surface(
     }
     names = sorted(figures) + ["surface.csv", "surface.npz", "directions.pt", "surface.json"]
     summary["files"] = names
-    for name, payload in sorted(figures.items()):
-        atomic_write_bytes(out / name, payload)
-    atomic_write_text(out / "surface.csv", surface_csv(result))
-
-    atomic_write_json(out / "surface.json", json_safe(summary))
+    files = {out / name: payload for name, payload in sorted(figures.items())}
+    files[out / "surface.csv"] = surface_csv(result)
+    files[out / "surface.json"] = json.dumps(json_safe(summary), indent=2, default=str) + "\n"
+    atomic_write_many(files)  # all or nothing
     return summary

@@ -70,6 +70,8 @@ def make_partition(labels, num_clients: int, method: str = "dirichlet", alpha: f
         raise ConfigError(f"more clients ({num_clients}) than training samples ({n})")
     if method != "iid" and (alpha is None or not alpha > 0):
         raise ConfigError(f"the Dirichlet concentration --alpha must be > 0, got {alpha}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= 2**32 - 1:
+        raise ConfigError(f"--seed must be an integer in 0..{2**32 - 1}, got {seed!r}")
     rng = np.random.default_rng(seed)
     if method == "iid":
         parts = np.array_split(rng.permutation(n), num_clients)

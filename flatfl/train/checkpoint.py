@@ -28,6 +28,71 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
     atomic_torch_save(payload, path)
 
 
+RESUME_FORMAT = "flatfl-resume"
+RESUME_FORMAT_VERSION = 2
+REQUIRED_KEYS = ("model_spec", "state_dict", "dataset", "config", "round")
+
+
+def save_resume_state(path: str | Path, state: dict) -> None:
+    """Write ``resume.pt``: tensors and plain containers only, so that ``torch.load(weights_only=True)`` reads it."""
+    atomic_torch_save(dict(state, format=RESUME_FORMAT, format_version=RESUME_FORMAT_VERSION), path)
+
+
+def refused_objects(error: BaseException) -> bool:
+    """Whether ``torch.load(weights_only=True)`` failed because the file names Python objects (classes, functions:
+    what a pickle would import and run), as opposed to bytes that are no pickle at all."""
+    return "Unsupported global" in str(error) or "GLOBAL" in str(error)
+
+
+def load_resume_state(path: str | Path) -> dict:
+    """Read ``resume.pt`` without executing code (``weights_only=True``); every problem is one CheckpointError."""
+    path = Path(path)
+    try:
+        st = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        if refused_objects(e):
+            raise CheckpointError(f"{path} holds Python objects that flatfl will not load (it could run code): "
+                                  "it is not from this flatfl version or was tampered with; delete it and rerun "
+                                  "the training with --force to start over") from None
+        raise CheckpointError(f"{path} is corrupt or truncated; delete it to restart the run from round 0") from None
+    if not isinstance(st, dict) or st.get("format") != RESUME_FORMAT:
+        raise CheckpointError(f"{path} is not a flatfl resume file (no flatfl header); delete it to restart the run")
+    if st.get("format_version", 0) > RESUME_FORMAT_VERSION:
+        raise CheckpointError(f"{path} was written by a newer flatfl (format {st['format_version']})")
+    need = {"round": int, "theta": torch.Tensor, "buffers": dict, "latest": torch.Tensor, "latest_buffers": dict,
+            "algorithm": dict, "metrics": list}
+    for key, typ in need.items():
+        if not isinstance(st.get(key), typ) or isinstance(st.get(key), bool):
+            raise CheckpointError(f"{path} lacks a valid {key!r} entry; delete it to restart the run from round 0")
+    if not torch.isfinite(st["theta"]).all():
+        raise CheckpointError(f"{path} holds non-finite weights; delete it to restart the run from round 0")
+    return st
+
+
+def rng_state() -> dict:
+    """The process's RNG states as tensors, ints and floats (loadable with ``weights_only=True``)."""
+    import random
+
+    name, key, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"name": str(name), "key": torch.from_numpy(np.asarray(key, dtype=np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "python": {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64),
+                       "gauss": None if gauss is None else float(gauss)}}
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` returned."""
+    import random
+
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(int(v) for v in p["internal"].tolist()), p["gauss"]))
+
+
 def _read(path: Path) -> dict:
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -36,12 +101,30 @@ def _read(path: Path) -> dict:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, a text file...
+        if refused_objects(e):
+            raise CheckpointError(f"{path} holds Python objects that flatfl will not load (unpickling them could run "
+                                  "code): not a flatfl checkpoint, or tampered with") from None
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path} is not a readable flatfl checkpoint (corrupt or truncated: {reason[:160]})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a flatfl checkpoint (no flatfl header)")
     if payload.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"{path} was written by a newer flatfl (format {payload['format_version']})")
+    missing = [k for k in REQUIRED_KEYS if k not in payload]
+    if missing:
+        raise CheckpointError(f"{path} is an incomplete flatfl checkpoint (missing {', '.join(missing)})")
+    for key in ("state_dict", "all_state_dict"):
+        sd = payload.get(key)
+        if key == "state_dict" and not isinstance(sd, dict):
+            raise CheckpointError(f"{path} is an incomplete flatfl checkpoint ({key} is not a table of tensors)")
+        if isinstance(sd, dict):
+            bad = [k for k, v in sd.items() if not isinstance(v, torch.Tensor)
+                   or (v.is_floating_point() and not torch.isfinite(v).all())]
+            if bad:
+                raise CheckpointError(f"{path} holds non-finite or non-tensor weights ({key}: {bad[0]})")
+    if not isinstance(payload["config"], dict) or not isinstance(payload["model_spec"], dict) \
+            or not isinstance(payload["dataset"], dict) or not isinstance(payload["round"], int):
+        raise CheckpointError(f"{path} is an incomplete flatfl checkpoint (config, model_spec, dataset or round malformed)")
     return payload
 
 
@@ -179,9 +262,17 @@ class Checkpoint:
         if not f.is_file():
             raise CheckpointError(f"no client models next to {self.path}: train the run with --save-clients")
         try:
-            return torch.load(f, map_location="cpu", weights_only=True)
+            state = torch.load(f, map_location="cpu", weights_only=True)
         except Exception:
             raise CheckpointError(f"{f} is not a readable client-models file (corrupt or truncated)") from None
+        if not isinstance(state, dict) or not isinstance(state.get("params"), torch.Tensor) or state["params"].dim() != 2:
+            raise CheckpointError(f"{f} is not a flatfl client-models file (no 'params' table)")
+        saved_round = state.get("round")
+        if saved_round is not None and int(saved_round) != self.round:
+            raise CheckpointError(f"{f} holds the client models of round {int(saved_round)}, but {self.path} is round "
+                                  f"{self.round}: client metrics need the client models of the checkpoint's round "
+                                  "(use the run's final.pt)")
+        return state
 
     def client_model(self, client: int, state: dict | None = None) -> nn.Module:
         """Client ``client``'s latest local model (eval mode)."""
@@ -223,8 +314,14 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", which:
     from ..errors import ConfigError
 
     dev = str(device)
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"unknown device {dev!r}: use cpu, cuda, cuda:N or mps") from None
     if dev.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {dev!r} asked for, but CUDA is not available on this machine")
+    if dev == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ConfigError("device 'mps' asked for, but MPS is not available on this machine")
     p = resolve_checkpoint_path(path)
     return Checkpoint(_read(p), p, device=device, which=which, data_dir=data_dir, model=model,
                       model_factory=model_factory)

@@ -39,13 +39,10 @@ class HParam:
         return self.type or type(self.default)
 
     def validate(self, value: Any, owner: str) -> Any:
+        from ..utils.values import coerce
+
         t = self.py_type
-        try:
-            if t is bool and isinstance(value, str):
-                value = value.lower() in ("1", "true", "yes", "on")
-            value = t(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"--{self.key.replace('_', '-')} for {owner} must be {t.__name__}, got {value!r}") from None
+        value = coerce(value, t, f"--{self.key.replace('_', '-')} for {owner}")
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"--{self.key.replace('_', '-')} for {owner} must be one of {self.choices}, got {value!r}")
         bad = {

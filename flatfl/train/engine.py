@@ -27,9 +27,9 @@ from ..config import RunConfig
 from ..data import load_dataset
 from ..data.partition import Partition, make_partition
 from ..errors import ConfigError, DivergenceError
-from ..utils.io import atomic_torch_save, atomic_write_json, atomic_write_text
+from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
 from .algorithms.base import Algorithm, weighted_mean
-from .checkpoint import save_checkpoint
+from .checkpoint import load_resume_state, rng_state, save_checkpoint, save_resume_state
 from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, load_all
 from .context import ClientContext, RoundContext, frozen_copy
 from .evaluate import evaluate
@@ -39,6 +39,14 @@ from .params import ParamLayout, float_buffers
 METRIC_COLUMNS = ["round", "lr", "clients", "local_loss", "train_loss", "train_acc", "test_loss", "test_acc",
                   "all_test_loss", "all_test_acc", "seconds"]
 CACHE_LIMIT_BYTES = 1 << 30  # normalised copies of a split are kept in memory below this size
+# settings that may differ between the start of a run and its resumption (they do not change what is computed)
+RESUME_FREE_SETTINGS = ("out", "device", "data_dir", "threads", "eval_batch_size")
+
+
+def comparable_settings(cfg: RunConfig) -> dict:
+    """The settings a resumed run must share with its start, as plain JSON-safe values."""
+    d = json.loads(json.dumps(cfg.to_dict(), default=str))
+    return {k: v for k, v in d.items() if k not in RESUME_FREE_SETTINGS}
 CUSTOM_DATA_FILE = "data.pt"  # a custom dataset saved with its run (tensors only)
 CUSTOM_DATA_LIMIT_BYTES = 1 << 30
 
@@ -121,7 +129,10 @@ class Trainer:
         labels = self.ds.train_y.numpy()
         part_file = self.run_dir / "partition.json"
         if resume and part_file.is_file():
-            self.partition = Partition.from_dict(json.loads(part_file.read_text()))
+            try:
+                self.partition = Partition.from_dict(json.loads(part_file.read_text(encoding="utf-8")))
+            except Exception:
+                raise ConfigError(f"--resume: {part_file} is corrupt; restore it or start a new run") from None
         else:
             self.partition = make_partition(labels, cfg.clients, cfg.partition, cfg.alpha, cfg.seed)
         if (self.partition.sizes == 0).any():
@@ -229,9 +240,23 @@ class Trainer:
 
     # ----- the loop -----
     def run(self) -> Path:
+        from ..utils.lock import folder_lock
+
+        with folder_lock(self.run_dir):
+            return self._run()
+
+    def _run(self) -> Path:
         cfg = self.cfg
         if self.start_round >= cfg.rounds:
-            self.log(f"run {self.run_dir} already finished ({cfg.rounds} rounds)")
+            if not (self.run_dir / "final.pt").is_file():  # killed between resume.pt and final.pt
+                last = self.run_dir / "checkpoints" / f"round_{self.start_round:04d}.pt"
+                if last.is_file():  # the same payload as final.pt
+                    atomic_write_bytes(self.run_dir / "final.pt", last.read_bytes())
+                else:
+                    save_checkpoint(self.run_dir / "final.pt", self._model_payload(self.start_round))
+                self.log(f"run {self.run_dir}: wrote the missing final.pt of round {self.start_round}")
+            else:
+                self.log(f"run {self.run_dir} already finished ({cfg.rounds} rounds)")
             return self.run_dir / "final.pt"
         self._write_run_files()
         from tqdm.auto import tqdm
@@ -399,10 +424,9 @@ class Trainer:
             "round": rnd, "finished": final, "theta": self.theta.cpu(), "buffers": {k: v.cpu() for k, v in self.buffers.items()},
             "latest": self.latest.cpu(), "latest_buffers": {k: v.cpu() for k, v in self.latest_buffers.items()},
             "algorithm": self.algo.state_dict(), "metrics": list(self.metrics), "elapsed": self.elapsed,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            "rng": rng_state(), "settings": comparable_settings(self.cfg),
         }
-        atomic_torch_save(state, d / "resume.pt")
-        if final:
+        if final:  # final.pt first: a run whose resume.pt says finished always has its final.pt
             # the all-clients average (MAN's and FedDyn's reported model) as a checkpoint of its own, in the same
             # format, so analyses can take either model; for algorithms where it equals the server model it is
             # still written (and says so in 'equals_server')
@@ -411,6 +435,7 @@ class Trainer:
                                          for k in payload["state_dict"]))
             save_checkpoint(d / "final-clients-average.pt", avg)
             save_checkpoint(d / "final.pt", payload)
+        save_resume_state(d / "resume.pt", state)
 
     def _last_good(self) -> str:
         cks = sorted((self.run_dir / "checkpoints").glob("round_*.pt"))
@@ -421,10 +446,15 @@ class Trainer:
         if not f.is_file():
             # Killed before the first checkpoint: start from round 0 (everything derives from the seed).
             return
-        try:
-            st = torch.load(f, map_location="cpu", weights_only=False)
-        except Exception:
-            raise ConfigError(f"{f} is corrupt; delete it to restart the run from round 0") from None
+        st = load_resume_state(f)
+        saved = st.get("settings")
+        if isinstance(saved, dict):
+            now = comparable_settings(self.cfg)
+            changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+            if changed:
+                shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:3])
+                raise ConfigError(f"--resume: the settings of {self.run_dir} changed since the run started ({shown}); "
+                                  "restore config.json or start a new run with another --out")
         dev = self.device
         if st["theta"].numel() != self.layout.dim:
             raise ConfigError(f"{f} does not match this run's model ({st['theta'].numel()} vs {self.layout.dim} parameters)")
@@ -466,7 +496,8 @@ def read_run_config(run_dir: str | Path) -> RunConfig:
     if not f.is_file():
         raise ConfigError(f"--resume: {d} is not a flatfl run (no config.json)")
     try:
-        raw = json.loads(f.read_text())
-        return RunConfig.from_dict(raw["config"])
+        raw = json.loads(f.read_text(encoding="utf-8"))
+        cfg = RunConfig.from_dict(raw["config"])
     except Exception:
         raise ConfigError(f"--resume: {f} is corrupt") from None
+    return cfg.validate()

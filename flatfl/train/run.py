@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..config import build_config, read_config_file
 from ..errors import ConfigError
+from ..utils.lock import LOCK_NAME, folder_lock
 from .engine import Trainer, read_run_config
 
 
@@ -23,8 +24,9 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
     if resume_dir is not None:
         cfg = read_run_config(resume_dir)
         apply_threads(opts.get("threads") if opts.get("threads") is not None else cfg.threads)
-        trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet)
-        return trainer.run()
+        with folder_lock(resume_dir):
+            trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet)
+            return trainer.run()
     from .components import all_hparams
 
     hp_keys = set(all_hparams())
@@ -37,14 +39,35 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
     apply_threads(cfg.threads)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     cfg.out = str(run_dir)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not force:
-            raise ConfigError(f"run directory {run_dir} already exists: use --resume {run_dir} to continue it, "
-                              "--force to overwrite it, or another --out")
-        if not (run_dir / "config.json").is_file():
-            raise ConfigError(f"--force: {run_dir} is not a flatfl run directory; refusing to delete it")
-        shutil.rmtree(run_dir)
-    return Trainer(cfg, run_dir, quiet=quiet).run()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--out {run_dir} exists and is not a directory")
+    with folder_lock(run_dir):
+        if any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+            if not force:
+                raise ConfigError(f"run directory {run_dir} already exists: use --resume {run_dir} to continue it, "
+                                  "--force to overwrite it, or another --out")
+            _clear_run_dir(run_dir)
+        return Trainer(cfg, run_dir, quiet=quiet).run()
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    """--force: empty a flatfl run folder; refuse (deleting nothing) if it is not one or holds files of the user's."""
+    from ..utils.manifest import foreign_files, is_flatfl_run
+
+    if not is_flatfl_run(run_dir):
+        raise ConfigError(f"--force: {run_dir} is not a flatfl run directory (no flatfl config.json); "
+                          "refusing to delete it")
+    foreign = foreign_files(run_dir, legacy_run=True)
+    if foreign:
+        raise ConfigError(f"--force: {run_dir} holds {len(foreign)} file(s) flatfl did not write "
+                          f"(e.g. {foreign[0].relative_to(run_dir)}); refusing to delete it")
+    for p in run_dir.iterdir():
+        if p.name == LOCK_NAME:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 def describe_partition(dataset, data_dir, method, alpha, clients, seed, run_dir=None) -> str:
@@ -61,7 +84,10 @@ def describe_partition(dataset, data_dir, method, alpha, clients, seed, run_dir=
             raise ConfigError(f"{run_dir} has no partition.json: not a flatfl run")
         cfg = read_run_config(run_dir)
         ds = load_dataset(cfg.dataset, cfg.data_dir, download=False)
-        part = Partition.from_dict(json.loads(f.read_text()))
+        try:
+            part = Partition.from_dict(json.loads(f.read_text(encoding="utf-8")))
+        except Exception:
+            raise ConfigError(f"{f} is corrupt: not a flatfl partition") from None
     else:
         ds = load_dataset(dataset, data_dir)
         part = make_partition(ds.train_y.numpy(), clients, method, alpha, seed)

@@ -1,7 +1,10 @@
 """Atomic file writing: a reader never sees a half-written file.
 
 Everything is written to a temporary file in the destination's directory, flushed and fsynced, then renamed over
-the destination (``os.replace`` is atomic on POSIX and Windows).
+the destination (``os.replace`` is atomic on POSIX and Windows). Files get the permissions of an ordinary file
+(0666 less the umask, not ``mkstemp``'s 0600), temporary names carry the writer's pid so that a killed writer's
+leftovers can be recognised (:func:`flatfl.utils.lock.remove_stale_temporaries`), and every file written is
+recorded in its folder's manifest (:mod:`flatfl.utils.manifest`) so that flatfl only ever deletes its own files.
 """
 from __future__ import annotations
 
@@ -16,21 +19,72 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+def _file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
-    """Open a temporary file next to ``path``; on success it replaces ``path``, on error it is removed."""
-    path = Path(path)
+def _atomic(path: Path, mode: str, record: bool) -> Iterator[Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
+            with contextlib.suppress(OSError):
+                os.fchmod(f.fileno(), _file_mode())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise
+    if record:
+        from . import manifest
+
+        manifest.record(path)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
+    """Open a temporary file next to ``path``; on success it replaces ``path``, on error it is removed."""
+    with _atomic(Path(path), mode, record=True) as f:
+        yield f
+
+
+def atomic_write_bytes_unrecorded(path: str | os.PathLike, data: bytes) -> None:
+    """Atomic write that is not noted in the folder's manifest (the manifest itself)."""
+    with _atomic(Path(path), "wb", record=False) as f:
+        f.write(data)
+
+
+def atomic_write_many(files: dict) -> None:
+    """Write several files as one step: every temporary file is written and fsynced first (a full disk fails
+    here, leaving no output at all), then each is renamed over its destination, in the given order."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in files.items():
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+            staged.append((tmp, path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+                f.flush()
+                with contextlib.suppress(OSError):
+                    os.fchmod(f.fileno(), _file_mode())
+                os.fsync(f.fileno())
+        from . import manifest
+
+        for tmp, path in staged:
+            os.replace(tmp, path)
+            manifest.record(path)
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         raise
 
 

@@ -1,0 +1,475 @@
+"""Hostile inputs and faults through the command line (issue 15).
+
+Each case prepares a bad input (a flag value, a config or grid file, a damaged run folder, a held lock, a full disk)
+in a fresh work folder, runs one ``flatfl`` command through click's runner (the real exit status), and asserts:
+exactly one line on stderr, no traceback, a non-zero exit, the expected problem named, and no file created,
+changed or deleted in the work folder or in the shared trained run. A few faults that need a real process
+(Ctrl-C during start-up, a second process holding the lock) use subprocesses.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from flatfl.cli import main
+
+FAST = ["--model", "tiny", "--clients", "4", "--participation", "1", "--local-epochs", "1", "--batch-size", "64",
+        "--quiet"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """One tiny trained run (2 rounds, client models saved) and eigenvectors of its round-1 model, built once."""
+    root = tmp_path_factory.mktemp("hostile-base")
+    run = root / "run"
+    r = CliRunner().invoke(main, ["train", *FAST, "--rounds", "2", "--checkpoint-every", "1", "--save-clients",
+                                  "--out", str(run)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["hessian", str(run / "checkpoints" / "round_0001.pt"), "--top", "2", "--no-trace",
+                                  "--samples", "64", "--save-eigenvectors", "--quiet", "--out", str(root / "eig1")])
+    assert r.exit_code == 0, r.output
+    return root
+
+
+def snapshot(folder: Path) -> dict:
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        st = p.lstat()
+        key = str(p.relative_to(folder))
+        if p.is_file() and not p.is_symlink():
+            out[key] = (hashlib.sha1(p.read_bytes()).hexdigest(), st.st_mode)
+        else:
+            out[key] = ("dir" if p.is_dir() else "other", st.st_mode)
+    return out
+
+
+class Ctx:
+    def __init__(self, base: Path, ws: Path, monkeypatch):
+        self.base, self.ws, self.monkeypatch = base, ws, monkeypatch
+        self.run = base / "run"
+        self._later = []
+
+    def copy_run(self, name="run") -> Path:
+        dst = self.ws / name
+        shutil.copytree(self.run, dst)
+        return dst
+
+    def write(self, name: str, text: str | bytes) -> Path:
+        p = self.ws / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        (p.write_bytes if isinstance(text, bytes) else p.write_text)(text)
+        return p
+
+    def later(self, fn):
+        self._later.append(fn)
+
+    def hold_lock(self, folder: Path) -> None:
+        """Another process holds ``folder``'s lock (as a running flatfl writer does)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        code = ("import fcntl, os, sys, time\n"
+                "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+                "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+                "os.write(fd, b'%d\\n' % os.getpid())\n"
+                "print('locked', flush=True)\n"
+                "time.sleep(120)\n")
+        proc = subprocess.Popen([sys.executable, "-c", code, str(folder / ".flatfl.lock")], stdout=subprocess.PIPE,
+                                text=True)
+        assert proc.stdout.readline().strip() == "locked"
+        self.later(lambda: (proc.kill(), proc.wait()))
+
+    def disk_full(self, after: int = 0) -> None:
+        """Simulate ENOSPC: every fsync of a file flatfl writes fails once ``after`` of them succeeded."""
+        import flatfl.utils.io as fio
+
+        calls = {"n": 0}
+        real = os.fsync
+
+        def fsync(fd):
+            calls["n"] += 1
+            if calls["n"] > after:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd)
+
+        self.monkeypatch.setattr(fio.os, "fsync", fsync)
+
+
+def malicious_pickle(path: Path, marker: Path, header: dict) -> None:
+    """A torch file whose unpickling would create ``marker`` (code execution through __reduce__)."""
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    torch.save(dict(header, payload=Evil()), path)
+
+
+def edit_json(path: Path, fn) -> None:
+    data = json.loads(path.read_text())
+    fn(data)
+    path.write_text(json.dumps(data))
+
+
+def edit_checkpoint(path: Path, fn) -> None:
+    payload = torch.load(path, weights_only=True)
+    fn(payload)
+    torch.save(payload, path)
+
+
+# --------------------------------------------------------------------------------------------------- the cases
+# name -> (setup(ctx) -> argv, a fragment the error line must contain)
+def _train(*extra):
+    return lambda c: ["train", *FAST, "--rounds", "1", "--out", str(c.ws / "new"), *extra]
+
+
+def _cfg(name, text, *extra):
+    def setup(c):
+        f = c.write(name, text)
+        return ["train", "--config", str(f), "--quiet", "--out", str(c.ws / "new"), *extra]
+
+    return setup
+
+
+def _resume(prepare):
+    def setup(c):
+        run = c.copy_run()
+        prepare(c, run)
+        return ["train", "--resume", str(run), "--quiet"]
+
+    return setup
+
+
+def _on_run(command, *extra, prepare=None, target="final.pt"):
+    def setup(c):
+        run = c.copy_run() if prepare else c.run
+        if prepare:
+            prepare(c, run)
+        return [command, str(run / target) if target else str(run), "--quiet", "--out", str(c.ws / "out"), *extra]
+
+    return setup
+
+
+def _grid(text):
+    def setup(c):
+        f = c.write("grid.toml", text.replace("OUT", str(c.ws / "runs")))
+        return ["sweep", str(f), "--workers", "1"]
+
+    return setup
+
+
+GOOD_GRID = '[fixed]\nmodel = "tiny"\nclients = 4\nrounds = 1\nlocal_epochs = 1\n[grid]\nalgo = ["fedavg"]\n'
+TOML_BASE = 'model = "tiny"\nclients = 4\nrounds = 1\nlocal_epochs = 1\n'
+
+
+def _marker_resume(c, run):
+    malicious_pickle(run / "resume.pt", c.ws / "PWNED", {"format": "flatfl-resume", "format_version": 2})
+
+
+def _marker_checkpoint(c, run):
+    malicious_pickle(run / "final.pt", c.ws / "PWNED", {"format": "flatfl-checkpoint", "format_version": 1})
+
+
+def _nan_weights(c, run):
+    def f(p):
+        k = next(iter(p["state_dict"]))
+        p["state_dict"][k] = p["state_dict"][k].float().fill_(float("nan"))
+
+    edit_checkpoint(run / "final.pt", f)
+
+
+def _force_with_user_file(c):
+    run = c.copy_run()
+    (run / "thesis.pdf").write_bytes(b"%PDF-1.4 years of work")
+    return ["train", *FAST, "--rounds", "1", "--force", "--out", str(run)]
+
+
+def _force_foreign(c):
+    d = c.ws / "thesis"
+    d.mkdir()
+    (d / "config.json").write_text('{"latex": true}')
+    (d / "chapter1.tex").write_text("\\section{Intro}")
+    return ["train", *FAST, "--rounds", "1", "--force", "--out", str(d)]
+
+
+def _second_writer(c):
+    c.hold_lock(c.ws / "busy")
+    return ["train", *FAST, "--rounds", "1", "--out", str(c.ws / "busy")]
+
+
+def _second_hessian_writer(c):
+    c.hold_lock(c.ws / "out")
+    return ["hessian", str(c.run / "final.pt"), "--samples", "32", "--quiet", "--out", str(c.ws / "out")]
+
+
+def _resume_locked(c):
+    run = c.copy_run()
+    c.hold_lock(run)
+    return ["train", "--resume", str(run), "--quiet"]
+
+
+def _enospc_train(c):
+    c.disk_full()
+    return ["train", *FAST, "--rounds", "1", "--out", str(c.ws / "new")]
+
+
+def _enospc_hessian(after):
+    def setup(c):
+        c.disk_full(after)
+        return ["hessian", str(c.run / "final.pt"), "--top", "2", "--samples", "32", "--quiet",
+                "--out", str(c.ws / "out")]
+
+    return setup
+
+
+def _enospc_clients(c):
+    c.disk_full(1)
+    return ["hessian-clients", str(c.run / "final.pt"), "--probes", "4", "--groups", "2", "--samples", "16", "--quiet",
+            "--out", str(c.ws / "out")]
+
+
+def _enospc_surface(c):
+    c.disk_full()
+    return ["surface", str(c.run / "final.pt"), "--grid", "3", "--samples", "16", "--quiet", "--out", str(c.ws / "out")]
+
+
+def _user_file_named_like_output(c):
+    # a user's eigenvalues.png beside a hessian run that fails: untouched (and the command fails on its --tol)
+    c.write("out/eigenvalues.png", b"my own figure")
+    return ["hessian", str(c.run / "final.pt"), "--tol", "nan", "--quiet", "--out", str(c.ws / "out")]
+
+
+def _eigvec_other_checkpoint(c):
+    return ["surface", str(c.run / "final.pt"), "--directions", "hessian", "--eigenvectors",
+            str(c.base / "eig1" / "eigenvectors.pt"), "--grid", "3", "--samples", "16", "--quiet",
+            "--out", str(c.ws / "out")]
+
+
+def _garbage_eigvec(c):
+    f = c.write("vec.pt", b"not a torch file")
+    return ["surface", str(c.run / "final.pt"), "--directions", "hessian", "--eigenvectors", str(f), "--grid", "3",
+            "--quiet", "--out", str(c.ws / "out")]
+
+
+def _report_bad_metrics(c):
+    run = c.copy_run()
+    (run / "metrics.csv").write_bytes(b"round,test_acc\n1,\xff\xfe\x00bad\n")
+    return ["report", str(run), "--out", str(c.ws / "rep")]
+
+
+def _report_bad_hessian(c):
+    run = c.copy_run()
+    (run / "hessian").mkdir()
+    (run / "hessian" / "hessian.json").write_text("{not json")
+    return ["report", str(run), "--out", str(c.ws / "rep")]
+
+
+def _partition_corrupt(c):
+    run = c.copy_run()
+    (run / "partition.json").write_text('{"method": "dirichlet", "client_indices": 7}')
+    return ["partition", "--run", str(run)]
+
+
+CASES = {
+    # ---- train: flag values that parse but are out of range
+    "seed-negative": (_train("--seed", "-1"), "--seed"),
+    "seed-2^32": (_train("--seed", str(2**32)), "--seed"),
+    "seed-huge": (_train("--seed", str(10**30)), "--seed"),
+    "rounds-zero": (_train("--rounds", "0"), "--rounds"),
+    "rounds-huge": (_train("--rounds", "100000000"), "--rounds"),
+    "participation-1e-9": (_train("--participation", "1e-9"), "participation"),
+    "participation-zero": (_train("--participation", "0"), "--participation"),
+    "participation-above-1": (_train("--participation", "1.5"), "--participation"),
+    "lr-nan": (_train("--lr", "nan"), "--lr"),
+    "lr-inf": (_train("--lr", "inf"), "--lr"),
+    "lr-negative": (_train("--lr", "-1"), "--lr"),
+    "momentum-one": (_train("--momentum", "1"), "--momentum"),
+    "clients-zero": (_train("--clients", "0"), "--clients"),
+    "alpha-zero": (_train("--alpha", "0", "--partition", "dirichlet"), "--alpha"),
+    "batch-size-zero": (_train("--batch-size", "0"), "--batch-size"),
+    "device-bogus": (_train("--device", "bogus"), "bogus"),
+    "algo-unknown": (_train("--algo", "fedmagic"), "fedmagic"),
+    "reg-unknown": (_train("--reg", "sharp"), "sharp"),
+    "local-opt-unknown": (_train("--local-opt", "adamw9"), "adamw9"),
+    "dataset-unknown": (_train("--dataset", "imagenet22k"), "imagenet22k"),
+    "model-unknown": (_train("--model", "gpt5"), "gpt5"),
+    "hparam-nan": (_train("--algo", "fedprox", "--mu", "nan"), "--mu"),
+    "clients-more-than-samples": (_train("--clients", "100000"), "clients"),
+    # ---- train: config files
+    "cfg-augment-no": (_cfg("c.toml", TOML_BASE + 'augment = "no"\n'), "--augment"),
+    "cfg-save-clients-no": (_cfg("c.toml", TOML_BASE + 'save_clients = "no"\n'), "--save-clients"),
+    "cfg-nesterov-int": (_cfg("c.toml", TOML_BASE + "nesterov = 1\n"), "--nesterov"),
+    "cfg-rounds-float": (_cfg("c.toml", 'model = "tiny"\nrounds = 2.5\n'), "--rounds"),
+    "cfg-rounds-string": (_cfg("c.toml", 'model = "tiny"\nrounds = "3"\n'), "--rounds"),
+    "cfg-clients-bool": (_cfg("c.toml", 'model = "tiny"\nclients = true\n'), "--clients"),
+    "cfg-seed-negative": (_cfg("c.toml", TOML_BASE + "seed = -5\n"), "--seed"),
+    "cfg-lr-word": (_cfg("c.yaml", "model: tiny\nlr: fast\n"), "--lr"),
+    "cfg-lr-inf-string": (_cfg("c.yaml", "model: tiny\nlr: .inf\n"), "--lr"),
+    "cfg-hparam-string": (_cfg("c.toml", TOML_BASE + 'algo = "fedprox"\nmu = "big"\n'), "--mu"),
+    "cfg-hparam-bool": (_cfg("c.toml", TOML_BASE + 'reg = "man"\nzeta = true\n'), "--zeta"),
+    "cfg-model-args-scalar": (_cfg("c.toml", TOML_BASE + "model_args = 5\n"), "model-args"),
+    "cfg-params-scalar": (_cfg("c.toml", TOML_BASE + "params = 3\n"), "params"),
+    "cfg-unknown-key": (_cfg("c.toml", TOML_BASE + "learning_rate = 0.1\n"), "learning_rate"),
+    "cfg-unparseable-toml": (_cfg("c.toml", "rounds = = 3\n"), "cannot parse"),
+    "cfg-not-utf8": (_cfg("c.toml", b"rounds = 1\n# \xff\xfe caf\xe9\n"), "UTF-8"),
+    "cfg-yaml-list": (_cfg("c.yaml", "- 1\n- 2\n"), "table"),
+    "cfg-wrong-suffix": (_cfg("c.json", "{}"), ".toml"),
+    "cfg-missing": (lambda c: ["train", "--config", str(c.ws / "nope.toml"), "--out", str(c.ws / "new")], "not found"),
+    # ---- train: folders
+    "out-is-a-file": (lambda c: ["train", *FAST, "--out", str(c.write("f.txt", "x"))], "is a file"),
+    "out-exists-no-force": (lambda c: ["train", *FAST, "--out", str(c.copy_run())], "already exists"),
+    "force-foreign-folder": (_force_foreign, "not a flatfl run"),
+    "force-run-with-user-file": (_force_with_user_file, "did not write"),
+    "second-writer": (_second_writer, "another flatfl process"),
+    "resume-while-locked": (_resume_locked, "another flatfl process"),
+    "enospc-train": (_enospc_train, "no space left"),
+    # ---- train --resume
+    "resume-missing": (lambda c: ["train", "--resume", str(c.ws / "nope")], "not a directory"),
+    "resume-empty-dir": (lambda c: ["train", "--resume", str(c.write("e/.keep", "").parent)], "not a flatfl run"),
+    "resume-malicious-pickle": (_resume(_marker_resume), "will not load"),
+    "resume-truncated": (_resume(lambda c, r: (r / "resume.pt").write_bytes((r / "resume.pt").read_bytes()[:300])),
+                         "corrupt"),
+    "resume-text-file": (_resume(lambda c, r: (r / "resume.pt").write_text("hello")), "resume.pt"),
+    "resume-foreign-torch-file": (_resume(lambda c, r: torch.save({"a": torch.zeros(2)}, r / "resume.pt")),
+                                  "not a flatfl resume"),
+    "resume-edited-lr": (_resume(lambda c, r: edit_json(r / "config.json", lambda d: d["config"].update(lr=0.05))),
+                         "lr"),
+    "resume-edited-algo": (_resume(lambda c, r: edit_json(r / "config.json",
+                                                          lambda d: d["config"].update(algo="fedprox"))), "algo"),
+    "resume-edited-clients": (_resume(lambda c, r: edit_json(r / "config.json",
+                                                             lambda d: d["config"].update(clients=3))), "clients"),
+    "resume-config-bad-type": (_resume(lambda c, r: edit_json(r / "config.json",
+                                                              lambda d: d["config"].update(augment="no"))),
+                               "--augment"),
+    "resume-config-not-json": (_resume(lambda c, r: (r / "config.json").write_text("{oops")), "corrupt"),
+    "resume-partition-corrupt": (_resume(lambda c, r: (r / "partition.json").write_text("[1, 2")), "partition.json"),
+    # ---- hessian
+    "hessian-missing-checkpoint": (lambda c: ["hessian", str(c.ws / "nope.pt"), "--out", str(c.ws / "out")],
+                                   "not found"),
+    "hessian-text-file": (lambda c: ["hessian", str(c.write("x.pt", "hello")), "--out", str(c.ws / "out")],
+                          "not a readable"),
+    "hessian-truncated": (_on_run("hessian", prepare=lambda c, r: (r / "final.pt").write_bytes(
+        (r / "final.pt").read_bytes()[:1000])), "not a readable"),
+    "hessian-missing-key": (_on_run("hessian", prepare=lambda c, r: edit_checkpoint(
+        r / "final.pt", lambda p: p.pop("state_dict"))), "state_dict"),
+    "hessian-nan-weights": (_on_run("hessian", prepare=lambda c, r: _nan_weights(c, r)), "non-finite"),
+    "hessian-malicious-pickle": (_on_run("hessian", prepare=_marker_checkpoint), "will not load"),
+    "hessian-tol-inf": (_on_run("hessian", "--tol", "inf"), "--tol"),
+    "hessian-tol-zero": (_on_run("hessian", "--tol", "0"), "--tol"),
+    "hessian-tol-two": (_on_run("hessian", "--tol", "2"), "--tol"),
+    "hessian-top-negative": (_on_run("hessian", "--top", "-1"), "--top"),
+    "hessian-samples-zero": (_on_run("hessian", "--samples", "0"), "samples"),
+    "hessian-device-bogus": (_on_run("hessian", "--device", "bogus"), "bogus"),
+    "hessian-method-unknown": (_on_run("hessian", "--method", "qr"), "qr"),
+    "hessian-split-unknown": (_on_run("hessian", "--split", "val"), "val"),
+    "hessian-out-is-file": (lambda c: ["hessian", str(c.run / "final.pt"), "--out", str(c.write("o", "x"))],
+                            "not a directory"),
+    "hessian-second-writer": (_second_hessian_writer, "another flatfl process"),
+    "hessian-keeps-user-file": (_user_file_named_like_output, "--tol"),
+    "enospc-hessian-first-file": (_enospc_hessian(0), "no space left"),
+    "enospc-hessian-last-file": (_enospc_hessian(3), "no space left"),
+    # ---- hessian-clients
+    "clients-round1-latest-models": (_on_run("hessian-clients", "--probes", "4", "--groups", "2",
+                                             target="checkpoints/round_0001.pt"), "round 2"),
+    "clients-protocol-unknown": (_on_run("hessian-clients", "--protocol", "magic"), "magic"),
+    "clients-probes-one": (_on_run("hessian-clients", "--probes", "1"), "--probes"),
+    "clients-tol-inf": (_on_run("hessian-clients", "--tol", "inf"), "--tol"),
+    "clients-corrupt-clients-pt": (_on_run("hessian-clients", "--probes", "4", "--groups", "2",
+                                           prepare=lambda c, r: (r / "clients.pt").write_bytes(b"garbage")),
+                                   "clients.pt"),
+    "clients-no-saved-clients": (_on_run("hessian-clients", "--probes", "4", "--groups", "2",
+                                         prepare=lambda c, r: (r / "clients.pt").unlink()), "--save-clients"),
+    "enospc-hessian-clients": (_enospc_clients, "no space left"),
+    # ---- surface
+    "surface-grid-one": (_on_run("surface", "--grid", "1"), "grid"),
+    "surface-range-negative": (_on_run("surface", "--range", "-1"), "range"),
+    "surface-tol-nan": (_on_run("surface", "--directions", "hessian", "--tol", "nan"), "--tol"),
+    "surface-workers-zero": (_on_run("surface", "--workers", "0"), "--workers"),
+    "surface-eigenvectors-other-checkpoint": (_eigvec_other_checkpoint, "another checkpoint"),
+    "surface-eigenvectors-garbage": (_garbage_eigvec, "not a readable eigenvector"),
+    "enospc-surface": (_enospc_surface, "no space left"),
+    # ---- report, partition
+    "report-not-a-run": (lambda c: ["report", str(c.write("d/x.txt", "x").parent), "--out", str(c.ws / "rep")],
+                         "holds no flatfl run"),
+    "report-metrics-not-utf8": (_report_bad_metrics, "UTF-8"),
+    "report-hessian-json-corrupt": (_report_bad_hessian, "hessian.json"),
+    "partition-run-corrupt": (_partition_corrupt, "partition.json"),
+    "partition-clients-zero": (lambda c: ["partition", "--clients", "0"], "clients"),
+    "partition-alpha-negative": (lambda c: ["partition", "--alpha", "-1"], "alpha"),
+    "partition-seed-negative": (lambda c: ["partition", "--seed", "-3"], "seed"),
+    # ---- sweep, reproduce (the grid is checked before any training)
+    "grid-hessian-typo": (_grid(GOOD_GRID + "[hessian]\ntopp = 1\n"), "topp"),
+    "grid-hessian-type": (_grid(GOOD_GRID + '[hessian]\ntop = "one"\n'), "top"),
+    "grid-hessian-tol-range": (_grid(GOOD_GRID + "[hessian]\ntol = 5.0\n"), "tol"),
+    "grid-clients-typo": (_grid(GOOD_GRID + "[clients]\nprobe = 4\n"), "probe"),
+    "grid-surface-type": (_grid(GOOD_GRID + "[surface]\ngrid = 2.5\n"), "grid"),
+    "grid-fixed-augment-no": (_grid(GOOD_GRID.replace("rounds = 1", 'rounds = 1\naugment = "no"')), "--augment"),
+    "grid-lr-word": (_grid(GOOD_GRID + 'lr = ["x"]\n'), "--lr"),
+    "grid-not-utf8": (lambda c: ["sweep", str(c.write("g.toml", b"[fixed]\n# \xff\n"))], "UTF-8"),
+    "sweep-workers-zero": (lambda c: ["sweep", str(c.write("g.toml", GOOD_GRID)), "--workers", "0"], "--workers"),
+    "reproduce-threads-negative": (lambda c: ["reproduce", "man-table2", "--preset", "tiny", "--threads", "-2",
+                                              "--runs-dir", str(c.ws / "r"), "--out", str(c.ws / "o")], "--threads"),
+    "reproduce-seeds-words": (lambda c: ["reproduce", "man-table2", "--preset", "tiny", "--seeds", "a,b",
+                                         "--runs-dir", str(c.ws / "r"), "--out", str(c.ws / "o")], "--seeds"),
+    "reproduce-seed-negative": (lambda c: ["reproduce", "man-table2", "--preset", "tiny", "--seeds", "-1",
+                                           "--runs-dir", str(c.ws / "r"), "--out", str(c.ws / "o")], "seed"),
+    "reproduce-workers-zero": (lambda c: ["reproduce", "man-table2", "--preset", "tiny", "--workers", "0",
+                                          "--runs-dir", str(c.ws / "r"), "--out", str(c.ws / "o")], "--workers"),
+}
+
+
+def test_enough_cases():
+    assert len(CASES) >= 60
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hostile_case(name, base, tmp_path, monkeypatch):
+    setup, fragment = CASES[name]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    monkeypatch.chdir(ws)
+    ctx = Ctx(base, ws, monkeypatch)
+    try:
+        argv = setup(ctx)
+        before_ws, before_base = snapshot(ws), snapshot(base)
+        result = CliRunner().invoke(main, argv)
+        monkeypatch.undo()
+        after_ws, after_base = snapshot(ws), snapshot(base)
+    finally:
+        for fn in ctx._later:
+            fn()
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.exit_code not in (0, None), (name, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), (name, repr(result.exception))
+    assert "Traceback" not in result.output, (name, result.output)
+    assert len(lines) == 1, (name, result.stderr)
+    assert lines[0].startswith("flatfl: ") and fragment in lines[0], (name, lines[0])
+    assert after_base == before_base, name
+    changed = {k for k in set(before_ws) | set(after_ws) if before_ws.get(k) != after_ws.get(k)}
+    assert not changed, (name, sorted(changed))
+    assert not (ws / "PWNED").exists()
+
+
+def test_ctrl_c_during_start_up_is_one_line(tmp_path):
+    """SIGINT while flatfl is still importing (torch) or starting: one line, non-zero exit, no run folder."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for delay in (0.15, 0.6):
+        proc = subprocess.Popen([sys.executable, "-m", "flatfl", "train", *FAST, "--rounds", "50", "--out",
+                                 str(tmp_path / "r")], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(2)
+        _, err = proc.communicate(timeout=60)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert proc.returncode != 0 and "Traceback" not in err and len(lines) == 1, err
+        assert "interrupted" in lines[0] or "Aborted" in lines[0], err
