@@ -185,7 +185,9 @@ def test_hessian_clients_command_writes_section_and_heatmap(run_dir, tmp_path):
     out.mkdir()
     ckpt = flatfl.load_checkpoint(run_dir)
     # an existing hessian.json of the same checkpoint keeps its other keys
-    (out / "hessian.json").write_text(json.dumps({"checkpoint": str(ckpt.path), "top_eigenvalues": [1.5]}))
+    from flatfl.utils.io import atomic_write_json  # written by flatfl (a user's file of that name is refused)
+
+    atomic_write_json(out / "hessian.json", {"checkpoint": str(ckpt.path), "top_eigenvalues": [1.5]})
     r = CliRunner().invoke(main, ["hessian-clients", str(run_dir), "--out", str(out), "--probes", "8",
                                   "--groups", "4", "--samples", "64", "--quiet"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
@@ -233,9 +235,18 @@ def test_hessian_clients_bad_input_is_one_line_and_writes_nothing(run_dir, tmp_p
     assert not out.exists()
     other = tmp_path / "other"
     other.mkdir()
-    (other / "hessian.json").write_text(json.dumps({"checkpoint": "/elsewhere/final.pt"}))
+    from flatfl.utils.io import atomic_write_json
+
+    atomic_write_json(other / "hessian.json", {"checkpoint": "/elsewhere/final.pt"})
+    names = sorted(p.name for p in other.iterdir())
     line = _one_line_error(CliRunner().invoke(main, ["hessian-clients", str(run_dir), "--out", str(other)]))
-    assert "belongs to" in line and sorted(p.name for p in other.iterdir()) == ["hessian.json"]
+    assert "belongs to" in line and sorted(p.name for p in other.iterdir()) == names
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "hessian.json").write_text("{}")  # a file of the user's that shares the output's name
+    line = _one_line_error(CliRunner().invoke(main, ["hessian-clients", str(run_dir), "--out", str(mine)]))
+    assert "not written by flatfl" in line and [p.name for p in mine.iterdir()] == ["hessian.json"]
+    assert (mine / "hessian.json").read_text() == "{}"
 
 
 def test_hessian_after_hessian_clients_keeps_the_clients_section(tmp_path):

@@ -249,6 +249,15 @@ def _user_file_named_like_output(c):
     return ["hessian", str(c.run / "final.pt"), "--tol", "nan", "--quiet", "--out", str(c.ws / "out")]
 
 
+def _user_file_replaced(command, name, *extra):
+    """A user's file in --out that shares an output's name: refused before any work, the file kept."""
+    def setup(c):
+        c.write(f"out/{name}", b"the user's own " + name.encode())
+        return [command, str(c.run / "final.pt"), "--samples", "16", "--quiet", "--out", str(c.ws / "out"), *extra]
+
+    return setup
+
+
 def _eigvec_other_checkpoint(c):
     return ["surface", str(c.run / "final.pt"), "--directions", "hessian", "--eigenvectors",
             str(c.base / "eig1" / "eigenvectors.pt"), "--grid", "3", "--samples", "16", "--quiet",
@@ -378,6 +387,11 @@ CASES = {
     "hessian-keeps-user-file": (_user_file_named_like_output, "--tol"),
     "enospc-hessian-first-file": (_enospc_hessian(0), "no space left"),
     "enospc-hessian-last-file": (_enospc_hessian(3), "no space left"),
+    "enospc-hessian-manifest": (_enospc_hessian(4), "no space left"),  # every output staged, the manifest fails
+    "hessian-user-file-same-name": (_user_file_replaced("hessian", "eigenvalues.csv", "--top", "2"),
+                                    "not written by flatfl"),
+    "hessian-user-json-same-name": (_user_file_replaced("hessian", "hessian.json", "--top", "1"),
+                                    "not written by flatfl"),
     # ---- hessian-clients
     "clients-round1-latest-models": (_on_run("hessian-clients", "--probes", "4", "--groups", "2",
                                              target="checkpoints/round_0001.pt"), "round 2"),
@@ -390,6 +404,8 @@ CASES = {
     "clients-no-saved-clients": (_on_run("hessian-clients", "--probes", "4", "--groups", "2",
                                          prepare=lambda c, r: (r / "clients.pt").unlink()), "--save-clients"),
     "enospc-hessian-clients": (_enospc_clients, "no space left"),
+    "clients-user-file-same-name": (_user_file_replaced("hessian-clients", "clients_heatmap.png", "--probes", "4",
+                                                        "--groups", "2"), "not written by flatfl"),
     # ---- surface
     "surface-grid-one": (_on_run("surface", "--grid", "1"), "grid"),
     "surface-range-negative": (_on_run("surface", "--range", "-1"), "range"),
@@ -398,6 +414,8 @@ CASES = {
     "surface-eigenvectors-other-checkpoint": (_eigvec_other_checkpoint, "another checkpoint"),
     "surface-eigenvectors-garbage": (_garbage_eigvec, "not a readable eigenvector"),
     "enospc-surface": (_enospc_surface, "no space left"),
+    "surface-user-file-same-name": (_user_file_replaced("surface", "surface.npz", "--grid", "3"),
+                                    "not written by flatfl"),
     # ---- report, partition
     "report-not-a-run": (lambda c: ["report", str(c.write("d/x.txt", "x").parent), "--out", str(c.ws / "rep")],
                          "holds no flatfl run"),
@@ -423,6 +441,21 @@ CASES = {
                                          "--runs-dir", str(c.ws / "r"), "--out", str(c.ws / "o")], "--seeds"),
     "reproduce-seed-negative": (lambda c: ["reproduce", "man-table2", "--preset", "tiny", "--seeds", "-1",
                                            "--runs-dir", str(c.ws / "r"), "--out", str(c.ws / "o")], "seed"),
+    # ---- --threads -2 on every command that takes it (the issue counted 8 tracebacks)
+    "threads-negative-train": (_train("--threads", "-2"), "--threads"),
+    "threads-negative-hessian": (_on_run("hessian", "--threads", "-2"), "--threads"),
+    "threads-negative-clients": (_on_run("hessian-clients", "--threads", "-2"), "--threads"),
+    "threads-negative-surface": (_on_run("surface", "--threads", "-2"), "--threads"),
+    "threads-negative-report": (lambda c: ["report", str(c.run), "--threads", "-2", "--out", str(c.ws / "rep")],
+                                "--threads"),
+    "threads-negative-sweep": (lambda c: ["sweep", str(c.write("g.toml", GOOD_GRID)), "--threads", "-2"],
+                               "--threads"),
+    "threads-huge-reproduce": (lambda c: ["reproduce", "man-table2", "--preset", "tiny", "--threads", str(10**12),
+                                          "--runs-dir", str(c.ws / "r"), "--out", str(c.ws / "o")], "--threads"),
+    "seed-negative-hessian": (_on_run("hessian", "--seed", "-1"), "seed"),
+    "seed-huge-surface": (_on_run("surface", "--seed", str(2**64)), "seed"),
+    "seed-huge-clients": (_on_run("hessian-clients", "--seed", str(2**32)), "seed"),
+    "threads-huge-train": (_train("--threads", str(2**70)), "--threads"),
     "reproduce-workers-zero": (lambda c: ["reproduce", "man-table2", "--preset", "tiny", "--workers", "0",
                                           "--runs-dir", str(c.ws / "r"), "--out", str(c.ws / "o")], "--workers"),
 }

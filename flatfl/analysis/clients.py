@@ -495,6 +495,9 @@ def run_client_metrics(
         raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
     if isinstance(tol, bool) or not (isinstance(tol, (int, float)) and 0 < tol < 1):
         raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {tol!r}")
+    from ..utils.values import check_seed
+
+    check_seed(seed)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
@@ -504,6 +507,9 @@ def run_client_metrics(
     from .operator import HessianOperator
 
     ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory)
+    from ..utils.manifest import refuse_foreign
+
+    refuse_foreign(out, ["clients_heatmap.png", "clients_heatmap.pdf", "hessian.json"])
     existing = _existing_report(out / "hessian.json", ckpt)
     state = ckpt.client_state()  # CheckpointError when the run was trained without --save-clients
     num_clients = int(state["params"].shape[0])

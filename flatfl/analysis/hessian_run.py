@@ -222,7 +222,8 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
     names = sorted(figures) + (["eigenvalues.csv"] if csv_text else []) + \
         (["eigenvectors.pt"] if vectors_payload else []) + ["hessian.json"]
     report = dict(report, files=names)
-    previous = _previous_clients_section(out / "hessian.json", report.get("checkpoint"), report.get("weights_sha256"))
+    previous = _previous_clients_section(out / "hessian.json", report.get("checkpoint"), report.get("weights_sha256"),
+                                         refuse_other=True)
     if previous is not None and "clients" not in report:
         report["clients"] = previous  # results of `flatfl hessian-clients` on the same checkpoint are kept
     out.mkdir(parents=True, exist_ok=True)
@@ -243,9 +244,10 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
     return list(files)
 
 
-def _previous_clients_section(path: Path, checkpoint, digest=None) -> dict | None:
+def _previous_clients_section(path: Path, checkpoint, digest=None, refuse_other: bool = False) -> dict | None:
     """The ``clients`` section of an existing hessian.json for the same model (same weights digest; the same
-    checkpoint path for files written before digests were recorded), if any."""
+    checkpoint path for files written before digests were recorded), if any. With ``refuse_other``, a ``clients``
+    section of other weights (``flatfl hessian-clients`` results that this write would drop) is a ConfigError."""
     import json
 
     try:
@@ -256,6 +258,9 @@ def _previous_clients_section(path: Path, checkpoint, digest=None) -> dict | Non
         return None
     same = old.get("weights_sha256") == digest if digest and old.get("weights_sha256") else \
         old.get("checkpoint") == checkpoint
+    if not same and refuse_other:
+        raise ConfigError(f"{path} holds 'flatfl hessian-clients' results of other weights ({old.get('checkpoint')}, "
+                          f"round {old.get('round')}); writing here would drop them: choose another --out")
     return old["clients"] if same else None
 
 
@@ -342,6 +347,9 @@ def run_hessian(
     """Load ``checkpoint``, compute the requested Hessian quantities, write them into ``out``; returns the report."""
     _validate(top, method, tol, trace_method, trace_hvps, trace_rtol, density_steps, density_starts, split,
               samples, batch_size)
+    from ..utils.values import check_seed
+
+    check_seed(seed)
     if not (top or trace or density):
         raise ConfigError("nothing to compute: ask for --top K >= 1, --trace or --density")
     if save_eigenvectors and top < 1:
@@ -350,10 +358,15 @@ def run_hessian(
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
     dev = _check_device(device)
+    from ..utils.manifest import refuse_foreign
+
+    refuse_foreign(out, OUTPUT_NAMES + ("hessian.json",))
 
     from ..train.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory)
+    # refused before any work: hessian-clients results of other weights in --out would be dropped
+    _previous_clients_section(out / "hessian.json", str(ckpt.path), weights_digest(ckpt.model), refuse_other=True)
     batches = ckpt.eval_batches(split=split, samples=samples, batch_size=batch_size, seed=seed)
     op = HessianOperator(ckpt.model, batches, mode="eval")
     if top > op.dim:

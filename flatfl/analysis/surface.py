@@ -511,6 +511,9 @@ def run_surface(
     ``surface.json``, ``directions.pt`` and contour / 3-D figures (PNG, PDF) out. Bad input writes nothing."""
     radius = range
     _validate(directions, grid, radius, samples, workers, batch_size, split, eigenvectors)
+    from ..utils.values import check_seed
+
+    check_seed(seed)
     if isinstance(tol, bool) or not (isinstance(tol, (int, float)) and 0 < tol < 1):
         raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {tol!r}")
     out = Path(out)
@@ -524,6 +527,10 @@ def run_surface(
     if eigenvectors is not None and not Path(eigenvectors).is_file():
         raise CheckpointError(f"eigenvector file not found: {eigenvectors}")
 
+    from ..utils.manifest import refuse_foreign
+
+    refuse_foreign(out, [f"surface_{kind}.{fmt}" for kind in ("contour", "3d") for fmt in ("png", "pdf")]
+                   + ["surface.csv", "surface.npz", "directions.pt", "surface.json"])
     from ..train.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory)

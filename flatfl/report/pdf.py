@@ -136,6 +136,8 @@ def _compute_missing(records, specs, hessian: dict, asked: dict, clients: dict, 
         if not need:
             continue
         folder = analysis_dir("hessian", rec.model)
+        if folder in rec.stale:  # it measured an earlier round: kept where it is, the final model's goes beside it
+            folder = f"{folder}-round{rec.config.get('rounds')}"
         other = [n for n in rec.analyses if n == folder]
         if "hessian" in need and other:
             folder = f"{folder}-{_folder_tag(asked)}"  # never overwrite (nor silently keep) other settings
@@ -456,7 +458,9 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
             what = " and ".join({"hessian": f"Hessian results of the {MODEL_NAMES[rec.model]} model"
                                             + (" with the asked settings" if asked else ""),
                                  "clients": "H_N / H_D"}[n] for n in need)
-            missing.append(f"{rec.name}: no {what}")
+            stale = "".join(f"; {n}/ measured round {r}, the run's last round is {rec.config.get('rounds')}"
+                            for n, r in sorted(rec.stale.items()))
+            missing.append(f"{rec.name}: no {what}{stale}")
     missing += [p for p in problems if p not in missing]
     if missing and not compute_missing:
         missing.append("run 'flatfl report ... --compute-missing' to compute the missing analyses")

@@ -85,18 +85,28 @@ def analysis_model(h: dict | None) -> str | None:
     return None
 
 
-def read_clients_metrics(run_dir: Path, analyses: dict[str, dict]) -> dict | None:
+def measured_round(data: dict | None) -> int | None:
+    """The training round a derived result (hessian.json, its clients section, clients-*.json) says it measured."""
+    r = (data or {}).get("round")
+    return r if isinstance(r, int) and not isinstance(r, bool) else None
+
+
+def read_clients_metrics(run_dir: Path, analyses: dict[str, dict], final_round: int | None = None) -> dict | None:
     """H_N / H_D of a run: the one place the report reads them. ``flatfl hessian-clients`` writes its results either
     into a file of their own (``clients-<protocol>.json`` in the run or its hessian folder) or, in older runs, as
-    the 'clients' section of hessian/hessian.json; the first found in that order is used."""
+    the 'clients' section of hessian/hessian.json; the first found in that order is used. With ``final_round``, a
+    result that records another round (of a run resumed after it was measured) is not used."""
+    def current(data):
+        return final_round is None or measured_round(data) in (None, final_round)
+
     for folder in (run_dir, run_dir / "hessian"):
         for f in sorted(folder.glob("clients-*.json")) if folder.is_dir() else []:
             data = _read_json(f)
-            if data and data.get("H_N") is not None:
+            if data and data.get("H_N") is not None and current(data):
                 return dict(data, source=str(f.relative_to(run_dir)))
     for name, h in sorted(analyses.items()):
         cl = (h or {}).get("clients")
-        if cl and cl.get("H_N") is not None:
+        if cl and cl.get("H_N") is not None and current(cl):
             return dict(cl, source=f"{name}/hessian.json")
     return None
 
@@ -121,6 +131,7 @@ class RunRecord:
     analyses: dict = field(default_factory=dict)
     clients: dict | None = None  # H_N / H_D (read_clients_metrics)
     model: str = "server"
+    stale: dict = field(default_factory=dict)  # analyses of an earlier round than the run's last (folder -> round)
 
     @property
     def name(self) -> str:
@@ -267,10 +278,17 @@ def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
                     h = dict(h, checkpoint=str(d / "final.pt"))
                 analyses[sub.name] = h
     curve = _read_metrics(d / "metrics.csv")
+    rounds_done = int(curve[-1]["round"]) if curve and curve[-1].get("round") else 0
+    # A Hessian of an earlier round (measured before the run was resumed) is never shown beside the final accuracy.
+    final_round = cfg.get("rounds") if (d / "final.pt").is_file() else None  # a finished run trained them all
+    final_round = final_round if isinstance(final_round, int) and not isinstance(final_round, bool) else None
+    stale = {n: measured_round(h) for n, h in analyses.items()
+             if final_round is not None and measured_round(h) not in (None, final_round)}
+    analyses = {n: h for n, h in analyses.items() if n not in stale}
     rec = RunRecord(run_dir=d, config=cfg, method=method_label(cfg), partition=partition_label(cfg),
                     dataset=str(cfg.get("dataset", "?")), seed=int(cfg.get("seed", 0)),
-                    rounds_done=int(curve[-1]["round"]) if curve and curve[-1].get("round") else 0, curve=curve,
-                    analyses=analyses, clients=read_clients_metrics(d, analyses))
+                    rounds_done=rounds_done, curve=curve, analyses=analyses,
+                    clients=read_clients_metrics(d, analyses, final_round), stale=stale)
     return rec.select(model)
 
 

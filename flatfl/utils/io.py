@@ -36,15 +36,15 @@ def _atomic(path: Path, mode: str, record: bool) -> Iterator[Any]:
             with contextlib.suppress(OSError):
                 os.fchmod(f.fileno(), _file_mode())
             os.fsync(f.fileno())
+        if record:  # before the rename: a full disk while noting it leaves the destination as it was
+            from . import manifest
+
+            manifest.record(path)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    if record:
-        from . import manifest
-
-        manifest.record(path)
 
 
 @contextlib.contextmanager
@@ -61,8 +61,13 @@ def atomic_write_bytes_unrecorded(path: str | os.PathLike, data: bytes) -> None:
 
 
 def atomic_write_many(files: dict) -> None:
-    """Write several files as one step: every temporary file is written and fsynced first (a full disk fails
-    here, leaving no output at all), then each is renamed over its destination, in the given order."""
+    """Write several files as one step: every temporary file is written and fsynced first, then the manifest (a
+    full disk fails here, leaving no output at all), then each is renamed over its destination, in the given
+    order. A destination that exists and that flatfl did not write is refused (ConfigError), nothing written."""
+    from . import manifest
+
+    for path in files:  # never replace a file of the user's that merely shares an output's name
+        manifest.refuse_foreign(Path(path).parent, [Path(path).name])
     staged: list[tuple[str, Path]] = []
     try:
         for path, data in files.items():
@@ -76,11 +81,9 @@ def atomic_write_many(files: dict) -> None:
                 with contextlib.suppress(OSError):
                     os.fchmod(f.fileno(), _file_mode())
                 os.fsync(f.fileno())
-        from . import manifest
-
+        manifest.record_many([path for _, path in staged])  # before any rename: a full disk here changes nothing
         for tmp, path in staged:
             os.replace(tmp, path)
-            manifest.record(path)
     except BaseException:
         for tmp, _ in staged:
             with contextlib.suppress(FileNotFoundError):

@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - Windows
 
 LOCK_NAME = ".flatfl.lock"
 _held: dict[str, list] = {}  # resolved folder -> [fd, count]
-_TMP = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp$")
+_TMP = re.compile(r"^\..+\.(\d+)\.[a-z0-9_]{8}\.tmp$")  # flatfl.utils.io's names: .NAME.PID.XXXXXXXX.tmp
 
 
 def pid_alive(pid: int) -> bool:
@@ -42,18 +42,27 @@ def pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
-    """Delete ``.NAME.PID.XXXX.tmp`` files (flatfl's atomic writes) whose writing process is gone."""
+    """Delete ``.NAME.PID.XXXXXXXX.tmp`` files (flatfl's atomic writes) whose writing process is gone, in ``folder``
+    and its direct sub-folders (a run's ``checkpoints/``, ``hessian/``). Any other file, a user's ``.notes.tmp``
+    included, and the temporaries of a writer still alive are left alone."""
     removed = []
+    folder = Path(folder)
     try:
-        entries = list(Path(folder).iterdir())
+        places = [folder] + [p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()]
     except OSError:
         return removed
-    for p in entries:
-        m = _TMP.match(p.name)
-        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))) and p.is_file():
-            with contextlib.suppress(OSError):
-                p.unlink()
-                removed.append(p)
+    for place in places:
+        try:
+            entries = list(place.iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            m = _TMP.match(p.name)
+            if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))) and p.is_file() \
+                    and not p.is_symlink():
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    removed.append(p)
     return removed
 
 

@@ -41,10 +41,39 @@ def record(path: str | os.PathLike) -> None:
         _write(path.parent, data)
 
 
+def record_many(paths) -> None:
+    """Note several files at once (one manifest write per folder)."""
+    by_folder: dict[Path, list[str]] = {}
+    for p in map(Path, paths):
+        if p.name != MANIFEST:
+            by_folder.setdefault(p.parent, []).append(p.name)
+    for folder, names in by_folder.items():
+        data = _read(folder)
+        new = [n for n in dict.fromkeys(names) if n not in data["files"]]
+        if new:
+            data["files"] += new
+            _write(folder, data)
+
+
 def owned(path: str | os.PathLike) -> bool:
     """True when flatfl wrote ``path`` (its folder's manifest lists it)."""
     path = Path(path)
     return path.name in _read(path.parent)["files"]
+
+
+def refuse_foreign(folder: str | os.PathLike, names) -> None:
+    """ConfigError when one of ``names`` exists in ``folder`` and flatfl did not write it (a user's file that merely
+    shares an output's name is never replaced); called before any work, so that nothing is written."""
+    from ..errors import ConfigError
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    mine = owned_names(folder)
+    for name in names:
+        p = folder / name
+        if (p.exists() or p.is_symlink()) and name not in mine:
+            raise ConfigError(f"{p} exists and was not written by flatfl; move it away or choose another --out")
 
 
 def owned_names(folder: str | os.PathLike) -> set[str]:

@@ -70,6 +70,9 @@ def default_threads(workers: int = 1, *, cores: int | None = None, load: float |
     return max(1, idle // max(1, int(workers)))
 
 
+MAX_THREADS = 1024
+
+
 def check_threads(value, what: str = "--threads") -> int | None:
     """``None`` (automatic) or an integer >= 1; anything else is a :class:`ConfigError` naming ``what``."""
     if value is None:
@@ -78,6 +81,8 @@ def check_threads(value, what: str = "--threads") -> int | None:
         raise ConfigError(f"{what} must be a positive integer, got {value!r}")
     if value < 1:
         raise ConfigError(f"{what} must be a positive integer (>= 1), got {value}")
+    if value > MAX_THREADS:
+        raise ConfigError(f"{what} must be at most {MAX_THREADS}, got {value}")
     return value
 
 

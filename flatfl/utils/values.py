@@ -44,3 +44,13 @@ def coerce(value: Any, kind: type, name: str) -> Any:
             return value
         raise ConfigError(f"{name} must be a table, got {value!r}")
     return value
+
+
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(value: Any, name: str = "--seed") -> int:
+    """A seed: an integer in 0..2**32-1 (what numpy and torch accept everywhere); ConfigError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"{name} must be an integer in 0..{MAX_SEED}, got {value!r}")
+    return value
