@@ -573,8 +573,11 @@ def run_sweep(grid_file: str | Path, *, executor=None, out: str | Path | None = 
             if echo:
                 echo(f"{state:>8}  {t.name}")
         return rows
-    records = run_tasks(grid.tasks, executor, echo=echo)
-    _write_index(grid.root / "sweep.csv", records)
+    from .utils.lock import folder_lock
+
+    with folder_lock(grid.root):  # one sweep at a time writes sweep.csv (each run folder has its own lock)
+        records = run_tasks(grid.tasks, executor, echo=echo)
+        _write_index(grid.root / "sweep.csv", records)
     return records
 
 

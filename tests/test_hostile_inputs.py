@@ -212,6 +212,17 @@ def _second_hessian_writer(c):
     return ["hessian", str(c.run / "final.pt"), "--samples", "32", "--quiet", "--out", str(c.ws / "out")]
 
 
+def _report_second_writer(c):
+    c.hold_lock(c.ws / "rep")
+    return ["report", str(c.run), "--out", str(c.ws / "rep")]
+
+
+def _sweep_second_writer(c):
+    c.hold_lock(c.ws / "runs")
+    grid = c.write("g.toml", f'out = "{c.ws / "runs"}"\n' + GOOD_GRID)
+    return ["sweep", str(grid), "--workers", "1"]
+
+
 def _resume_locked(c):
     run = c.copy_run()
     c.hold_lock(run)
@@ -341,6 +352,8 @@ CASES = {
     "force-run-with-user-file": (_force_with_user_file, "did not write"),
     "second-writer": (_second_writer, "another flatfl process"),
     "resume-while-locked": (_resume_locked, "another flatfl process"),
+    "report-second-writer": (_report_second_writer, "another flatfl process"),
+    "sweep-second-writer": (_sweep_second_writer, "another flatfl process"),
     "enospc-train": (_enospc_train, "no space left"),
     # ---- train --resume
     "resume-missing": (lambda c: ["train", "--resume", str(c.ws / "nope")], "not a directory"),

@@ -220,3 +220,34 @@ def test_killing_a_sweep_leaves_no_worker_running(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)  # nothing should be left; never leave a stray process behind
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def test_a_checkpoint_cannot_name_code_outside_the_current_directory(run, tmp_path, monkeypatch):
+    """A checkpoint's recorded model factory is imported only from the current directory: one naming an importable
+    module elsewhere (here on sys.path, as an installed package would be) is refused and never called."""
+    import shutil
+
+    import torch
+
+    elsewhere = tmp_path / "site"
+    elsewhere.mkdir()
+    marker = tmp_path / "PWNED"
+    (elsewhere / "evil_factory_mod.py").write_text(
+        f"def make():\n    open({str(marker)!r}, 'w').close()\n    import torch\n    return torch.nn.Linear(1, 1)\n")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    ckpt = tmp_path / "final.pt"
+    shutil.copy(run / "final.pt", ckpt)
+    payload = torch.load(ckpt, weights_only=True)
+    payload["model_spec"] = dict(payload["model_spec"], name="custom", factory="evil_factory_mod:make")
+    torch.save(payload, ckpt)
+    for argv in (["hessian", ckpt, "--out", work / "h"], ["surface", ckpt, "--out", work / "s"]):
+        r = cli(*argv)
+        assert r.exit_code == 2 and "--model-factory evil_factory_mod:make" in r.stderr, r.output
+        assert len(r.stderr.strip().splitlines()) == 1 and not marker.exists()
+    assert list(work.iterdir()) == []
+    # named by the user, it is trusted
+    r = cli("hessian", ckpt, "--model-factory", "evil_factory_mod:make", "--out", work / "h")
+    assert marker.exists()

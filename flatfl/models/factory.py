@@ -55,6 +55,28 @@ def model_from_factory(spec: str) -> nn.Module:
     return model
 
 
+def check_recorded_factory(spec, source: str) -> str:
+    """A factory named *inside a file* (a checkpoint's model spec) is imported only when its module lies in the
+    current directory, where the user's own ``my_models.py`` is: a checkpoint from someone else cannot make flatfl
+    import and call an installed module (``os:fork``). Anything else needs ``--model-factory`` given explicitly."""
+    from pathlib import Path
+
+    name = check_factory_name(spec).split(":")[0]
+    top = name.split(".")[0]
+    cwd = Path.cwd().resolve()
+    found = None
+    for cand in (cwd / top, cwd / f"{top}.py"):
+        if cand.is_dir() and (cand / "__init__.py").is_file() or cand.is_file():
+            found = cand
+    loaded = sys.modules.get(top)
+    origin = getattr(loaded, "__file__", None) if loaded is not None else found
+    if found is None or origin is None or not Path(origin).resolve().is_relative_to(cwd):
+        raise ConfigError(f"{source} names the model factory {spec!r}, whose module is not in the current "
+                          "directory; flatfl imports it only when you pass --model-factory "
+                          f"{spec} yourself")
+    return spec
+
+
 def describe_model_class(model: nn.Module) -> str:
     cls = type(model)
     return f"{cls.__module__}.{cls.__qualname__}"

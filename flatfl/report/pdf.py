@@ -26,6 +26,7 @@ from typing import Callable
 
 from ..errors import ConfigError, FlatflError
 from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..utils.lock import locks_output
 from . import figures
 from .tables import (
     METRIC_NAMES,
@@ -406,6 +407,7 @@ def _run_pages(rows: list[dict]):
                                              0.06, 0.05])
 
 
+@locks_output  # one writer per report folder
 def build_report(paths, out, *, tables=None, compute_missing: bool = False, hessian: dict | None = None,
                  clients: dict | None = None, device: str = "cpu", title: str = "flatfl report",
                  echo: Callable[[str], None] | None = None, model: str | None = None) -> dict:

@@ -169,9 +169,10 @@ class Checkpoint:
             raise CheckpointError(f"{path} has no {which!r} model (choose 'server' or 'all')")
         custom = self.model_spec.get("name") == "custom"
         if model is None and (model_factory or (custom and self.model_spec.get("factory"))):
-            from ..models.factory import model_from_factory
+            from ..models.factory import check_recorded_factory, model_from_factory
 
-            model_factory = model_factory or self.model_spec["factory"]
+            if not model_factory:  # named by the file, not by the user: only a module of the current directory
+                model_factory = check_recorded_factory(self.model_spec["factory"], str(path))
             model = model_from_factory(model_factory)
         if model is None and custom:
             raise CheckpointError(f"{path} holds a custom network ({self.model_spec.get('class', '?')}) and no model "

@@ -146,6 +146,10 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         if model is None and model_factory is None and resume:
             model_factory = _saved_factory(self.run_dir)
+            if model_factory is not None:  # named by config.json: only a module of the current directory
+                from ..models.factory import check_recorded_factory
+
+                model_factory = check_recorded_factory(model_factory, str(Path(self.run_dir) / "config.json"))
         if model is None and model_factory is not None:
             from ..models.factory import model_from_factory
 
