@@ -547,3 +547,28 @@ def test_incomplete_folder_is_reported_not_overwritten(tmp_path, monkeypatch):
 def test_unknown_archive_name():
     with pytest.raises(ConfigError, match="no archive known for dataset 'mnist'"):
         download.ensure_dataset("mnist", "/nonexistent")
+
+
+def test_killed_download_temporaries_are_removed_by_the_next_download(tmp_path, monkeypatch):
+    """A download / extraction killed midway leaves `.NAME.PID.XXXXXXXX.part` / `.extracting`: the next download
+    removes those whose process is gone, and keeps a user's file and a live process's temporary."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    dead = p.pid
+    staging, root = tmp_path / "staging", tmp_path / "root"
+    write_cifar100(staging)
+    digest = make_tar_gz(staging, "cifar-100-python", tmp_path / "mirror.tar.gz")
+    patch_archive(monkeypatch, "cifar100", url=(tmp_path / "mirror.tar.gz").as_uri(), md5=digest,
+                  file_md5={n: md5(staging / "cifar-100-python" / n) for n in ("train", "test", "meta")})
+    root.mkdir()
+    (root / f".cifar-100-python.tar.gz.{dead}.ab12cd34.part").write_bytes(b"half an archive")
+    (root / f".cifar-100-python.{dead}.q_w2e3r4.extracting").mkdir()
+    (root / f".cifar-100-python.{dead}.q_w2e3r4.extracting" / "train").write_bytes(b"half")
+    kept = [f".cifar-100-python.tar.gz.{os.getppid()}.ab12cd34.part", ".cifar-100-python.tar.gz.part", ".notes"]
+    for name in kept:
+        (root / name).write_bytes(b"keep")
+    formats.load_cifar100(root, download=True)
+    assert leftovers(root) == sorted(kept)

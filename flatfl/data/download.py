@@ -208,10 +208,35 @@ def _missing_message(spec: Archive, root: Path, reason: str) -> str:
     )
 
 
+def _remove_stale_temporaries(spec: Archive, root: Path) -> None:
+    """A download or extraction killed midway leaves ``.NAME.PID.XXXXXXXX.part`` / ``.extracting``: removed here
+    once the process that named it is gone (only these names; a live download's temporaries are kept)."""
+    import re
+
+    from ..utils.lock import pid_alive
+
+    pattern = re.compile(rf"^\.(?:{re.escape(spec.filename)}|{re.escape(spec.folder)})\.(\d+)\.[a-z0-9_]{{8}}"
+                         r"\.(?:part|extracting)$")
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        m = pattern.match(p.name)
+        if not m or int(m.group(1)) == os.getpid() or pid_alive(int(m.group(1))) or p.is_symlink():
+            continue
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
 def _download(spec: Archive, root: Path, archive: Path) -> None:
     """Fetch ``spec.url`` into ``archive``: written under a temporary name, renamed only when complete."""
     root.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.filename}.", suffix=".part", dir=root)
+    _remove_stale_temporaries(spec, root)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.filename}.{os.getpid()}.", suffix=".part", dir=root)
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out:
@@ -249,7 +274,8 @@ def _copy_with_progress(src, dst, total: int | None, label: str) -> None:
 
 def _extract(spec: Archive, archive: Path, root: Path, needed: tuple[str, ...]) -> None:
     """Extract into a temporary folder inside ``root``; move ``spec.folder`` into place only when complete."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.folder}.", suffix=".extracting", dir=root))
+    _remove_stale_temporaries(spec, root)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.folder}.{os.getpid()}.", suffix=".extracting", dir=root))
     try:
         try:
             if zipfile.is_zipfile(archive):
