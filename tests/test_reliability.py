@@ -48,17 +48,20 @@ def modes(folder: Path) -> dict:
 
 
 @pytest.mark.parametrize("umask, expected", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
-def test_outputs_follow_the_umask(tmp_path, umask, expected):
+def test_outputs_follow_the_umask(run, tmp_path, umask, expected):
     """Every file flatfl writes (checkpoint, hessian.json, report files, manifests) gets 0666 less the umask."""
     old = os.umask(umask)
     try:
-        ok("train", *FAST, "--rounds", "1", "--out", tmp_path / "r")
-        ok("hessian", tmp_path / "r" / "final.pt", "--top", "1", "--no-trace", "--samples", "32", "--quiet",
+        if umask == 0o022:  # every kind of output once; the other umasks on hessian's
+            ok("train", *FAST, "--rounds", "1", "--out", tmp_path / "r")
+            ok("report", run, "--out", tmp_path / "rep")
+        ok("hessian", run / "final.pt", "--top", "1", "--no-trace", "--samples", "32", "--quiet",
            "--out", tmp_path / "h")
-        ok("report", tmp_path / "r", "--out", tmp_path / "rep")
     finally:
         os.umask(old)
     for folder, must in (("r", "final.pt"), ("h", "hessian.json"), ("rep", "runs.csv")):
+        if folder != "h" and umask != 0o022:
+            continue
         got = modes(tmp_path / folder)
         assert must in got, (folder, sorted(got))
         assert set(got.values()) == {expected}, (folder, {k: oct(v) for k, v in got.items()})
