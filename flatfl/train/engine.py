@@ -33,7 +33,7 @@ from .checkpoint import load_resume_state, rng_state, save_checkpoint, save_resu
 from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, load_all
 from .context import ClientContext, RoundContext, frozen_copy
 from .evaluate import evaluate
-from .local import local_steps, train_client
+from .local import train_client
 from .params import ParamLayout, float_buffers
 
 METRIC_COLUMNS = ["round", "lr", "clients", "local_loss", "train_loss", "train_acc", "test_loss", "test_acc",
@@ -301,10 +301,11 @@ class Trainer:
             gen = torch.Generator().manual_seed(s)
             x, y = self._client_data(i)
             n_i = len(y)
+            taken, k_i = self.algo.local_step_counts(n_i, cfg.batch_size, cfg.local_epochs)
             cctx = ClientContext(
                 client_id=i, round=rctx, model=self.model, x=x, y=y, num_samples=n_i,
                 weight=float(self.algo.weights[i]), label_counts=self.label_counts[i],
-                steps=local_steps(n_i, cfg.batch_size, cfg.local_epochs), lr=lr, generator=gen)
+                steps=k_i, lr=lr, generator=gen)
             self._load_into_model(self.algo.client_start(cctx), self.buffers)
             self.reg.start_client(cctx)
 
@@ -313,7 +314,7 @@ class Trainer:
                                     momentum=cfg.momentum, nesterov=cfg.nesterov, clip=cfg.clip, hp=self.opt_hp)
 
             loss = train_client(cctx, algo=self.algo, reg=self.reg, make_optimizer=make_optimizer,
-                                epochs=cfg.local_epochs, batch_size=cfg.batch_size, augment=augment)
+                                epochs=cfg.local_epochs, batch_size=cfg.batch_size, augment=augment, steps=taken)
             self.reg.end_client(cctx)
             new = self.layout.get()
             results.append(self.algo.client_end(cctx, new, float(loss)))
