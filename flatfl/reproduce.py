@@ -32,6 +32,26 @@ Presets (:data:`PRESETS`):
   16 clients, 10 rounds x 2 local epochs.
 * ``tiny``: the same grids for seconds-long tests (2 rounds, 4 clients, a few probes).
 
+Which code each preset follows (:data:`CODE_FOLLOWED`; the same in every preset, since a table's numbers come from
+one code). The MAN tables were produced with the fedMAN code, so every MAN run follows it:
+
+=========  ===========================================================================================================
+FedAvg     fedMAN/FedDyn ``train_FedAvg``: flatfl's ``fedavg`` is that code (no switch)
+FedSAM     fedMAN ``man_code_sam`` SAM minimiser: flatfl's SAM (no switch)
+FedASAM    fedMAN ``man_code_sam`` ASAM minimiser: flatfl's ASAM (no switch)
+FedDyn     fedMAN ``train_feddyn_mdl``: flatfl's ``feddyn`` (no switch)
+FedDC      fedMAN/FedDC ``train_FedDC``: ``--cv-lr initial`` (the code divides the g_i update by the undecayed lr)
+           and ``--steps-rule mean`` (by ``E * ceil(mean(n) / B)``; identical to the default on the equal-size
+           Dirichlet split, set so the run is the code's on any split); flatfl's defaults are the papers' intent
+FedSpeed   fedMAN ``train_model_speed`` (lambda = alpha / w_i); its speedOpt's leftover gradient in the ascent step
+           (no ``zero_grad``) is a bug and is not reproduced
+MAN        fedMAN's penalty, loss = CE + (zeta/2) sum_l mean(a_l^2) over the same post-ReLU activations
+=========  ===========================================================================================================
+
+FedAlign Table 1 follows the FedAlign code (FedML-based): its partition, optimiser, clipping for FedAlign only, and
+the ``fedalign`` protocol of H_N / H_D. It has no SCAFFOLD or FedDC run, so ``--cv-lr`` / ``--steps-rule`` do not
+arise; SCAFFOLD used elsewhere (``flatfl train``) keeps flatfl's defaults unless asked.
+
 Layout: the runs in ``RUNS_DIR/<method>-<partition>-s<seed>/`` (default ``runs/reproduce-<preset>``), the report in
 ``OUT`` (default ``reports/<target>-<preset>``). Re-running skips finished runs and analyses and resumes unfinished
 runs, so an interrupted reproduction continues where it stopped.
@@ -46,7 +66,7 @@ from typing import Callable
 from .errors import ConfigError
 from .sweep import RunTask, run_tasks
 
-__all__ = ["TARGETS", "PRESETS", "plan", "reproduce", "Method"]
+__all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method"]
 
 PRESETS = ("tiny", "quick", "paper")
 TARGETS = ("man-table2", "man-table6", "man-tables", "fedalign-table1")
@@ -62,6 +82,26 @@ class Method:
     spectrum: bool = False
 
 
+#: FedDC as the fedMAN/FedDC code ran it (see CODE_FOLLOWED): the undecayed lr and the mean-size step count in the
+#: g_i update. flatfl's defaults (``current``, ``own``) are the papers' intent.
+FEDDC_OFFICIAL = {"cv_lr": "initial", "steps_rule": "mean"}
+
+#: Per method of the tables: the code whose behaviour every preset follows, and what that takes here.
+CODE_FOLLOWED = {
+    "FedAvg": "fedMAN/FedDyn train_FedAvg (sample-weighted server mean): flatfl's fedavg, no switch needed",
+    "FedSAM": "fedMAN man_code_sam SAM minimiser (clip 10 before and after the ascent): flatfl's SAM, no switch",
+    "FedASAM": "fedMAN man_code_sam ASAM minimiser (T_w on weights only): flatfl's ASAM, no switch",
+    "FedDyn": "fedMAN train_feddyn_mdl (alpha / w_i, the quadratic as weight decay): flatfl's feddyn, no switch",
+    "FedDC": "fedMAN/FedDC train_FedDC: --cv-lr initial (undecayed lr in the g_i update) and --steps-rule mean "
+             "(divides by E * ceil(mean(n) / B)); the same as 'own' on the equal-size Dirichlet split",
+    "FedSpeed": "fedMAN train_model_speed (lambda = alpha / w_i): flatfl's fedspeed, except that speedOpt's "
+                "leftover gradient in the ascent (no zero_grad) is not reproduced; it is a bug, not a setting",
+    "MAN": "fedMAN's penalty, CE + (zeta / 2) * sum_l mean(a_l^2) over the post-ReLU activations",
+    "FedAlign table": "the FedAlign code (FedML): FedProx, MOON, Mixup, StochDepth, GradAug, FedAlign as there; H_N / "
+                      "H_D with its 'fedalign' protocol; no SCAFFOLD or FedDC in the table",
+}
+
+
 def _man_methods() -> dict[str, list[Method]]:
     zeta, zeta_fedavg = 0.15, 0.6  # main paper Sec. 4 (CIFAR-100); supplementary Sec. 7 (FedAvg+MAN)
 
@@ -73,7 +113,7 @@ def _man_methods() -> dict[str, list[Method]]:
     table2 = (pair("FedAvg", {"algo": "fedavg"}, spectrum=True)
               + pair("FedSAM", {"algo": "fedsam", "rho": 0.05}, spectrum=True)
               + pair("FedDyn", {"algo": "feddyn", "feddyn_alpha": 0.01})
-              + pair("FedDC", {"algo": "feddc", "feddc_alpha": 0.01}))
+              + pair("FedDC", {"algo": "feddc", "feddc_alpha": 0.01, **FEDDC_OFFICIAL}))
     table6 = (pair("FedASAM", {"algo": "fedasam", "rho": 0.5, "eta": 0.2})
               + pair("FedSpeed", {"algo": "fedspeed", "rho": 0.1, "fedspeed_lambda": 0.01}))
     return {"man-table2": table2, "man-table6": table6}

@@ -40,7 +40,8 @@ def test_paper_preset_man_settings_are_the_papers():
     p = {n: t.settings.get("params", {}) for n, t in tasks.items()}
     assert p["fedavg-man-dirichlet0.3-s0"]["zeta"] == 0.6  # supplementary Sec. 7: FedAvg+MAN
     assert p["feddyn-man-dirichlet0.6-s0"] == {"feddyn_alpha": 0.01, "zeta": 0.15}  # main paper: 0.15 on CIFAR-100
-    assert p["feddc-dirichlet0.3-s0"] == {"feddc_alpha": 0.01}
+    # FedDC as the fedMAN code ran it (issue 17.2): undecayed lr and the mean-size step count in the g_i update
+    assert p["feddc-dirichlet0.3-s0"] == {"feddc_alpha": 0.01, "cv_lr": "initial", "steps_rule": "mean"}
     assert p["fedsam-dirichlet0.3-s0"] == {"rho": 0.05}
     assert p["fedasam-man-dirichlet0.3-s0"] == {"rho": 0.5, "eta": 0.2, "zeta": 0.15}
     assert p["fedspeed-dirichlet0.6-s0"] == {"rho": 0.1, "fedspeed_lambda": 0.01}
@@ -81,6 +82,27 @@ def test_quick_preset_keeps_the_methods_and_their_hyper_parameters():
         assert _cfg(quick[name]).dataset == "digits"
     table2 = {t.run_dir for t in plan("man-table2", "quick")}
     assert table2 < {t.run_dir for t in quick.values()}  # man-table2 and man-tables share their run folders
+
+
+@pytest.mark.parametrize("preset", ["quick", "paper"])
+def test_presets_follow_the_code_that_produced_the_man_tables(preset):
+    """Issue 17.2: FedDC runs with the fedMAN/FedDC code's --cv-lr initial and --steps-rule mean, with and without
+    MAN, at both deltas; FedDyn, FedSpeed and the rest carry no such switch; every method says what it follows."""
+    from flatfl.reproduce import CODE_FOLLOWED
+
+    tasks = _by_name(plan("man-tables", preset, runs_dir="/tmp/x"))
+    feddc = [t for n, t in tasks.items() if n.startswith("feddc")]
+    assert len(feddc) == 4
+    for t in feddc:
+        c = _cfg(t)
+        assert c.algo == "feddc" and c.params["cv_lr"] == "initial" and c.params["steps_rule"] == "mean"
+    for n, t in tasks.items():
+        if not n.startswith("feddc"):
+            assert not {"cv_lr", "steps_rule"} & set(t.settings.get("params", {})), n
+    labels = {n.split("-dirichlet")[0] for n in tasks}
+    for label in ("FedAvg", "FedSAM", "FedASAM", "FedDyn", "FedDC", "FedSpeed", "MAN"):
+        assert label in CODE_FOLLOWED and any(label.lower() in x.split("-") for x in labels)
+    assert "FedDC" in CODE_FOLLOWED and "initial" in CODE_FOLLOWED["FedDC"] and "mean" in CODE_FOLLOWED["FedDC"]
 
 
 def test_bad_targets_presets_and_seeds():
