@@ -69,6 +69,12 @@ from .sweep import RunTask, run_tasks
 __all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method"]
 
 PRESETS = ("tiny", "quick", "paper")
+#: seeds when ``--seeds`` is not given: the quick preset's tables show mean +- sd over three seeds; one paper run
+#: takes GPU-days; tiny is for tests
+DEFAULT_SEEDS = {"tiny": (0,), "quick": (0, 1, 2), "paper": (0,)}
+#: torch threads per run when ``--threads`` is not given: fixed, not taken from the machine's load, because the
+#: thread count changes the order of floating-point sums and so the numbers (see README, "Reproducing")
+REPRODUCE_THREADS = 1
 TARGETS = ("man-table2", "man-table6", "man-tables", "fedalign-table1")
 
 
@@ -210,7 +216,7 @@ def _run_name(label: str, settings: dict, seed: int) -> str:
     return f"{_slug(label)}-{part}-s{seed}"
 
 
-def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = None, seeds=(0,),
+def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = None, seeds=None,
          device: str = "cpu", data_dir: str | None = None, threads: int | None = None,
          model: str | None = None) -> list[RunTask]:
     """The run tasks of ``target`` at ``preset``: one per (method, partition, seed), with its analyses.
@@ -222,7 +228,7 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
         raise ConfigError(f"unknown reproduction target {target!r}: choose one of {', '.join(TARGETS)}")
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    seeds = tuple(seeds)
+    seeds = DEFAULT_SEEDS[preset] if seeds is None else tuple(seeds)
     if not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise ConfigError(f"--seeds must be non-negative integers, got {seeds!r}")
     root = Path(runs_dir or Path("runs") / f"reproduce-{preset}").resolve()
@@ -268,12 +274,15 @@ def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: s
 
 
 def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = None,
-              runs_dir: str | Path | None = None, executor=None, seeds=(0,), device: str = "cpu",
+              runs_dir: str | Path | None = None, executor=None, seeds=None, device: str = "cpu",
               data_dir: str | None = None, threads: int | None = None,
               echo: Callable[[str], None] | None = None, model: str | None = None) -> dict:
     """Train and analyse every run of ``target`` at ``preset`` (skipping finished work), then write the report
-    into ``out``. Returns the report's summary plus 'tasks' (what each run did) and 'seconds'."""
-    from .executors import LocalExecutor, default_threads
+    into ``out``. Returns the report's summary plus 'tasks' (what each run did) and 'seconds'.
+
+    ``seeds``: default :data:`DEFAULT_SEEDS` of the preset. ``threads``: torch threads per run, default
+    :data:`REPRODUCE_THREADS` (pinned, whatever the machine's load; recorded in each run's config.json)."""
+    from .executors import LocalExecutor
     from .report import build_report
 
     from .utils.threads import check_threads
@@ -282,8 +291,7 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     start = time.perf_counter()
     executor = executor or LocalExecutor(1)
     if threads is None:
-        threads = default_threads(getattr(executor, "workers", 1)) if executor.name == "local" else \
-            max(1, int(getattr(executor, "cpus_per_task", 1)))
+        threads = REPRODUCE_THREADS
     tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads,
                  model=model)
     out = Path(out or Path("reports") / f"{target}-{preset}")

@@ -28,6 +28,7 @@ from ..data import load_dataset
 from ..data.partition import Partition, make_partition
 from ..errors import ConfigError, DivergenceError
 from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..utils.environment import environment
 from .algorithms.base import Algorithm, weighted_mean
 from .checkpoint import load_resume_state, rng_state, save_checkpoint, save_resume_state
 from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, load_all
@@ -358,7 +359,7 @@ class Trainer:
         cfg["out"] = str(d)
         atomic_write_json(d / "config.json", {"flatfl_version": __version__, "config": cfg,
                                               "model": self.model_spec, "resolved": self.resolved,
-                                              "dataset": self._dataset_info()})
+                                              "dataset": self._dataset_info(), "environment": environment()})
         if self.custom_data and not (d / CUSTOM_DATA_FILE).is_file():
             from ..data.datasets import dataset_payload
 
