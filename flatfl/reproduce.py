@@ -25,11 +25,13 @@ Presets (:data:`PRESETS`):
   and minimum width 0.8, FedAlign mu 0.45 width 0.25 (clipping at 10 for FedAlign as in its code, none for the
   others); H_N / H_D with the ``fedalign`` protocol; loss surfaces along the top-2 Hessian eigenvectors (Fig. 1).
   Needs the dataset (``--data-dir``) and, realistically, a GPU (``--device cuda``).
-* ``quick``: the same grids scaled down to the embedded digits (1,797 8x8 images) on a laptop CPU: MAN with the
-  digits CNN, 20 clients joining with probability 0.5 (10 per round, as in the paper), 50 rounds x 2 local epochs,
-  the paper's optimiser settings and hyper-parameters; Hessian by Lanczos and Hutch++ on the whole digits training
-  split (1,442 images), top 50 eigenvalues and the density for the Fig. 4 pairs. FedAlign with ResNet-20 on digits,
-  16 clients, 10 rounds x 2 local epochs.
+* ``quick``: the same grids scaled down to the embedded digits (1,797 8x8 images) on a laptop CPU, three seeds
+  (0, 1, 2) by default: MAN with the digits CNN, 20 clients joining with probability 0.5 (10 per round, as in the
+  paper), 30 rounds x 2 local epochs, the paper's optimiser settings and hyper-parameters; Hessian by Lanczos (top
+  eigenvalue) and Hutch++ (trace, 60 Hessian-vector products) on the whole digits training split (1,442 images);
+  for the Fig. 4 pairs the top 50 eigenvalues and the density (2 SLQ starts x 80 steps) of the first seed only.
+  Sized so that ``man-tables`` (72 runs) takes about 10-12 minutes on 2 quiet cores with the default 2 workers
+  (README). FedAlign with ResNet-20 on digits, 16 clients, 10 rounds x 2 local epochs.
 * ``tiny``: the same grids for seconds-long tests (2 rounds, 4 clients, a few probes).
 
 Which code each preset follows (:data:`CODE_FOLLOWED`; the same in every preset, since a table's numbers come from
@@ -152,14 +154,15 @@ _MAN = {
         "spectrum": dict(top=200, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=100,
                          density_starts=4, samples=None, batch_size=256),
     },
-    "quick": {
+    "quick": {  # sized for <= 15 min on 2 quiet cores with 3 seeds (README, "The quick reproduction")
         "run": dict(dataset="digits", model="digits-cnn", clients=20, participation=0.5, sampling="bernoulli",
-                    partition="dirichlet", rounds=50, local_epochs=2, batch_size=50, lr=0.1, lr_decay=0.998,
+                    partition="dirichlet", rounds=30, local_epochs=2, batch_size=50, lr=0.1, lr_decay=0.998,
                     weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10),
-        "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=100,
+        "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=60,
                         trace_rtol=0.01, samples=None, batch_size=512),
         "spectrum": dict(top=50, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=80,
-                         density_starts=4, samples=None, batch_size=512),
+                         density_starts=2, samples=None, batch_size=512),
+        "spectrum_seeds": "first",  # the Fig. 4 spectrum of the first seed only: 45 s a run, the largest cost
     },
     "tiny": {
         "run": dict(dataset="digits", model="digits-cnn", clients=4, participation=1.0, sampling="bernoulli",
@@ -248,7 +251,8 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
                 for alpha in MAN_ALPHAS:
                     for seed in seeds:
                         settings = dict(cfg["run"], alpha=alpha, seed=seed, **m.settings, **extra)
-                        tasks.append(_task(m, settings, seed, root, cfg, device, threads, model))
+                        with_spectrum = cfg.get("spectrum_seeds") != "first" or seed == seeds[0]
+                        tasks.append(_task(m, settings, seed, root, cfg, device, threads, model, with_spectrum))
     else:
         cfg = _FEDALIGN[preset]
         for m in _fedalign_methods():
@@ -260,12 +264,13 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
 
 
 def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: str, threads,
-          model: str = "server") -> RunTask:
+          model: str = "server", with_spectrum: bool = True) -> RunTask:
     from .config import normalise_settings
 
     name = _run_name(m.label, settings, seed)
     hessian = dict(cfg["hessian"], seed=seed, device=device)
-    spectrum = dict(cfg["spectrum"], seed=seed, device=device) if m.spectrum and "spectrum" in cfg else None
+    spectrum = dict(cfg["spectrum"], seed=seed, device=device) if m.spectrum and with_spectrum and "spectrum" in cfg \
+        else None
     clients = dict(cfg["clients"], seed=seed, device=device) if cfg.get("clients") else None
     surface = dict(cfg["surface"], seed=seed, device=device) if cfg.get("surface") else None
     return RunTask(name=name, run_dir=str(root / name), settings=normalise_settings(settings, source=name),

@@ -114,6 +114,15 @@ def test_quick_preset_defaults_to_three_seeds_and_pinned_threads():
         {t.name for t in quick if t.name.endswith("-s0")}
     assert len(plan("man-tables", "paper", runs_dir="/tmp/x")) == 24  # one seed: GPU-days per run
     assert REPRODUCE_THREADS == 1
+    # the Fig. 4 spectrum (top 50 + density) for the FedAvg and FedSAM pairs of the first seed only
+    with_spectrum = sorted(t.name for t in quick if t.spectrum)
+    assert len(with_spectrum) == 8 and all(n.endswith("-s0") and n.startswith(("fedavg", "fedsam"))
+                                           for n in with_spectrum)
+    assert all(t.hessian["top"] == 1 and t.hessian["trace"] for t in quick)
+    later = [t for t in plan("man-table2", "quick", runs_dir="/tmp/x", seeds=(2, 1)) if t.spectrum]
+    assert later and all(t.name.endswith("-s2") for t in later)  # 'first' is the first seed asked for
+    assert all(t.spectrum for t in plan("man-table2", "paper", runs_dir="/tmp/x", seeds=(0, 1))
+               if t.name.startswith(("fedavg", "fedsam")))  # paper: every seed
 
 
 def test_two_seeds_give_mean_sd_and_inconclusive_where_seeds_disagree(tmp_path):
