@@ -446,10 +446,10 @@ Re-running the same command skips finished runs and analyses and resumes interru
 """
 
 
-def _executor_options(fn):
+def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (default: 1 on <= 2 cores, else the idle cores / workers)"):
     fn = click.option("--gpus-per-task", type=float, default=0, show_default=True, help="Ray: GPUs per run (e.g. 1 or 0.5)")(fn)
     fn = click.option("--ray-address", default=None, help="Ray: attach to this cluster (default $RAY_ADDRESS, else a local Ray)")(fn)
-    fn = click.option("--threads", type=int, default=None, help="torch threads per run, an integer >= 1 (default: 1 on <= 2 cores, else the idle cores / workers)")(fn)
+    fn = click.option("--threads", type=int, default=None, help=threads_help)(fn)
     fn = click.option("--workers", type=int, default=None, help="runs at once (local: processes; ray: CPUs of a local Ray); default: the number of CPU cores")(fn)
     fn = click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="where runs execute")(fn)
     return fn
@@ -461,12 +461,13 @@ def _executor_options(fn):
               help="quick: digits on a CPU; paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None, help="run folder (default runs/reproduce-<preset>)")
-@click.option("--seeds", default="0", show_default=True, help="comma-separated seeds, e.g. 0,1,2")
+@click.option("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default: 0,1,2 for quick, 0 for paper and tiny)")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (paper preset: CIFAR-100)")
 @click.option("--model", type=click.Choice(["server", "clients-average"]), default=None,
               help="the model the Hessian and the table measure; default: clients-average for the MAN tables, server for FedAlign's")
-@_executor_options
+@functools.partial(_executor_options, threads_help="torch threads per run, an integer >= 1 (default: 1 whatever the "
+                   "machine, since the thread count changes the numbers; recorded in each run's config.json)")
 @friendly_errors
 def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, executor, workers, threads, ray_address,
               gpus_per_task):
@@ -476,7 +477,7 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, exe
     from .reproduce import reproduce as run_reproduction
 
     try:
-        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+        seed_list = None if seeds is None else tuple(int(s) for s in seeds.split(",") if s.strip())
     except ValueError:
         raise ConfigError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     from .utils.threads import check_threads

@@ -25,12 +25,34 @@ Presets (:data:`PRESETS`):
   and minimum width 0.8, FedAlign mu 0.45 width 0.25 (clipping at 10 for FedAlign as in its code, none for the
   others); H_N / H_D with the ``fedalign`` protocol; loss surfaces along the top-2 Hessian eigenvectors (Fig. 1).
   Needs the dataset (``--data-dir``) and, realistically, a GPU (``--device cuda``).
-* ``quick``: the same grids scaled down to the embedded digits (1,797 8x8 images) on a laptop CPU: MAN with the
-  digits CNN, 20 clients joining with probability 0.5 (10 per round, as in the paper), 50 rounds x 2 local epochs,
-  the paper's optimiser settings and hyper-parameters; Hessian by Lanczos and Hutch++ on the whole digits training
-  split (1,442 images), top 50 eigenvalues and the density for the Fig. 4 pairs. FedAlign with ResNet-20 on digits,
-  16 clients, 10 rounds x 2 local epochs.
+* ``quick``: the same grids scaled down to the embedded digits (1,797 8x8 images) on a laptop CPU, three seeds
+  (0, 1, 2) by default: MAN with the digits CNN, 20 clients joining with probability 0.5 (10 per round, as in the
+  paper), 30 rounds x 2 local epochs, the paper's optimiser settings and hyper-parameters; Hessian by Lanczos (top
+  eigenvalue) and Hutch++ (trace, 60 Hessian-vector products) on the whole digits training split (1,442 images);
+  for the Fig. 4 pairs the top 50 eigenvalues and the density (2 SLQ starts x 80 steps) of the first seed only.
+  Sized so that ``man-tables`` (72 runs) takes about 10-12 minutes on 2 quiet cores with the default 2 workers
+  (README). FedAlign with ResNet-20 on digits, 16 clients, 10 rounds x 2 local epochs.
 * ``tiny``: the same grids for seconds-long tests (2 rounds, 4 clients, a few probes).
+
+Which code each preset follows (:data:`CODE_FOLLOWED`; the same in every preset, since a table's numbers come from
+one code). The MAN tables were produced with the fedMAN code, so every MAN run follows it:
+
+=========  ===========================================================================================================
+FedAvg     fedMAN/FedDyn ``train_FedAvg``: flatfl's ``fedavg`` is that code (no switch)
+FedSAM     fedMAN ``man_code_sam`` SAM minimiser: flatfl's SAM (no switch)
+FedASAM    fedMAN ``man_code_sam`` ASAM minimiser: flatfl's ASAM (no switch)
+FedDyn     fedMAN ``train_feddyn_mdl``: flatfl's ``feddyn`` (no switch)
+FedDC      fedMAN/FedDC ``train_FedDC``: ``--cv-lr initial`` (the code divides the g_i update by the undecayed lr)
+           and ``--steps-rule mean`` (by ``E * ceil(mean(n) / B)``; identical to the default on the equal-size
+           Dirichlet split, set so the run is the code's on any split); flatfl's defaults are the papers' intent
+FedSpeed   fedMAN ``train_model_speed`` (lambda = alpha / w_i); its speedOpt's leftover gradient in the ascent step
+           (no ``zero_grad``) is a bug and is not reproduced
+MAN        fedMAN's penalty, loss = CE + (zeta/2) sum_l mean(a_l^2) over the same post-ReLU activations
+=========  ===========================================================================================================
+
+FedAlign Table 1 follows the FedAlign code (FedML-based): its partition, optimiser, clipping for FedAlign only, and
+the ``fedalign`` protocol of H_N / H_D. It has no SCAFFOLD or FedDC run, so ``--cv-lr`` / ``--steps-rule`` do not
+arise; SCAFFOLD used elsewhere (``flatfl train``) keeps flatfl's defaults unless asked.
 
 Layout: the runs in ``RUNS_DIR/<method>-<partition>-s<seed>/`` (default ``runs/reproduce-<preset>``), the report in
 ``OUT`` (default ``reports/<target>-<preset>``). Re-running skips finished runs and analyses and resumes unfinished
@@ -46,9 +68,15 @@ from typing import Callable
 from .errors import ConfigError
 from .sweep import RunTask, run_tasks
 
-__all__ = ["TARGETS", "PRESETS", "plan", "reproduce", "Method"]
+__all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method"]
 
 PRESETS = ("tiny", "quick", "paper")
+#: seeds when ``--seeds`` is not given: the quick preset's tables show mean +- sd over three seeds; one paper run
+#: takes GPU-days; tiny is for tests
+DEFAULT_SEEDS = {"tiny": (0,), "quick": (0, 1, 2), "paper": (0,)}
+#: torch threads per run when ``--threads`` is not given: fixed, not taken from the machine's load, because the
+#: thread count changes the order of floating-point sums and so the numbers (see README, "Reproducing")
+REPRODUCE_THREADS = 1
 TARGETS = ("man-table2", "man-table6", "man-tables", "fedalign-table1")
 
 
@@ -62,6 +90,26 @@ class Method:
     spectrum: bool = False
 
 
+#: FedDC as the fedMAN/FedDC code ran it (see CODE_FOLLOWED): the undecayed lr and the mean-size step count in the
+#: g_i update. flatfl's defaults (``current``, ``own``) are the papers' intent.
+FEDDC_OFFICIAL = {"cv_lr": "initial", "steps_rule": "mean"}
+
+#: Per method of the tables: the code whose behaviour every preset follows, and what that takes here.
+CODE_FOLLOWED = {
+    "FedAvg": "fedMAN/FedDyn train_FedAvg (sample-weighted server mean): flatfl's fedavg, no switch needed",
+    "FedSAM": "fedMAN man_code_sam SAM minimiser (clip 10 before and after the ascent): flatfl's SAM, no switch",
+    "FedASAM": "fedMAN man_code_sam ASAM minimiser (T_w on weights only): flatfl's ASAM, no switch",
+    "FedDyn": "fedMAN train_feddyn_mdl (alpha / w_i, the quadratic as weight decay): flatfl's feddyn, no switch",
+    "FedDC": "fedMAN/FedDC train_FedDC: --cv-lr initial (undecayed lr in the g_i update) and --steps-rule mean "
+             "(divides by E * ceil(mean(n) / B)); the same as 'own' on the equal-size Dirichlet split",
+    "FedSpeed": "fedMAN train_model_speed (lambda = alpha / w_i): flatfl's fedspeed, except that speedOpt's "
+                "leftover gradient in the ascent (no zero_grad) is not reproduced; it is a bug, not a setting",
+    "MAN": "fedMAN's penalty, CE + (zeta / 2) * sum_l mean(a_l^2) over the post-ReLU activations",
+    "FedAlign table": "the FedAlign code (FedML): FedProx, MOON, Mixup, StochDepth, GradAug, FedAlign as there; H_N / "
+                      "H_D with its 'fedalign' protocol; no SCAFFOLD or FedDC in the table",
+}
+
+
 def _man_methods() -> dict[str, list[Method]]:
     zeta, zeta_fedavg = 0.15, 0.6  # main paper Sec. 4 (CIFAR-100); supplementary Sec. 7 (FedAvg+MAN)
 
@@ -73,7 +121,7 @@ def _man_methods() -> dict[str, list[Method]]:
     table2 = (pair("FedAvg", {"algo": "fedavg"}, spectrum=True)
               + pair("FedSAM", {"algo": "fedsam", "rho": 0.05}, spectrum=True)
               + pair("FedDyn", {"algo": "feddyn", "feddyn_alpha": 0.01})
-              + pair("FedDC", {"algo": "feddc", "feddc_alpha": 0.01}))
+              + pair("FedDC", {"algo": "feddc", "feddc_alpha": 0.01, **FEDDC_OFFICIAL}))
     table6 = (pair("FedASAM", {"algo": "fedasam", "rho": 0.5, "eta": 0.2})
               + pair("FedSpeed", {"algo": "fedspeed", "rho": 0.1, "fedspeed_lambda": 0.01}))
     return {"man-table2": table2, "man-table6": table6}
@@ -106,14 +154,15 @@ _MAN = {
         "spectrum": dict(top=200, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=100,
                          density_starts=4, samples=None, batch_size=256),
     },
-    "quick": {
+    "quick": {  # sized for <= 15 min on 2 quiet cores with 3 seeds (README, "The quick reproduction")
         "run": dict(dataset="digits", model="digits-cnn", clients=20, participation=0.5, sampling="bernoulli",
-                    partition="dirichlet", rounds=50, local_epochs=2, batch_size=50, lr=0.1, lr_decay=0.998,
+                    partition="dirichlet", rounds=30, local_epochs=2, batch_size=50, lr=0.1, lr_decay=0.998,
                     weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10),
-        "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=100,
+        "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=60,
                         trace_rtol=0.01, samples=None, batch_size=512),
         "spectrum": dict(top=50, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=80,
-                         density_starts=4, samples=None, batch_size=512),
+                         density_starts=2, samples=None, batch_size=512),
+        "spectrum_seeds": "first",  # the Fig. 4 spectrum of the first seed only: 45 s a run, the largest cost
     },
     "tiny": {
         "run": dict(dataset="digits", model="digits-cnn", clients=4, participation=1.0, sampling="bernoulli",
@@ -170,7 +219,7 @@ def _run_name(label: str, settings: dict, seed: int) -> str:
     return f"{_slug(label)}-{part}-s{seed}"
 
 
-def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = None, seeds=(0,),
+def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = None, seeds=None,
          device: str = "cpu", data_dir: str | None = None, threads: int | None = None,
          model: str | None = None) -> list[RunTask]:
     """The run tasks of ``target`` at ``preset``: one per (method, partition, seed), with its analyses.
@@ -182,7 +231,7 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
         raise ConfigError(f"unknown reproduction target {target!r}: choose one of {', '.join(TARGETS)}")
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    seeds = tuple(seeds)
+    seeds = DEFAULT_SEEDS[preset] if seeds is None else tuple(seeds)
     if not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise ConfigError(f"--seeds must be non-negative integers, got {seeds!r}")
     root = Path(runs_dir or Path("runs") / f"reproduce-{preset}").resolve()
@@ -202,7 +251,8 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
                 for alpha in MAN_ALPHAS:
                     for seed in seeds:
                         settings = dict(cfg["run"], alpha=alpha, seed=seed, **m.settings, **extra)
-                        tasks.append(_task(m, settings, seed, root, cfg, device, threads, model))
+                        with_spectrum = cfg.get("spectrum_seeds") != "first" or seed == seeds[0]
+                        tasks.append(_task(m, settings, seed, root, cfg, device, threads, model, with_spectrum))
     else:
         cfg = _FEDALIGN[preset]
         for m in _fedalign_methods():
@@ -214,12 +264,13 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
 
 
 def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: str, threads,
-          model: str = "server") -> RunTask:
+          model: str = "server", with_spectrum: bool = True) -> RunTask:
     from .config import normalise_settings
 
     name = _run_name(m.label, settings, seed)
     hessian = dict(cfg["hessian"], seed=seed, device=device)
-    spectrum = dict(cfg["spectrum"], seed=seed, device=device) if m.spectrum and "spectrum" in cfg else None
+    spectrum = dict(cfg["spectrum"], seed=seed, device=device) if m.spectrum and with_spectrum and "spectrum" in cfg \
+        else None
     clients = dict(cfg["clients"], seed=seed, device=device) if cfg.get("clients") else None
     surface = dict(cfg["surface"], seed=seed, device=device) if cfg.get("surface") else None
     return RunTask(name=name, run_dir=str(root / name), settings=normalise_settings(settings, source=name),
@@ -228,12 +279,15 @@ def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: s
 
 
 def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = None,
-              runs_dir: str | Path | None = None, executor=None, seeds=(0,), device: str = "cpu",
+              runs_dir: str | Path | None = None, executor=None, seeds=None, device: str = "cpu",
               data_dir: str | None = None, threads: int | None = None,
               echo: Callable[[str], None] | None = None, model: str | None = None) -> dict:
     """Train and analyse every run of ``target`` at ``preset`` (skipping finished work), then write the report
-    into ``out``. Returns the report's summary plus 'tasks' (what each run did) and 'seconds'."""
-    from .executors import LocalExecutor, default_threads
+    into ``out``. Returns the report's summary plus 'tasks' (what each run did) and 'seconds'.
+
+    ``seeds``: default :data:`DEFAULT_SEEDS` of the preset. ``threads``: torch threads per run, default
+    :data:`REPRODUCE_THREADS` (pinned, whatever the machine's load; recorded in each run's config.json)."""
+    from .executors import LocalExecutor
     from .report import build_report
 
     from .utils.threads import check_threads
@@ -242,8 +296,7 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     start = time.perf_counter()
     executor = executor or LocalExecutor(1)
     if threads is None:
-        threads = default_threads(getattr(executor, "workers", 1)) if executor.name == "local" else \
-            max(1, int(getattr(executor, "cpus_per_task", 1)))
+        threads = REPRODUCE_THREADS
     tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads,
                  model=model)
     out = Path(out or Path("reports") / f"{target}-{preset}")

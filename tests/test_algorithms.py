@@ -145,6 +145,72 @@ def test_feddc_three_states_equal_hand_computation(tmp_path, cv_lr):
     assert close(_np(tr.algo.server["G"]), G) and np.abs(G).max() > 1e-3
 
 
+# ------------------------------------------------- unequal client sizes: --steps-rule own | mean (issue 17.1)
+def _unequal_run(tmp_path, monkeypatch, algo, params):
+    """Two clients of 30 and 10 samples, each holding copies of one sample (so every batch's mean gradient is that
+    sample's, whatever the batch order); batch 4, 2 epochs: K_0 = 2 * 8 = 16, K_1 = 2 * 3 = 6, the official
+    scripts' n_minibatch = 2 * ceil(20 / 4) = 10."""
+    from flatfl.data.datasets import ImageDataset
+    from flatfl.data.partition import Partition
+
+    x = torch.tensor([[2, 0, 1]] * 30 + [[1, 3, 0]] * 10, dtype=torch.uint8).reshape(40, 1, 1, 3)
+    y = torch.tensor([0] * 30 + [2] * 10)
+    ds = ImageDataset(name="synthetic", train_x=x, train_y=y, test_x=x.clone(), test_y=y.clone(), num_classes=C,
+                      mean=(0.0,), std=(1.0,), max_value=1.0)
+    part = Partition("iid", None, 0, [np.arange(30), np.arange(30, 40)])
+    monkeypatch.setattr("flatfl.train.engine.make_partition", lambda *a, **k: part)
+    torch.manual_seed(13)
+    model = Linear(DIM, C)
+    theta = _flat(model)
+    tr = run(tmp_path, algo=algo, params=params, dataset=ds, model=model, local_epochs=2, batch_size=4, lr=0.2)
+    data, n, w = _clients(tr)
+    assert list(n) == [30, 10] and list(w) == [1.5, 0.5]
+    return tr, data, w, theta
+
+
+@pytest.mark.parametrize("rule", ["own", "mean"])
+def test_scaffold_steps_rule_with_unequal_clients_equals_hand_computation(tmp_path, monkeypatch, rule):
+    tr, data, w, theta = _unequal_run(tmp_path, monkeypatch, "scaffold", {"steps_rule": rule})
+    lr = 0.2
+    ks = [16, 6] if rule == "own" else [10, 10]  # steps taken = the divisor, per client
+    news, c, ci = [], np.zeros_like(theta), np.zeros((2, theta.size))
+    for i, (x, y) in enumerate(data):
+        p = theta.copy()
+        for _ in range(ks[i]):  # c = c_i = 0 in round 1
+            p = p - lr * g(p, x[:1], y[:1])
+        ci[i] = (theta - p) / (ks[i] * lr)
+        c = c + w[i] * ci[i] / 2
+        news.append(p)
+    assert close(_np(tr.theta), np.mean(news, 0))
+    assert close(_np(tr.algo.clients["c"]), ci, 1e-6) and close(_np(tr.algo.server["c"]), c, 1e-6)
+    other = [10, 10] if rule == "own" else [16, 6]  # the other rule gives another client-1 state
+    p = theta.copy()
+    for _ in range(other[1]):
+        p = p - lr * g(p, data[1][0][:1], data[1][1][:1])
+    assert not close(_np(tr.algo.clients["c"][1]), (theta - p) / (other[1] * lr), 1e-3)
+
+
+@pytest.mark.parametrize("rule", ["own", "mean"])
+def test_feddc_steps_rule_with_unequal_clients_equals_hand_computation(tmp_path, monkeypatch, rule):
+    alpha, lr = 0.4, 0.2
+    tr, data, w, theta = _unequal_run(tmp_path, monkeypatch, "feddc", {"feddc_alpha": alpha, "steps_rule": rule})
+    divisor = [16, 6] if rule == "own" else [10, 10]  # both rules train E = 2 full epochs: 16 and 6 steps
+    news, h, gi, G = [], np.zeros((2, theta.size)), np.zeros((2, theta.size)), np.zeros(theta.size)
+    for i, (x, y) in enumerate(data):
+        a, p = alpha / w[i], theta.copy()
+        for _ in (16, 6)[i] * [None]:  # h = g_i = G = 0 in round 1
+            p = p - lr * (g(p, x[:1], y[:1]) + a * (p - theta))
+        h[i] = p - theta
+        gi[i] = -h[i] / (divisor[i] * lr)
+        G = G + w[i] * gi[i] / 2
+        news.append(p)
+    assert close(_np(tr.theta), np.mean(news, 0) + h.mean(0))
+    assert close(_np(tr.algo.clients["h"]), h)
+    assert close(_np(tr.algo.clients["g"]), gi, 1e-6) and close(_np(tr.algo.server["G"]), G, 1e-6)
+    other = np.array([[10], [10]] if rule == "own" else [[16], [6]])  # the other rule's divisor: another g_i
+    assert not close(_np(tr.algo.clients["g"]), -h / (other * lr), 1e-4)
+
+
 # ----------------------------------------------------------------------------------------------- FedSpeed (section 7)
 def test_fedspeed_perturbed_gradient_and_correction_equal_hand_computation(tmp_path):
     ds, model, theta = _setup(13)

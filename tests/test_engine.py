@@ -231,3 +231,18 @@ def test_same_command_same_numbers(tmp_path):
     c = tmp_path / "c"
     assert _train(tmp_path, "--rounds", "2", "--seed", "1", "--out", str(c)).exit_code == 0
     assert not _same_state(_sd(a / "final.pt"), _sd(c / "final.pt"))
+
+
+def test_config_records_threads_and_library_versions(tmp_path):
+    """Issue 17.5: what "same numbers" depends on besides the settings is in every run's config.json."""
+    import json
+    import platform
+
+    out = tmp_path / "run"
+    assert _train(tmp_path, "--rounds", "1", "--threads", "1", "--out", str(out)).exit_code == 0
+    data = json.loads((out / "config.json").read_text())
+    env = data["environment"]
+    assert env["torch_threads"] == 1 == data["config"]["threads"]
+    assert (env["torch"], env["numpy"], env["python"], env["flatfl"]) == \
+        (torch.__version__, np.__version__, platform.python_version(), flatfl.__version__)
+    assert isinstance(env["torch_interop_threads"], int) and env["torch_interop_threads"] >= 1

@@ -116,6 +116,28 @@ def test_man_loss_and_gradient_equal_an_explicit_functional_formula():
     assert not torch.allclose(got[0], ce_only, rtol=1e-3)
 
 
+def test_man_value_is_float64_accurate_at_25m_elements():
+    """Issue 17.3: float32 norms drift by 1e-2 relative at 25M elements; the logged value (the penalty's forward and
+    MAN.capture's per-layer terms) must stay within 1e-6 of the float64 sum, and the gradient stay 2 a / numel."""
+    from flatfl.train.regularizers.man import mean_square, sum_of_mean_squares
+
+    g = torch.Generator().manual_seed(0)
+    big = torch.relu(torch.randn(100, 250_000, generator=g)) * 2 + 0.5  # 25M elements, mean square ~2.9
+    odd = torch.rand(3, 70_001, generator=g) + 1.0  # over one block, not a multiple of it: a tail
+    small = torch.rand(7, 5, generator=g)
+    layers = [big, odd, small]
+    want = sum(float((a.double() ** 2).sum()) / a.numel() for a in layers)
+    got = float(sum_of_mean_squares(layers))
+    assert abs(got - want) <= 1e-6 * want, (got, want)
+    for a in layers:
+        ref = float((a.double() ** 2).mean())
+        assert abs(float(mean_square(a)) - ref) <= 1e-6 * ref
+    leaves = [odd.clone().requires_grad_(True), small.clone().requires_grad_(True)]
+    sum_of_mean_squares(leaves).backward()
+    for leaf in leaves:
+        assert torch.allclose(leaf.grad, 2 * leaf.detach() / leaf.numel(), rtol=1e-6)
+
+
 def test_man_records_only_its_own_forward_not_copies_and_clears_each_pass():
     torch.manual_seed(2)
     model = DigitsCNN(10)

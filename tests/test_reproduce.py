@@ -40,7 +40,8 @@ def test_paper_preset_man_settings_are_the_papers():
     p = {n: t.settings.get("params", {}) for n, t in tasks.items()}
     assert p["fedavg-man-dirichlet0.3-s0"]["zeta"] == 0.6  # supplementary Sec. 7: FedAvg+MAN
     assert p["feddyn-man-dirichlet0.6-s0"] == {"feddyn_alpha": 0.01, "zeta": 0.15}  # main paper: 0.15 on CIFAR-100
-    assert p["feddc-dirichlet0.3-s0"] == {"feddc_alpha": 0.01}
+    # FedDC as the fedMAN code ran it (issue 17.2): undecayed lr and the mean-size step count in the g_i update
+    assert p["feddc-dirichlet0.3-s0"] == {"feddc_alpha": 0.01, "cv_lr": "initial", "steps_rule": "mean"}
     assert p["fedsam-dirichlet0.3-s0"] == {"rho": 0.05}
     assert p["fedasam-man-dirichlet0.3-s0"] == {"rho": 0.5, "eta": 0.2, "zeta": 0.15}
     assert p["fedspeed-dirichlet0.6-s0"] == {"rho": 0.1, "fedspeed_lambda": 0.01}
@@ -74,13 +75,110 @@ def test_paper_preset_fedalign_settings_are_the_papers():
 
 
 def test_quick_preset_keeps_the_methods_and_their_hyper_parameters():
-    paper, quick = _by_name(plan("man-tables", "paper")), _by_name(plan("man-tables", "quick"))
+    paper, quick = _by_name(plan("man-tables", "paper")), _by_name(plan("man-tables", "quick", seeds=(0,)))
     assert sorted(paper) == sorted(quick)
     for name in paper:
         assert paper[name].settings.get("params") == quick[name].settings.get("params")
         assert _cfg(quick[name]).dataset == "digits"
-    table2 = {t.run_dir for t in plan("man-table2", "quick")}
+    table2 = {t.run_dir for t in plan("man-table2", "quick", seeds=(0,))}
     assert table2 < {t.run_dir for t in quick.values()}  # man-table2 and man-tables share their run folders
+
+
+@pytest.mark.parametrize("preset", ["quick", "paper"])
+def test_presets_follow_the_code_that_produced_the_man_tables(preset):
+    """Issue 17.2: FedDC runs with the fedMAN/FedDC code's --cv-lr initial and --steps-rule mean, with and without
+    MAN, at both deltas; FedDyn, FedSpeed and the rest carry no such switch; every method says what it follows."""
+    from flatfl.reproduce import CODE_FOLLOWED
+
+    tasks = _by_name(plan("man-tables", preset, runs_dir="/tmp/x"))
+    feddc = [t for n, t in tasks.items() if n.startswith("feddc")]
+    assert len(feddc) == 4 * (3 if preset == "quick" else 1)  # (with, without MAN) x 2 deltas x seeds
+    for t in feddc:
+        c = _cfg(t)
+        assert c.algo == "feddc" and c.params["cv_lr"] == "initial" and c.params["steps_rule"] == "mean"
+    for n, t in tasks.items():
+        if not n.startswith("feddc"):
+            assert not {"cv_lr", "steps_rule"} & set(t.settings.get("params", {})), n
+    labels = {n.split("-dirichlet")[0] for n in tasks}
+    for label in ("FedAvg", "FedSAM", "FedASAM", "FedDyn", "FedDC", "FedSpeed", "MAN"):
+        assert label in CODE_FOLLOWED and any(label.lower() in x.split("-") for x in labels)
+    assert "FedDC" in CODE_FOLLOWED and "initial" in CODE_FOLLOWED["FedDC"] and "mean" in CODE_FOLLOWED["FedDC"]
+
+
+def test_quick_preset_defaults_to_three_seeds_and_pinned_threads():
+    from flatfl.reproduce import REPRODUCE_THREADS
+
+    quick = plan("man-tables", "quick", runs_dir="/tmp/x")
+    assert len(quick) == 72 and sorted({t.settings["seed"] for t in quick}) == [0, 1, 2]
+    assert {t.name for t in plan("man-tables", "quick", runs_dir="/tmp/x", seeds=(0,))} == \
+        {t.name for t in quick if t.name.endswith("-s0")}
+    assert len(plan("man-tables", "paper", runs_dir="/tmp/x")) == 24  # one seed: GPU-days per run
+    assert REPRODUCE_THREADS == 1
+    # the Fig. 4 spectrum (top 50 + density) for the FedAvg and FedSAM pairs of the first seed only
+    with_spectrum = sorted(t.name for t in quick if t.spectrum)
+    assert len(with_spectrum) == 8 and all(n.endswith("-s0") and n.startswith(("fedavg", "fedsam"))
+                                           for n in with_spectrum)
+    assert all(t.hessian["top"] == 1 and t.hessian["trace"] for t in quick)
+    later = [t for t in plan("man-table2", "quick", runs_dir="/tmp/x", seeds=(2, 1)) if t.spectrum]
+    assert later and all(t.name.endswith("-s2") for t in later)  # 'first' is the first seed asked for
+    assert all(t.spectrum for t in plan("man-table2", "paper", runs_dir="/tmp/x", seeds=(0, 1))
+               if t.name.startswith(("fedavg", "fedsam")))  # paper: every seed
+
+
+def test_two_seeds_give_mean_sd_and_inconclusive_where_seeds_disagree(tmp_path):
+    """Issue 17.5: the tiny preset's FedAvg and FedAvg+MAN rows over seeds 0 and 1 (both deltas): every table value
+    is the mean over the two seeds' hessian.json / metrics.csv values with their sample sd, shown as '±sd (n=2)';
+    every direction's verdict follows from the change and its standard error computed here; where the two seeds'
+    own changes point opposite ways the verdict is 'inconclusive' (and such a case occurs)."""
+    import math
+    import statistics
+    from pathlib import Path
+
+    from flatfl.report import build_report
+    from flatfl.sweep import run_tasks
+
+    tasks = [t for t in plan("man-table2", "tiny", runs_dir=tmp_path / "runs", seeds=(0, 1), threads=1)
+             if t.name.startswith(("fedavg-dirichlet", "fedavg-man-dirichlet"))]
+    assert len(tasks) == 8
+    assert all(r["error"] is None for r in run_tasks(tasks))
+    build_report([t.run_dir for t in tasks], tmp_path / "rep", tables=("man-table2",))
+
+    def values(name):
+        run = tmp_path / "runs" / name
+        h = json.loads((run / "hessian-clients-average" / "hessian.json").read_text())
+        last = list(csv.DictReader((run / "metrics.csv").open()))[-1]
+        return {"top_eigenvalue": h["top_eigenvalues"][0], "trace": h["trace"]["estimate"],
+                "accuracy": 100 * float(last["all_test_acc"])}
+
+    seeds = {}  # (method, partition) -> [seed 0 values, seed 1 values]
+    for method, slug in (("FedAvg", "fedavg"), ("FedAvg+MAN", "fedavg-man")):
+        for delta in ("0.3", "0.6"):
+            seeds[(method, f"dirichlet-{delta}")] = [values(f"{slug}-dirichlet{delta}-s{s}") for s in (0, 1)]
+    rows = {(r["method"], r["partition"]): r for r in csv.DictReader((tmp_path / "rep" / "man-table2.csv").open())}
+    md = (tmp_path / "rep" / "report.md").read_text()
+    for key, (v0, v1) in seeds.items():
+        row = rows[key]
+        assert row["n_runs"] == "2"
+        for m in v0:
+            assert math.isclose(float(row[f"ours_{m}"]), (v0[m] + v1[m]) / 2, rel_tol=1e-9)
+            assert math.isclose(float(row[f"ours_{m}_sd"]), statistics.stdev([v0[m], v1[m]]), rel_tol=1e-9)
+        line = next(ln for ln in md.splitlines() if ln.startswith(f"| {key[0]} | {key[1]} |"))
+        assert line.count("(n=2)") == 3 and line.count("±") == 3, line
+    disagreeing = 0
+    for c in csv.DictReader((tmp_path / "rep" / "directions.csv").open()):
+        (a0, a1), (b0, b1) = seeds[("FedAvg", c["partition"])], seeds[("FedAvg+MAN", c["partition"])]
+        m = c["metric"]
+        change = (b0[m] + b1[m]) / 2 - (a0[m] + a1[m]) / 2
+        se = math.sqrt(statistics.stdev([a0[m], a1[m]]) ** 2 / 2 + statistics.stdev([b0[m], b1[m]]) ** 2 / 2)
+        assert math.isclose(float(c["ours_change"]), change, rel_tol=1e-9, abs_tol=1e-12)
+        assert math.isclose(float(c["ours_uncertainty"]), se, rel_tol=1e-9)
+        paper_lower = c["paper_direction"] == "lower"
+        want = "inconclusive" if abs(change) <= 2 * se else ("agree" if (change < 0) == paper_lower else "disagree")
+        assert c["verdict"] == want, c
+        if (b0[m] - a0[m]) * (b1[m] - a1[m]) < 0:  # the seeds disagree on the direction
+            disagreeing += 1
+            assert c["verdict"] == "inconclusive", c
+    assert disagreeing >= 1
 
 
 def test_bad_targets_presets_and_seeds():

@@ -212,7 +212,9 @@ def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
         style = _style(k, method)
         tops = [list(_spectrum_source(r).get("top_eigenvalues") or []) for r in recs]
         tops = [t for t in tops if len(t) >= 2]
-        label = f"{method} ({len(recs)} seed{'s' if len(recs) > 1 else ''})"
+        shown = sum(1 for r in recs if len(_spectrum_source(r).get("top_eigenvalues") or []) >= 2
+                    or (_spectrum_source(r).get("density") or {}).get("nodes"))  # seeds that have a spectrum
+        label = f"{method} ({shown} seed{'s' if shown != 1 else ''})"
         labels[method] = label
         if tops:
             n = min(len(t) for t in tops)

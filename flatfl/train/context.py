@@ -42,7 +42,7 @@ class ClientContext:
     num_samples: int
     weight: float  # w_i = n_i / mean(n) (FedDyn code)
     label_counts: torch.Tensor  # (C,) over the client's whole training set
-    steps: int  # K: local steps this round = epochs * ceil(n_i / B)
+    steps: int  # K the update divides by: E * ceil(n_i / B), or see Algorithm.local_step_counts
     lr: float
     generator: torch.Generator  # the client's random stream for this round
     extras: dict[str, Any] = field(default_factory=dict)  # per-client scratch of algorithms/regularizers

@@ -28,12 +28,13 @@ from ..data import load_dataset
 from ..data.partition import Partition, make_partition
 from ..errors import ConfigError, DivergenceError
 from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..utils.environment import environment
 from .algorithms.base import Algorithm, weighted_mean
 from .checkpoint import load_resume_state, rng_state, save_checkpoint, save_resume_state
 from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, load_all
 from .context import ClientContext, RoundContext, frozen_copy
 from .evaluate import evaluate
-from .local import local_steps, train_client
+from .local import train_client
 from .params import ParamLayout, float_buffers
 
 METRIC_COLUMNS = ["round", "lr", "clients", "local_loss", "train_loss", "train_acc", "test_loss", "test_acc",
@@ -305,10 +306,11 @@ class Trainer:
             gen = torch.Generator().manual_seed(s)
             x, y = self._client_data(i)
             n_i = len(y)
+            taken, k_i = self.algo.local_step_counts(n_i, cfg.batch_size, cfg.local_epochs)
             cctx = ClientContext(
                 client_id=i, round=rctx, model=self.model, x=x, y=y, num_samples=n_i,
                 weight=float(self.algo.weights[i]), label_counts=self.label_counts[i],
-                steps=local_steps(n_i, cfg.batch_size, cfg.local_epochs), lr=lr, generator=gen)
+                steps=k_i, lr=lr, generator=gen)
             self._load_into_model(self.algo.client_start(cctx), self.buffers)
             self.reg.start_client(cctx)
 
@@ -317,7 +319,7 @@ class Trainer:
                                     momentum=cfg.momentum, nesterov=cfg.nesterov, clip=cfg.clip, hp=self.opt_hp)
 
             loss = train_client(cctx, algo=self.algo, reg=self.reg, make_optimizer=make_optimizer,
-                                epochs=cfg.local_epochs, batch_size=cfg.batch_size, augment=augment)
+                                epochs=cfg.local_epochs, batch_size=cfg.batch_size, augment=augment, steps=taken)
             self.reg.end_client(cctx)
             new = self.layout.get()
             results.append(self.algo.client_end(cctx, new, float(loss)))
@@ -361,7 +363,7 @@ class Trainer:
         cfg["out"] = str(d)
         atomic_write_json(d / "config.json", {"flatfl_version": __version__, "config": cfg,
                                               "model": self.model_spec, "resolved": self.resolved,
-                                              "dataset": self._dataset_info()})
+                                              "dataset": self._dataset_info(), "environment": environment()})
         if self.custom_data and not (d / CUSTOM_DATA_FILE).is_file():
             from ..data.datasets import dataset_payload
 

@@ -24,8 +24,11 @@ def local_steps(n: int, batch_size: int, epochs: int) -> int:
 
 
 def train_client(cctx: ClientContext, *, algo: Algorithm, reg: Regularizer, make_optimizer: Callable[..., LocalOptimizer],
-                 epochs: int, batch_size: int, augment: Callable | None = None) -> torch.Tensor:
-    """Run the client's local steps on ``cctx.model`` (already holding its start parameters).
+                 epochs: int, batch_size: int, augment: Callable | None = None,
+                 steps: int | None = None) -> torch.Tensor:
+    """Run the client's local steps on ``cctx.model`` (already holding its start parameters): ``epochs`` epochs, or,
+    when ``steps`` is given, exactly that many steps over as many freshly shuffled epochs as they need (the last one
+    cut short; the FedDyn code's SCAFFOLD loop).
 
     Returns the mean loss over steps (a 0-d tensor). Raises DivergenceError if the loss is not finite."""
     model = cctx.model
@@ -34,12 +37,16 @@ def train_client(cctx: ClientContext, *, algo: Algorithm, reg: Regularizer, make
     params = opt.params
     n = cctx.num_samples
     total = torch.zeros((), device=cctx.x.device)
+    per_epoch = math.ceil(n / batch_size)
+    total_steps = epochs * per_epoch if steps is None else int(steps)
     steps = 0
     gen = cctx.generator
     correct = lambda: algo.correct_gradient(cctx)  # noqa: E731
-    for _ in range(epochs):
+    for _ in range(math.ceil(total_steps / per_epoch)):
         perm = torch.randperm(n, generator=gen).to(cctx.x.device)
         for s in range(0, n, batch_size):
+            if steps == total_steps:
+                break
             idx = perm[s:s + batch_size]
             x, y = cctx.x[idx], cctx.y[idx]
             if augment is not None:

@@ -16,6 +16,7 @@ client), which :meth:`state_dict` saves; subclasses declare them in :meth:`init_
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -105,6 +106,13 @@ class Algorithm(Component):
         return model
 
     # ----- the round -----
+    def local_step_counts(self, num_samples: int, batch_size: int, epochs: int) -> tuple[int, int]:
+        """(steps client i takes this round, the K its update divides by). Default: both K_i = E * ceil(n_i / B),
+        the client's own epochs (spec/algorithms.md section 4). SCAFFOLD and FedDC offer the official scripts' rule
+        (``--steps-rule mean``)."""
+        k = epochs * math.ceil(num_samples / batch_size)
+        return k, k
+
     def round_start(self, rctx: RoundContext) -> None:
         """Server-side work before clients train."""
 

@@ -10,7 +10,7 @@ Local objective of client i, alpha_i = alpha / w_i::
 All three terms are part of the loss, so their gradient ``alpha_i (theta - theta^t + h_i) + G / w_i - g_i`` is
 clipped with the CE gradient; the SGD step adds the weight decay wd.
 
-After K local steps at rate eta, with Delta_i = theta_i - theta^t::
+After K local steps at rate eta (K = E * ceil(n_i / B); see ``--steps-rule``), with Delta_i = theta_i - theta^t::
 
     h_i  += Delta_i
     g_i+  = g_i - G / w_i - Delta_i / (K * eta)
@@ -25,6 +25,12 @@ Clients start from theta^{t+1}. The "all clients" model is the plain mean (secti
 ``--cv-lr`` as for SCAFFOLD: ``current`` (default) divides by the rate the K steps used; the FedDC and fedMAN code
 divide by the undecayed eta0 (``initial``), which published FedDC numbers were produced with.
 Default alpha = 0.01 (hard-coded in fedMAN; FedDC's scripts).
+
+``--steps-rule``: every client trains its own E epochs either way. ``own`` (the default) divides its drift by the
+steps it took, K_i = E * ceil(n_i / B) (the paper's intent; spec/algorithms.md section 6). ``mean`` divides by the
+official FedDC/fedMAN scripts' ``n_minibatch = E * ceil(mean(n) / B)``, computed from the mean client size, as those
+scripts do. Equal client sizes (the FedDyn/MAN Dirichlet split): the same; unequal ones: ``mean`` reproduces the
+official code (from round 2 on, when the changed g_i first steers training).
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ import torch
 
 from ..components import HParam
 from .base import Algorithm, ClientResult, plain_mean, register
-from .scaffold import CV_LR, control_variate_lr
+from .scaffold import CV_LR, STEPS_RULE, control_variate_lr, mean_size_steps
 
 
 @register
@@ -42,7 +48,13 @@ class FedDC(Algorithm):
     all_model_weighting = "uniform"
     hparams = (HParam("alpha", 0.01, "FedDC penalty alpha; client i uses alpha / w_i (fedMAN, FedDC scripts)",
                       flag="feddc-alpha", check="nonnegative"),
-               CV_LR)
+               CV_LR, STEPS_RULE)
+
+    def local_step_counts(self, num_samples, batch_size, epochs):
+        taken, k = super().local_step_counts(num_samples, batch_size, epochs)
+        if self.steps_rule == "mean":
+            k = mean_size_steps(self.client_sizes, batch_size, epochs)
+        return taken, k
 
     def init_state(self) -> None:
         self.clients["h"] = self.zeros(self.num_clients)

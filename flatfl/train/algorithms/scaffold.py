@@ -5,7 +5,7 @@ State: a server control variate c and one per client, c_i; all start at 0.
 Local objective of client i (w_i = n_i / mean(n)): CE + <theta, c / w_i - c_i>, so every local step follows
 ``g + c / w_i - c_i`` (g + c - c_i on balanced data). The linear term is part of the clipped gradient.
 
-After K = E * ceil(n_i / B) local steps at rate eta::
+After K local steps at rate eta (K = E * ceil(n_i / B); see ``--steps-rule``)::
 
     c_i+ = c_i - c + (theta^t - theta_i) / (K * eta)
 
@@ -21,9 +21,19 @@ K steps were taken with: the round's rate eta_t = eta0 * decay^t (``current``, t
 authors' simulator does). The FedDyn/fedMAN code divides by the undecayed eta0 (``initial``): after t rounds its
 c_i are too small by the factor decay^t (0.37 at round 500 with decay 0.998). Use ``initial`` to reproduce numbers
 published with that code.
+
+``--steps-rule`` picks K. ``own`` (the default): every client takes K_i = E * ceil(n_i / B) steps, its own E epochs,
+and divides by K_i, as spec/algorithms.md section 4 and the SCAFFOLD paper mean it (K is the number of steps the
+client actually took). ``mean``: the official FedDyn/fedMAN scripts compute one ``n_minibatch = E * ceil(mean(n) /
+B)`` from the *mean* client size and every client takes exactly that many steps (freshly shuffled epochs, the last
+one cut short) and divides by it. With equal client sizes (the FedDyn/MAN Dirichlet split) the two are the same;
+with unequal ones (``fedml-dirichlet``) ``mean`` reproduces the official code's numbers.
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from ..components import HParam
@@ -33,6 +43,17 @@ from .base import Algorithm, ClientResult, plain_mean, register
 CV_LR = HParam("cv_lr", "current", "learning rate in the control-variate update: 'current' = the round's decayed "
                "rate (the paper's intent), 'initial' = the undecayed --lr (FedDyn/FedDC/fedMAN code)",
                flag="cv-lr", choices=("current", "initial"))
+
+
+STEPS_RULE = HParam("steps_rule", "own", "local steps K: 'own' = E * ceil(n_i / B) for client i (spec section 4, "
+                    "the default); 'mean' = E * ceil(mean(n) / B) for every client, as the official FedDyn/FedDC/"
+                    "fedMAN scripts (SCAFFOLD takes that many steps; FedDC trains E epochs and divides by it)",
+                    flag="steps-rule", choices=("own", "mean"))
+
+
+def mean_size_steps(client_sizes, batch_size: int, epochs: int) -> int:
+    """The official scripts' ``n_minibatch = E * ceil(mean(n) / B)``, one count for every client."""
+    return int(epochs * math.ceil(float(np.mean(client_sizes)) / batch_size))
 
 
 def control_variate_lr(choice: str, cctx: ClientContext, config) -> float:
@@ -45,7 +66,13 @@ class Scaffold(Algorithm):
     name = "scaffold"
     summary = "SCAFFOLD: local steps corrected by c/w_i - c_i, option-II control variates"
     all_model_weighting = "uniform"
-    hparams = (CV_LR,)
+    hparams = (CV_LR, STEPS_RULE)
+
+    def local_step_counts(self, num_samples, batch_size, epochs):
+        if self.steps_rule == "mean":
+            k = mean_size_steps(self.client_sizes, batch_size, epochs)
+            return k, k
+        return super().local_step_counts(num_samples, batch_size, epochs)
 
     def init_state(self) -> None:
         self.server["c"] = self.zeros()

@@ -1,0 +1,24 @@
+"""What a run's numbers depend on besides its settings: library versions and torch's thread counts.
+
+Written into every run's ``config.json`` (key ``environment``). Identical settings reproduce a run's numbers bit for
+bit only with the same torch thread count and the same library versions on the same kind of machine: the thread
+count changes the order of floating-point reductions (2 threads instead of 1 moved digits weights by 0.11, issue 17).
+"""
+from __future__ import annotations
+
+import platform
+
+__all__ = ["environment"]
+
+
+def environment() -> dict:
+    """Versions of flatfl, torch, numpy and Python, torch's intra-/inter-op thread counts and the machine."""
+    import numpy as np
+    import torch
+
+    from .. import __version__
+
+    return {"flatfl": __version__, "torch": torch.__version__, "numpy": np.__version__,
+            "python": platform.python_version(), "torch_threads": torch.get_num_threads(),
+            "torch_interop_threads": torch.get_num_interop_threads(), "machine": platform.machine(),
+            "system": platform.system()}
