@@ -213,3 +213,43 @@ def test_the_extent_check_sees_a_leak():
 
     fig = table_page("t", ["a", "b"], [["x" * 300, "y"]], col_widths=[0.1, 0.9])
     assert any("out of its cell" in b for b in _text_leaks(fig))
+
+
+def test_other_protocols_are_never_shown_unmarked(fedalign_runs, tmp_path):
+    """H_N / H_D of two protocols: where every run has one protocol, that one fills the column (the other said in a
+    notice); a run that has only the other protocol gets a dagger, its direction checks are 'incomparable', and the
+    settings of each row (protocol included) are in the Markdown table and the 'Every run' pages."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(fedalign_runs, runs)
+    prox = next(runs.glob("fedprox-*"))
+    (prox / "clients-fedalign.json").write_text(json.dumps(
+        {"protocol": "fedalign", "H_N": 999.0, "H_N_stderr": 1.0, "H_D": 0.5, "H_D_stderr": 0.01,
+         "settings": {"protocol": "fedalign", "probes": 20, "samples": 640}}))
+    s = build_report([runs], tmp_path / "a")
+    rows = {r["method"]: r for r in _rows(tmp_path / "a" / "fedalign-table1.csv")}
+    assert float(rows["FedProx"]["ours_hessian_norm_gap"]) != 999.0  # the common (default) protocol is used
+    assert not any(r["ours_hessian_norm_gap_mark"] for r in rows.values())
+    assert any("default and fedalign protocols" in n and "the default protocol's" in n for n in s["notices"])
+
+    moon = next(runs.glob("moon-*"))
+    (moon / "clients-default.json").rename(moon / "clients-fedalign.json")
+    data = json.loads((moon / "clients-fedalign.json").read_text())
+    data.update(protocol="fedalign", settings=dict(data["settings"], protocol="fedalign"))
+    (moon / "clients-fedalign.json").write_text(json.dumps(data))
+    build_report([runs], tmp_path / "b")
+    rows = {r["method"]: r for r in _rows(tmp_path / "b" / "fedalign-table1.csv")}
+    # no protocol common to all: each run its own, and the fedalign ones (FedProx, MOON) are marked
+    assert float(rows["FedProx"]["ours_hessian_norm_gap"]) == 999.0
+    marked = {m for m, r in rows.items() if r["ours_hessian_norm_gap_mark"]}
+    assert marked == {r for r in ("FedProx", "MOON")} == {m for m, r in rows.items()
+                                                          if r["ours_hessian_direction_mark"]}
+    checks = [c for c in _rows(tmp_path / "b" / "directions.csv") if c["metric"].startswith("hessian_")]
+    for c in checks:
+        assert (c["verdict"] == "incomparable") == (c["compared"] in marked), c
+    md = (tmp_path / "b" / "report.md").read_text()
+    moon_line = next(ln for ln in md.splitlines() if ln.startswith("| MOON |"))
+    assert "†" in moon_line and "H_N, H_D: protocol fedalign" in moon_line
+    assert "H_N, H_D: protocol default" in next(ln for ln in md.splitlines() if ln.startswith("| FedAvg |"))
+    assert {r["clients_protocol"] for r in _rows(tmp_path / "b" / "runs.csv")} == {"default", "fedalign"}

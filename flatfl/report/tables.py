@@ -85,20 +85,52 @@ def analysis_model(h: dict | None) -> str | None:
     return None
 
 
-def read_clients_metrics(run_dir: Path, analyses: dict[str, dict]) -> dict | None:
-    """H_N / H_D of a run: the one place the report reads them. ``flatfl hessian-clients`` writes its results either
-    into a file of their own (``clients-<protocol>.json`` in the run or its hessian folder) or, in older runs, as
-    the 'clients' section of hessian/hessian.json; the first found in that order is used."""
-    for folder in (run_dir, run_dir / "hessian"):
+def clients_results(run_dir: Path, analyses: dict[str, dict]) -> dict[str, dict]:
+    """Every H_N / H_D result of a run, by protocol. ``flatfl hessian-clients`` writes each protocol into a file of
+    its own (``clients-<protocol>.json``, in the run's hessian folder or the run itself); older runs hold one as the
+    'clients' section of a hessian.json. For each protocol the first found in that order is used."""
+    found: dict[str, dict] = {}
+    for folder in (run_dir / "hessian", run_dir):
         for f in sorted(folder.glob("clients-*.json")) if folder.is_dir() else []:
             data = _read_json(f)
             if data and data.get("H_N") is not None:
-                return dict(data, source=str(f.relative_to(run_dir)))
+                proto = str(data.get("protocol") or (data.get("settings") or {}).get("protocol") or "default")
+                found.setdefault(proto, dict(data, source=str(f.relative_to(run_dir))))
     for name, h in sorted(analyses.items()):
         cl = (h or {}).get("clients")
         if cl and cl.get("H_N") is not None:
-            return dict(cl, source=f"{name}/hessian.json")
-    return None
+            proto = str(cl.get("protocol") or (cl.get("settings") or {}).get("protocol") or "default")
+            found.setdefault(proto, dict(cl, source=f"{name}/hessian.json"))
+    return found
+
+
+CLIENTS_PREFERENCE = ("fedalign", "default")  # FedAlign's own protocol first: it made the paper's numbers
+
+
+def _protocol_order(protocols) -> list[str]:
+    return sorted(protocols, key=lambda p: (CLIENTS_PREFERENCE.index(p) if p in CLIENTS_PREFERENCE else 99, p))
+
+
+def read_clients_metrics(run_dir: Path, analyses: dict[str, dict], protocol: str | None = None) -> dict | None:
+    """H_N / H_D of a run (:func:`clients_results`): those of ``protocol``, or by default of the first protocol
+    present in :data:`CLIENTS_PREFERENCE` order; None when there are none (of that protocol)."""
+    found = clients_results(run_dir, analyses)
+    if protocol is not None:
+        return found.get(protocol)
+    order = _protocol_order(found)
+    return found[order[0]] if order else None
+
+
+def choose_clients_protocol(records) -> str | None:
+    """The H_N / H_D protocol a table uses: the first (in :data:`CLIENTS_PREFERENCE` order) that every run holding
+    any cross-client result has, so that one column is one protocol; None when no protocol is common (each run
+    then keeps its own, and the differing ones are marked)."""
+    sets = [set(r.clients_all) for r in records if r.clients_all]
+    if not sets:
+        return None
+    common = set.intersection(*sets)
+    order = _protocol_order(common)
+    return order[0] if order else None
 
 
 @dataclass
@@ -119,8 +151,9 @@ class RunRecord:
     spectrum: dict | None = None  # the top-k and density for the Fig. 4 pages (of ``model``), if any
     surface_path: Path | None = None
     analyses: dict = field(default_factory=dict)
-    clients: dict | None = None  # H_N / H_D (read_clients_metrics)
+    clients: dict | None = None  # the H_N / H_D used (select_clients)
     model: str = "server"
+    clients_all: dict = field(default_factory=dict)  # protocol -> H_N / H_D results (clients_results)
 
     @property
     def name(self) -> str:
@@ -156,6 +189,13 @@ class RunRecord:
         self.spectrum = self.analyses[spec[0]] if spec else None
         surface = self.run_dir / analysis_dir("surface", model) / "surface.npz"
         self.surface_path = surface if surface.is_file() else None
+        return self
+
+    def select_clients(self, protocol: str | None) -> "RunRecord":
+        """Use the H_N / H_D of ``protocol`` when the run has it, else its first in preference order."""
+        order = _protocol_order(self.clients_all)
+        pick = protocol if protocol in self.clients_all else (order[0] if order else None)
+        self.clients = self.clients_all.get(pick) if pick else None
         return self
 
     @property
@@ -270,8 +310,8 @@ def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
     rec = RunRecord(run_dir=d, config=cfg, method=method_label(cfg), partition=partition_label(cfg),
                     dataset=str(cfg.get("dataset", "?")), seed=int(cfg.get("seed", 0)),
                     rounds_done=int(curve[-1]["round"]) if curve and curve[-1].get("round") else 0, curve=curve,
-                    analyses=analyses, clients=read_clients_metrics(d, analyses))
-    return rec.select(model)
+                    analyses=analyses, clients_all=clients_results(d, analyses))
+    return rec.select(model).select_clients(None)
 
 
 def find_run_dirs(paths) -> list[Path]:
@@ -361,8 +401,8 @@ TABLES: dict[str, TableSpec] = {
         paper_names=(("FedAvg+Mixup", "Mixup"), ("FedAvg+StochDepth", "StochDepth"), ("FedAvg+GradAug", "GradAug")),
         notes=("FedAlign itself has no row in the paper's Table 1 (its accuracy is in Table 2 there); ours is shown "
                "without a paper value.",
-               "H_N and H_D: cross-client Hessian diagonals (flatfl.analysis.clients); the protocol is recorded in "
-               "each run's hessian.json.")),
+               "H_N and H_D: cross-client Hessian diagonals (flatfl.analysis.clients); the protocol used is in the "
+               "subtitle, each run's in runs.csv (clients_protocol).")),
 }
 TABLE_ALIASES = {"man-tables": ("man-table2", "man-table6")}
 
