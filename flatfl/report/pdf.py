@@ -410,7 +410,8 @@ def _directions_figure(spec, checks, counts):
         colors.append([None] * 8 + [col])
     subtitle = [_counts_line(m, c) for m, c in counts.items()] or ["no comparison has values on both sides"]
     pages = []
-    per_page = 16
+    n_pages = max(1, -(-len(cells) // 16))  # at most 16 checks a page, spread evenly (no near-empty last page)
+    per_page = max(1, -(-len(cells) // n_pages))
     for k in range(0, max(1, len(cells)), per_page):
         part = "" if len(cells) <= per_page else f" ({k // per_page + 1}/{(len(cells) + per_page - 1) // per_page})"
         pages.append(figures.table_page(f"{spec.title.split(':')[0]}: direction of each change{part}", header,
@@ -428,7 +429,7 @@ def _run_pages(rows: list[dict]):
     header = ["run", "method", "partition", "seed", "rounds", "test\nacc %", "all-clients\nacc %",
               "Hessian of\n(samples)", "λmax / trace\nmethods", "λmax", "trace", "trace SE", "H_N", "H_D",
               "H_N, H_D\nprotocol"]
-    per_page = 24
+    per_page = max(1, -(-len(rows) // max(1, -(-len(rows) // 24))))  # at most 24 a page, spread evenly
     for start in range(0, max(1, len(rows)), per_page):
         chunk = rows[start:start + per_page]
         cells = [[r["run"], r["method"], r["partition"], r["seed"],
@@ -570,13 +571,17 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
             add(figures.accuracy_page(f"{spec.title.split(':')[0]}: accuracy against rounds", groups,
                                       MODEL_ACCURACY[m],
                                       subtitle=f"test accuracy of the {MODEL_NAMES[m]} model; {ours_scale}",
-                                      ylabel=f"test accuracy, {MODEL_NAMES[m]} (%)"),
+                                      ylabel=f"test accuracy, {MODEL_NAMES[m]} (%)", order=spec.rows),
                 f"{spec.key}: accuracy")
-        with_surface = [r for r in spec_records if r.surface_path]
+        with_surface = sorted((r for r in spec_records if r.surface_path),
+                              key=lambda r: (spec.partitions.index(r.partition), spec.rows.index(r.method), r.seed))
         if with_surface:
-            for k in range(0, len(with_surface), 8):
+            per = -(-len(with_surface) // -(-len(with_surface) // 8))  # at most 8 a page, spread evenly
+            parts = sorted({r.partition for r in with_surface})
+            for k in range(0, len(with_surface), per):
                 add(figures.surface_page(f"{spec.title.split(':')[0]}: loss surfaces of the {MODEL_NAMES[m]} "
-                                         "model", with_surface[k:k + 8]), f"{spec.key}: surfaces")
+                                         f"model, {', '.join(parts)}", with_surface[k:k + per]),
+                    f"{spec.key}: surfaces")
     other = [r for r in records if not any(r.method in s.rows and r.partition in s.partitions for s in specs)]
     if other:
         groups = defaultdict(list)
