@@ -163,8 +163,12 @@ def _label(rec) -> str:
 
 
 def _spectrum_source(rec) -> dict:
-    """The analysis with the most eigenvalues or a density: the spectrum folder when computed, else the Hessian's."""
-    return rec.spectrum or rec.hessian or {}
+    """The analysis for the Fig. 4 pages: of the table's Hessian and the spectrum folder's, the one with a density
+    and the most eigenvalues (the spectrum folder on a tie)."""
+    have = [h for h in (rec.spectrum, rec.hessian) if h]
+    if not have:
+        return {}
+    return max(have, key=lambda h: (bool((h.get("density") or {}).get("nodes")), len(h.get("top_eigenvalues") or [])))
 
 
 # one (colour, marker) per method, dashed lines for "+regularizer"
@@ -245,6 +249,8 @@ def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
         tops = [t for t in tops if len(t) >= 2]
         label = f"{method} ({len(recs)} seed{'s' if len(recs) > 1 else ''})"
         labels[method] = label
+        if len(tops) > 1:
+            label = f"{method} (mean of {len(tops)} seeds, band: their range)"
         if tops:
             n = min(len(t) for t in tops)
             ks.append(n)
