@@ -329,8 +329,8 @@ def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str], not
             for m in metrics:
                 p = r[f"paper_{m}"]
                 cells.append(f"{_cell(r, m)} | {figures._fmt(p) if p is not None else '-'}")
-            cells.append("; ".join(f"{SETTING_LABEL[m]}: {r[f'ours_{m}_setting']}" for m in metrics
-                                   if m in SETTING_LABEL and r.get(f"ours_{m}_setting")) or "-")
+            cells.append("; ".join(f"{label}: {text}" for label, text in _setting_parts(
+                metrics, lambda m: r.get(f"ours_{m}_setting"))) or "-")
             cells.append(str(r["n_runs"]))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -363,7 +363,20 @@ def _used_settings(rows, metric) -> str:
     return " | ".join(sorted(vals)) if vals else "not computed"
 
 
-SETTING_LABEL = {"top_eigenvalue": "λmax", "trace": "trace", "hessian_norm_gap": "H_N, H_D"}  # H_D: same computation
+SETTING_LABEL = {"top_eigenvalue": "λmax", "trace": "trace", "hessian_norm_gap": "H_N", "hessian_direction": "H_D"}
+
+
+def _setting_parts(metrics, setting_of) -> list[tuple[str, str]]:
+    """(label, settings) for every metric with settings; H_N and H_D as one 'H_N, H_D' where they agree."""
+    parts = []
+    for m in metrics:
+        if m not in SETTING_LABEL or not setting_of(m):
+            continue
+        if m == "hessian_direction" and setting_of("hessian_norm_gap") == setting_of(m):
+            parts = [("H_N, H_D", t) if lab == "H_N" else (lab, t) for lab, t in parts]
+            continue
+        parts.append((SETTING_LABEL[m], setting_of(m)))
+    return parts
 
 
 def _table_figure(spec, rows, ours_scale, model, found):
@@ -384,8 +397,8 @@ def _table_figure(spec, rows, ours_scale, model, found):
         cells.append(line)
     subtitle = [spec.paper_scale, ours_scale,
                 f"model: every row measures the {MODEL_NAMES[model]} (accuracy and Hessian); "
-                + "; ".join(f"{SETTING_LABEL[m]}: {_used_settings(rows, m)}" for m in spec.metrics
-                            if m in SETTING_LABEL),
+                + "; ".join(f"{label}: {text}" for label, text in _setting_parts(
+                    spec.metrics, lambda m: _used_settings(rows, m) if m in spec.metrics else None)),
                 "ours: mean ±sd over seeds (n), or for one run ±the estimator's own error (est.); † other settings "
                 "than the rest of the column (see the notes)"]
     notes = list(spec.notes) + incomparable_notes(spec, rows)

@@ -122,15 +122,12 @@ def read_clients_metrics(run_dir: Path, analyses: dict[str, dict], protocol: str
 
 
 def choose_clients_protocol(records) -> str | None:
-    """The H_N / H_D protocol a table uses: the first (in :data:`CLIENTS_PREFERENCE` order) that every run holding
-    any cross-client result has, so that one column is one protocol; None when no protocol is common (each run
-    then keeps its own, and the differing ones are marked)."""
-    sets = [set(r.clients_all) for r in records if r.clients_all]
-    if not sets:
+    """The H_N / H_D protocol a table uses: the one the most runs hold (ties: :data:`CLIENTS_PREFERENCE` order), so
+    that a column is one protocol wherever the runs allow it; a run without it keeps its own (and is marked)."""
+    held = [p for r in records for p in r.clients_all]
+    if not held:
         return None
-    common = set.intersection(*sets)
-    order = _protocol_order(common)
-    return order[0] if order else None
+    return min(_protocol_order(set(held)), key=lambda p: -held.count(p))
 
 
 @dataclass
@@ -494,6 +491,13 @@ def build_table(spec: TableSpec, records: list[RunRecord], values: list[dict] | 
     when the runs differ) and the paper's value. The records must already hold the model to report
     (:meth:`RunRecord.select`); the row names it (``model``)."""
     paper = _paper_lookup(spec, values if values is not None else paper_values())
+    chosen = [r for r in records if r.method in spec.rows and r.partition in spec.partitions]
+    # per metric, the settings most runs of the layout used: a row whose runs differ averages only those
+    common = {}
+    for metric in spec.metrics:
+        used = [st for st in (getattr(r, "setting", lambda m: None)(metric) for r in chosen
+                              if r.value(metric) is not None) if st is not None]
+        common[metric] = max(sorted(set(used)), key=used.count) if used else None
     rows = []
     for method in spec.rows:
         for part in spec.partitions:
@@ -504,6 +508,16 @@ def build_table(spec: TableSpec, records: list[RunRecord], values: list[dict] | 
                    "runs": ";".join(r.name for r in runs), "dataset": ";".join(sorted({r.dataset for r in runs}))}
             for metric in spec.metrics:
                 have = [(r, v) for r, v in ((r, r.value(metric)) for r in runs) if v is not None]
+                setting_of = {id(r): getattr(r, "setting", lambda m: None)(metric) for r, _ in have}
+                kinds = [setting_of[id(r)] for r, _ in have]
+                if len(set(kinds)) > 1:  # never average numbers made with different settings
+                    keep = common[metric] if common[metric] in kinds else \
+                        max(sorted(set(kinds), key=str), key=kinds.count)
+                    row[f"ours_{metric}_left_out"] = "; ".join(
+                        f"{r.name} ({setting_of[id(r)]})" for r, _ in have if setting_of[id(r)] != keep)
+                    have = [(r, v) for r, v in have if setting_of[id(r)] == keep]
+                else:
+                    row[f"ours_{metric}_left_out"] = ""
                 got = [v for _, v in have]
                 mean, sd = _mean_sd(got)
                 row[f"ours_{metric}"] = mean
@@ -549,6 +563,12 @@ def incomparable_notes(spec: TableSpec, rows: list[dict]) -> list[str]:
         out.append(f"† {METRIC_NAMES.get(metric, metric)} computed with other settings than the rest of its column "
                    f"({common}): {what}. Not comparable without caution; direction checks between them are "
                    "marked 'incomparable'.")
+    for metric in spec.metrics:
+        left = [r for r in rows if r.get(f"ours_{metric}_left_out")]
+        if left:
+            out.append(f"{METRIC_NAMES.get(metric, metric)}: runs made with other settings than the rest of their row "
+                       "are left out of its mean: " + "; ".join(
+                           f"{r['method']} {r['partition']}: {r[f'ours_{metric}_left_out']}" for r in left))
     return out
 
 
