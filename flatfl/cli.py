@@ -297,14 +297,15 @@ def hessian(checkpoint, out, threads, **opts):
 HESSIAN_CLIENTS_EPILOG = """\b
 Examples:
   flatfl hessian-clients runs/x --out runs/x/hessian                 # global model on each client's data
-  flatfl hessian-clients runs/x --protocol fedalign --out h-fedalign  # FedAlign's code: local models, K x K mean
-The run must have been trained with --save-clients (clients.pt next to final.pt).
+  flatfl hessian-clients runs/x --protocol fedalign --out runs/x/hessian  # FedAlign's code: local models, K x K mean
+Each protocol writes clients-<protocol>.json, so both live in one folder; the same protocol with other settings
+is refused (choose another --out). The run must have been trained with --save-clients (clients.pt next to final.pt).
 """
 
 
 @main.command("hessian-clients", epilog=HESSIAN_CLIENTS_EPILOG)
 @click.argument("checkpoint", type=click.Path())
-@click.option("--out", required=True, type=click.Path(), help="output directory (hessian.json 'clients' section, heat map)")
+@click.option("--out", required=True, type=click.Path(), help="output directory (clients-<protocol>.json and its heat map; each protocol its own files)")
 @click.option("--protocol", default="default", show_default=True, help="default | fedalign (FedAlign's code, to reproduce its Table 1)")
 @click.option("--probes", type=int, default=100, show_default=True, help="Rademacher probes per client (fedalign: the most, PyHessian's maxIter)")
 @click.option("--groups", type=int, default=10, show_default=True, help="jackknife groups of probes for the standard errors")
@@ -323,8 +324,7 @@ def hessian_clients(checkpoint, out, threads, **opts):
     from .analysis.clients import run_client_metrics
 
     _apply_threads(threads)
-    report = run_client_metrics(checkpoint, out, **opts)
-    c = report["clients"]
+    c = run_client_metrics(checkpoint, out, **opts)
 
     def show(value, err):
         return "n/a" if value is None else f"{value:.6g} +- {'n/a' if err is None else f'{err:.3g}'}"
@@ -334,7 +334,7 @@ def hessian_clients(checkpoint, out, threads, **opts):
     click.echo(f"H_D: {show(c['H_D'], c['H_D_stderr'])}")
     click.echo(f"H_N {show(c['H_N'], c['H_N_stderr'])}, H_D {show(c['H_D'], c['H_D_stderr'])} "
                f"({c['protocol']} protocol, {c['num_clients']} clients); {c['hvps']} HVPs in {c['seconds']:.1f} s "
-               f"-> {Path(out) / 'hessian.json'}")
+               f"-> {Path(out) / c['files'][-1]}")
 
 
 # --------------------------------------------------------------------------------------------------------- surface

@@ -63,7 +63,7 @@ __all__ = ["RunTask", "run_task", "analyse_run", "run_tasks", "run_state", "read
 
 HESSIAN_DIR = "hessian"  # RUN/hessian/hessian.json: Hessian results (and the 'clients' section when computed)
 SPECTRUM_DIR = "spectrum"  # RUN/spectrum/hessian.json: a second Hessian analysis, the top-k and density (MAN Fig. 4)
-CLIENTS_DIR = HESSIAN_DIR  # run_client_metrics adds its section to the same hessian.json
+CLIENTS_DIR = HESSIAN_DIR  # run_client_metrics writes clients-<protocol>.json beside hessian.json
 SURFACE_DIR = "surface"  # RUN/surface/surface.npz
 _CONFIG_KEYS_IGNORED = ("out", "device", "data_dir", "threads")  # may differ between a run and its resumption
 # the two models a run ends with: the server's, and the average of all clients' latest models (MAN's and FedDyn's
@@ -233,12 +233,14 @@ def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str 
 def _clients(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
     from .analysis.clients import run_client_metrics
 
+    from .analysis.clients import clients_file
+
     out = run_dir / CLIENTS_DIR
-    report = _read_json(out / "hessian.json") or {}
-    section = report.get("clients")
-    if section and _fresh(out / "hessian.json", final) and settings_match(section.get("settings"), wanted):
+    path = out / clients_file(wanted.get("protocol", "default"))
+    section = _read_json(path) or {}
+    if section and _fresh(path, final) and settings_match(section.get("settings"), wanted):
         return "skipped"
-    run_client_metrics(str(final), str(out), quiet=quiet, **wanted)
+    run_client_metrics(str(final), str(out), quiet=quiet, replace=True, **wanted)  # the grid says what it holds
     return "computed"
 
 
@@ -484,7 +486,7 @@ def _drop_unused_fixed(settings: dict, own_params: set, fixed_used: set) -> dict
 
 def check_analysis_options(section: str, options: dict, source: str = "grid") -> None:
     """Names and types of a grid's [hessian] / [spectrum] / [clients] / [surface] options, checked against the
-    analysis function's own parameters (``checkpoint``, ``out`` and ``quiet`` are set by the sweep)."""
+    analysis function's own parameters (``checkpoint``, ``out``, ``quiet`` and ``replace`` are set by the sweep)."""
     import inspect
 
     from .analysis.clients import run_client_metrics
@@ -493,7 +495,8 @@ def check_analysis_options(section: str, options: dict, source: str = "grid") ->
     from .utils.values import coerce
 
     fn = {"hessian": run_hessian, "spectrum": run_hessian, "clients": run_client_metrics, "surface": run_surface}[section]
-    params = {n: p for n, p in inspect.signature(fn).parameters.items() if n not in ("checkpoint", "out", "quiet")}
+    params = {n: p for n, p in inspect.signature(fn).parameters.items()
+              if n not in ("checkpoint", "out", "quiet", "replace")}
     for key, value in options.items():
         if key not in params:
             raise ConfigError(f"unknown option {key!r} in [{section}] of {source}: use {', '.join(sorted(params))}")

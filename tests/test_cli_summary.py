@@ -107,10 +107,10 @@ def test_hessian_clients_surface_report_summaries(run_dir, tmp_path):
     r = invoke("hessian-clients", run, "--probes", "6", "--groups", "3", "--samples", "32", "--quiet",
                "--out", str(out))
     assert r.exit_code == 0, r.output
-    c = json.loads((out / "hessian.json").read_text())["clients"]
+    c = json.loads((out / "clients-default.json").read_text())
     line = last_line(r.output)
     assert line.startswith(f"H_N {c['H_N']:.6g} +- ") and f", H_D {c['H_D']:.6g} +- " in line, line
-    assert line.endswith(f"-> {out / 'hessian.json'}")
+    assert line.endswith(f"-> {out / 'clients-default.json'}")
 
     out = tmp_path / "s"
     r = invoke("surface", run, "--grid", "3", "--samples", "64", "--quiet", "--threads", "1", "--out", str(out))

@@ -180,20 +180,19 @@ def _one_line_error(result):
     return lines[0]
 
 
-def test_hessian_clients_command_writes_section_and_heatmap(run_dir, tmp_path):
+def test_hessian_clients_command_writes_its_file_and_heatmap(run_dir, tmp_path):
     out = tmp_path / "h"
     out.mkdir()
     ckpt = flatfl.load_checkpoint(run_dir)
-    # an existing hessian.json of the same checkpoint keeps its other keys
-    from flatfl.utils.io import atomic_write_json  # written by flatfl (a user's file of that name is refused)
-
-    atomic_write_json(out / "hessian.json", {"checkpoint": str(ckpt.path), "top_eigenvalues": [1.5]})
+    # an existing hessian.json of the same checkpoint is left as it is (a user's file of that name too: it is read,
+    # never written)
+    before = json.dumps({"checkpoint": str(ckpt.path), "top_eigenvalues": [1.5]})
+    (out / "hessian.json").write_text(before)
     r = CliRunner().invoke(main, ["hessian-clients", str(run_dir), "--out", str(out), "--probes", "8",
                                   "--groups", "4", "--samples", "64", "--quiet"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    report = json.loads((out / "hessian.json").read_text())
-    assert report["top_eigenvalues"] == [1.5]
-    c = report["clients"]
+    assert (out / "hessian.json").read_text() == before
+    c = json.loads((out / "clients-default.json").read_text())
     assert c["protocol"] == "default" and c["num_clients"] == 4 and c["probes"] == [8] * 4
     for key in ("H_N", "H_N_stderr", "seconds", "hvps"):
         assert isinstance(c[key], (int, float)), key
@@ -204,14 +203,15 @@ def test_hessian_clients_command_writes_section_and_heatmap(run_dir, tmp_path):
     assert np.array(c["pair_H_N"], dtype=float).shape == (4, 4)
     upper = np.triu_indices(4, 1)
     assert c["H_N"] == pytest.approx(np.mean(np.array(c["pair_H_N"], dtype=float)[upper]))
-    assert (out / "clients_heatmap.png").stat().st_size > 0 and (out / "clients_heatmap.pdf").stat().st_size > 0
+    assert (out / "clients_heatmap-default.png").stat().st_size > 0
+    assert (out / "clients_heatmap-default.pdf").stat().st_size > 0
 
     # FedAlign's protocol: local models, K x K mean with self-pairs
     out2 = tmp_path / "h2"
     r = CliRunner().invoke(main, ["hessian-clients", str(run_dir), "--out", str(out2), "--protocol", "fedalign",
                                   "--probes", "4", "--samples", "128", "--quiet"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    c = json.loads((out2 / "hessian.json").read_text())["clients"]
+    c = json.loads((out2 / "clients-fedalign.json").read_text())
     pair_n, pair_d = np.array(c["pair_H_N"], dtype=float), np.array(c["pair_H_D"], dtype=float)
     assert c["H_N"] == pytest.approx(pair_n.mean()) and c["H_D"] == pytest.approx(pair_d.mean())
     np.testing.assert_allclose(np.diag(pair_d), 1.0)
@@ -249,7 +249,36 @@ def test_hessian_clients_bad_input_is_one_line_and_writes_nothing(run_dir, tmp_p
     assert (mine / "hessian.json").read_text() == "{}"
 
 
-def test_hessian_after_hessian_clients_keeps_the_clients_section(tmp_path):
+def test_the_readmes_two_protocols_live_side_by_side(run_dir, tmp_path):
+    """The README's two `hessian-clients` commands into one folder keep both results; the same protocol with other
+    settings is refused in one line (nothing changed); the same command again replaces its own file."""
+    run = tmp_path / "x"
+    shutil.copytree(run_dir, run)
+    out = run / "hessian"
+
+    def clients(*extra):
+        return CliRunner().invoke(main, ["hessian-clients", str(run), "--out", str(out), "--probes", "4", "--groups",
+                                         "2", "--samples", "32", "--quiet", *extra])
+
+    assert clients().exit_code == 0
+    first = (out / "clients-default.json").read_text()
+    assert clients("--protocol", "fedalign").exit_code == 0
+    assert (out / "clients-default.json").read_text() == first  # not overwritten
+    fa = json.loads((out / "clients-fedalign.json").read_text())
+    assert fa["protocol"] == "fedalign" and fa["settings"]["samples"] == 32
+    assert json.loads(first)["protocol"] == "default"
+    assert {p.name for p in out.glob("clients_heatmap-*.png")} == {"clients_heatmap-default.png",
+                                                                    "clients_heatmap-fedalign.png"}
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    line = _one_line_error(CliRunner().invoke(main, ["hessian-clients", str(run), "--out", str(out), "--probes",
+                                                     "6", "--groups", "2", "--samples", "32", "--quiet"]))
+    assert "clients-default.json" in line and "probes 4 (now 6)" in line and "another --out" in line
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    assert clients().exit_code == 0  # the same settings again: its own file recomputed (the same numbers)
+    assert json.loads((out / "clients-default.json").read_text())["H_N"] == json.loads(first)["H_N"]
+
+
+def test_hessian_after_hessian_clients_keeps_the_clients_results(tmp_path):
     """`flatfl hessian` into a folder holding `hessian-clients` results of the same checkpoint keeps them."""
     import json
 
@@ -265,8 +294,8 @@ def test_hessian_after_hessian_clients_keeps_the_clients_section(tmp_path):
     r = CliRunner().invoke(main, ["hessian-clients", str(run), "--probes", "10", "--groups", "5", "--samples", "60",
                                   "--quiet", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    clients = json.loads((out / "hessian.json").read_text())["clients"]
+    clients = (out / "clients-default.json").read_text()
     r = CliRunner().invoke(main, ["hessian", str(run), "--samples", "60", "--quiet", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    after = json.loads((out / "hessian.json").read_text())
-    assert after["clients"] == clients and after["top_eigenvalues"]
+    assert (out / "clients-default.json").read_text() == clients
+    assert json.loads((out / "hessian.json").read_text())["top_eigenvalues"]

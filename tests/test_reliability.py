@@ -120,12 +120,16 @@ def test_resume_removes_a_killed_checkpoint_write(run, tmp_path):
 
 
 def test_hessian_keeps_or_refuses_hessian_clients_results(run, tmp_path):
-    """hessian-clients results in --out survive a later `hessian` of the same weights named by another path; of
-    other weights, `hessian` refuses (one line, nothing changed) instead of dropping them."""
+    """A hessian.json written by older flatfl versions holds hessian-clients results as its 'clients' section: a
+    later `hessian` of the same weights (named by another path) keeps them; of other weights, `hessian` refuses (one
+    line, nothing changed) instead of dropping them."""
+    from flatfl.utils.io import atomic_write_json
+
     out = tmp_path / "h"
-    ok("hessian-clients", run / "final.pt", "--probes", "4", "--groups", "2", "--samples", "16", "--quiet",
-       "--out", out)
-    section = json.loads((out / "hessian.json").read_text())["clients"]
+    ok("hessian", run / "final.pt", "--top", "1", "--no-trace", "--samples", "32", "--quiet", "--out", out)
+    report = json.loads((out / "hessian.json").read_text())
+    section = {"H_N": 0.5, "H_D": 0.9, "protocol": "default", "round": report["round"]}
+    atomic_write_json(out / "hessian.json", dict(report, clients=section))  # the older layout
     link = tmp_path / "same-weights.pt"
     link.symlink_to(run / "final.pt")
     ok("hessian", link, "--top", "1", "--no-trace", "--samples", "32", "--quiet", "--out", out)

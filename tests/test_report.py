@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 from flatfl.report import build_report, pdf_page_count
-from flatfl.report.tables import TABLES, build_table, direction_checks, method_label, paper_values
+from flatfl.report.tables import (TABLES, build_table, direction_checks, incomparable_notes, method_label,
+                                   paper_values)
 from flatfl.sweep import RunTask, run_tasks
 
 TINY = dict(dataset="digits", clients=4, participation=1.0, local_epochs=1, batch_size=50, eval_every=1,
@@ -163,6 +164,15 @@ def test_direction_rules_on_made_up_rows():
     by2 = {(r["method"], r["partition"]): r for r in rows2}
     assert by2[("FedDC+MAN", "dirichlet-0.6")]["ours_trace_mark"] == "†"
     assert by2[("FedDC+MAN", "dirichlet-0.3")]["ours_trace_mark"] == ""
+    # seeds of one row with different settings are never averaged: the mean keeps the column's common setting
+    # (1437 samples), the 512-sample seed is left out and named in a note
+    recs3 = recs2 + [Rec("FedDC", "dirichlet-0.3", 9.0, 300.0, 1.0, seed=1, samples=512)]
+    recs3[0].name, recs3[-1].name = "feddc-s0", "feddc-s1"
+    rows3 = build_table(spec, recs3, paper_values())
+    r3 = {(r["method"], r["partition"]): r for r in rows3}[("FedDC", "dirichlet-0.3")]
+    assert r3["ours_trace"] == 100.0 and r3["ours_trace_n"] == 1 and r3["ours_trace_mark"] == ""
+    assert r3["ours_trace_left_out"] == "feddc-s1 (lanczos, 512 samples)"
+    assert any("left out" in n and "feddc-s1" in n for n in incomparable_notes(spec, rows3))
 
 
 def test_pdf_has_the_expected_pages(runs, tmp_path):

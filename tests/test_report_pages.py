@@ -213,3 +213,125 @@ def test_the_extent_check_sees_a_leak():
 
     fig = table_page("t", ["a", "b"], [["x" * 300, "y"]], col_widths=[0.1, 0.9])
     assert any("out of its cell" in b for b in _text_leaks(fig))
+
+
+def test_other_protocols_are_never_shown_unmarked(fedalign_runs, tmp_path):
+    """H_N / H_D of two protocols: where every run has one protocol, that one fills the column (the other said in a
+    notice); a run that has only the other protocol gets a dagger, its direction checks are 'incomparable', and the
+    settings of each row (protocol included) are in the Markdown table and the 'Every run' pages."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(fedalign_runs, runs)
+    prox = next(runs.glob("fedprox-*"))
+    (prox / "clients-fedalign.json").write_text(json.dumps(
+        {"protocol": "fedalign", "H_N": 999.0, "H_N_stderr": 1.0, "H_D": 0.5, "H_D_stderr": 0.01,
+         "settings": {"protocol": "fedalign", "probes": 20, "samples": 640}}))
+    s = build_report([runs], tmp_path / "a")
+    rows = {r["method"]: r for r in _rows(tmp_path / "a" / "fedalign-table1.csv")}
+    assert float(rows["FedProx"]["ours_hessian_norm_gap"]) != 999.0  # the common (default) protocol is used
+    assert not any(r["ours_hessian_norm_gap_mark"] for r in rows.values())
+    assert any("default and fedalign protocols" in n and "the default protocol's" in n for n in s["notices"])
+
+    moon = next(runs.glob("moon-*"))
+    (moon / "clients-default.json").rename(moon / "clients-fedalign.json")
+    data = json.loads((moon / "clients-fedalign.json").read_text())
+    data.update(protocol="fedalign", settings=dict(data["settings"], protocol="fedalign"))
+    (moon / "clients-fedalign.json").write_text(json.dumps(data))
+    build_report([runs], tmp_path / "b")
+    rows = {r["method"]: r for r in _rows(tmp_path / "b" / "fedalign-table1.csv")}
+    # no protocol common to all: the one most runs hold (default) wherever a run has it; MOON's own is marked
+    assert float(rows["FedProx"]["ours_hessian_norm_gap"]) != 999.0
+    marked = {m for m, r in rows.items() if r["ours_hessian_norm_gap_mark"]}
+    assert marked == {"MOON"} == {m for m, r in rows.items() if r["ours_hessian_direction_mark"]}
+    checks = [c for c in _rows(tmp_path / "b" / "directions.csv") if c["metric"].startswith("hessian_")]
+    for c in checks:
+        assert (c["verdict"] == "incomparable") == (c["compared"] in marked), c
+    md = (tmp_path / "b" / "report.md").read_text()
+    moon_line = next(ln for ln in md.splitlines() if ln.startswith("| MOON |"))
+    assert "†" in moon_line and "H_N, H_D: protocol fedalign" in moon_line and "default" not in moon_line
+    assert "H_N, H_D: protocol default" in next(ln for ln in md.splitlines() if ln.startswith("| FedAvg |"))
+    assert {r["clients_protocol"] for r in _rows(tmp_path / "b" / "runs.csv")} == {"default", "fedalign"}
+
+
+def test_density_panel_averages_slq_starts_and_states_its_width(tmp_path):
+    """SLQ on a matrix with known eigenvalues: the panel's curve (every start averaged, Gaussian width sigma) is the
+    sigma-smoothed density of the true eigenvalues (numpy eigh) within the sampling error of 32 starts, and much
+    closer to it than one start; the width and the number of starts are printed on the panel, and the log axis starts at
+    1e-4 of the peak with nothing drawn below it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from flatfl.analysis import MatrixOperator, spectral_density
+    from flatfl.report.figures import _fmt, density_curves, spectrum_pair_page
+
+    rng = np.random.default_rng(0)
+    n = 60
+    q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    lam = np.concatenate([rng.normal(0.0, 0.3, n - 6), [2.0, 2.5, 3.0, 4.0, 6.0, 9.0]])
+    a = (q * lam) @ q.T
+    true = np.linalg.eigvalsh(a)
+    dens = spectral_density(MatrixOperator(torch.tensor(a)), steps=n, starts=32, seed=1).as_dict()
+    one = {"nodes": dens["nodes"][:1], "weights": dens["weights"][:1]}
+    grid, curves, sigma = density_curves({"all": [dens], "one": [one]})
+    assert sigma == pytest.approx(0.01 * (max(max(t) for t in dens["nodes"]) - min(min(t) for t in dens["nodes"])))
+    truth = np.exp(-((grid[:, None] - true[None, :]) ** 2) / (2 * sigma ** 2)).sum(1) / (n * sigma * np.sqrt(2 * np.pi))
+    dx = grid[1] - grid[0]
+    assert curves["all"].sum() * dx == pytest.approx(1.0, abs=1e-3)
+    err_all = np.abs(curves["all"] - truth).sum() * dx  # L1 distance of two densities (0..2)
+    err_one = np.abs(curves["one"] - truth).sum() * dx
+    assert err_all < 0.6 * err_one and err_all < 0.15, (err_all, err_one)
+
+    rec = [SimpleNamespace(method=m, hessian=None, spectrum={"top_eigenvalues": sorted(true)[::-1][:20], "density":
+                                                              {"nodes": d["nodes"], "weights": d["weights"]}})
+           for m, d in (("FedAvg", dens), ("FedAvg+MAN", {"nodes": [list(np.array(t) / 2) for t in dens["nodes"]],
+                                                          "weights": dens["weights"]}))]
+    fig = spectrum_pair_page([rec[0]], [rec[1]], "FedAvg vs FedAvg+MAN")
+    ax_top, ax_dens = fig.axes
+    _, both, s2 = density_curves({"a": [rec[0].spectrum["density"]], "b": [rec[1].spectrum["density"]]})
+    assert f"σ = {_fmt(s2, 3)}" in ax_dens.get_title()
+    assert [ln.get_label().endswith("32 SLQ starts") for ln in ax_dens.lines] == [True, True]
+    assert ax_dens.get_yscale() == "log"
+    peak = max(c.max() for c in both.values())
+    assert ax_dens.get_ylim()[0] == pytest.approx(1e-4 * peak)
+    for ln in ax_dens.lines:
+        y = np.asarray(ln.get_ydata(), float)
+        assert np.nanmin(y) >= 1e-4 * peak  # below the axis nothing is drawn (no floor line)
+    # the MAN Fig. 4a panel: index against eigenvalue, both models on one axis, labelled
+    assert [len(ln.get_xdata()) for ln in ax_top.lines] == [20, 20]
+    assert ax_top.get_xlabel().startswith("eigenvalue index") and ax_top.get_legend() is not None
+
+
+def test_surface_panels_share_one_colour_scale(tmp_path):
+    """Two surfaces with very different losses: both panels use the same levels and norm (min of both, 98th
+    percentile of both), one colour bar, and the axes name the two directions."""
+    from types import SimpleNamespace
+
+    from matplotlib.contour import ContourSet
+
+    from flatfl.report.figures import surface_page
+
+    recs = []
+    x = np.linspace(-1, 1, 7)
+    for k, scale in enumerate((1.0, 10.0)):
+        d = tmp_path / f"s{k}"
+        d.mkdir()
+        loss = scale * (x[:, None] ** 2 + x[None, :] ** 2) + 0.5
+        np.savez(d / "surface.npz", x=x, y=x, loss=loss, done=np.ones_like(loss, dtype=bool))
+        (d / "surface.json").write_text(json.dumps({"settings": {"directions": "random"}}))
+        recs.append(SimpleNamespace(method=f"M{k}", partition="iid", seed=0, surface_path=d / "surface.npz"))
+    fig = surface_page("surfaces", recs)
+    sets = [c for ax in fig.axes for c in ax.collections if isinstance(c, ContourSet)]
+    assert len(sets) == 2
+    pooled = np.concatenate([(s * (x[:, None] ** 2 + x[None, :] ** 2) + 0.5).ravel() for s in (1.0, 10.0)])
+    for cs in sets:
+        np.testing.assert_allclose(cs.levels, sets[0].levels)
+        assert cs.levels[0] == pytest.approx(0.5) and cs.levels[-1] == pytest.approx(np.quantile(pooled, 0.98))
+        assert (cs.norm.vmin, cs.norm.vmax) == (sets[0].norm.vmin, sets[0].norm.vmax)
+    bars = [cs.colorbar for cs in sets if cs.colorbar is not None]
+    assert len(bars) == 1 and "shared" in bars[0].ax.get_ylabel()
+    assert (bars[0].vmin, bars[0].vmax) == (sets[0].norm.vmin, sets[0].norm.vmax)
+    panels = [ax for ax in fig.axes if ax is not bars[0].ax]
+    assert len(panels) == 2
+    assert all(ax.get_xlabel().endswith("direction 1") and ax.get_ylabel().endswith("direction 2") for ax in panels)

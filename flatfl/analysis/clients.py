@@ -479,9 +479,15 @@ def run_client_metrics(
     data_dir=None,
     quiet: bool = False,
     model_factory: str | None = None,
+    replace: bool = False,
 ) -> dict:
-    """What ``flatfl hessian-clients`` does: a run saved with ``--save-clients`` in; the ``clients`` section of
-    ``hessian.json`` and ``clients_heatmap.png/.pdf`` out (every file atomic; nothing written on bad input)."""
+    """What ``flatfl hessian-clients`` does: a run saved with ``--save-clients`` in; ``clients-<protocol>.json`` and
+    ``clients_heatmap-<protocol>.png/.pdf`` out (every file atomic; nothing written on bad input).
+
+    Each protocol has files of its own, so the two protocols' results live side by side in one folder. Results of
+    the same protocol with other settings (probes, groups, samples, batch size, seed, tol) already in ``out`` are
+    never replaced silently: a :class:`ConfigError` names them, unless ``replace`` (a sweep re-running with its
+    grid's new settings). An ``out/hessian.json`` of another checkpoint is refused as before."""
     if protocol not in PROTOCOLS:
         raise ConfigError(f"unknown cross-client protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
     if not isinstance(probes, int) or probes < (4 if protocol == "default" else 2):
@@ -509,8 +515,11 @@ def run_client_metrics(
     ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory)
     from ..utils.manifest import refuse_foreign
 
-    refuse_foreign(out, ["clients_heatmap.png", "clients_heatmap.pdf", "hessian.json"])
-    existing = _existing_report(out / "hessian.json", ckpt)
+    heatmap_stem = clients_file(protocol, "heatmap")
+    refuse_foreign(out, [clients_file(protocol), f"{heatmap_stem}.png", f"{heatmap_stem}.pdf"])
+    _existing_report(out / "hessian.json", ckpt)  # a folder of another checkpoint is refused
+    target = out / clients_file(protocol)
+    existing = _existing_clients(target)
     state = ckpt.client_state()  # CheckpointError when the run was trained without --save-clients
     num_clients = int(state["params"].shape[0])
     if num_clients < 2:
@@ -543,6 +552,19 @@ def run_client_metrics(
                       "FedAlign's probes came from torch's global CUDA generator after set_random_seed(1); here "
                       f"from a CPU torch.Generator seeded with {seed}, the same for every client as in FedAlign"]
 
+    settings = {"protocol": protocol, "probes": probes, "groups": groups, "samples": samples, "batch_size": batch,
+                "seed": seed, "tol": tol if protocol == "fedalign" else None, "device": str(dev)}
+    from .hessian_run import weights_digest
+
+    digest = weights_digest(ckpt.model)
+    if existing is not None:  # refused before any work
+        if existing.get("weights_sha256") not in (None, digest):
+            raise ConfigError(f"{target} holds results of other weights than {ckpt.path}; choose another --out")
+        changed = _changed_settings(existing.get("settings"), settings)
+        if changed and not replace:
+            raise ConfigError(f"{target} holds {protocol}-protocol results made with {changed}; choose another "
+                              "--out (or delete that file) to keep both")
+
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(factories), desc="clients", unit="client", disable=quiet or not sys.stderr.isatty(),
@@ -560,39 +582,60 @@ def run_client_metrics(
         "data": data,
         "mode": "eval",
         "deviations_from_fedalign_code": deviations if protocol == "fedalign" else None,
-        "settings": {"protocol": protocol, "probes": probes, "groups": groups, "samples": samples,
-                     "batch_size": batch, "seed": seed, "tol": tol if protocol == "fedalign" else None,
-                     "device": str(dev)},
+        "settings": settings,
     })
     title = f"{ckpt.model_spec.get('name')}, round {ckpt.round}"
-    figures = {f"clients_heatmap.{fmt}": _render_heatmap(metrics, title, fmt) for fmt in ("png", "pdf")}
+    heatmap = clients_file(protocol, "heatmap")
+    figures = {f"{heatmap}.{fmt}": _render_heatmap(metrics, title, fmt) for fmt in ("png", "pdf")}
 
     import flatfl
 
-    from .hessian_run import weights_digest
-
-    digest = weights_digest(ckpt.model)
-    section["weights_sha256"] = digest
-    section["round"] = ckpt.round
-    if existing is not None and existing.get("weights_sha256") not in (None, digest):
-        raise ConfigError(f"{out / 'hessian.json'} holds results of other weights than {ckpt.path}; "
-                          "choose another --out")
-    report = existing if existing is not None else {
-        "checkpoint": str(ckpt.path), "round": ckpt.round, "weights_sha256": digest, "model": ckpt.model_spec.get("name"),
-        "dataset": ckpt.dataset_name, "num_params": ckpt.num_params,
-        "flatfl_version": flatfl.__version__, "torch_version": torch.__version__,
-    }
-    report["clients"] = section
-    names = list(report.get("files") or [])
-    for name in sorted(figures) + ["hessian.json"]:
-        if name not in names:
-            names.append(name)
-    report["files"] = names
+    report = dict(section, checkpoint=str(ckpt.path), round=ckpt.round, weights_sha256=digest,
+                  network=ckpt.model_spec.get("name"), dataset=ckpt.dataset_name, num_params=ckpt.num_params,
+                  flatfl_version=flatfl.__version__, torch_version=torch.__version__,
+                  files=sorted(figures) + [target.name])
     out.mkdir(parents=True, exist_ok=True)
     files = {out / name: payload for name, payload in sorted(figures.items())}
-    files[out / "hessian.json"] = json.dumps(json_safe(report), indent=2, default=str) + "\n"
+    files[target] = json.dumps(json_safe(report), indent=2, default=str) + "\n"
     atomic_write_many(files)  # all or nothing: a full disk leaves the folder as it was
     return report
+
+
+def clients_file(protocol: str, kind: str = "json") -> str:
+    """The name of a protocol's output: 'clients-default.json', or with ``kind='heatmap'`` the heat map's stem
+    'clients_heatmap-default' (.png / .pdf)."""
+    return f"clients-{protocol}.json" if kind == "json" else f"clients_heatmap-{protocol}"
+
+
+# settings that change no number: where it ran
+_NEUTRAL_SETTINGS = ("device",)
+
+
+def _changed_settings(old, new: dict) -> str:
+    """'probes 100 (now 20), samples all (now 64)': the settings of ``old`` that differ from ``new``; '' if none."""
+    old = old if isinstance(old, dict) else {}
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        if key in _NEUTRAL_SETTINGS or old.get(key) == new.get(key):
+            continue
+
+        def show(v):
+            return "all" if v is None and key == "samples" else str(v)
+
+        diffs.append(f"{key} {show(old.get(key))} (now {show(new.get(key))})")
+    return ", ".join(diffs)
+
+
+def _existing_clients(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise ConfigError(f"{path} exists but is not readable JSON; remove it or choose another --out") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} exists but is not a flatfl result; choose another --out")
+    return data
 
 
 def _existing_report(path: Path, ckpt) -> dict | None:

@@ -13,6 +13,7 @@ import textwrap
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 __all__ = ["text_page", "table_page", "spectrum_pair_page", "accuracy_page", "surface_page", "PAGE_SIZE"]
 
@@ -147,8 +148,12 @@ def table_page(title: str, header: list[str], rows: list[list], *, subtitle: lis
             cell.set_facecolor("#e8e8e8")
         elif highlight is not None and i - 1 < len(highlight) and j < len(highlight[i - 1]) and highlight[i - 1][j]:
             cell.set_facecolor(highlight[i - 1][j])
+    # the findings and notes start right under the table (no empty band between them)
+    table_bottom = ax.get_position().y1 - sum(cell.get_height() for (i, j), cell in celld.items() if j == 0) \
+        * ax.get_position().height
+    top = max(bottom, min(table_bottom - 0.025, bottom + 0.5))
     for k, (line, head) in enumerate(below):
-        fig.text(0.03, bottom - line_h * k - 0.002, line, fontsize=8 if head else 7.5, va="top",
+        fig.text(0.03, top - line_h * k - 0.002, line, fontsize=8 if head else 7.5, va="top",
                  weight="bold" if head else "normal", color="0.1" if head else "0.25")
     return fig
 
@@ -158,8 +163,12 @@ def _label(rec) -> str:
 
 
 def _spectrum_source(rec) -> dict:
-    """The analysis with the most eigenvalues or a density: the spectrum folder when computed, else the Hessian's."""
-    return rec.spectrum or rec.hessian or {}
+    """The analysis for the Fig. 4 pages: of the table's Hessian and the spectrum folder's, the one with a density
+    and the most eigenvalues (the spectrum folder on a tie)."""
+    have = [h for h in (rec.spectrum, rec.hessian) if h]
+    if not have:
+        return {}
+    return max(have, key=lambda h: (bool((h.get("density") or {}).get("nodes")), len(h.get("top_eigenvalues") or [])))
 
 
 # one (colour, marker) per method, dashed lines for "+regularizer"
@@ -169,6 +178,32 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<")
 def _style(k: int, method: str) -> dict:
     return {"color": COLORS[k % len(COLORS)], "marker": MARKERS[k % len(MARKERS)],
             "linestyle": "--" if "+" in method else "-"}
+
+
+PAIRED_SUFFIXES = ("+MAN", "+ASD")  # regularizers added to a method: drawn in the method's colour, dashed
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def line_styles(methods: list[str]) -> dict[str, dict]:
+    """A style per method that tells every line apart by colour, marker and dash. A method's "+MAN" (or "+ASD")
+    variant takes the method's colour and marker, dashed with a hollow marker, the method itself solid; without
+    such pairs every method has its own colour, marker and dash pattern from the cycles."""
+    def base_of(m):
+        return next((m[: -len(sfx)] for sfx in PAIRED_SUFFIXES if m.endswith(sfx) and m[: -len(sfx)] in methods),
+                    None)
+
+    paired = any(base_of(m) for m in methods)
+    out: dict[str, dict] = {}
+    for m in methods:
+        if base_of(m) is None:
+            k = len(out)
+            out[m] = {"color": COLORS[k % len(COLORS)], "marker": MARKERS[k % len(MARKERS)],
+                      "linestyle": "-" if paired else LINESTYLES[k % len(LINESTYLES)],
+                      "markerfacecolor": COLORS[k % len(COLORS)]}
+    for m in methods:
+        if base_of(m) is not None:
+            out[m] = dict(out[base_of(m)], linestyle="--", markerfacecolor="white")
+    return out
 
 
 def density_curves(groups: dict[str, list[dict]], sigma_fraction: float = 0.01, points: int = 2000):
@@ -216,6 +251,8 @@ def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
                     or (_spectrum_source(r).get("density") or {}).get("nodes"))  # seeds that have a spectrum
         label = f"{method} ({shown} seed{'s' if shown != 1 else ''})"
         labels[method] = label
+        if len(tops) > 1:
+            label = f"{method} (mean of {len(tops)} seeds, band: their range)"
         if tops:
             n = min(len(t) for t in tops)
             ks.append(n)
@@ -228,6 +265,7 @@ def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
         dens = [d for d in (_spectrum_source(r).get("density") for r in recs) if d and d.get("nodes")]
         if dens:
             dens_groups[method] = dens
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax1.set_xlabel("eigenvalue index (largest first)")
     ax1.set_ylabel("Hessian eigenvalue")
     ax1.set_title(f"(a) top {'/'.join(map(str, sorted(set(ks)))) or '-'} eigenvalues (MAN Fig. 4a; the paper: "
@@ -262,16 +300,27 @@ def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
 
 
 def accuracy_page(title: str, groups: dict[str, list], column: str, subtitle: str = "",
-                  ylabel: str = "test accuracy (%)") -> Figure:
+                  ylabel: str = "test accuracy (%)", order: list[str] | tuple = ()) -> Figure:
     """Accuracy (``column`` of metrics.csv, in %) against rounds; one panel per group (partition), one line per
-    method (the mean over its seeds, the band their range), each method its own colour and marker."""
+    method (the mean over its seeds, the band their range when at most four methods share a panel), each method its
+    own colour, marker and dash (:func:`line_styles`); methods in ``order`` first, in that order."""
     fig = _canvas(Figure(figsize=PAGE_SIZE))
     fig.suptitle(title, fontsize=12, weight="bold", y=0.975)
+    several = any(len([r for r in recs if r.method == m]) > 1 for recs in groups.values()
+                  for m in {r.method for r in recs})
+    if several:
+        many = len({r.method for recs in groups.values() for r in recs}) > 4
+        subtitle = (subtitle + "; " if subtitle else "") + ("lines: mean over seeds" + (
+            " (their spread is in the tables)" if many else ", bands: their range"))
     if subtitle:
         for k, part in enumerate(textwrap.wrap(subtitle, 170)[:2]):
             fig.text(0.5, 0.935 - 0.022 * k, part, ha="center", fontsize=8.5)
     n = max(1, len(groups))
     methods = list(dict.fromkeys(r.method for recs in groups.values() for r in recs))
+    seen = list(methods)
+    methods.sort(key=lambda m: (list(order).index(m) if m in order else len(order), seen.index(m)))
+    styles = line_styles(methods)
+    bands = len(methods) <= 4  # more overlapping bands hide the lines: then the spread is in the tables only
     handles = {}
     for k, (group, records) in enumerate(sorted(groups.items())):
         ax = fig.add_subplot(1, n, k + 1)
@@ -285,14 +334,20 @@ def accuracy_page(title: str, groups: dict[str, list], column: str, subtitle: st
                 continue
             xs = sorted(set.intersection(*(set(c) for c in curves)))
             arr = np.array([[c[x] for x in xs] for c in curves])
-            st = _style(mi, method)
+            st = styles[method]
             (line,) = ax.plot(xs, arr.mean(0), color=st["color"], linestyle=st["linestyle"], marker=st["marker"],
-                              markevery=max(1, len(xs) // 8), markersize=4, linewidth=1.2,
-                              label=f"{method} (n={len(curves)})")
-            if len(curves) > 1:
+                              markerfacecolor=st["markerfacecolor"], markevery=max(1, len(xs) // 8), markersize=5,
+                              linewidth=1.3, label=f"{method} (n={len(curves)})")
+            if len(curves) > 1 and bands:
                 ax.fill_between(xs, arr.min(0), arr.max(0), color=st["color"], alpha=0.12, linewidth=0)
             handles[method] = line
         ax.set_title(group, fontsize=10)
+        rounds = sorted({row["round"] for r in records for row in r.curve if row.get(column) is not None})
+        if 0 < len(rounds) <= 12:  # few evaluations: a tick at each, and room around a single one
+            ax.set_xticks(rounds)
+            ax.set_xlim(rounds[0] - 0.5, rounds[-1] + 0.5)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("round")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
@@ -341,7 +396,8 @@ def surface_page(title: str, records: list) -> Figure:
         ax.set_xlabel(f"step along {kind} 1", fontsize=8)
         ax.set_ylabel(f"step along {kind} 2", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.set_title(f"{rec.method}, {rec.partition}", fontsize=9)
+        where = f", {rec.partition}" if len({r.partition for r in shown}) > 1 else ""
+        ax.set_title(f"{rec.method}{where}, seed {rec.seed}", fontsize=9)
         ax.set_aspect("equal")
     fig.tight_layout(rect=(0, 0, 0.9, 0.94))
     if cs is not None:

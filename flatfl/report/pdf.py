@@ -35,6 +35,7 @@ from .tables import (
     TABLES,
     RunRecord,
     build_table,
+    choose_clients_protocol,
     direction_checks,
     find_run_dirs,
     incomparable_notes,
@@ -48,7 +49,9 @@ from .tables import (
 
 __all__ = ["build_report", "write_pdf", "pdf_page_count", "DEFAULT_HESSIAN", "DEFAULT_CLIENTS"]
 
-DEFAULT_HESSIAN = {"top": 1, "trace": True, "density": False, "samples": None, "method": "lanczos", "seed": 0}
+# a density asked of --compute-missing averages 4 SLQ starts of 100 Lanczos steps (one start is spiky)
+DEFAULT_HESSIAN = {"top": 1, "trace": True, "density": False, "samples": None, "method": "lanczos", "seed": 0,
+                   "density_starts": 4}
 DEFAULT_CLIENTS = {"protocol": "default", "probes": 100, "seed": 0}
 
 
@@ -160,6 +163,25 @@ def _compute_missing(records, specs, hessian: dict, asked: dict, clients: dict, 
         if echo:
             echo(line)
     return problems, done
+
+
+def _pick_clients(records, specs) -> list[str]:
+    """Make every layout's H_N / H_D column one protocol where its runs allow it (:func:`choose_clients_protocol`);
+    returns a notice for each layout whose runs hold results of more than one protocol (which one is shown)."""
+    out = []
+    for spec in specs:
+        if "hessian_norm_gap" not in spec.metrics:
+            continue
+        recs = [r for r in records if r.method in spec.rows and r.partition in spec.partitions]
+        proto = choose_clients_protocol(recs)
+        for r in recs:
+            r.select_clients(proto)
+        held = sorted({p for r in recs for p in r.clients_all})
+        if len(held) > 1:
+            used = sorted({(r.clients or {}).get("protocol", "?") for r in recs if r.clients})
+            out.append(f"{spec.key}: the runs hold H_N / H_D of the {' and '.join(held)} protocols; the table shows "
+                       f"the {' / '.join(used)} protocol's (each protocol's results: clients-<protocol>.json)")
+    return out
 
 
 def _sample_notices(records) -> list[str]:
@@ -302,7 +324,7 @@ def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str], not
                   "±sd over seeds (n), or for one run ±the estimator's own error (est.).", ""]
         metrics = list(spec.metrics)
         head = ["method", "partition", "model"] + [f"{METRIC_NAMES[m]} {who}" for m in metrics
-                                                   for who in ("ours", "paper")] + ["Hessian setting", "runs"]
+                                                   for who in ("ours", "paper")] + ["settings", "runs"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for r in rows:
@@ -310,7 +332,8 @@ def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str], not
             for m in metrics:
                 p = r[f"paper_{m}"]
                 cells.append(f"{_cell(r, m)} | {figures._fmt(p) if p is not None else '-'}")
-            cells.append(r.get("ours_top_eigenvalue_setting") or "-")
+            cells.append("; ".join(f"{label}: {text}" for label, text in _setting_parts(
+                metrics, lambda m: r.get(f"ours_{m}_setting"))) or "-")
             cells.append(str(r["n_runs"]))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -330,6 +353,35 @@ SHORT = {"top_eigenvalue": "λmax", "trace": "trace", "accuracy": "acc %", "hess
          "hessian_direction": "H_D"}
 
 
+def _used_settings(rows, metric) -> str:
+    """The settings that made a column's numbers, without the model (said once): 'lanczos, 1437 samples'; several
+    joined by ' | ' (then the odd ones carry a dagger)."""
+    names = tuple(f"{n}, " for n in MODEL_NAMES.values())
+    vals = set()
+    for r in rows:
+        st = r.get(f"ours_{metric}_setting")
+        if st:
+            for one in st.removeprefix("mixed: ").split(" | "):
+                vals.add(one[len(next(n for n in names if one.startswith(n))):] if one.startswith(names) else one)
+    return " | ".join(sorted(vals)) if vals else "not computed"
+
+
+SETTING_LABEL = {"top_eigenvalue": "λmax", "trace": "trace", "hessian_norm_gap": "H_N", "hessian_direction": "H_D"}
+
+
+def _setting_parts(metrics, setting_of) -> list[tuple[str, str]]:
+    """(label, settings) for every metric with settings; H_N and H_D as one 'H_N, H_D' where they agree."""
+    parts = []
+    for m in metrics:
+        if m not in SETTING_LABEL or not setting_of(m):
+            continue
+        if m == "hessian_direction" and setting_of("hessian_norm_gap") == setting_of(m):
+            parts = [("H_N, H_D", t) if lab == "H_N" else (lab, t) for lab, t in parts]
+            continue
+        parts.append((SETTING_LABEL[m], setting_of(m)))
+    return parts
+
+
 def _table_figure(spec, rows, ours_scale, model, found):
     multi = len(spec.partitions) > 1
     header = ["method"]
@@ -346,15 +398,12 @@ def _table_figure(spec, rows, ours_scale, model, found):
             for m in spec.metrics:
                 line += [_cell(r, m, newline=True), r[f"paper_{m}"]]
         cells.append(line)
-    def used(metric):
-        vals = sorted({r[f"ours_{metric}_setting"].split(", ", 1)[-1] for r in rows
-                       if r.get(f"ours_{metric}_setting")})
-        return " | ".join(vals) if vals else "not computed"
-
     subtitle = [spec.paper_scale, ours_scale,
-                f"model: every row measures the {MODEL_NAMES[model]} (accuracy and Hessian); λmax: "
-                f"{used('top_eigenvalue')}; trace: {used('trace')}",
-                "ours: mean ±sd over seeds (n), or for one run ±the estimator's own error (est.); † other settings"]
+                f"model: every row measures the {MODEL_NAMES[model]} (accuracy and Hessian); "
+                + "; ".join(f"{label}: {text}" for label, text in _setting_parts(
+                    spec.metrics, lambda m: _used_settings(rows, m) if m in spec.metrics else None)),
+                "ours: mean ±sd over seeds (n), or for one run ±the estimator's own error (est.); † other settings "
+                "than the rest of the column (see the notes)"]
     notes = list(spec.notes) + incomparable_notes(spec, rows)
     return figures.table_page(spec.title, header, cells, subtitle=subtitle, notes=notes, findings=found)
 
@@ -379,7 +428,8 @@ def _directions_figure(spec, checks, counts):
         colors.append([None] * 8 + [col])
     subtitle = [_counts_line(m, c) for m, c in counts.items()] or ["no comparison has values on both sides"]
     pages = []
-    per_page = 16
+    n_pages = max(1, -(-len(cells) // 16))  # at most 16 checks a page, spread evenly (no near-empty last page)
+    per_page = max(1, -(-len(cells) // n_pages))
     for k in range(0, max(1, len(cells)), per_page):
         part = "" if len(cells) <= per_page else f" ({k // per_page + 1}/{(len(cells) + per_page - 1) // per_page})"
         pages.append(figures.table_page(f"{spec.title.split(':')[0]}: direction of each change{part}", header,
@@ -392,19 +442,22 @@ def _directions_figure(spec, checks, counts):
 
 
 def _run_pages(rows: list[dict]):
-    header = ["run", "method", "partition", "seed", "rounds", "test\nacc %", "all-clients\nacc %", "Hessian of\n(samples)",
-              "λmax", "trace", "trace SE", "H_N", "H_D"]
-    per_page = 24
+    """'Every run' pages: each number with the settings that made it (the model and samples of the Hessian, its
+    eigenvalue and trace methods, the cross-client protocol of H_N / H_D)."""
+    header = ["run", "method", "partition", "seed", "rounds", "test\nacc %", "all-clients\nacc %",
+              "Hessian of\n(samples)", "λmax / trace\nmethods", "λmax", "trace", "trace SE", "H_N", "H_D",
+              "H_N, H_D\nprotocol"]
+    per_page = max(1, -(-len(rows) // max(1, -(-len(rows) // 24))))  # at most 24 a page, spread evenly
     for start in range(0, max(1, len(rows)), per_page):
         chunk = rows[start:start + per_page]
         cells = [[r["run"], r["method"], r["partition"], r["seed"],
                   f"{r['rounds_done']}/{r['rounds']}", r["test_acc"], r["all_test_acc"],
                   f"{r['hessian_model']}\n({r['hessian_samples'] if r['hessian_samples'] is not None else '-'})",
-                  r["top_eigenvalue"], r["trace"], r["trace_stderr"], r["hessian_norm_gap"], r["hessian_direction"]]
+                  f"{r['hessian_method'] or '-'} /\n{r['trace_method'] or '-'}" if r["hessian_method"] else "-",
+                  r["top_eigenvalue"], r["trace"], r["trace_stderr"], r["hessian_norm_gap"], r["hessian_direction"],
+                  r["clients_protocol"] or "-"]
                  for r in chunk]
-        yield figures.table_page(f"Every run ({start + 1}-{start + len(chunk)} of {len(rows)})", header, cells,
-                                 col_widths=[0.2, 0.1, 0.1, 0.035, 0.05, 0.055, 0.065, 0.1, 0.06, 0.06, 0.055,
-                                             0.06, 0.05])
+        yield figures.table_page(f"Every run ({start + 1}-{start + len(chunk)} of {len(rows)})", header, cells)
 
 
 @locks_output  # one writer per report folder
@@ -448,6 +501,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
         records = [load_run(d) for d in run_dirs]
         for rec in records:
             rec.select(model_of(rec), settings_ok)
+    notices += _pick_clients(records, specs)
     if asked:
         notices.append("Hessian settings asked for: " + ", ".join(f"{k} {v}" for k, v in sorted(asked.items()))
                        + "; only analyses made with them are used")
@@ -538,13 +592,17 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
             add(figures.accuracy_page(f"{spec.title.split(':')[0]}: accuracy against rounds", groups,
                                       MODEL_ACCURACY[m],
                                       subtitle=f"test accuracy of the {MODEL_NAMES[m]} model; {ours_scale}",
-                                      ylabel=f"test accuracy, {MODEL_NAMES[m]} (%)"),
+                                      ylabel=f"test accuracy, {MODEL_NAMES[m]} (%)", order=spec.rows),
                 f"{spec.key}: accuracy")
-        with_surface = [r for r in spec_records if r.surface_path]
+        with_surface = sorted((r for r in spec_records if r.surface_path),
+                              key=lambda r: (spec.partitions.index(r.partition), spec.rows.index(r.method), r.seed))
         if with_surface:
-            for k in range(0, len(with_surface), 8):
+            per = -(-len(with_surface) // -(-len(with_surface) // 8))  # at most 8 a page, spread evenly
+            parts = sorted({r.partition for r in with_surface})
+            for k in range(0, len(with_surface), per):
                 add(figures.surface_page(f"{spec.title.split(':')[0]}: loss surfaces of the {MODEL_NAMES[m]} "
-                                         "model", with_surface[k:k + 8]), f"{spec.key}: surfaces")
+                                         f"model, {', '.join(parts)}", with_surface[k:k + per]),
+                    f"{spec.key}: surfaces")
     other = [r for r in records if not any(r.method in s.rows and r.partition in s.partitions for s in specs)]
     if other:
         groups = defaultdict(list)

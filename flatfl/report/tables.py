@@ -91,24 +91,54 @@ def measured_round(data: dict | None) -> int | None:
     return r if isinstance(r, int) and not isinstance(r, bool) else None
 
 
-def read_clients_metrics(run_dir: Path, analyses: dict[str, dict], final_round: int | None = None) -> dict | None:
-    """H_N / H_D of a run: the one place the report reads them. ``flatfl hessian-clients`` writes its results either
-    into a file of their own (``clients-<protocol>.json`` in the run or its hessian folder) or, in older runs, as
-    the 'clients' section of hessian/hessian.json; the first found in that order is used. With ``final_round``, a
-    result that records another round (of a run resumed after it was measured) is not used."""
+def clients_results(run_dir: Path, analyses: dict[str, dict], final_round: int | None = None) -> dict[str, dict]:
+    """Every H_N / H_D result of a run, by protocol. ``flatfl hessian-clients`` writes each protocol into a file of
+    its own (``clients-<protocol>.json``, in the run's hessian folder or the run itself); older runs hold one as the
+    'clients' section of a hessian.json. For each protocol the first found in that order is used. With
+    ``final_round``, a result that records another round (of a run resumed after it was measured) is not used."""
     def current(data):
         return final_round is None or measured_round(data) in (None, final_round)
 
-    for folder in (run_dir, run_dir / "hessian"):
+    found: dict[str, dict] = {}
+    for folder in (run_dir / "hessian", run_dir):
         for f in sorted(folder.glob("clients-*.json")) if folder.is_dir() else []:
             data = _read_json(f)
             if data and data.get("H_N") is not None and current(data):
-                return dict(data, source=str(f.relative_to(run_dir)))
+                proto = str(data.get("protocol") or (data.get("settings") or {}).get("protocol") or "default")
+                found.setdefault(proto, dict(data, source=str(f.relative_to(run_dir))))
     for name, h in sorted(analyses.items()):
         cl = (h or {}).get("clients")
         if cl and cl.get("H_N") is not None and current(cl):
-            return dict(cl, source=f"{name}/hessian.json")
-    return None
+            proto = str(cl.get("protocol") or (cl.get("settings") or {}).get("protocol") or "default")
+            found.setdefault(proto, dict(cl, source=f"{name}/hessian.json"))
+    return found
+
+
+CLIENTS_PREFERENCE = ("fedalign", "default")  # FedAlign's own protocol first: it made the paper's numbers
+
+
+def _protocol_order(protocols) -> list[str]:
+    return sorted(protocols, key=lambda p: (CLIENTS_PREFERENCE.index(p) if p in CLIENTS_PREFERENCE else 99, p))
+
+
+def read_clients_metrics(run_dir: Path, analyses: dict[str, dict], protocol: str | None = None,
+                         final_round: int | None = None) -> dict | None:
+    """H_N / H_D of a run (:func:`clients_results`): those of ``protocol``, or by default of the first protocol
+    present in :data:`CLIENTS_PREFERENCE` order; None when there are none (of that protocol)."""
+    found = clients_results(run_dir, analyses, final_round)
+    if protocol is not None:
+        return found.get(protocol)
+    order = _protocol_order(found)
+    return found[order[0]] if order else None
+
+
+def choose_clients_protocol(records) -> str | None:
+    """The H_N / H_D protocol a table uses: the one the most runs hold (ties: :data:`CLIENTS_PREFERENCE` order), so
+    that a column is one protocol wherever the runs allow it; a run without it keeps its own (and is marked)."""
+    held = [p for r in records for p in r.clients_all]
+    if not held:
+        return None
+    return min(_protocol_order(set(held)), key=lambda p: -held.count(p))
 
 
 @dataclass
@@ -129,9 +159,10 @@ class RunRecord:
     spectrum: dict | None = None  # the top-k and density for the Fig. 4 pages (of ``model``), if any
     surface_path: Path | None = None
     analyses: dict = field(default_factory=dict)
-    clients: dict | None = None  # H_N / H_D (read_clients_metrics)
+    clients: dict | None = None  # the H_N / H_D used (select_clients)
     model: str = "server"
     stale: dict = field(default_factory=dict)  # analyses of an earlier round than the run's last (folder -> round)
+    clients_all: dict = field(default_factory=dict)  # protocol -> H_N / H_D results (clients_results)
 
     @property
     def name(self) -> str:
@@ -167,6 +198,13 @@ class RunRecord:
         self.spectrum = self.analyses[spec[0]] if spec else None
         surface = self.run_dir / analysis_dir("surface", model) / "surface.npz"
         self.surface_path = surface if surface.is_file() else None
+        return self
+
+    def select_clients(self, protocol: str | None) -> "RunRecord":
+        """Use the H_N / H_D of ``protocol`` when the run has it, else its first in preference order."""
+        order = _protocol_order(self.clients_all)
+        pick = protocol if protocol in self.clients_all else (order[0] if order else None)
+        self.clients = self.clients_all.get(pick) if pick else None
         return self
 
     @property
@@ -288,8 +326,8 @@ def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
     rec = RunRecord(run_dir=d, config=cfg, method=method_label(cfg), partition=partition_label(cfg),
                     dataset=str(cfg.get("dataset", "?")), seed=int(cfg.get("seed", 0)),
                     rounds_done=rounds_done, curve=curve, analyses=analyses,
-                    clients=read_clients_metrics(d, analyses, final_round), stale=stale)
-    return rec.select(model)
+                    clients_all=clients_results(d, analyses, final_round), stale=stale)
+    return rec.select(model).select_clients(None)
 
 
 def find_run_dirs(paths) -> list[Path]:
@@ -379,8 +417,8 @@ TABLES: dict[str, TableSpec] = {
         paper_names=(("FedAvg+Mixup", "Mixup"), ("FedAvg+StochDepth", "StochDepth"), ("FedAvg+GradAug", "GradAug")),
         notes=("FedAlign itself has no row in the paper's Table 1 (its accuracy is in Table 2 there); ours is shown "
                "without a paper value.",
-               "H_N and H_D: cross-client Hessian diagonals (flatfl.analysis.clients); the protocol is recorded in "
-               "each run's hessian.json.")),
+               "H_N and H_D: cross-client Hessian diagonals (flatfl.analysis.clients); the protocol used is in the "
+               "subtitle, each run's in runs.csv (clients_protocol).")),
 }
 TABLE_ALIASES = {"man-tables": ("man-table2", "man-table6")}
 
@@ -472,6 +510,13 @@ def build_table(spec: TableSpec, records: list[RunRecord], values: list[dict] | 
     when the runs differ) and the paper's value. The records must already hold the model to report
     (:meth:`RunRecord.select`); the row names it (``model``)."""
     paper = _paper_lookup(spec, values if values is not None else paper_values())
+    chosen = [r for r in records if r.method in spec.rows and r.partition in spec.partitions]
+    # per metric, the settings most runs of the layout used: a row whose runs differ averages only those
+    common = {}
+    for metric in spec.metrics:
+        used = [st for st in (getattr(r, "setting", lambda m: None)(metric) for r in chosen
+                              if r.value(metric) is not None) if st is not None]
+        common[metric] = max(sorted(set(used)), key=used.count) if used else None
     rows = []
     for method in spec.rows:
         for part in spec.partitions:
@@ -482,6 +527,16 @@ def build_table(spec: TableSpec, records: list[RunRecord], values: list[dict] | 
                    "runs": ";".join(r.name for r in runs), "dataset": ";".join(sorted({r.dataset for r in runs}))}
             for metric in spec.metrics:
                 have = [(r, v) for r, v in ((r, r.value(metric)) for r in runs) if v is not None]
+                setting_of = {id(r): getattr(r, "setting", lambda m: None)(metric) for r, _ in have}
+                kinds = [setting_of[id(r)] for r, _ in have]
+                if len(set(kinds)) > 1:  # never average numbers made with different settings
+                    keep = common[metric] if common[metric] in kinds else \
+                        max(sorted(set(kinds), key=str), key=kinds.count)
+                    row[f"ours_{metric}_left_out"] = "; ".join(
+                        f"{r.name} ({setting_of[id(r)]})" for r, _ in have if setting_of[id(r)] != keep)
+                    have = [(r, v) for r, v in have if setting_of[id(r)] == keep]
+                else:
+                    row[f"ours_{metric}_left_out"] = ""
                 got = [v for _, v in have]
                 mean, sd = _mean_sd(got)
                 row[f"ours_{metric}"] = mean
@@ -527,6 +582,12 @@ def incomparable_notes(spec: TableSpec, rows: list[dict]) -> list[str]:
         out.append(f"† {METRIC_NAMES.get(metric, metric)} computed with other settings than the rest of its column "
                    f"({common}): {what}. Not comparable without caution; direction checks between them are "
                    "marked 'incomparable'.")
+    for metric in spec.metrics:
+        left = [r for r in rows if r.get(f"ours_{metric}_left_out")]
+        if left:
+            out.append(f"{METRIC_NAMES.get(metric, metric)}: runs made with other settings than the rest of their row "
+                       "are left out of its mean: " + "; ".join(
+                           f"{r['method']} {r['partition']}: {r[f'ours_{metric}_left_out']}" for r in left))
     return out
 
 
