@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 
-__all__ = ["HessianOperator", "MatrixOperator", "apply_block", "block_size_for", "random_block"]
+__all__ = ["HessianOperator", "MatrixOperator", "apply_block", "block_size_for", "free_memory", "random_block"]
 
 _MODES = ("eval", "train")
 PRODUCTS = ("auto", "double-backward", "forward-over-reverse")
@@ -356,7 +356,7 @@ class HessianOperator:
             return int(min(self.block_size, self._block_limit or self.block_size))
         if self._block_limit is None:
             per_vector = 3 * max(self._saved_bytes(i) for i in range(len(self.batches))) + 4 * self.dim * 4
-            self._block_limit = max(1, min(256, int(0.5 * _free_memory(self.device) // max(per_vector, 1))))
+            self._block_limit = max(1, min(256, int(0.5 * free_memory(self.device) // max(per_vector, 1))))
         return self._block_limit
 
     def _batched_matmat(self, rows: torch.Tensor) -> torch.Tensor:
@@ -469,7 +469,7 @@ def block_size_for(op, requested: int | None = None) -> int:
     return int(getattr(op, "preferred_block_size", 1))
 
 
-def _free_memory(device: torch.device) -> int:
+def free_memory(device: torch.device) -> int:
     """Free memory (bytes) for the block of a batched product: CUDA's free memory, else available RAM."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
