@@ -17,6 +17,13 @@ graph 1.9 s; ``torch.func`` jvp-of-grad 1.5 s; batching several vectors through 
 graph costs memory (about 1.2 MB per CIFAR input for that CNN); batches beyond the budget are recomputed at every
 product, and then ``matmat`` shares each batch's forward and first backward among all the vectors of a block.
 
+Batched products (``products="forward-over-reverse"``): ``matmat`` pushes a block of vectors through one pass of
+``torch.func.vmap`` over ``jvp(grad(loss))`` per batch, the block sized from free memory (CUDA ``mem_get_info``,
+else available RAM) and halved on an out-of-memory error. On an H100 a block of 32 cost 0.82x a gradient per vector
+against 1.70x for the double backward (issue 14); on this 2-core CPU it lost (MAN CNN, 512 inputs: 6.4x a gradient
+per vector at a block of 16 against 1.8x; ``benchmarks/hessian_products.py``), so ``products="auto"`` means
+forward-over-reverse on CUDA and double backward elsewhere. Both give the same numbers to rounding.
+
 Parameters that receive no gradient (unused layers, frozen branches) are rows and columns of zeros, where PyHessian
 fails. The model's mode is set for every product (``eval`` by default: BatchNorm running statistics, no dropout) and
 each module's own mode is restored afterwards; in ``train`` mode the buffers (BatchNorm running statistics) are
@@ -59,6 +66,9 @@ class HessianOperator:
     mode: ``"eval"`` (default, as PyHessian) or ``"train"``.
     cache_graph: ``True`` keeps every batch's first-order graph, ``False`` none, ``"auto"`` keeps them while their
         saved tensors fit in ``cache_bytes`` (default 2 GiB on CPU, half the free memory on CUDA).
+    products: ``"auto"`` (default: by device, see the module docstring), ``"double-backward"`` or
+        ``"forward-over-reverse"`` (batched; needs parameters registered in ``model``).
+    block_size: vectors per batched pass (default: sized from free memory, at most 256).
     """
 
     def __init__(
