@@ -444,3 +444,121 @@ def test_smoothed_density_is_pyhessians_gaussian():
     for node, weight in zip(nodes, weights):
         at = np.argmin(np.abs(grid - node))
         assert density[at] == pytest.approx(weight * norm.pdf(0, scale=sd) / mass, rel=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------- batched products
+@pytest.mark.parametrize("name", list(MODELS))
+def test_forward_over_reverse_blocks_equal_double_backward_and_dense(name):
+    H, _, _ = truth(name)
+    per_vector = operator(name, batch_size=20, products="double-backward")
+    batched = operator(name, batch_size=20, products="forward-over-reverse", block_size=5)  # 12 = 5 + 5 + 2
+    assert batched.products == "forward-over-reverse" and batched.preferred_block_size == 5
+    V = probes(batched.dim)
+    out = batched.matmat(V)
+    assert batched.hvps == V.shape[1]
+    assert torch.allclose(out, per_vector.matmat(V), rtol=0, atol=1e-12 * float(out.abs().max()))
+    assert np.allclose(out.numpy(), H @ V.numpy(), rtol=0, atol=1e-11 * np.abs(H).sum(axis=1).max())
+    # and the eigenvalues through the batched operator match numpy's eigh
+    evals = truth(name)[1]
+    result = top_eigenvalues(batched, 5, tol=1e-8, seed=0)
+    assert np.allclose(result.eigenvalues, evals[:5], rtol=1e-7)
+
+
+def test_forward_over_reverse_in_train_mode_with_batchnorm_and_dropout():
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3)).double()
+    model.eval()
+    x, y = torch.randn(N_SAMPLES, 10, dtype=torch.float64), torch.arange(N_SAMPLES) % 3
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    per_vector = HessianOperator(model, batches_of(x, y, 20), mode="train", products="double-backward")
+    batched = HessianOperator(model, batches_of(x, y, 20), mode="train", products="forward-over-reverse",
+                              block_size=4)
+    V = probes(batched.dim, k=6)
+    out = batched.matmat(V)
+    # same batch statistics and the same dropout masks (the per-batch random state), so the same numbers
+    assert torch.allclose(out, per_vector.matmat(V), rtol=0, atol=1e-12 * float(out.abs().max()))
+    assert torch.equal(batched.matmat(V), out)  # deterministic
+    assert not model.training and model[1].track_running_stats  # mode and tracking given back
+    for n, b in model.named_buffers():
+        assert torch.equal(b, before[n]), n  # running statistics untouched
+
+
+def test_forward_over_reverse_with_an_unused_parameter():
+    class WithUnused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(10, 8), nn.Tanh(), nn.Linear(8, 3))
+            self.unused = nn.Linear(5, 5)
+
+        def forward(self, x):
+            return self.body(x)
+
+    torch.manual_seed(5)
+    model = WithUnused().double().eval()
+    x, y = torch.randn(20, 10, dtype=torch.float64), torch.arange(20) % 3
+    op = HessianOperator(model, [(x, y)], products="forward-over-reverse", block_size=16)
+    H = dense_matrix(op)
+    used = sum(p.numel() for p in model.body.parameters())
+    assert np.all(H[used:] == 0) and np.all(H[:, used:] == 0)
+    assert np.allclose(H[:used, :used], exact_hessian(model.body, x, y), atol=1e-12)
+
+
+def test_forward_over_reverse_falls_back_to_smaller_blocks_on_out_of_memory(monkeypatch):
+    import torch.func
+
+    real_vmap = torch.func.vmap
+    sizes = []
+
+    def limited_vmap(fn, **kw):
+        mapped = real_vmap(fn, **kw)
+
+        def call(tangents):
+            size = next(iter(tangents.values())).shape[0]
+            sizes.append(size)
+            if size > 3:
+                raise torch.OutOfMemoryError("simulated: the block does not fit")
+            return mapped(tangents)
+
+        return call
+
+    monkeypatch.setattr(torch.func, "vmap", limited_vmap)
+    op = operator("mlp", products="forward-over-reverse", block_size=16)
+    V = probes(op.dim, k=10)
+    out = op.matmat(V)
+    assert sizes[:3] == [10, 5, 2] and op.block_limit() == 2  # halved until it fits, and remembered
+    reference = operator("mlp", products="double-backward").matmat(V)
+    assert torch.allclose(out, reference, rtol=0, atol=1e-12 * float(reference.abs().max()))
+
+
+def test_product_method_choice():
+    op = operator("mlp")
+    assert op.products == "double-backward"  # measured faster on CPU for the MAN CNN (benchmarks/hessian_products.py)
+    auto = operator("mlp", products="forward-over-reverse")
+    assert 1 <= auto.block_limit() <= 256  # sized from free memory
+    with pytest.raises(ConfigError, match="product method"):
+        operator("mlp", products="jvp")
+    with pytest.raises(ConfigError, match="block size"):
+        operator("mlp", block_size=0)
+
+
+def test_top_k_of_a_trained_model_matches_eigh_within_an_hvp_budget():
+    # a small MLP trained to low loss on the embedded digits: the outlier-plus-bulk spectrum of a trained network
+    from flatfl.data import load_dataset
+
+    d = load_dataset("digits")
+    x = d.train_x[:128].reshape(128, -1).double()
+    x, y = (x - x.mean()) / x.std(), d.train_y[:128]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10)).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(150):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    evals = np.linalg.eigvalsh(exact_hessian(model, x, y))[::-1]
+    op = HessianOperator(model.eval(), batches_of(x, y, 64))
+    for k, budget in ((10, 4.0), (50, 3.0)):
+        result = top_eigenvalues(op, k, tol=1e-4, seed=0)
+        assert result.converged.all()
+        assert np.allclose(result.eigenvalues, evals[:k], rtol=1e-4, atol=0), k
+        assert result.hvps <= budget * k, (k, result.hvps)  # measured: 34 and 119 products

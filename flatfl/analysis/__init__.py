@@ -14,7 +14,7 @@ Python API (the ``flatfl hessian`` command is a thin layer over it)::
     grid, density = smoothed_density(esd.nodes, esd.weights)
 
 * :class:`HessianOperator` ``(model, batches, loss_fn=cross_entropy, params=None, mode="eval",
-  cache_graph="auto")``: Hessian of the sample-weighted mean loss over a fixed evaluation set; ``matvec(v)``,
+  cache_graph="auto", products="auto", block_size=None)``: Hessian of the sample-weighted mean loss over a fixed evaluation set; ``matvec(v)``,
   ``matmat(V)`` on flat vectors, ``dim``, ``device``, ``dtype``, ``hvps`` (products so far), ``unflatten(v)``
   (parameter-shaped views by name), ``gradient()``, ``loss()``. :class:`MatrixOperator` wraps an explicit matrix.
   Every estimator below accepts any object with ``matvec``, ``dim``, ``device``, ``dtype``.

@@ -17,6 +17,13 @@ graph 1.9 s; ``torch.func`` jvp-of-grad 1.5 s; batching several vectors through 
 graph costs memory (about 1.2 MB per CIFAR input for that CNN); batches beyond the budget are recomputed at every
 product, and then ``matmat`` shares each batch's forward and first backward among all the vectors of a block.
 
+Batched products (``products="forward-over-reverse"``): ``matmat`` pushes a block of vectors through one pass of
+``torch.func.vmap`` over ``jvp(grad(loss))`` per batch, the block sized from free memory (CUDA ``mem_get_info``,
+else available RAM) and halved on an out-of-memory error. On an H100 a block of 32 cost 0.82x a gradient per vector
+against 1.70x for the double backward (issue 14); on this 2-core CPU it lost (MAN CNN, 512 inputs: 6.4x a gradient
+per vector at a block of 16 against 1.8x; ``benchmarks/hessian_products.py``), so ``products="auto"`` means
+forward-over-reverse on CUDA and double backward elsewhere. Both give the same numbers to rounding.
+
 Parameters that receive no gradient (unused layers, frozen branches) are rows and columns of zeros, where PyHessian
 fails. The model's mode is set for every product (``eval`` by default: BatchNorm running statistics, no dropout) and
 each module's own mode is restored afterwards; in ``train`` mode the buffers (BatchNorm running statistics) are
@@ -33,9 +40,15 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 
-__all__ = ["HessianOperator", "MatrixOperator", "apply_block", "block_size_for", "random_block"]
+__all__ = ["HessianOperator", "MatrixOperator", "apply_block", "block_size_for", "free_memory", "random_block"]
 
 _MODES = ("eval", "train")
+PRODUCTS = ("auto", "double-backward", "forward-over-reverse")
+# The product method "auto" picks per device, by measurement (benchmarks/hessian_products.py, one run each):
+# forward-over-reverse (torch.func jvp of grad under vmap over a block of vectors) on CUDA, where a block of 32
+# costs 0.82x a gradient per vector on an H100 (MAN CIFAR CNN, 512 inputs); on CPU the per-vector double backward
+# through the kept first-order graph, which the measurement there found faster (see that script's output).
+_AUTO_PRODUCTS = {"cuda": "forward-over-reverse"}
 
 
 class HessianOperator:
@@ -53,6 +66,9 @@ class HessianOperator:
     mode: ``"eval"`` (default, as PyHessian) or ``"train"``.
     cache_graph: ``True`` keeps every batch's first-order graph, ``False`` none, ``"auto"`` keeps them while their
         saved tensors fit in ``cache_bytes`` (default 2 GiB on CPU, half the free memory on CUDA).
+    products: ``"auto"`` (default: by device, see the module docstring), ``"double-backward"`` or
+        ``"forward-over-reverse"`` (batched; needs parameters registered in ``model``).
+    block_size: vectors per batched pass (default: sized from free memory, at most 256).
     """
 
     def __init__(
@@ -64,9 +80,15 @@ class HessianOperator:
         mode: str = "eval",
         cache_graph: bool | str = "auto",
         cache_bytes: int | None = None,
+        products: str = "auto",
+        block_size: int | None = None,
     ) -> None:
         if mode not in _MODES:
             raise ConfigError(f"unknown Hessian mode {mode!r}; choose one of {', '.join(_MODES)}")
+        if products not in PRODUCTS:
+            raise ConfigError(f"unknown product method {products!r}; choose one of {', '.join(PRODUCTS)}")
+        if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
+            raise ConfigError(f"block size must be a positive integer, got {block_size!r}")
         if cache_graph not in (True, False, "auto"):
             raise ConfigError(f"cache_graph must be True, False or 'auto', got {cache_graph!r}")
         self.model = model
@@ -114,6 +136,18 @@ class HessianOperator:
         self.cache_bytes = int(cache_bytes)
         self._graphs: list | None = None  # per batch: cached first-order graph or None
         self._cached_bytes = 0
+        self.requested_products = products
+        self.products: str = products if products != "auto" else _AUTO_PRODUCTS.get(self.device.type,
+                                                                                      "double-backward")
+        self._param_keys: list[str] | None = None
+        if self.products == "forward-over-reverse":
+            self._param_keys = self._functional_names()
+            if self._param_keys is None:
+                if products != "auto":
+                    raise ConfigError("forward-over-reverse products need parameters that belong to the model")
+                self.products = "double-backward"
+        self.block_size = block_size  # vectors per batched pass (None: sized from free memory)
+        self._block_limit: int | None = None
         self.hvps = 0  # Hessian-vector products computed so far (one per vector)
         self.on_hvp: Callable[[int], None] | None = None  # called with the count after every product
 
@@ -216,7 +250,13 @@ class HessianOperator:
 
     @property
     def preferred_block_size(self) -> int:
-        """How many vectors estimators should push through one pass: 1 when graphs are cached, else 8."""
+        """How many vectors estimators should push through one pass.
+
+        Forward-over-reverse: the block that fits in memory (at most 32). Double backward: 1 when graphs are cached
+        (a product is then one double backward whatever the block), else 8 (a block shares the first-order pass).
+        """
+        if self.products == "forward-over-reverse":
+            return min(32, self.block_limit())
         return 1 if self.fully_cached else 8
 
     def release(self) -> None:
@@ -235,6 +275,18 @@ class HessianOperator:
         if V.dim() != 2 or V.shape[0] != self.dim:
             raise ConfigError(f"expected a ({self.dim}, k) block of vectors, got shape {tuple(V.shape)}")
         rows = V.to(device=self.device, dtype=self.dtype).T.contiguous()  # (k, dim): each vector contiguous
+        k = rows.shape[0]
+        if self.products == "forward-over-reverse":
+            out = self._batched_matmat(rows)
+        else:
+            out = self._double_backward_matmat(rows)
+        self.hvps += k
+        if self.on_hvp is not None:
+            self.on_hvp(k)
+        return out.T
+
+    def _double_backward_matmat(self, rows: torch.Tensor) -> torch.Tensor:
+        """Pearlmutter's double backward, one vector at a time through each batch's first-order graph."""
         k = rows.shape[0]
         out = torch.zeros_like(rows)
         self._prepare()
@@ -259,10 +311,108 @@ class HessianOperator:
                         if h is not None:
                             out[j, self._offsets[i]:self._offsets[i + 1]].add_(h.reshape(-1), alpha=weight)
                 del graph, outputs
-        self.hvps += k
-        if self.on_hvp is not None:
-            self.on_hvp(k)
-        return out.T
+        return out
+
+    # ------------------------------------------------------------------ batched forward-over-reverse products
+    def _functional_names(self) -> list[str] | None:
+        """Names of the selected parameters in ``model.named_parameters()`` (None if one is not the model's)."""
+        names = {id(p): n for n, p in self.model.named_parameters(remove_duplicate=False)}
+        keys = [names.get(id(p)) for p in self.params]
+        return None if any(k is None for k in keys) else keys
+
+    @contextlib.contextmanager
+    def _no_running_stats(self):
+        """Train mode under torch.func: BatchNorm must not update its running statistics in place (the double
+        backward path restores them afterwards anyway), so tracking is switched off for the pass and restored."""
+        changed = []
+        if self.mode == "train":
+            for m in self.model.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats:
+                    m.track_running_stats = False
+                    changed.append(m)
+        try:
+            yield
+        finally:
+            for m in changed:
+                m.track_running_stats = True
+
+    def _saved_bytes(self, index: int) -> int:
+        """Bytes the forward pass of batch ``index`` saves for backward (parameters excluded)."""
+        saved = {}
+        param_ptrs = {p.data_ptr() for p in self.params}
+
+        def pack(t):
+            try:
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in param_ptrs:
+                    saved[ptr] = t.untyped_storage().nbytes()
+            except (RuntimeError, NotImplementedError):  # pragma: no cover - exotic tensor subclasses
+                pass
+            return t
+
+        with self._model_mode(), self._no_running_stats(), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            self._batch_loss(index)
+        return sum(saved.values())
+
+    def block_limit(self) -> int:
+        """Most vectors one batched pass takes: ``block_size`` if given, else sized from free memory.
+
+        A vector in a forward-over-reverse pass keeps about three times what the first-order pass saves (forward
+        values, their tangents, the backward's); the block takes half the free memory (CUDA: ``mem_get_info``;
+        CPU: available physical memory) at that rate, capped at 256. An out-of-memory error halves it later.
+        """
+        if self.block_size is not None:
+            return int(min(self.block_size, self._block_limit or self.block_size))
+        if self._block_limit is None:
+            per_vector = 3 * max(self._saved_bytes(i) for i in range(len(self.batches))) + 4 * self.dim * 4
+            self._block_limit = max(1, min(256, int(0.5 * free_memory(self.device) // max(per_vector, 1))))
+        return self._block_limit
+
+    def _batched_matmat(self, rows: torch.Tensor) -> torch.Tensor:
+        """H V by ``torch.func``: ``vmap`` over the block of ``jvp(grad(loss))`` (forward-over-reverse)."""
+        from torch.func import functional_call, grad, jvp, vmap
+
+        k = rows.shape[0]
+        out = torch.zeros_like(rows)
+        keys = self._param_keys
+        primals = {key: p.detach() for key, p in zip(keys, self.params)}
+        with self._model_mode(), self._no_running_stats():
+            for index, weight in enumerate(self._weights):
+                inputs, targets = self.batches[index]
+
+                def loss_of(params, inputs=inputs, targets=targets):
+                    loss = self.loss_fn(functional_call(self.model, params, (inputs,)), targets)
+                    if loss.dim() != 0:
+                        raise ConfigError("loss_fn must return a scalar (the mean loss over the batch)")
+                    return loss
+
+                gradient = grad(loss_of)
+
+                def hvp(tangent):
+                    return jvp(gradient, (primals,), (tangent,))[1]
+
+                start = 0
+                while start < k:
+                    size = min(self.block_limit(), k - start)
+                    chunk = rows[start:start + size]
+                    tangents = {key: chunk[:, a:b].view(size, *shape) for key, shape, a, b in
+                                zip(keys, self.param_shapes, self._offsets, self._offsets[1:])}
+                    try:
+                        with self._batch_rng(index):
+                            result = vmap(hvp, randomness="same")(tangents)
+                    except torch.OutOfMemoryError:
+                        if size == 1:
+                            raise
+                        self._block_limit = max(1, size // 2)  # smaller blocks from now on
+                        if self.device.type == "cuda":
+                            torch.cuda.empty_cache()
+                        continue
+                    for key, a, b in zip(keys, self._offsets, self._offsets[1:]):
+                        out[start:start + size, a:b].add_(result[key].reshape(size, -1), alpha=weight)
+                    del result
+                    start += size
+        return out
 
     def _slice(self, flat: torch.Tensor, i: int) -> torch.Tensor:
         return flat[self._offsets[i]:self._offsets[i + 1]].view(self.param_shapes[i])
@@ -327,6 +477,18 @@ def block_size_for(op, requested: int | None = None) -> int:
             raise ConfigError(f"block size must be >= 1, got {requested}")
         return int(requested)
     return int(getattr(op, "preferred_block_size", 1))
+
+
+def free_memory(device: torch.device) -> int:
+    """Free memory (bytes) for the block of a batched product: CUDA's free memory, else available RAM."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import os
+
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX systems
+        return 4 * 2**30
 
 
 def _to_device(x, device):
