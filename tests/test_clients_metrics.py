@@ -243,10 +243,10 @@ def test_hessian_clients_bad_input_is_one_line_and_writes_nothing(run_dir, tmp_p
     assert "belongs to" in line and sorted(p.name for p in other.iterdir()) == names
     mine = tmp_path / "mine"
     mine.mkdir()
-    (mine / "hessian.json").write_text("{}")  # a file of the user's that shares the output's name
+    (mine / "clients-default.json").write_text("{}")  # a file of the user's that shares the output's name
     line = _one_line_error(CliRunner().invoke(main, ["hessian-clients", str(run_dir), "--out", str(mine)]))
-    assert "not written by flatfl" in line and [p.name for p in mine.iterdir()] == ["hessian.json"]
-    assert (mine / "hessian.json").read_text() == "{}"
+    assert "not written by flatfl" in line and [p.name for p in mine.iterdir()] == ["clients-default.json"]
+    assert (mine / "clients-default.json").read_text() == "{}"
 
 
 def test_the_readmes_two_protocols_live_side_by_side(run_dir, tmp_path):

@@ -417,7 +417,7 @@ CASES = {
     "clients-no-saved-clients": (_on_run("hessian-clients", "--probes", "4", "--groups", "2",
                                          prepare=lambda c, r: (r / "clients.pt").unlink()), "--save-clients"),
     "enospc-hessian-clients": (_enospc_clients, "no space left"),
-    "clients-user-file-same-name": (_user_file_replaced("hessian-clients", "clients_heatmap.png", "--probes", "4",
+    "clients-user-file-same-name": (_user_file_replaced("hessian-clients", "clients_heatmap-default.png", "--probes", "4",
                                                         "--groups", "2"), "not written by flatfl"),
     # ---- surface
     "surface-grid-one": (_on_run("surface", "--grid", "1"), "grid"),
