@@ -1,15 +1,6 @@
-import sys
+from .utils.startup import install_interrupt_hook
 
-
-def _interrupted_hook(kind, value, tb, _previous=sys.excepthook):
-    """Ctrl-C while flatfl is still importing: one line, not a traceback."""
-    if issubclass(kind, KeyboardInterrupt):
-        sys.stderr.write("flatfl: interrupted\n")
-        return
-    _previous(kind, value, tb)
-
-
-sys.excepthook = _interrupted_hook
+install_interrupt_hook()  # before the heavy imports: Ctrl-C while starting gives one line
 
 from .cli import main  # noqa: E402
 

@@ -10,8 +10,10 @@ import os
 import sys
 from pathlib import Path
 
+from .utils.startup import install_interrupt_hook
+
 if os.path.basename(sys.argv[0] or "") == "flatfl":  # the console script: Ctrl-C while starting gives one line
-    from .__main__ import _interrupted_hook  # noqa: F401  (installs the hook)
+    install_interrupt_hook()
 
 import click  # noqa: E402
 

@@ -519,3 +519,21 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert proc.returncode != 0 and "Traceback" not in err and len(lines) == 1, err
         assert "interrupted" in lines[0] or "Aborted" in lines[0], err
+
+
+def test_console_script_entry_point_starts(tmp_path):
+    """The installed ``flatfl`` script does ``from flatfl.cli import main`` with argv[0] 'flatfl' (a different
+    import order from ``python -m flatfl``): it must start, and Ctrl-C while it starts is one line too."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    script = "import sys; sys.argv[0] = 'flatfl'; from flatfl.cli import main; sys.exit(main())"
+    done = subprocess.run([sys.executable, "-c", script, "--version"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "version" in done.stdout and not done.stderr.strip(), done.stderr
+    proc = subprocess.Popen([sys.executable, "-c", script, "train", *FAST, "--rounds", "50", "--out",
+                             str(tmp_path / "r")], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    proc.send_signal(2)
+    _, err = proc.communicate(timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode != 0 and "Traceback" not in err and len(lines) == 1, err
