@@ -291,7 +291,7 @@ def findings(spec, rows, checks, records) -> list[str]:
         by_metric[c["metric"]].append(c)
     for metric, cs in by_metric.items():
         name = METRIC_NAMES.get(metric, metric)
-        for verdict, word in (("agree", "agree with the paper"), ("disagree", "DISAGREES with the paper"),
+        for verdict, word in (("agree", "agree with the paper"), ("disagree", "DISAGREE with the paper"),
                               ("inconclusive", "inconclusive"), ("incomparable", "incomparable (other settings)")):
             sel = [c for c in cs if c["verdict"] == verdict]
             if not sel:
