@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -506,13 +507,19 @@ def test_hostile_case(name, base, tmp_path, monkeypatch):
     assert not (ws / "PWNED").exists()
 
 
+def _ctrl_c_as_in_a_terminal():
+    """SIGINT at its default in the child, as in a terminal: a test suite started in the background by a
+    non-interactive shell (``cmd &``) inherits SIGINT ignored, and Python then installs no handler at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_start_up_is_one_line(tmp_path):
     """SIGINT while flatfl is still importing (torch) or starting: one line, non-zero exit, no run folder."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for delay in (0.15, 0.6):
         proc = subprocess.Popen([sys.executable, "-m", "flatfl", "train", *FAST, "--rounds", "50", "--out",
                                  str(tmp_path / "r")], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_as_in_a_terminal)
         time.sleep(delay)
         proc.send_signal(2)
         _, err = proc.communicate(timeout=60)
@@ -531,7 +538,7 @@ def test_console_script_entry_point_starts(tmp_path):
     assert done.returncode == 0 and "version" in done.stdout and not done.stderr.strip(), done.stderr
     proc = subprocess.Popen([sys.executable, "-c", script, "train", *FAST, "--rounds", "50", "--out",
                              str(tmp_path / "r")], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_as_in_a_terminal)
     time.sleep(0.3)
     proc.send_signal(2)
     _, err = proc.communicate(timeout=60)

@@ -314,6 +314,24 @@ def findings(spec, rows, checks, records) -> list[str]:
     return out or ["no comparison has our values on both sides"]
 
 
+def _contents(page_titles: list[str], width: int = 145) -> list[str]:
+    """The PDF's pages by title, runs of pages with one title as a range ("pp. 12-13 runs"), packed into lines of
+    at most ``width`` characters."""
+    lines, k = [], 0
+    while k < len(page_titles):
+        j = k
+        while j + 1 < len(page_titles) and page_titles[j + 1] == page_titles[k]:
+            j += 1
+        where = f"p. {k + 1}" if j == k else f"pp. {k + 1}-{j + 1}"
+        entry = f"{where} {page_titles[k]}"
+        if lines and len(lines[-1]) + 4 + len(entry) <= width:
+            lines[-1] += "  |  " + entry
+        else:
+            lines.append(entry)
+        k = j + 1
+    return lines
+
+
 def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str], notices: list[str]) -> str:
     lines = ["# flatfl report", "", ours_scale, ""]
     if notices:
@@ -565,7 +583,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
                           f"{sum(1 for r in records if r.hessian)} with Hessian results"]),
                 ("Notices", notices or ["none"]),
                 ("Missing", missing or ["nothing"])]
-    add(figures.text_page(title, sections, footer=f"flatfl report, {time.strftime('%Y-%m-%d %H:%M')}"), "summary")
+    add(None, "summary")  # drawn last, when the contents are known
     for spec, rows, checks, found, m in specs_rows:
         add(_table_figure(spec, rows, ours_scale, m, found), f"{spec.key}: table")
         for k, fig in enumerate(_directions_figure(spec, checks, counts[spec.key])):
@@ -612,6 +630,8 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
                                   ylabel="test accuracy, server (%)"), "other: accuracy")
     for fig in _run_pages(run_rows):
         add(fig, "runs")
+    sections.append(("Contents", _contents(page_titles)))
+    pages[0] = figures.text_page(title, sections, footer=f"flatfl report, {time.strftime('%Y-%m-%d %H:%M')}")
     n_pages = write_pdf(pages, out / "report.pdf")
     written.append("report.pdf")
 
