@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flatfl.config import RunConfig  # noqa: E402
+from flatfl.train.config import RunConfig  # noqa: E402
 from flatfl.data import load_dataset  # noqa: E402
 from flatfl.train.components import ALGORITHMS, load_all  # noqa: E402
 from flatfl.train.engine import Trainer  # noqa: E402
@@ -66,12 +66,12 @@ def main() -> None:
                         rounds=args.rounds + 1, local_epochs=args.local_epochs, batch_size=args.batch_size,
                         algo=name, eval_every=10**9, checkpoint_every=10**9, seed=0).validate()
         trainers[name] = Trainer(cfg, tmp / name, quiet=True, dataset=ds)
-        trainers[name]._round(0)  # warm-up
+        trainers[name].run_round(0)  # warm-up
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(1, args.rounds + 1):
         for name in names:
             t0 = time.process_time()
-            trainers[name]._round(r)
+            trainers[name].run_round(r)
             times[name].append(time.process_time() - t0)
 
     base = min(times["fedavg"])

@@ -97,7 +97,7 @@ def trained_cifar_operator(rounds: int, inputs: int):
     import tempfile
     from pathlib import Path
 
-    from flatfl.config import RunConfig
+    from flatfl.train.config import RunConfig
     from flatfl.data import load_dataset
     from flatfl.data.datasets import ImageDataset
     from flatfl.train.components import load_all
@@ -115,7 +115,7 @@ def trained_cifar_operator(rounds: int, inputs: int):
                     local_epochs=1, batch_size=50, seed=0, eval_every=rounds, checkpoint_every=10**9).validate()
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="flatfl-bench-")) / "run", quiet=True, dataset=ds)
     trainer.run()
-    trainer._load_into_model(trainer.theta, trainer.buffers)
+    trainer.load_into_model(trainer.theta, trainer.buffers)
     model = trainer.model.eval()
     x, y = ds.normalize(ds.train_x[:inputs]), ds.train_y[:inputs]
     return HessianOperator(model, [(x, y)]), float(trainer.metrics[-1]["test_acc"])

@@ -44,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flatfl.config import RunConfig  # noqa: E402
+from flatfl.train.config import RunConfig  # noqa: E402
 from flatfl.data import load_dataset  # noqa: E402
 from flatfl.data.datasets import ImageDataset  # noqa: E402
 from flatfl.train.components import load_all  # noqa: E402
@@ -76,13 +76,13 @@ def measure(model: str, ds: ImageDataset, regs: list[str], rounds: int, args) ->
                         rounds=10**6, local_epochs=1, batch_size=args.batch_size, reg=reg, eval_every=10**9,
                         checkpoint_every=10**9, seed=0).validate()
         trainers[reg] = Trainer(cfg, tmp / f"{model}-{reg}", quiet=True, dataset=ds)
-        trainers[reg]._round(0)  # warm-up
+        trainers[reg].run_round(0)  # warm-up
     cpu: dict[str, list[float]] = {reg: [] for reg in regs}
     wall: dict[str, list[float]] = {reg: [] for reg in regs}
     for r in range(1, rounds + 1):
         for reg in regs:
             c0, w0 = time.process_time(), time.perf_counter()
-            trainers[reg]._round(r)
+            trainers[reg].run_round(r)
             cpu[reg].append(time.process_time() - c0)
             wall[reg].append(time.perf_counter() - w0)
     return cpu, wall

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flatfl.config import RunConfig  # noqa: E402
+from flatfl.train.config import RunConfig  # noqa: E402
 from flatfl.data import load_dataset  # noqa: E402
 from flatfl.data.datasets import ImageDataset  # noqa: E402
 from flatfl.models import build_model  # noqa: E402
@@ -51,7 +51,7 @@ def measure(ds: ImageDataset, model_name: str, clients: int, epochs: int, batch:
     bare_model = build_model(model_name, num_classes=ds.num_classes, in_channels=ds.in_channels,
                              image_size=ds.image_size)
     bare_model.load_state_dict(model.state_dict())
-    data = [trainer._client_data(i) for i in range(clients)]
+    data = [trainer.client_data(i) for i in range(clients)]
 
     def bare_round():
         for x, y in data:
@@ -67,7 +67,7 @@ def measure(ds: ImageDataset, model_name: str, clients: int, epochs: int, batch:
                     opt.step()
 
     def flatfl_round(r):
-        trainer._round(r)
+        trainer.run_round(r)
 
     flatfl_round(0)
     bare_round()  # warm-up

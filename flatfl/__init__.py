@@ -1,17 +1,17 @@
 """flatfl: flatness in federated learning."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def load_checkpoint(path, device="cpu", *, model=None, model_factory=None, which="server", data_dir=None):
-    """Load a flatfl checkpoint: returns a :class:`flatfl.train.checkpoint.Checkpoint` (model in eval mode).
+    """Load a flatfl checkpoint: returns a :class:`flatfl.checkpoint.Checkpoint` (model in eval mode).
 
     ``model``: your own network (an ``nn.Module`` of the trained architecture; the weights are loaded into it), or
     ``model_factory="module:function"``; ``which``: "server" or "all" (the average of all clients' models)."""
-    from .train.checkpoint import load_checkpoint as _load
+    from .checkpoint import load_checkpoint as load
 
-    return _load(path, device=device, which=which, data_dir=data_dir, model=model, model_factory=model_factory)
+    return load(path, device=device, which=which, data_dir=data_dir, model=model, model_factory=model_factory)
 
 
 __all__ = ["__version__", "load_checkpoint"]

@@ -99,16 +99,28 @@ def _apply_threads(threads) -> int:
 
 
 # --------------------------------------------------------------------------------------------------------- train
-def _hparam_options(fn):
-    """Add one click option per hyper-parameter flag declared by any algorithm, optimizer or regularizer."""
+def hparam_click_options() -> list[click.Option]:
+    """One click option per hyper-parameter flag declared by any algorithm, optimizer or regularizer, by name."""
     from .train.components import all_hparams
 
-    for key, hp in sorted(all_hparams().items(), reverse=True):
+    options = []
+    for key, hp in sorted(all_hparams().items()):
         t = hp.py_type
         ctype = click.Choice(list(hp.choices)) if hp.choices else {bool: click.BOOL, int: int, float: float}.get(t, str)
-        fn = click.option(hp.cli_flag, key, type=ctype, default=None, show_default=False,
-                          help=_hparam_help(key))(fn)
-    return fn
+        options.append(click.Option([hp.cli_flag, key], type=ctype, default=None, show_default=False,
+                                    help=_hparam_help(key)))
+    return options
+
+
+class TrainCommand(click.Command):
+    """``flatfl train``: the hyper-parameter options are added when the command is parsed or its help shown, so
+    that the other commands (``flatfl hessian``...) never import the training registries."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if not getattr(self, "hparams_added", False):
+            self.hparams_added = True
+            self.params.extend(hparam_click_options())
+        return super().get_params(ctx)
 
 
 def _hparam_help(key: str) -> str:
@@ -142,7 +154,7 @@ Examples:
 """
 
 
-@main.command(epilog=TRAIN_EPILOG)
+@main.command(cls=TrainCommand, epilog=TRAIN_EPILOG)
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML or YAML file of settings; command-line values win.")
 @click.option("--dataset", help="digits (embedded, default) | cifar10 | cifar100 | tinyimagenet | emnist")
 @click.option("--data-dir", help="folder holding the dataset files (default ./data)")
@@ -175,7 +187,6 @@ Examples:
 @click.option("--force", is_flag=True, help="overwrite an existing run directory")
 @click.option("--quiet", is_flag=True, help="no progress output")
 @_threads_option
-@_hparam_options
 @friendly_errors
 def train(config_file, resume_dir, force, quiet, **opts):
     """Simulate federated training and write a run directory (config, partition, metrics.csv, checkpoints)."""
@@ -424,11 +435,11 @@ def report(run_dirs, out, tables, model, compute_missing, top, density, samples,
 
 
 def _echo_summary(summary: dict, out) -> None:
-    from .report.pdf import _counts_line
+    from .report.pdf import counts_line
 
     for key, counts in summary["directions"].items():
         for metric, c in counts.items():
-            click.echo(f"{key}: {_counts_line(metric, c)}")
+            click.echo(f"{key}: {counts_line(metric, c)}")
     for line in summary.get("notices", []):
         if not line.startswith("computed for"):  # those were echoed as they happened
             click.echo(f"notice: {line}", err=True)

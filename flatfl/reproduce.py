@@ -265,7 +265,7 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
 
 def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: str, threads,
           model: str = "server", with_spectrum: bool = True) -> RunTask:
-    from .config import normalise_settings
+    from .train.config import normalise_settings
 
     name = _run_name(m.label, settings, seed)
     hessian = dict(cfg["hessian"], seed=seed, device=device)

@@ -56,51 +56,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .errors import CheckpointError, ConfigError
+from .runs import (CLIENTS_DIR, HESSIAN_DIR, MODEL_CHECKPOINTS, SPECTRUM_DIR, SURFACE_DIR, analyse_run,  # noqa: F401
+                   analysis_dir, model_checkpoint, settings_match)
 
 __all__ = ["RunTask", "run_task", "analyse_run", "run_tasks", "run_state", "read_grid", "expand_grid", "run_sweep",
            "SweepGrid", "HESSIAN_DIR", "SPECTRUM_DIR", "CLIENTS_DIR", "SURFACE_DIR", "MODEL_CHECKPOINTS",
            "analysis_dir", "model_checkpoint", "settings_match"]
 
-HESSIAN_DIR = "hessian"  # RUN/hessian/hessian.json: Hessian results (and the 'clients' section when computed)
-SPECTRUM_DIR = "spectrum"  # RUN/spectrum/hessian.json: a second Hessian analysis, the top-k and density (MAN Fig. 4)
-CLIENTS_DIR = HESSIAN_DIR  # run_client_metrics writes clients-<protocol>.json beside hessian.json
-SURFACE_DIR = "surface"  # RUN/surface/surface.npz
 _CONFIG_KEYS_IGNORED = ("out", "device", "data_dir", "threads")  # may differ between a run and its resumption
-# the two models a run ends with: the server's, and the average of all clients' latest models (MAN's and FedDyn's
-# reported accuracy); each analysis folder is suffixed with the model unless it is the server's
-MODEL_CHECKPOINTS = {"server": "final.pt", "clients-average": "final-clients-average.pt"}
-
-
-def analysis_dir(kind: str, model: str = "server") -> str:
-    """The folder of a run holding ``kind`` ('hessian', 'spectrum', 'surface') of ``model``: ``hessian`` for the
-    server model, ``hessian-clients-average`` for the all-clients average."""
-    if model not in MODEL_CHECKPOINTS:
-        raise ConfigError(f"unknown model {model!r}: choose server or clients-average")
-    return kind if model == "server" else f"{kind}-{model}"
-
-
-def model_checkpoint(run_dir: str | Path, model: str = "server") -> Path:
-    """The checkpoint of ``model`` in a finished run. Runs trained before final-clients-average.pt existed (or
-    whose final.pt was recovered from a round checkpoint) get it written now from final.pt's 'all_state_dict'."""
-    run_dir = Path(run_dir)
-    final = run_dir / "final.pt"
-    if model not in MODEL_CHECKPOINTS:
-        raise ConfigError(f"unknown model {model!r}: choose server or clients-average")
-    if not final.is_file():
-        raise CheckpointError(f"{run_dir} has no final.pt: the run is not finished (resume it first)")
-    path = run_dir / MODEL_CHECKPOINTS[model]
-    if model != "server" and (not path.is_file() or path.stat().st_mtime < final.stat().st_mtime):
-        import torch
-
-        from .train.checkpoint import save_checkpoint
-
-        payload = torch.load(final, map_location="cpu", weights_only=True)
-        if "all_state_dict" not in payload:
-            raise CheckpointError(f"{final} holds no all-clients average (written by an older flatfl)")
-        equal = all(torch.equal(payload["state_dict"][k], payload["all_state_dict"][k]) for k in payload["state_dict"])
-        save_checkpoint(path, dict(payload, state_dict=payload["all_state_dict"], model_role=model,
-                                   equals_server=equal))
-    return path
 
 
 # ---------------------------------------------------------------------------------------------- one task
@@ -126,7 +89,7 @@ class RunTask:
 def _comparable_config(cfg: dict) -> dict:
     out = {k: v for k, v in cfg.items() if k not in _CONFIG_KEYS_IGNORED}
     if isinstance(out.get("params"), dict):  # settings no piece of the run reads (older runs kept them) change nothing
-        from .config import RunConfig
+        from .train.config import RunConfig
         from .train.components import used_hparams
 
         try:
@@ -175,7 +138,7 @@ def _recover_final(run_dir: Path, rounds: int) -> bool:
 
 
 def _train(task: RunTask, log: Callable[[str], None]) -> str:
-    from .config import build_config
+    from .train.config import build_config
     from .train.engine import Trainer
 
     cfg = build_config({}, dict(task.settings, out=task.run_dir))
@@ -193,91 +156,6 @@ def _train(task: RunTask, log: Callable[[str], None]) -> str:
         return "resumed"
     Trainer(cfg, run_dir, quiet=task.quiet, log=log).run()
     return "trained"
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def settings_match(saved: dict | None, wanted: dict) -> bool:
-    """True when every setting asked for was used. A None asks for the default (compared only for 'samples',
-    where None means 'the whole split'); device and data folder may differ."""
-    if not isinstance(saved, dict):
-        return False
-    return all(saved.get(k) == v for k, v in wanted.items()
-               if k not in ("device", "quiet", "data_dir") and (v is not None or k == "samples"))
-
-
-def _fresh(result: Path, final: Path) -> bool:
-    return result.is_file() and result.stat().st_mtime >= final.stat().st_mtime
-
-
-def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str = HESSIAN_DIR) -> str:
-    """Compute into RUN/folder unless an analysis of ``final`` with the wanted settings is there (one made with other
-    settings, or of another model, is replaced: callers that keep it choose another folder)."""
-    from .analysis.hessian_run import run_hessian
-
-    out = run_dir / folder
-    report = _read_json(out / "hessian.json")
-    if report and _fresh(out / "hessian.json", final) and report.get("top_eigenvalues") is not None \
-            and Path(str(report.get("checkpoint", ""))).name == final.name \
-            and settings_match(report.get("settings"), wanted):
-        return "skipped"
-    run_hessian(str(final), str(out), quiet=quiet, **wanted)
-    return "computed"
-
-
-def _clients(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
-    from .analysis.clients import run_client_metrics
-
-    from .analysis.clients import clients_file
-
-    out = run_dir / CLIENTS_DIR
-    path = out / clients_file(wanted.get("protocol", "default"))
-    section = _read_json(path) or {}
-    if section and _fresh(path, final) and settings_match(section.get("settings"), wanted):
-        return "skipped"
-    run_client_metrics(str(final), str(out), quiet=quiet, replace=True, **wanted)  # the grid says what it holds
-    return "computed"
-
-
-def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str = SURFACE_DIR) -> str:
-    from .analysis.surface import run_surface
-
-    out = run_dir / folder
-    summary = _read_json(out / "surface.json")
-    if summary and _fresh(out / "surface.json", final):
-        s = summary.get("settings", {})
-        if all(s.get(k) == v for k, v in wanted.items() if k in s and k not in ("device", "workers")):
-            return "skipped"
-    run_surface(str(final), str(out), quiet=quiet, **wanted)
-    return "computed"
-
-
-def analyse_run(run_dir: str | Path, *, hessian: dict | None = None, spectrum: dict | None = None,
-                clients: dict | None = None, surface: dict | None = None, quiet: bool = True,
-                model: str = "server", hessian_dir: str | None = None) -> dict:
-    """The analyses of one finished run, each skipped when its result is there, newer than the model's checkpoint
-    and made with the settings asked for. ``model`` ('server' or 'clients-average', :data:`MODEL_CHECKPOINTS`)
-    chooses the checkpoint the Hessian, spectrum and surface measure; their folders are
-    :func:`analysis_dir` (``hessian``, ``spectrum``, ``surface``, suffixed ``-clients-average`` for that model),
-    or ``hessian_dir`` for the Hessian. ``clients`` (H_N, H_D) takes the clients' own models (clients.pt).
-    Returns {'hessian': 'computed'|'skipped'|None, ...}."""
-    run_dir = Path(run_dir)
-    final = run_dir / "final.pt"
-    if not final.is_file():
-        raise CheckpointError(f"{run_dir} has no final.pt: the run is not finished (resume it first)")
-    ckpt = model_checkpoint(run_dir, model) if (hessian, spectrum, surface) != (None, None, None) else final
-    return {"hessian": (_hessian(run_dir, ckpt, dict(hessian), quiet, hessian_dir or analysis_dir("hessian", model))
-                        if hessian is not None else None),
-            "clients": _clients(run_dir, final, dict(clients), quiet) if clients is not None else None,
-            "spectrum": (_hessian(run_dir, ckpt, dict(spectrum), quiet, analysis_dir("spectrum", model))
-                         if spectrum is not None else None),
-            "surface": (_surface(run_dir, ckpt, dict(surface), quiet, analysis_dir("surface", model))
-                        if surface is not None else None)}
 
 
 def run_task(task: RunTask) -> dict:
@@ -306,7 +184,7 @@ def preflight(tasks: list[RunTask]) -> None:
     """Check once, on this machine, what every unfinished run needs from it: its device and its dataset. A missing
     GPU or data set is then one error line (exit 2) instead of the same failure once per run. Only for the local
     executor: on a cluster the driver need not have the workers' GPUs or data."""
-    from .config import build_config
+    from .train.config import build_config
     from .data import load_dataset
     from .train.engine import resolve_device
 
@@ -391,14 +269,14 @@ def _slug(value: Any) -> str:
 
 
 def _load_grid_file(path: Path) -> dict:
-    from .config import read_settings_file
+    from .train.config import read_settings_file
 
     return read_settings_file(path, "grid file")
 
 
 def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[RunTask]:
     """The run tasks of a parsed grid (see the module docstring for the layout)."""
-    from .config import build_config, normalise_settings
+    from .train.config import build_config, normalise_settings
 
     unknown = sorted(set(raw) - _GRID_SECTIONS)
     if unknown:
@@ -470,7 +348,7 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
 def _drop_unused_fixed(settings: dict, own_params: set, fixed_used: set) -> dict:
     """A [fixed] hyper-parameter applies to the runs whose pieces read it (``zeta`` to the MAN runs of a grid over
     ``reg = ["none", "man"]``) and is left out of the others; a run's own settings are kept (and checked)."""
-    from .config import RunConfig
+    from .train.config import RunConfig
     from .train.components import used_hparams
 
     params = settings.get("params") or {}
@@ -567,7 +445,7 @@ def run_sweep(grid_file: str | Path, *, executor=None, out: str | Path | None = 
     for t in grid.tasks:
         t.threads = t.threads or per_task
     if dry_run:
-        from .config import build_config
+        from .train.config import build_config
 
         rows = []
         for t in grid.tasks:

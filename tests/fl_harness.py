@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flatfl.config import RunConfig
+from flatfl.train.config import RunConfig
 from flatfl.data.datasets import ImageDataset
 from flatfl.train.engine import Trainer
 

@@ -9,7 +9,7 @@ import torch
 
 import flatfl
 from fl_harness import Linear, client_arrays, make_dataset, np_ce_grad, run, split_theta
-from flatfl.config import RunConfig
+from flatfl.train.config import RunConfig
 from flatfl.errors import ConfigError
 from flatfl.train.algorithms.feddisco import disco_weights
 from flatfl.train.algorithms.fedntd import FedNTD
@@ -17,19 +17,13 @@ from flatfl.train.algorithms.fedrobust import FedRobust
 from flatfl.train.algorithms.moon import Moon, MoonModel
 from flatfl.train.context import ClientContext, RoundContext, StepContext, frozen_copy
 from flatfl.train.engine import Trainer
-from flatfl.train.params import ParamLayout
+from flatfl.models.params import ParamLayout
 from flatfl.train.regularizers.base import NoRegularizer
 
 DIM, C = 3, 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: torch's thread pool only adds contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _flat(model):
@@ -525,17 +519,17 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, algo):
     ref = Trainer(cfg, tmp_path / "ref", quiet=True)
     ref.run()
 
-    orig = Trainer._round
+    orig = Trainer.run_round
 
     def crashing(self, r):
         if r == 3:  # after the round-2 checkpoint, with round 3 done but not checkpointed
             raise RuntimeError("simulated crash")
         return orig(self, r)
 
-    monkeypatch.setattr(Trainer, "_round", crashing)
+    monkeypatch.setattr(Trainer, "run_round", crashing)
     with pytest.raises(RuntimeError, match="simulated crash"):
         Trainer(cfg, tmp_path / "crashed", quiet=True).run()
-    monkeypatch.setattr(Trainer, "_round", orig)
+    monkeypatch.setattr(Trainer, "run_round", orig)
     resumed = Trainer(cfg, tmp_path / "crashed", resume=True, quiet=True)
     assert resumed.start_round == 2
     resumed.run()

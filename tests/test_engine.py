@@ -71,7 +71,7 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch):
     # crash in round 5, after the round-4 checkpoint
     from flatfl.train import engine
 
-    orig = engine.Trainer._round
+    orig = engine.Trainer.run_round
 
     def crashing(self, r):
         if r == 4:
@@ -79,10 +79,10 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch):
         return orig(self, r)
 
     crashed = tmp_path / "crashed"
-    monkeypatch.setattr(engine.Trainer, "_round", crashing)
+    monkeypatch.setattr(engine.Trainer, "run_round", crashing)
     r = _train(tmp_path, "--rounds", "6", "--checkpoint-every", "2", "--out", str(crashed))
     assert r.exit_code == 1 and "internal error RuntimeError: simulated crash" in r.output  # one line, no traceback
-    monkeypatch.setattr(engine.Trainer, "_round", orig)
+    monkeypatch.setattr(engine.Trainer, "run_round", orig)
     assert not (crashed / "final.pt").exists()
     r = CliRunner().invoke(main, ["train", "--resume", str(crashed), "--quiet"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
@@ -208,14 +208,14 @@ def test_divergence_stops_with_round_and_keeps_last_good_checkpoint(tmp_path, mo
     # an absurd learning rate from round 3 on (a resume refuses edited settings, so it is injected in-process)
     from flatfl.train import engine
 
-    orig = engine.Trainer._round
+    orig = engine.Trainer.run_round
 
     def diverging(self, r):
         if r == 2:
             self.cfg.lr, self.cfg.clip = 1e30, 0.0
         return orig(self, r)
 
-    monkeypatch.setattr(engine.Trainer, "_round", diverging)
+    monkeypatch.setattr(engine.Trainer, "run_round", diverging)
     lines = _bad(["train", *FAST, "--rounds", "5", "--checkpoint-every", "1", "--out", str(out), "--quiet"], tmp_path)
     assert len(lines) == 1 and "non-finite" in lines[0] and "round 3" in lines[0], lines
     assert "round_0002.pt" in lines[0]

@@ -23,12 +23,7 @@ from flatfl.analysis import HessianOperator, power_iteration, pyhessian_trace, t
 pyhessian = pytest.importorskip("pyhessian")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: two threads on a busy 2-core machine are ~10x slower
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def mlp_problem():

@@ -29,13 +29,7 @@ FEATURE_DIM = {"cifar-cnn": 192, "tiny-cnn": 384, "emnist-cnn": 2048, "digits-cn
                "resnet20": 64, "resnet56": 256, "resnet18": 512}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: one intra-op thread is as fast, and avoids OpenMP spin-waits on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def n_params(model: nn.Module) -> int:

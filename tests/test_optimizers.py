@@ -5,18 +5,12 @@ import torch
 
 from fl_harness import Linear, client_arrays, make_dataset, np_ce_grad, run, split_theta
 from flatfl.train.optimizers import SAM
-from flatfl.train.params import ParamLayout
+from flatfl.models.params import ParamLayout
 
 DIM, C = 3, 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: torch's thread pool only adds contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _flat(model):

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 import flatfl
 from flatfl.cli import main
-from flatfl.config import RunConfig
+from flatfl.train.config import RunConfig
 from flatfl.errors import FlatflError
 from flatfl.train.engine import Trainer
 

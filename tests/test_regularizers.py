@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flatfl.config import RunConfig
+from flatfl.train.config import RunConfig
 from flatfl.errors import ConfigError
 from flatfl.models import build_model
 from flatfl.models.cnn import CifarCNN, DigitsCNN
@@ -25,13 +25,7 @@ from flatfl.train.regularizers.gradaug import resolutions
 from flatfl.train.regularizers.mixup import beta_distribution, sample_mix
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors on a shared 2-core machine: one intra-op thread is several times faster than two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ----------------------------------------------------------------------------------------------------- helpers

@@ -173,7 +173,7 @@ def test_report_does_not_show_a_hessian_of_an_earlier_round(run, tmp_path):
 
 
 def test_load_checkpoint_bad_device_is_a_flatfl_error(run):
-    from flatfl.train.checkpoint import load_checkpoint
+    from flatfl.checkpoint import load_checkpoint
 
     with pytest.raises(FlatflError, match="bogus"):
         load_checkpoint(run / "final.pt", device="bogus")

@@ -275,7 +275,7 @@ def test_final_clients_average_checkpoint(runs):
     model differs from it); the Hessian of a MAN table row is computed on it."""
     import torch
 
-    from flatfl.train.checkpoint import load_checkpoint
+    from flatfl.checkpoint import load_checkpoint
 
     for name in ("feddyn", "fedavg"):
         final = torch.load(runs / name / "final.pt", weights_only=True)

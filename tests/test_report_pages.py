@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import flatfl.report.pdf as report_pdf
-from flatfl.config import build_config
+from flatfl.train.config import build_config
 from flatfl.report import build_report
 from flatfl.reproduce import plan
 
@@ -264,7 +264,7 @@ def test_density_panel_averages_slq_starts_and_states_its_width(tmp_path):
     import torch
 
     from flatfl.analysis import MatrixOperator, spectral_density
-    from flatfl.report.figures import _fmt, density_curves, spectrum_pair_page
+    from flatfl.report.figures import format_number, density_curves, spectrum_pair_page
 
     rng = np.random.default_rng(0)
     n = 60
@@ -290,7 +290,7 @@ def test_density_panel_averages_slq_starts_and_states_its_width(tmp_path):
     fig = spectrum_pair_page([rec[0]], [rec[1]], "FedAvg vs FedAvg+MAN")
     ax_top, ax_dens = fig.axes
     _, both, s2 = density_curves({"a": [rec[0].spectrum["density"]], "b": [rec[1].spectrum["density"]]})
-    assert f"σ = {_fmt(s2, 3)}" in ax_dens.get_title()
+    assert f"σ = {format_number(s2, 3)}" in ax_dens.get_title()
     assert [ln.get_label().endswith("32 SLQ starts") for ln in ax_dens.lines] == [True, True]
     assert ax_dens.get_yscale() == "log"
     peak = max(c.max() for c in both.values())

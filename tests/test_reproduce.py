@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from flatfl.cli import main
-from flatfl.config import build_config
+from flatfl.train.config import build_config
 from flatfl.errors import ConfigError
 from flatfl.report import pdf_page_count
 from flatfl.reproduce import plan

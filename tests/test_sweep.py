@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from flatfl.cli import main
-from flatfl.config import build_config
+from flatfl.train.config import build_config
 from flatfl.errors import ConfigError
 from flatfl.executors import LocalExecutor, make_executor
 from flatfl.sweep import RunTask, expand_grid, read_grid, run_state, run_sweep, run_tasks

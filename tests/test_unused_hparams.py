@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from flatfl.cli import main
-from flatfl.config import RunConfig, build_config, read_settings_file
+from flatfl.train.config import RunConfig, build_config, read_settings_file
 from flatfl.errors import ConfigError
 from flatfl.reproduce import plan
 from flatfl.sweep import expand_grid

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from ..utils.device import check_device
 from ..utils.lock import locks_output
 from ..utils.io import atomic_write_many, json_safe
 from .trace import hutchinson_diagonal
@@ -507,9 +508,9 @@ def run_client_metrics(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
-    dev = _device(device)
+    dev = check_device(device)
 
-    from ..train.checkpoint import load_checkpoint
+    from ..checkpoint import load_checkpoint
     from .operator import HessianOperator
 
     ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory)
@@ -588,11 +589,11 @@ def run_client_metrics(
     heatmap = clients_file(protocol, "heatmap")
     figures = {f"{heatmap}.{fmt}": _render_heatmap(metrics, title, fmt) for fmt in ("png", "pdf")}
 
-    import flatfl
+    from ..version import __version__
 
     report = dict(section, checkpoint=str(ckpt.path), round=ckpt.round, weights_sha256=digest,
                   network=ckpt.model_spec.get("name"), dataset=ckpt.dataset_name, num_params=ckpt.num_params,
-                  flatfl_version=flatfl.__version__, torch_version=torch.__version__,
+                  flatfl_version=__version__, torch_version=torch.__version__,
                   files=sorted(figures) + [target.name])
     out.mkdir(parents=True, exist_ok=True)
     files = {out / name: payload for name, payload in sorted(figures.items())}
@@ -652,15 +653,3 @@ def _existing_report(path: Path, ckpt) -> dict | None:
         raise ConfigError(f"{path} belongs to checkpoint {report['checkpoint']}, not {ckpt.path}; "
                           "choose another --out")
     return report
-
-
-def _device(device: str) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"unknown device {device!r} (use cpu, cuda, cuda:N or mps)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for, but CUDA is not available on this machine")
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError("device 'mps' asked for, but MPS is not available on this machine")
-    return dev

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from ..utils.device import check_device
 from ..utils.lock import locks_output
 from ..utils.io import atomic_write_many, json_safe
 from .density import smoothed_density, spectral_density
@@ -65,20 +66,6 @@ def _validate(top, method, tol, trace_method, trace_hvps, trace_rtol, density_st
         raise ConfigError(f"--samples must be a positive integer, got {samples}")
     if batch_size <= 0:
         raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
-
-
-def _check_device(device: str) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"unknown device {device!r} (use cpu, cuda, cuda:N or mps)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for, but CUDA is not available on this machine")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ConfigError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError("device 'mps' asked for, but MPS is not available on this machine")
-    return dev
 
 
 # ---------------------------------------------------------------------------------------------- computing
@@ -357,12 +344,12 @@ def run_hessian(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
-    dev = _check_device(device)
+    dev = check_device(device)
     from ..utils.manifest import refuse_foreign
 
     refuse_foreign(out, OUTPUT_NAMES + ("hessian.json",))
 
-    from ..train.checkpoint import load_checkpoint
+    from ..checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory)
     # refused before any work: hessian-clients results of other weights in --out would be dropped
@@ -388,7 +375,7 @@ def run_hessian(
     loss = op.loss()
     op.release()
 
-    import flatfl
+    from ..version import __version__
 
     header = {
         "checkpoint": str(ckpt.path),
@@ -407,7 +394,7 @@ def run_hessian(
             "seed": seed, "device": str(dev), "mode": "eval", "save_eigenvectors": save_eigenvectors,
             "exact_residuals": exact_residuals,
         },
-        "flatfl_version": flatfl.__version__,
+        "flatfl_version": __version__,
         "torch_version": torch.__version__,
     }
     report = {**header, **report}

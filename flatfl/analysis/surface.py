@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
+from ..utils.device import check_device
 from ..utils.lock import locks_output
 from ..utils.io import atomic_open, atomic_torch_save, atomic_write_many, json_safe
 from .directions import (
@@ -249,14 +250,6 @@ class SurfaceResult:
     @property
     def complete(self) -> bool:
         return bool(self.done.all())
-
-    @property
-    def points_per_second(self) -> float:
-        return self.computed / self.seconds if self.seconds > 0 else math.nan
-
-    def value_at(self, x: float, y: float) -> float:
-        ix, iy = int(np.argmin(np.abs(self.xs - x))), int(np.argmin(np.abs(self.ys - y)))
-        return float(self.loss[iy, ix])
 
 
 # ---------------------------------------------------------------------------------------------- workers
@@ -519,9 +512,8 @@ def run_surface(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
-    from .clients import _device
 
-    dev = _device(device)
+    dev = check_device(device)
     if workers > 1 and dev.type != "cpu":
         raise ConfigError("--workers > 1 runs on the CPU only; use one worker on an accelerator")
     if eigenvectors is not None and not Path(eigenvectors).is_file():
@@ -531,7 +523,7 @@ def run_surface(
 
     refuse_foreign(out, [f"surface_{kind}.{fmt}" for kind in ("contour", "3d") for fmt in ("png", "pdf")]
                    + ["surface.csv", "surface.npz", "directions.pt", "surface.json"])
-    from ..train.checkpoint import load_checkpoint
+    from ..checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory)
     model = ckpt.model
@@ -587,7 +579,7 @@ def run_surface(
     title = f"{ckpt.model_spec.get('name')}, round {ckpt.round}: {directions} directions"
     figures = render_figures(result, title, labels)
     centre = len(result.xs) // 2 if len(result.xs) % 2 else None
-    import flatfl
+    from ..version import __version__
 
     summary = {
         "checkpoint": str(ckpt.path), "round": ckpt.round, "model": ckpt.model_spec.get("name"),
@@ -599,7 +591,7 @@ def run_surface(
         "points": int(result.done.size), "points_computed_now": result.computed, "workers": workers,
         "seconds": result.total_seconds, "settings": {**fingerprint, "batch_size": batch_size, "workers": workers,
                                                       "device": str(dev)},
-        "flatfl_version": flatfl.__version__, "torch_version": torch.__version__,
+        "flatfl_version": __version__, "torch_version": torch.__version__,
     }
     names = sorted(figures) + ["surface.csv", "surface.npz", "directions.pt", "surface.json"]
     summary["files"] = names

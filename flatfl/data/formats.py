@@ -10,7 +10,7 @@ for the full layout)::
     load_emnist(root)        root/gzip/emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
                              (or the same .gz files directly in root)
 
-and returns an :class:`~flatfl.data.datasets.ImageDataset` with uint8 images (N, C, H, W) and int64 labels. Missing
+and returns an :class:`~flatfl.data.image.ImageDataset` with uint8 images (N, C, H, W) and int64 labels. Missing
 files are fetched (when ``download`` is true) by :func:`~flatfl.data.download.ensure_dataset`; unreadable or
 inconsistent files raise :class:`~flatfl.errors.DatasetError` naming the file.
 """
@@ -30,7 +30,7 @@ import torch
 
 from ..errors import ConfigError, DatasetError
 from ..utils.io import atomic_open
-from .datasets import ImageDataset
+from .image import ImageDataset
 from .download import ensure_dataset
 
 # Normalisation constants (mean, std of x/255 per channel).

@@ -178,7 +178,7 @@ class DigitsCNN(FeatureClassifier):
         return [self.relu1, self.relu2, self.relu3]
 
 
-def _hidden_sizes(model_name: str, hidden) -> tuple[int, ...]:
+def hidden_sizes(model_name: str, hidden) -> tuple[int, ...]:
     """Normalise a hidden-layer spec (an int or a sequence of ints) to a tuple of positive ints."""
     if isinstance(hidden, bool):
         raise ConfigError(f"model '{model_name}': hidden must be a positive int or a list of them, got {hidden!r}")

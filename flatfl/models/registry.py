@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch.nn as nn
 
 from ..errors import ConfigError
-from .cnn import MLP, CifarCNN, DigitsCNN, EmnistCNN, TinyImageNetCNN, _hidden_sizes
+from .cnn import MLP, CifarCNN, DigitsCNN, EmnistCNN, TinyImageNetCNN, hidden_sizes
 from .resnet import ResNet, set_stochastic_depth
 
 
@@ -39,11 +39,11 @@ def _digits_cnn(num_classes, in_channels, image_size):
 def _tiny(num_classes, in_channels, image_size, hidden=32):
     """Flatten -> Linear(hidden) -> tanh -> Linear C: 2,410 parameters on 1x8x8 with 10 classes (dense-Hessian
     tests). tanh keeps the loss twice differentiable everywhere."""
-    return MLP(num_classes, in_channels * image_size * image_size, _hidden_sizes("tiny", hidden), "tanh")
+    return MLP(num_classes, in_channels * image_size * image_size, hidden_sizes("tiny", hidden), "tanh")
 
 
 def _mlp(num_classes, in_channels, image_size, hidden=(64,)):
-    return MLP(num_classes, in_channels * image_size * image_size, _hidden_sizes("mlp", hidden), "relu")
+    return MLP(num_classes, in_channels * image_size * image_size, hidden_sizes("mlp", hidden), "relu")
 
 
 def _with_stochastic_depth(model: ResNet, stochastic_depth) -> ResNet:

@@ -57,7 +57,8 @@ def text_page(title: str, sections: list[tuple[str, list[str]]], footer: str = "
     return fig
 
 
-def _fmt(v, digits: int = 4) -> str:
+def format_number(v, digits: int = 4) -> str:
+    """A table cell's number: ``digits`` significant digits, '-' for a missing or non-finite value."""
     if v is None or (isinstance(v, float) and not np.isfinite(v)):
         return "-"
     if isinstance(v, (bool, np.bool_)):
@@ -101,7 +102,7 @@ def table_page(title: str, header: list[str], rows: list[list], *, subtitle: lis
     bottom = 0.03 + line_h * len(below)
     ax = fig.add_axes((0.03, bottom + 0.01, 0.94, max(0.12, y - bottom - 0.02)))
     ax.axis("off")
-    cells = [[_fmt(v) if not isinstance(v, str) else v for v in row] for row in rows]
+    cells = [[format_number(v) if not isinstance(v, str) else v for v in row] for row in rows]
     if not cells:
         cells = [["(no runs)"] + [""] * (len(header) - 1)]
     renderer = fig.canvas.get_renderer()
@@ -162,7 +163,7 @@ def _label(rec) -> str:
     return f"{rec.method} (seed {rec.seed})"
 
 
-def _spectrum_source(rec) -> dict:
+def spectrum_source(rec) -> dict:
     """The analysis for the Fig. 4 pages: of the table's Hessian and the spectrum folder's, the one with a density
     and the most eigenvalues (the spectrum folder on a tie)."""
     have = [h for h in (rec.spectrum, rec.hessian) if h]
@@ -245,10 +246,10 @@ def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
     for k, recs in enumerate((ref, cmp_)):
         method = recs[0].method
         style = _style(k, method)
-        tops = [list(_spectrum_source(r).get("top_eigenvalues") or []) for r in recs]
+        tops = [list(spectrum_source(r).get("top_eigenvalues") or []) for r in recs]
         tops = [t for t in tops if len(t) >= 2]
-        shown = sum(1 for r in recs if len(_spectrum_source(r).get("top_eigenvalues") or []) >= 2
-                    or (_spectrum_source(r).get("density") or {}).get("nodes"))  # seeds that have a spectrum
+        shown = sum(1 for r in recs if len(spectrum_source(r).get("top_eigenvalues") or []) >= 2
+                    or (spectrum_source(r).get("density") or {}).get("nodes"))  # seeds that have a spectrum
         label = f"{method} ({shown} seed{'s' if shown != 1 else ''})"
         labels[method] = label
         if len(tops) > 1:
@@ -262,7 +263,7 @@ def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
                      markevery=max(1, n // 12), markersize=4, linewidth=1.3, label=label)
             if len(tops) > 1:
                 ax1.fill_between(idx, arr.min(0), arr.max(0), color=style["color"], alpha=0.15, linewidth=0)
-        dens = [d for d in (_spectrum_source(r).get("density") for r in recs) if d and d.get("nodes")]
+        dens = [d for d in (spectrum_source(r).get("density") for r in recs) if d and d.get("nodes")]
         if dens:
             dens_groups[method] = dens
     ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -287,7 +288,7 @@ def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
                          label=f"{labels[method]}, {starts} SLQ starts")
         ax2.set_ylim(floor, 2 * peak)
         ax2.legend(fontsize=8)
-        ax2.set_title(f"(b) spectral density (SLQ), Gaussian smoothing σ = {_fmt(sigma, 3)} (1% of the range)",
+        ax2.set_title(f"(b) spectral density (SLQ), Gaussian smoothing σ = {format_number(sigma, 3)} (1% of the range)",
                       fontsize=9.5)
     else:
         ax2.text(0.5, 0.5, "no spectral density computed", ha="center", transform=ax2.transAxes)

@@ -112,7 +112,7 @@ def _folder_tag(asked: dict) -> str:
 
 
 def _settings_ok(asked: dict):
-    from ..sweep import settings_match
+    from ..runs import settings_match
 
     if not asked:
         return None
@@ -123,7 +123,7 @@ def _compute_missing(records, specs, hessian: dict, asked: dict, clients: dict, 
     """Compute, for every run, what the report lacks: a Hessian of the run's model with the settings asked for
     (``asked``: the options the user gave; an analysis made with other settings is kept where it is and the asked
     one is computed into a folder of its own), and H_N / H_D. Returns (problems, what was done)."""
-    from ..sweep import analyse_run, analysis_dir
+    from ..runs import analyse_run, analysis_dir
 
     problems, done = [], []
     for rec in records:
@@ -240,12 +240,12 @@ def _cell(row: dict, metric: str, newline: bool = False) -> str:
     if v is None:
         return "-"
     n, sd, se = row[f"ours_{metric}_n"], row[f"ours_{metric}_sd"], row[f"ours_{metric}_se"]
-    txt = figures._fmt(v) + row.get(f"ours_{metric}_mark", "")
+    txt = figures.format_number(v) + row.get(f"ours_{metric}_mark", "")
     sep = "\n" if newline else " "
     if n >= 2 and sd is not None:
-        txt += f"{sep}±{figures._fmt(sd, 2)} (n={n})"
+        txt += f"{sep}±{figures.format_number(sd, 2)} (n={n})"
     elif se is not None:
-        txt += f"{sep}±{figures._fmt(se, 2)} (est.)"
+        txt += f"{sep}±{figures.format_number(se, 2)} (est.)"
     return txt
 
 
@@ -258,7 +258,7 @@ def _summary_counts(checks: list[dict]) -> dict:
     return out
 
 
-def _counts_line(metric: str, c: dict) -> str:
+def counts_line(metric: str, c: dict) -> str:
     line = (f"{METRIC_NAMES.get(metric, metric)}: of {c['compared']} comparisons, {c['agree']} agree with the "
             f"paper's direction, {c['disagree']} disagree, {c['inconclusive']} inconclusive (change within twice "
             "its standard error)")
@@ -305,7 +305,7 @@ def findings(spec, rows, checks, records) -> list[str]:
     for ref, cmp_, part in loss_pairs:
         la, lb = _final_train_loss(records, ref, part), _final_train_loss(records, cmp_, part)
         if la is not None and lb is not None:
-            out.append(f"measured: final training loss {ref} {figures._fmt(la, 3)}, {cmp_} {figures._fmt(lb, 3)} "
+            out.append(f"measured: final training loss {ref} {figures.format_number(la, 3)}, {cmp_} {figures.format_number(lb, 3)} "
                        f"({part})")
     methods = {r["method"] for r in rows if r["n_runs"]}
     for (key, method), note in CURATED_NOTES.items():
@@ -349,14 +349,14 @@ def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str], not
             cells = [r["method"], r["partition"], r["model"] or "-"]
             for m in metrics:
                 p = r[f"paper_{m}"]
-                cells.append(f"{_cell(r, m)} | {figures._fmt(p) if p is not None else '-'}")
+                cells.append(f"{_cell(r, m)} | {figures.format_number(p) if p is not None else '-'}")
             cells.append("; ".join(f"{label}: {text}" for label, text in _setting_parts(
                 metrics, lambda m: r.get(f"ours_{m}_setting"))) or "-")
             cells.append(str(r["n_runs"]))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         for metric, c in counts.get(spec.key, {}).items():
-            lines.append(f"- {_counts_line(metric, c)}")
+            lines.append(f"- {counts_line(metric, c)}")
         lines += ["", "Findings:", ""] + [f"- {f}" for f in found]
         for n in list(spec.notes) + incomparable_notes(spec, rows):
             lines.append(f"- note: {n}")
@@ -435,16 +435,16 @@ def _directions_figure(spec, checks, counts):
             return "-" if v is None else f"{v:+.1f}%"
 
         two_se = "-" if c["ours_uncertainty"] is None else \
-            f"{figures._fmt(2 * c['ours_uncertainty'], 2)} ({c['uncertainty_from']})"
+            f"{figures.format_number(2 * c['ours_uncertainty'], 2)} ({c['uncertainty_from']})"
         cells.append([c["partition"], f"{c['reference']}\nvs {c['compared']}", METRIC_NAMES[c["metric"]],
-                      f"{figures._fmt(c['ours_reference'])} → {figures._fmt(c['ours_compared'])}",
+                      f"{figures.format_number(c['ours_reference'])} → {figures.format_number(c['ours_compared'])}",
                       pct(c["ours_change_pct"]), two_se,
-                      f"{figures._fmt(c['paper_reference'])} → {figures._fmt(c['paper_compared'])}",
+                      f"{figures.format_number(c['paper_reference'])} → {figures.format_number(c['paper_compared'])}",
                       pct(c["paper_change_pct"]), c["verdict"]])
         col = {"agree": "#d9f2d9", "disagree": "#f8d7d7", "inconclusive": "#f2f2f2",
                "incomparable": "#fff2cc"}[c["verdict"]]
         colors.append([None] * 8 + [col])
-    subtitle = [_counts_line(m, c) for m, c in counts.items()] or ["no comparison has values on both sides"]
+    subtitle = [counts_line(m, c) for m, c in counts.items()] or ["no comparison has values on both sides"]
     pages = []
     n_pages = max(1, -(-len(cells) // 16))  # at most 16 checks a page, spread evenly (no near-empty last page)
     per_page = max(1, -(-len(cells) // n_pages))
@@ -577,7 +577,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
                 ("Model", [f"{s.key}: every row measures the {MODEL_NAMES[m]} model (accuracy and Hessian)"
                            for s, _, _, _, m in specs_rows] or ["-"]),
                 ("Directions: does each change point the same way as the paper's?",
-                 [f"{s.key}: {_counts_line(m, c)}" for s, *_ in specs_rows for m, c in counts[s.key].items()]
+                 [f"{s.key}: {counts_line(m, c)}" for s, *_ in specs_rows for m, c in counts[s.key].items()]
                  or ["no paper layout matched these runs"]),
                 ("Runs", [f"{len(records)} run(s); {sum(r.finished for r in records)} finished; "
                           f"{sum(1 for r in records if r.hessian)} with Hessian results"]),
@@ -595,8 +595,8 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
                 b = [r for r in spec_records if r.method == cmp_ and r.partition == part]
                 if not a or not b:
                     continue
-                ha = [figures._spectrum_source(x) for x in a]
-                hb = [figures._spectrum_source(y) for y in b]
+                ha = [figures.spectrum_source(x) for x in a]
+                hb = [figures.spectrum_source(y) for y in b]
                 if (any(len(h.get("top_eigenvalues") or []) >= 2 for h in ha)
                         and any(len(h.get("top_eigenvalues") or []) >= 2 for h in hb)) \
                         or (any(h.get("density") for h in ha) and any(h.get("density") for h in hb)):

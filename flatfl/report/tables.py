@@ -174,7 +174,7 @@ class RunRecord:
 
     def candidates(self, model: str, kind: str = "hessian") -> list[str]:
         """Folders holding a ``kind`` ('hessian' or 'spectrum') analysis of ``model``, the canonical one first."""
-        from ..sweep import analysis_dir
+        from ..runs import analysis_dir
 
         canon = analysis_dir(kind, model)
         names = [n for n, h in self.analyses.items() if n.split("-")[0] == kind and analysis_model(h) == model]
@@ -183,7 +183,7 @@ class RunRecord:
     def select(self, model: str, settings_ok: Callable[[dict], bool] | None = None) -> "RunRecord":
         """Use the analyses of ``model`` ('server' / 'clients-average'); with ``settings_ok`` only a Hessian
         analysis whose settings it accepts. Sets ``hessian``, ``spectrum``, ``surface_path``; returns self."""
-        from ..sweep import analysis_dir
+        from ..runs import analysis_dir
 
         if model not in MODELS:
             raise ConfigError(f"unknown model {model!r}: choose server or clients-average")
@@ -474,7 +474,7 @@ def scale_label(records: list[RunRecord]) -> str:
         vals = sorted({fmt(r.config.get(key)) for r in records}, key=str)
         return vals[0] if len(vals) == 1 else "/".join(vals)
 
-    from ..config import RunConfig
+    from ..train.config import RunConfig
 
     models = sorted({RunConfig.from_dict(r.config).resolved_model() for r in records})
     model = "/".join(models)

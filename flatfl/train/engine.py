@@ -22,20 +22,21 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .. import __version__
-from ..config import RunConfig
+from ..version import __version__
+from .config import RunConfig
 from ..data import load_dataset
 from ..data.partition import Partition, make_partition
 from ..errors import ConfigError, DivergenceError
 from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
 from ..utils.environment import environment
 from .algorithms.base import Algorithm, weighted_mean
-from .checkpoint import load_resume_state, rng_state, save_checkpoint, save_resume_state
+from ..checkpoint import FINAL_FILE, save_checkpoint, save_clients_average
 from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, load_all
 from .context import ClientContext, RoundContext, frozen_copy
 from .evaluate import evaluate
 from .local import train_client
-from .params import ParamLayout, float_buffers
+from .resume import load_resume_state, rng_state, save_resume_state
+from ..models.params import ParamLayout, float_buffers
 
 METRIC_COLUMNS = ["round", "lr", "clients", "local_loss", "train_loss", "train_acc", "test_loss", "test_acc",
                   "all_test_loss", "all_test_acc", "seconds"]
@@ -142,7 +143,7 @@ class Trainer:
         self.label_counts = torch.as_tensor(self.partition.label_counts(labels, self.ds.num_classes))
 
         # The model: seeded so that every run with this seed starts from the same weights (MAN reuses one init).
-        from ..models import build_model
+        from ..models import architecture_spec, build_model
 
         torch.manual_seed(cfg.seed)
         if model is None and model_factory is None and resume:
@@ -174,6 +175,10 @@ class Trainer:
         self.opt_hp = self.opt_cls.resolve(self.algo_cls.optimizer_settings(cfg.params))
         model = self.algo_cls.wrap_model(model, algo_hp)
         model = self.reg_cls.prepare_model(model, reg_hp)
+        # the checkpoint stores the architecture as trained (projection head, survival): analysis rebuilds it
+        # from flatfl.models alone, without this run's algorithm or regularizer
+        self.model_spec = architecture_spec(model, self.model_spec)
+        _check_spec_rebuilds(model, self.model_spec, self.algo_cls.name, self.reg_cls.name)
         self.model = model.to(self.device)
         self.layout = ParamLayout(self.model)
         self.resolved = {"algorithm": {"name": self.algo_cls.name, **algo_hp},
@@ -205,7 +210,8 @@ class Trainer:
             return self.ds.normalize(x.to(self.device))
         return None
 
-    def _client_data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def client_data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Client ``i``'s training data on the run's device: normalised inputs (no augmentation) and labels."""
         idx = torch.from_numpy(self.partition.client_indices[i])
         y = self.ds.train_y[idx].to(self.device)
         if self._train_cache is not None:
@@ -220,7 +226,9 @@ class Trainer:
         return augment_flip_crop
 
     # ----- models -----
-    def _load_into_model(self, params: torch.Tensor, buffers: dict[str, torch.Tensor]) -> None:
+    def load_into_model(self, params: torch.Tensor, buffers: dict[str, torch.Tensor]) -> None:
+        """Put a flat parameter vector and float buffers (e.g. ``theta`` and ``buffers``: the server model) into
+        ``self.model``."""
         self.layout.set(params)
         for k, v in buffers.items():
             self.model.get_buffer(k).copy_(v)
@@ -253,16 +261,16 @@ class Trainer:
     def _run(self) -> Path:
         cfg = self.cfg
         if self.start_round >= cfg.rounds:
-            if not (self.run_dir / "final.pt").is_file():  # killed between resume.pt and final.pt
+            if not (self.run_dir / FINAL_FILE).is_file():  # killed between resume.pt and final.pt
                 last = self.run_dir / "checkpoints" / f"round_{self.start_round:04d}.pt"
                 if last.is_file():  # the same payload as final.pt
-                    atomic_write_bytes(self.run_dir / "final.pt", last.read_bytes())
+                    atomic_write_bytes(self.run_dir / FINAL_FILE, last.read_bytes())
                 else:
-                    save_checkpoint(self.run_dir / "final.pt", self._model_payload(self.start_round))
+                    save_checkpoint(self.run_dir / FINAL_FILE, self._model_payload(self.start_round))
                 self.log(f"run {self.run_dir}: wrote the missing final.pt of round {self.start_round}")
             else:
                 self.log(f"run {self.run_dir} already finished ({cfg.rounds} rounds)")
-            return self.run_dir / "final.pt"
+            return self.run_dir / FINAL_FILE
         self._write_run_files()
         from tqdm.auto import tqdm
 
@@ -272,7 +280,7 @@ class Trainer:
         for r in bar:
             t0 = time.perf_counter()
             try:
-                row = self._round(r)
+                row = self.run_round(r)
             except DivergenceError as e:
                 bar.close()
                 good = self._last_good()
@@ -290,9 +298,12 @@ class Trainer:
             if (r + 1) % cfg.checkpoint_every == 0 or r + 1 == cfg.rounds:
                 self._checkpoint(r + 1, final=(r + 1 == cfg.rounds))
         bar.close()
-        return self.run_dir / "final.pt"
+        return self.run_dir / FINAL_FILE
 
-    def _round(self, r: int) -> dict | None:
+    def run_round(self, r: int) -> dict | None:
+        """Round ``r`` (0-based): sample clients, train them, aggregate into the server model; returns the round's
+        metrics when it is evaluated (every ``eval_every`` rounds and the last), else None. :meth:`run` calls it
+        for each round; benchmarks time it. It writes no files."""
         cfg = self.cfg
         lr = cfg.lr * cfg.lr_decay ** r
         participants = sample_clients(cfg.seed, r, self.partition.num_clients, cfg.participation, cfg.sampling)
@@ -304,14 +315,14 @@ class Trainer:
             s = client_seed(cfg.seed, r, i)
             torch.manual_seed(s)
             gen = torch.Generator().manual_seed(s)
-            x, y = self._client_data(i)
+            x, y = self.client_data(i)
             n_i = len(y)
             taken, k_i = self.algo.local_step_counts(n_i, cfg.batch_size, cfg.local_epochs)
             cctx = ClientContext(
                 client_id=i, round=rctx, model=self.model, x=x, y=y, num_samples=n_i,
                 weight=float(self.algo.weights[i]), label_counts=self.label_counts[i],
                 steps=k_i, lr=lr, generator=gen)
-            self._load_into_model(self.algo.client_start(cctx), self.buffers)
+            self.load_into_model(self.algo.client_start(cctx), self.buffers)
             self.reg.start_client(cctx)
 
             def make_optimizer(weight_decay_extra: float = 0.0):
@@ -346,10 +357,10 @@ class Trainer:
         test_x = self._test_cache if self._test_cache is not None else ds.test_x
         train_x = self._train_cache if self._train_cache is not None else ds.train_x
         tnorm = None if self._train_cache is not None else ds.normalize
-        self._load_into_model(self.theta, self.buffers)
+        self.load_into_model(self.theta, self.buffers)
         test_loss, test_acc = evaluate(self.model, test_x, ds.test_y, cfg.eval_batch_size, norm)
         train_loss, train_acc = evaluate(self.model, train_x, ds.train_y, cfg.eval_batch_size, tnorm)
-        self._load_into_model(self.all_clients_params(), self.buffers)
+        self.load_into_model(self.all_clients_params(), self.buffers)
         all_loss, all_acc = evaluate(self.model, test_x, ds.test_y, cfg.eval_batch_size, norm)
         return {"round": r + 1, "lr": lr, "clients": n_clients, "local_loss": local_loss,
                 "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,
@@ -395,9 +406,9 @@ class Trainer:
         atomic_write_text(self.run_dir / "metrics.csv", buf.getvalue())
 
     def _model_payload(self, rnd: int) -> dict:
-        self._load_into_model(self.theta, self.buffers)
+        self.load_into_model(self.theta, self.buffers)
         server = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        self._load_into_model(self.all_clients_params(), self.buffers)
+        self.load_into_model(self.all_clients_params(), self.buffers)
         all_sd = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         cfg = self.cfg.to_dict()
         cfg["out"] = str(self.run_dir)
@@ -433,14 +444,8 @@ class Trainer:
             "rng": rng_state(), "settings": comparable_settings(self.cfg),
         }
         if final:  # final.pt first: a run whose resume.pt says finished always has its final.pt
-            # the all-clients average (MAN's and FedDyn's reported model) as a checkpoint of its own, in the same
-            # format, so analyses can take either model; for algorithms where it equals the server model it is
-            # still written (and says so in 'equals_server')
-            avg = dict(payload, state_dict=payload["all_state_dict"], model_role="clients-average",
-                       equals_server=all(torch.equal(payload["state_dict"][k], payload["all_state_dict"][k])
-                                         for k in payload["state_dict"]))
-            save_checkpoint(d / "final-clients-average.pt", avg)
-            save_checkpoint(d / "final.pt", payload)
+            save_clients_average(d, payload)  # the all-clients average, a checkpoint of its own
+            save_checkpoint(d / FINAL_FILE, payload)
         save_resume_state(d / "resume.pt", state)
 
     def _last_good(self) -> str:
@@ -507,3 +512,20 @@ def read_run_config(run_dir: str | Path) -> RunConfig:
     except Exception:
         raise ConfigError(f"--resume: {f} is corrupt") from None
     return cfg.validate()
+
+
+def _check_spec_rebuilds(model, spec: dict, algo: str, reg: str) -> None:
+    """The network rebuilt from ``spec`` has the trained model's parameters and buffers (names and shapes): an
+    algorithm or regularizer that changes the architecture must record the change in the spec
+    (:mod:`flatfl.models.spec`), or analysis could not load its checkpoints. Custom networks are rebuilt by their
+    factory and are not checked here. Draws no random numbers from the run's generators."""
+    if spec.get("name") == "custom":
+        return
+    from ..models import model_from_spec
+
+    with torch.random.fork_rng(devices=[]):
+        rebuilt = model_from_spec(spec)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if shapes != {k: tuple(v.shape) for k, v in rebuilt.state_dict().items()}:
+        raise RuntimeError(f"--algo {algo} / --reg {reg} change the network beyond what its spec records "
+                           "(flatfl.models.spec): checkpoints would not load for analysis")

@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from .components import LOCAL_OPTIMIZERS, Component, HParam
-from .params import ParamLayout
+from ..models.params import ParamLayout
 
 
 class LocalOptimizer(Component):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..config import build_config, read_config_file
+from .config import build_config, read_config_file
 from ..errors import ConfigError
 from ..utils.lock import LOCK_NAME, folder_lock
 from .engine import Trainer, read_run_config

@@ -16,7 +16,7 @@ def environment() -> dict:
     import numpy as np
     import torch
 
-    from .. import __version__
+    from ..version import __version__
 
     return {"flatfl": __version__, "torch": torch.__version__, "numpy": np.__version__,
             "python": platform.python_version(), "torch_threads": torch.get_num_threads(),

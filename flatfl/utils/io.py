@@ -13,59 +13,29 @@ import io
 import json
 import math
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from . import manifest
+from .atomic import atomic_write_bytes_unrecorded, file_mode, staged_file
 
-def _file_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-@contextlib.contextmanager
-def _atomic(path: Path, mode: str, record: bool) -> Iterator[Any]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
-            with contextlib.suppress(OSError):
-                os.fchmod(f.fileno(), _file_mode())
-            os.fsync(f.fileno())
-        if record:  # before the rename: a full disk while noting it leaves the destination as it was
-            from . import manifest
-
-            manifest.record(path)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+__all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_bytes_unrecorded", "atomic_write_text",
+           "atomic_write_json", "atomic_write_many", "atomic_torch_save", "json_safe"]
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
     """Open a temporary file next to ``path``; on success it replaces ``path``, on error it is removed."""
-    with _atomic(Path(path), mode, record=True) as f:
+    path = Path(path)
+    with staged_file(path, mode, before_rename=lambda: manifest.record(path)) as f:
         yield f
-
-
-def atomic_write_bytes_unrecorded(path: str | os.PathLike, data: bytes) -> None:
-    """Atomic write that is not noted in the folder's manifest (the manifest itself)."""
-    with _atomic(Path(path), "wb", record=False) as f:
-        f.write(data)
 
 
 def atomic_write_many(files: dict) -> None:
     """Write several files as one step: every temporary file is written and fsynced first, then the manifest (a
     full disk fails here, leaving no output at all), then each is renamed over its destination, in the given
     order. A destination that exists and that flatfl did not write is refused (ConfigError), nothing written."""
-    from . import manifest
-
     for path in files:  # never replace a file of the user's that merely shares an output's name
         manifest.refuse_foreign(Path(path).parent, [Path(path).name])
     staged: list[tuple[str, Path]] = []
@@ -79,7 +49,7 @@ def atomic_write_many(files: dict) -> None:
                 f.write(data.encode("utf-8") if isinstance(data, str) else data)
                 f.flush()
                 with contextlib.suppress(OSError):
-                    os.fchmod(f.fileno(), _file_mode())
+                    os.fchmod(f.fileno(), file_mode())
                 os.fsync(f.fileno())
         manifest.record_many([path for _, path in staged])  # before any rename: a full disk here changes nothing
         for tmp, path in staged:
@@ -145,27 +115,3 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     buf = io.BytesIO()
     torch.save(obj, buf)
     atomic_write_bytes(path, buf.getvalue())
-
-
-def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> None:
-    """Save a matplotlib figure atomically; the format comes from the suffix."""
-    path = Path(path)
-    fmt = path.suffix.lstrip(".") or "png"
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format=fmt, **kwargs)
-
-
-@contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """Build a directory under a temporary name; it appears at ``path`` only when the block succeeds."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        yield tmp
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

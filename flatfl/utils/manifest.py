@@ -25,7 +25,7 @@ def _read(folder: Path) -> dict:
 
 
 def _write(folder: Path, data: dict) -> None:
-    from .io import atomic_write_bytes_unrecorded
+    from .atomic import atomic_write_bytes_unrecorded
 
     atomic_write_bytes_unrecorded(folder / MANIFEST, (json.dumps(data, indent=1) + "\n").encode("utf-8"))
 

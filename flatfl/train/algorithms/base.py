@@ -10,7 +10,7 @@ An algorithm is a :class:`Algorithm` subclass registered under its name. The eng
         client_end(cctx, theta_i) -> ClientResult   update client i's state, say what it uploads
     aggregate(rctx, results) -> theta^{t+1}
 
-Parameters travel as flat vectors (see :class:`flatfl.train.params.ParamLayout`). State that must survive
+Parameters travel as flat vectors (see :class:`flatfl.models.params.ParamLayout`). State that must survive
 ``--resume`` is kept in ``self.server`` (name -> tensor) and ``self.clients`` (name -> (N, ...) tensor, one row per
 client), which :meth:`state_dict` saves; subclasses declare them in :meth:`init_state`.
 """
@@ -27,7 +27,7 @@ from torch import nn
 from ...errors import ConfigError
 from ..components import ALGORITHMS, Component
 from ..context import ClientContext, RoundContext, StepContext
-from ..params import ParamLayout
+from ...models.params import ParamLayout
 
 
 @dataclass

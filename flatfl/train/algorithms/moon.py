@@ -4,7 +4,8 @@
 Model: the network's encoder output h -> projection head [Linear(d, d), ReLU, Linear(d, 256)] -> z ->
 classifier Linear(256, C). :meth:`Moon.wrap_model` builds it around any flatfl model (``features`` / ``classifier``
 / ``feature_dim``); the wrapped model keeps that interface, with ``features(x) = z``, so MAN, checkpoints and the
-Hessian tools see an ordinary flatfl model (checkpoints re-apply the wrapper on load).
+Hessian tools see an ordinary flatfl model. The head is part of the model's spec (``projection_head``), so a
+checkpoint rebuilds it from :mod:`flatfl.models` alone.
 
 Local objective of client i::
 
@@ -32,38 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...errors import ConfigError
+from ...models.projection import ProjectionHeadModel
 from ..components import HParam
 from .base import Algorithm, register
 
+MoonModel = ProjectionHeadModel  # the network MOON trains (flatfl.models.projection)
 
-class MoonModel(nn.Module):
-    """features(x) = projection(encoder.features(x)) = z; forward(x) = classifier(z)."""
 
-    def __init__(self, encoder: nn.Module, proj_dim: int = 256):
-        super().__init__()
-        for need in ("features", "classifier", "feature_dim"):
-            if not hasattr(encoder, need):
-                raise ConfigError(f"MOON needs a model with features(x), classifier and feature_dim; "
-                                  f"{type(encoder).__name__} has no {need}")
-        d, classes = int(encoder.feature_dim), int(encoder.classifier.out_features)
-        encoder.classifier = nn.Identity()  # MOON's own classifier sits after the projection head
-        self.encoder = encoder
-        self.projection = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, proj_dim))
-        self.classifier = nn.Linear(proj_dim, classes)
-        self.feature_dim = proj_dim
-        if hasattr(encoder, "flatfl_spec"):
-            self.flatfl_spec = encoder.flatfl_spec
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.projection(self.encoder.features(x))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
-
-    def activation_modules(self) -> list[nn.Module]:
-        inner = getattr(self.encoder, "activation_modules", None)
-        return [*(inner() if callable(inner) else []), self.projection[1]]
 
 
 def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
@@ -96,7 +72,7 @@ class Moon(Algorithm):
 
     @classmethod
     def wrap_model(cls, model, hp):
-        return model if isinstance(model, MoonModel) else MoonModel(model, int(hp["proj_dim"]))
+        return model if isinstance(model, ProjectionHeadModel) else ProjectionHeadModel(model, int(hp["proj_dim"]))
 
     def __init__(self, hp, **kwargs):
         super().__init__(hp, **kwargs)

@@ -1,41 +1,51 @@
-"""Checkpoints: atomic save, validated load, and the :class:`Checkpoint` behind ``flatfl.load_checkpoint``.
+"""The checkpoint format: where training and analysis meet (training writes it, analysis reads it; neither imports
+the other). One writer, :func:`save_checkpoint`; one reader, :func:`load_checkpoint` (``flatfl.load_checkpoint``).
 
 A model checkpoint (``final.pt``, ``checkpoints/round_XXXX.pt``) is a dict of tensors and plain values, loadable
 with ``torch.load(weights_only=True)``. It holds everything needed to rebuild the model and its data without the
-original command line: the model's registry name and arguments, the weights of the server model and of the average
-of all clients' latest models, the dataset name and directory, the partition, the resolved config, the round, the
-metrics so far, the RNG states and the flatfl version.
+original command line and without the code of the run's algorithm or regularizer: the model's full architecture
+(``model_spec``, :mod:`flatfl.models.spec`: registry name and arguments, projection head, residual-block survival),
+the weights of the server model and of the average of all clients' latest models, the dataset name and directory,
+the partition, the resolved config, the round, the metrics so far, the RNG states and the flatfl version.
+
+Format versions: 2 stores the full architecture in ``model_spec``. Version 1 (flatfl 0.1.0 before the layering)
+recorded the projection head and stochastic depth only through the run's algorithm and regularizer;
+:func:`legacy_model_spec` completes such a spec from the resolved settings it saved.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
-from ..utils.io import atomic_torch_save
+from .errors import CheckpointError, ConfigError
+from .models.spec import model_from_spec
+from .utils.io import atomic_torch_save
 
 FORMAT = "flatfl-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+REQUIRED_KEYS = ("model_spec", "state_dict", "dataset", "config", "round")
+FINAL_FILE = "final.pt"  # a finished run's server model
+CLIENTS_AVERAGE_FILE = "final-clients-average.pt"  # the average of all clients' latest models of a finished run
 
 
 def save_checkpoint(path: str | Path, payload: dict) -> None:
+    """Write a model checkpoint atomically, with the format header."""
     payload = dict(payload, format=FORMAT, format_version=FORMAT_VERSION)
     atomic_torch_save(payload, path)
 
 
-RESUME_FORMAT = "flatfl-resume"
-RESUME_FORMAT_VERSION = 2
-REQUIRED_KEYS = ("model_spec", "state_dict", "dataset", "config", "round")
-
-
-def save_resume_state(path: str | Path, state: dict) -> None:
-    """Write ``resume.pt``: tensors and plain containers only, so that ``torch.load(weights_only=True)`` reads it."""
-    atomic_torch_save(dict(state, format=RESUME_FORMAT, format_version=RESUME_FORMAT_VERSION), path)
+def save_clients_average(run_dir: str | Path, payload: dict) -> Path:
+    """Write ``RUN/final-clients-average.pt`` from a final checkpoint's payload: the average of all clients'
+    latest models (MAN's and FedDyn's reported model) as a checkpoint of its own, so analyses can take either
+    model. For algorithms where it equals the server model it is still written, and says so (``equals_server``)."""
+    equal = all(torch.equal(payload["state_dict"][k], payload["all_state_dict"][k]) for k in payload["state_dict"])
+    path = Path(run_dir) / CLIENTS_AVERAGE_FILE
+    save_checkpoint(path, dict(payload, state_dict=payload["all_state_dict"], model_role="clients-average",
+                               equals_server=equal))
+    return path
 
 
 def refused_objects(error: BaseException) -> bool:
@@ -44,56 +54,40 @@ def refused_objects(error: BaseException) -> bool:
     return "Unsupported global" in str(error) or "GLOBAL" in str(error)
 
 
-def load_resume_state(path: str | Path) -> dict:
-    """Read ``resume.pt`` without executing code (``weights_only=True``); every problem is one CheckpointError."""
+# version 1: what MOON's wrap_model and StochDepth's prepare_model did to the network: (the piece's name, its
+# setting in 'resolved', the same setting's key in the config's params, the default then)
+LEGACY_PROJECTION = ("moon", "proj_dim", "moon_proj_dim", 256)
+LEGACY_SURVIVAL = ("stochdepth", "survival_last", "survival_last", 0.9)
+
+
+def legacy_model_spec(payload: dict) -> dict:
+    """A version-1 checkpoint's model spec completed with the architecture changes its algorithm and regularizer
+    made (MOON's projection head, stochastic depth's survival), read from the settings it saved."""
+    spec = dict(payload["model_spec"])
+    config = payload.get("config") or {}
+    resolved = payload.get("resolved") or {}
+    params = config.get("params") or {}
+
+    def setting(section: str, piece: str, key: str, flag: str, default):
+        chosen = resolved.get(section) or {}
+        name = chosen.get("name", config.get("algo" if section == "algorithm" else "reg"))
+        if name != piece:
+            return None
+        return chosen.get(key, params.get(flag, default))
+
+    head = setting("algorithm", *LEGACY_PROJECTION)
+    if head is not None and "projection_head" not in spec:
+        spec["projection_head"] = int(head)
+    last = setting("regularizer", *LEGACY_SURVIVAL)
+    if last is not None and "survival" not in spec:
+        spec["survival_last"] = float(last)
+    return spec
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The validated payload of a checkpoint file (no code executed: ``weights_only=True``); a format-1 model spec
+    is completed (:func:`legacy_model_spec`)."""
     path = Path(path)
-    try:
-        st = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        if refused_objects(e):
-            raise CheckpointError(f"{path} holds Python objects that flatfl will not load (it could run code): "
-                                  "it is not from this flatfl version or was tampered with; delete it and rerun "
-                                  "the training with --force to start over") from None
-        raise CheckpointError(f"{path} is corrupt or truncated; delete it to restart the run from round 0") from None
-    if not isinstance(st, dict) or st.get("format") != RESUME_FORMAT:
-        raise CheckpointError(f"{path} is not a flatfl resume file (no flatfl header); delete it to restart the run")
-    if st.get("format_version", 0) > RESUME_FORMAT_VERSION:
-        raise CheckpointError(f"{path} was written by a newer flatfl (format {st['format_version']})")
-    need = {"round": int, "theta": torch.Tensor, "buffers": dict, "latest": torch.Tensor, "latest_buffers": dict,
-            "algorithm": dict, "metrics": list}
-    for key, typ in need.items():
-        if not isinstance(st.get(key), typ) or isinstance(st.get(key), bool):
-            raise CheckpointError(f"{path} lacks a valid {key!r} entry; delete it to restart the run from round 0")
-    if not torch.isfinite(st["theta"]).all():
-        raise CheckpointError(f"{path} holds non-finite weights; delete it to restart the run from round 0")
-    return st
-
-
-def rng_state() -> dict:
-    """The process's RNG states as tensors, ints and floats (loadable with ``weights_only=True``)."""
-    import random
-
-    name, key, pos, has_gauss, cached = np.random.get_state()
-    version, internal, gauss = random.getstate()
-    return {"torch": torch.get_rng_state(),
-            "numpy": {"name": str(name), "key": torch.from_numpy(np.asarray(key, dtype=np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-            "python": {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64),
-                       "gauss": None if gauss is None else float(gauss)}}
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore what :func:`rng_state` returned."""
-    import random
-
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    p = state["python"]
-    random.setstate((p["version"], tuple(int(v) for v in p["internal"].tolist()), p["gauss"]))
-
-
-def _read(path: Path) -> dict:
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.is_dir():
@@ -125,6 +119,12 @@ def _read(path: Path) -> dict:
     if not isinstance(payload["config"], dict) or not isinstance(payload["model_spec"], dict) \
             or not isinstance(payload["dataset"], dict) or not isinstance(payload["round"], int):
         raise CheckpointError(f"{path} is an incomplete flatfl checkpoint (config, model_spec, dataset or round malformed)")
+    if payload.get("format_version", 0) < 2:
+        try:
+            payload = dict(payload, model_spec=legacy_model_spec(payload))
+        except (TypeError, ValueError, AttributeError):
+            raise CheckpointError(f"{path} is a format-1 checkpoint with malformed algorithm or regularizer "
+                                  "settings (config, resolved)") from None
     return payload
 
 
@@ -151,8 +151,6 @@ class Checkpoint:
 
     def __init__(self, payload: dict, path: Path, device: str | torch.device = "cpu", which: str = "server",
                  data_dir: str | Path | None = None, model: nn.Module | None = None, model_factory: str | None = None):
-        from ..models import build_model
-
         self.path = Path(path)
         self.payload = payload
         self.device = torch.device(device)
@@ -169,7 +167,7 @@ class Checkpoint:
             raise CheckpointError(f"{path} has no {which!r} model (choose 'server' or 'all')")
         custom = self.model_spec.get("name") == "custom"
         if model is None and (model_factory or (custom and self.model_spec.get("factory"))):
-            from ..models.factory import check_recorded_factory, model_from_factory
+            from .models.factory import check_recorded_factory, model_from_factory
 
             if not model_factory:  # named by the file, not by the user: only a module of the current directory
                 model_factory = check_recorded_factory(self.model_spec["factory"], str(path))
@@ -181,9 +179,7 @@ class Checkpoint:
         what = f"model {self.model_spec.get('name')!r}" if model is None else \
             (f"--model-factory {model_factory}" if model_factory else f"the given {type(model).__name__}")
         try:
-            if model is None:
-                model = build_model(self.model_spec["name"], **self.model_spec["kwargs"])
-            model = _apply_wrappers(model, self.config)
+            model = model_from_spec(self.model_spec, model)
         except Exception as e:
             raise CheckpointError(f"{path}: cannot rebuild {what}: {e}") from None
         try:
@@ -201,7 +197,7 @@ class Checkpoint:
 
     @property
     def partition(self):
-        from ..data.partition import Partition
+        from .data.partition import Partition
 
         return Partition.from_dict(self.payload["partition"])
 
@@ -210,7 +206,7 @@ class Checkpoint:
         if self._dataset is None:
             info = self.payload["dataset"]
             if info.get("custom"):
-                from ..data.datasets import load_saved_dataset
+                from .data.datasets import load_saved_dataset
 
                 if not info.get("file"):
                     raise CheckpointError(f"{self.path}: the run's custom dataset {self.dataset_name!r} was not "
@@ -219,7 +215,7 @@ class Checkpoint:
                 f = here / info["file"] if (here / info["file"]).is_file() else here.parent / info["file"]
                 self._dataset = load_saved_dataset(f)
             else:
-                from ..data import load_dataset
+                from .data import load_dataset
 
                 self._dataset = load_dataset(self.dataset_name, self.data_dir, download=False)
         return self._dataset
@@ -230,8 +226,6 @@ class Checkpoint:
 
         ``samples=None`` takes the whole split in dataset order; ``samples=N`` draws N indices once with ``seed``.
         ``indices`` restricts to given sample indices of the split (a client's data). No augmentation."""
-        from ..errors import ConfigError
-
         if samples is not None and samples <= 0:
             raise ConfigError(f"samples must be a positive integer, got {samples}")
         if batch_size <= 0:
@@ -279,7 +273,7 @@ class Checkpoint:
         """Client ``client``'s latest local model (eval mode)."""
         import copy
 
-        from .params import ParamLayout
+        from .models.params import ParamLayout
 
         state = state or self.client_state()
         params = state["params"]
@@ -292,18 +286,6 @@ class Checkpoint:
         return m.eval()
 
 
-def _apply_wrappers(model: nn.Module, config: dict) -> nn.Module:
-    """Re-apply architecture changes made by the run's algorithm and regularizer (e.g. MOON's projection head)."""
-    from .components import ALGORITHMS, REGULARIZERS, load_all
-
-    load_all()
-    params = config.get("params", {})
-    algo = ALGORITHMS.get_class(config.get("algo", "fedavg"))
-    model = algo.wrap_model(model, algo.resolve(params))
-    reg = REGULARIZERS.get_class(config.get("reg", "none"))
-    return reg.prepare_model(model, reg.resolve(params))
-
-
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", which: str = "server",
                     data_dir: str | Path | None = None, model: nn.Module | None = None,
                     model_factory: str | None = None) -> Checkpoint:
@@ -312,8 +294,6 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", which:
     A run on your own network: pass ``model`` (an ``nn.Module`` of the trained architecture; the weights are loaded
     into it) or ``model_factory="module:function"``; without either, the factory the run recorded is used. Weights
     are read with ``torch.load(weights_only=True)``; the model object is never unpickled."""
-    from ..errors import ConfigError
-
     dev = str(device)
     try:
         torch.device(device)
@@ -324,9 +304,5 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", which:
     if dev == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
         raise ConfigError("device 'mps' asked for, but MPS is not available on this machine")
     p = resolve_checkpoint_path(path)
-    return Checkpoint(_read(p), p, device=device, which=which, data_dir=data_dir, model=model,
+    return Checkpoint(read_checkpoint(p), p, device=device, which=which, data_dir=data_dir, model=model,
                       model_factory=model_factory)
-
-
-def finite(x: float) -> bool:
-    return math.isfinite(x)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 MAX_SEED = 2**32 - 1
 MAX_COUNT = 10**7  # rounds and clients
@@ -69,7 +69,7 @@ class RunConfig:
 
     def check_types(self) -> "RunConfig":
         """Every field holds a value of its declared type (see :mod:`flatfl.utils.values` for the rules)."""
-        from .utils.values import coerce
+        from ..utils.values import coerce
 
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -125,23 +125,23 @@ class RunConfig:
         need(self.eval_every >= 1, f"--eval-every must be a positive integer, got {self.eval_every}")
         need(self.checkpoint_every >= 1, f"--checkpoint-every must be a positive integer, got {self.checkpoint_every}")
         need(self.eval_batch_size >= 1, f"--eval-batch-size must be a positive integer, got {self.eval_batch_size}")
-        from .utils.threads import check_threads
+        from ..utils.threads import check_threads
 
         check_threads(self.threads, "--threads")
         if self.partition != "iid":
             need(self.alpha > 0, f"the Dirichlet concentration --alpha must be > 0, got {self.alpha}")
-        from .train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, all_hparams
+        from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, all_hparams
 
         known = all_hparams()
         for k in self.params:
             need(k in known, f"unknown hyper-parameter {k!r}: see 'flatfl algos' for the valid names")
         for reg, name in ((ALGORITHMS, self.algo), (LOCAL_OPTIMIZERS, self.local_opt), (REGULARIZERS, self.reg)):
             reg.get_class(name).resolve(self.params)  # raises ConfigError on bad names or values
-        from .train.components import check_used_hparams
+        from .components import check_used_hparams
 
         check_used_hparams(self.params, self.algo, self.local_opt, self.reg)  # e.g. --zeta without --reg man
-        from .data.datasets import DATASETS
-        from .data.partition import PARTITIONS
+        from ..data.datasets import DATASETS
+        from ..data.partition import PARTITIONS
 
         need(self.dataset.lower().replace("-", "") in DATASETS,
              f"unknown dataset {self.dataset!r}: choose one of {', '.join(DATASETS)}")
@@ -188,7 +188,7 @@ def read_config_file(path: str | Path) -> dict:
 
 def normalise_settings(raw: dict, source: str = "settings") -> dict:
     """Map user keys (dashes or underscores, hyper-parameters at top level or under 'params') to RunConfig fields."""
-    from .train.components import all_hparams
+    from .components import all_hparams
 
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     known_hp = all_hparams()

@@ -1,0 +1,281 @@
+"""The package's layers, checked on the source (``ast``, every import: at module level and inside functions).
+
+From the bottom: ``errors`` / ``version``; ``utils``; ``models`` and ``data``; ``checkpoint`` (the format where
+training and analysis meet); ``train`` and ``analysis`` side by side; ``runs`` (a run folder's layout and its
+analyses) and ``executors``; ``sweep`` and ``report`` side by side; ``reproduce``; ``cli`` and the package root on
+top, then ``__main__`` and the package root (``flatfl/__init__.py``). A module imports only from its own unit or from lower layers; units of one layer never import each other;
+there is no import cycle; no private name (``_x``) is used outside its module. And, run in a fresh interpreter:
+the analysis of MOON and stochastic-depth checkpoints never imports the training code.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "flatfl"
+
+# (layer name, its units), bottom first; a unit is a module or a package (with everything under it)
+LAYERS = (
+    ("base", ("flatfl.errors", "flatfl.version")),
+    ("utils", ("flatfl.utils",)),
+    ("models and data", ("flatfl.models", "flatfl.data")),
+    ("checkpoint format", ("flatfl.checkpoint",)),
+    ("train and analysis", ("flatfl.train", "flatfl.analysis")),
+    ("run folders and executors", ("flatfl.runs", "flatfl.executors")),
+    ("sweep and report", ("flatfl.sweep", "flatfl.report")),
+    ("reproduce", ("flatfl.reproduce",)),
+    ("command line", ("flatfl.cli",)),
+    ("entry points", ("flatfl.__main__", "flatfl")),  # the package root: flatfl.load_checkpoint, __version__
+)
+# The registries are filled by importing every built-in piece (components.load_all), and each piece registers
+# itself with its registry: a cycle by design, inside train (one-file extension is left for later).
+REGISTRY_EDGES = {("flatfl.train.components", "flatfl.train.algorithms"),
+                  ("flatfl.train.components", "flatfl.train.optimizers"),
+                  ("flatfl.train.components", "flatfl.train.regularizers")}
+
+
+def module_files(package_dir: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package in ``package_dir``."""
+    out = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def resolve(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module an ``from ... import`` statement of module ``name`` (file ``path``) names, relative ones made
+    absolute."""
+    if not node.level:
+        return node.module or ""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    parts = package.split(".")
+    return ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path], top: str = "flatfl") -> list[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import of the package's own modules in the file,
+    wherever it stands. ``from pkg import sub`` counts as an import of the module ``pkg.sub``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, [], node.lineno) for a in node.names if a.name.split(".")[0] == top]
+        elif isinstance(node, ast.ImportFrom):
+            target = resolve(name, path, node)
+            if target.split(".")[0] != top:
+                continue
+            names = [a.name for a in node.names]
+            subs = [n for n in names if f"{target}.{n}" in modules]
+            found += [(f"{target}.{n}", [], node.lineno) for n in subs]
+            rest = [n for n in names if n not in subs]
+            if rest or not subs:
+                found.append((target, rest, node.lineno))
+    return found
+
+
+def import_graph(package_dir: Path) -> dict[str, list[tuple[str, list[str], int]]]:
+    modules = module_files(package_dir)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def unit_of(module: str, layers=LAYERS) -> tuple[int, str] | None:
+    """(layer index, unit) of a module: the longest unit that is the module or a package above it (the package
+    root, a unit without a dot, is only itself: its ``__init__``)."""
+    best = None
+    for rank, (_, units) in enumerate(layers):
+        for unit in units:
+            if (module == unit or ("." in unit and module.startswith(unit + "."))) and (best is None or len(unit) > len(best[1])):
+                best = (rank, unit)
+    return best
+
+
+def layer_violations(graph, layers=LAYERS) -> list[str]:
+    problems = []
+    for source, edges in graph.items():
+        src = unit_of(source, layers)
+        for target, _, line in edges:
+            dst = unit_of(target, layers)
+            if src is None or dst is None or src[1] == dst[1]:
+                continue
+            if dst[0] > src[0]:
+                problems.append(f"{source}:{line} imports {target}, a higher layer ({layers[dst[0]][0]})")
+            elif dst[0] == src[0]:
+                problems.append(f"{source}:{line} imports {target}, beside it in layer '{layers[src[0]][0]}'")
+    return problems
+
+
+def import_cycles(graph, allowed=frozenset()) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), the ``allowed`` edges left out."""
+    edges = {m: sorted({t for t, _, _ in e if t in graph and (m, t) not in allowed}) for m, e in graph.items()}
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def private_uses(files: dict[str, Path], modules: dict[str, Path], top: str = "flatfl") -> list[str]:
+    """``from flatfl.x import _y`` and ``m._y`` (``m`` a name bound to a flatfl module) outside the module
+    defining ``_y``."""
+    problems = []
+    for name, path in files.items():
+        for target, names, line in imports_of(name, path, modules, top):
+            problems += [f"{path.name}:{line} imports {target}.{n}" for n in names
+                         if n.startswith("_") and not n.startswith("__")]
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        bound = set()  # names bound to modules of the package in this file
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                bound |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == top}
+            elif isinstance(node, ast.ImportFrom):
+                target = resolve(name, path, node)
+                bound |= {a.asname or a.name for a in node.names if f"{target}.{a.name}" in modules}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                base = node.value
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id in bound:
+                    problems.append(f"{path.name}:{node.lineno} uses {ast.unparse(node)}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------------ the rules
+def test_every_module_has_a_layer():
+    loose = [m for m in module_files(PACKAGE) if unit_of(m) is None]
+    assert not loose, f"modules in no layer (add them to LAYERS and to the README's drawing): {loose}"
+
+
+def test_no_import_from_a_higher_layer_or_a_unit_beside():
+    problems = layer_violations(import_graph(PACKAGE))
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_cycle():
+    cycles = import_cycles(import_graph(PACKAGE), REGISTRY_EDGES)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_private_name_used_outside_its_module():
+    modules = module_files(PACKAGE)
+    files = dict(modules)
+    for folder in ("tests", "benchmarks"):
+        files.update({f"{folder}.{p.stem}": p for p in sorted((ROOT / folder).glob("*.py"))})
+    problems = private_uses(files, modules)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_checks_find_what_they_look_for(tmp_path):
+    """A small package with an upward import, a sideways import, a cycle (through a function-level import) and a
+    private import: each is reported, and the package's own registry edges are the only cycle allowed."""
+    pkg = tmp_path / "flatfl"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text("")
+    (pkg / "low" / "a.py").write_text("def f():\n    from ..high import g\n")  # upward, inside a function
+    (pkg / "low" / "b.py").write_text("from .c import _hidden\n")  # a private name of another module
+    (pkg / "low" / "c.py").write_text("from . import b\n_hidden = b._x\n")  # b <-> c; a private attribute
+    (pkg / "side.py").write_text("from flatfl import other\n")
+    (pkg / "other.py").write_text("")
+    (pkg / "high.py").write_text("from .low import a\n")
+    layers = (("low", ("flatfl.low",)), ("middle", ("flatfl.side", "flatfl.other")), ("high", ("flatfl.high",)),
+              ("root", ("flatfl",)))
+    graph = import_graph(pkg)
+    problems = layer_violations(graph, layers)
+    assert any("flatfl.low.a:2 imports flatfl.high, a higher layer" in p for p in problems), problems
+    assert any("flatfl.side:1 imports flatfl.other, beside it" in p for p in problems), problems
+    assert len(problems) == 2, problems
+    assert import_cycles(graph) == [["flatfl.high", "flatfl.low.a"], ["flatfl.low.b", "flatfl.low.c"]]
+    assert import_cycles(graph, {("flatfl.low.c", "flatfl.low.b"), ("flatfl.low.a", "flatfl.high")}) == []
+    modules = module_files(pkg)
+    assert private_uses(modules, modules) == ["b.py:1 imports flatfl.low.c._hidden", "c.py:2 uses b._x"]
+
+
+def test_registry_edges_are_real():
+    """The allowed cycle edges exist: a stale entry would hide nothing but mislead."""
+    graph = import_graph(PACKAGE)
+    for source, target in REGISTRY_EDGES:
+        assert target in {t for t, _, _ in graph[source]}, (source, target)
+
+
+# ------------------------------------------------------------------------- analysis without the training code
+ANALYSE = r"""
+import json, sys
+import flatfl.analysis
+import flatfl
+from flatfl.analysis.hessian_run import run_hessian
+
+out = {}
+for name, path in json.loads(sys.argv[1]).items():
+    ckpt = flatfl.load_checkpoint(path)
+    model = ckpt.model
+    inner = getattr(model, "encoder", model)
+    blocks = inner.residual_blocks() if hasattr(inner, "residual_blocks") else []
+    report = run_hessian(path, sys.argv[2] + "/" + name, top=1, trace=False, samples=64, quiet=True)
+    out[name] = {"class": type(model).__name__, "proj_dim": getattr(model, "proj_dim", None),
+                 "survival": [b.survival for b in blocks], "top": report["top_eigenvalues"]}
+out["modules"] = sorted(m for m in sys.modules if m == "flatfl.train" or m.startswith("flatfl.train."))
+print(json.dumps(out))
+"""
+
+
+def _train(tmp_path, name: str, **settings) -> Path:
+    import torch
+
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = RunConfig(rounds=1, clients=2, participation=1.0, local_epochs=1, batch_size=100, eval_every=1,
+                        seed=0, **settings).validate()
+        return Trainer(cfg, tmp_path / name, quiet=True).run()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_analysis_of_moon_and_stochastic_depth_checkpoints_imports_no_training_code(tmp_path):
+    moon = _train(tmp_path, "moon", model="tiny", algo="moon", params={"moon_proj_dim": 8})
+    stoch = _train(tmp_path, "stoch", model="resnet20", reg="stochdepth", params={"survival_last": 0.5})
+    r = subprocess.run([sys.executable, "-c", ANALYSE, json.dumps({"moon": str(moon), "stoch": str(stoch)}),
+                        str(tmp_path / "hessian")], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["modules"] == [], f"analysis imported training code: {out['modules']}"
+    assert out["moon"]["class"] == "ProjectionHeadModel" and out["moon"]["proj_dim"] == 8
+    assert out["stoch"]["survival"] == pytest.approx([1 - 0.5 * i / 8 for i in range(9)])
+    assert out["stoch"]["survival"][-1] == 0.5 and out["stoch"]["class"] == "ResNet"
+    assert all(isinstance(out[k]["top"][0], float) for k in ("moon", "stoch"))
