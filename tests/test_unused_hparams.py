@@ -20,6 +20,8 @@ def train(*args, tmp_path):
 @pytest.mark.parametrize("args, flag, owner", [
     (["--zeta", "0.1"], "--zeta", "--reg man"),
     (["--rho", "0.1"], "--rho", "--local-opt sam"),
+    (["--rho", "0.1"], "--rho", "--algo fedsam"),  # reads it through its fixed optimizer
+    (["--eta", "0.1"], "--eta", "--algo fedasam"),
     (["--algo", "fedspeed", "--eta", "0.1"], "--eta", "--local-opt asam"),
     (["--reg", "man", "--width", "0.5"], "--width", "--reg gradaug"),
     (["--algo", "fedavg", "--server-lr", "2"], "--server-lr", "--algo mofedsam"),

@@ -208,6 +208,16 @@ def _csv(rows: list[dict], columns: list[str] | None = None) -> str:
     return buf.getvalue()
 
 
+def _shown_path(path) -> str:
+    """A run folder as the tables show it: relative to the current folder when inside it (so that a report made by
+    the same command in another clone is the same file), else absolute."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _run_rows(records: list[RunRecord]) -> list[dict]:
     rows = []
     for r in records:
@@ -228,7 +238,7 @@ def _run_rows(records: list[RunRecord]) -> list[dict]:
             "hessian_method": s.get("method"), "trace_method": s.get("trace_method"),
             "hessian_samples": h.get("num_samples"), "hessian_samples_asked": s.get("samples"),
             "clients_protocol": cl.get("protocol"),
-            "run_dir": str(r.run_dir),
+            "run_dir": _shown_path(r.run_dir),
         })
     return rows
 
