@@ -22,6 +22,7 @@ from torch import nn
 
 from .errors import CheckpointError, ConfigError
 from .models.spec import model_from_spec
+from .utils.device import resolve_device
 from .utils.io import atomic_torch_save
 
 FORMAT = "flatfl-checkpoint"
@@ -153,7 +154,7 @@ class Checkpoint:
                  data_dir: str | Path | None = None, model: nn.Module | None = None, model_factory: str | None = None):
         self.path = Path(path)
         self.payload = payload
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.config: dict = payload["config"]
         self.round: int = int(payload["round"])
         self.metrics: list[dict] = payload.get("metrics", [])
@@ -294,15 +295,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", which:
     A run on your own network: pass ``model`` (an ``nn.Module`` of the trained architecture; the weights are loaded
     into it) or ``model_factory="module:function"``; without either, the factory the run recorded is used. Weights
     are read with ``torch.load(weights_only=True)``; the model object is never unpickled."""
-    dev = str(device)
-    try:
-        torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ConfigError(f"unknown device {dev!r}: use cpu, cuda, cuda:N or mps") from None
-    if dev.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {dev!r} asked for, but CUDA is not available on this machine")
-    if dev == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise ConfigError("device 'mps' asked for, but MPS is not available on this machine")
+    device = resolve_device(device)
     p = resolve_checkpoint_path(path)
     return Checkpoint(read_checkpoint(p), p, device=device, which=which, data_dir=data_dir, model=model,
                       model_factory=model_factory)

@@ -186,7 +186,7 @@ def preflight(tasks: list[RunTask]) -> None:
     executor: on a cluster the driver need not have the workers' GPUs or data."""
     from .train.config import build_config
     from .data import load_dataset
-    from .train.engine import resolve_device
+    from .utils.device import resolve_device
 
     checked: set = set()
     for t in tasks:

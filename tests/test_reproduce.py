@@ -235,5 +235,5 @@ def test_missing_cuda_is_one_line_not_one_per_run(tmp_path, monkeypatch):
                                     "1", "--out", str(tmp_path / "r"), "--runs-dir", str(tmp_path / "runs")])
     assert res.exit_code == 2, res.output
     errors = [ln for ln in res.output.splitlines() if "CUDA" in ln]
-    assert errors == ["flatfl: error: --device cuda asked for, but CUDA is not available on this machine"]
+    assert errors == ["flatfl: error: device 'cuda' asked for, but CUDA is not available on this machine"]
     assert "FAILED" not in res.output and not (tmp_path / "runs").exists()

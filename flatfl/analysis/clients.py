@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..utils.device import check_device
+from ..utils.device import resolve_device
 from ..utils.lock import locks_output
 from ..utils.io import atomic_write_many, json_safe
 from .trace import hutchinson_diagonal
@@ -508,7 +508,7 @@ def run_client_metrics(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
-    dev = check_device(device)
+    dev = resolve_device(device)
 
     from ..checkpoint import load_checkpoint
     from .operator import HessianOperator

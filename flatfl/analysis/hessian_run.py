@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..utils.device import check_device
+from ..utils.device import resolve_device
 from ..utils.lock import locks_output
 from ..utils.io import atomic_write_many, json_safe
 from .density import smoothed_density, spectral_density
@@ -344,7 +344,7 @@ def run_hessian(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
-    dev = check_device(device)
+    dev = resolve_device(device)
     from ..utils.manifest import refuse_foreign
 
     refuse_foreign(out, OUTPUT_NAMES + ("hessian.json",))

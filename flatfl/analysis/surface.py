@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from ..utils.device import check_device
+from ..utils.device import resolve_device
 from ..utils.lock import locks_output
 from ..utils.io import atomic_open, atomic_torch_save, atomic_write_many, json_safe
 from .directions import (
@@ -513,7 +513,7 @@ def run_surface(
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
 
-    dev = check_device(device)
+    dev = resolve_device(device)
     if workers > 1 and dev.type != "cpu":
         raise ConfigError("--workers > 1 runs on the CPU only; use one worker on an accelerator")
     if eigenvectors is not None and not Path(eigenvectors).is_file():

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError, FlatflError
+from ..utils.device import resolve_device
 from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from ..utils.lock import locks_output
 from . import figures
@@ -502,6 +503,8 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     missing; the table then uses only analyses with the asked settings. ``clients``: H_N / H_D settings
     (defaults :data:`DEFAULT_HESSIAN`, :data:`DEFAULT_CLIENTS`).
     """
+    if compute_missing:
+        resolve_device(device)  # one error line before any work, not one per run
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")

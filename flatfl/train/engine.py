@@ -28,6 +28,7 @@ from ..data import load_dataset
 from ..data.partition import Partition, make_partition
 from ..errors import ConfigError, DivergenceError
 from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..utils.device import resolve_device
 from ..utils.environment import environment
 from .algorithms.base import Algorithm, weighted_mean
 from ..checkpoint import FINAL_FILE, save_checkpoint, save_clients_average
@@ -51,17 +52,6 @@ def comparable_settings(cfg: RunConfig) -> dict:
     return {k: v for k, v in d.items() if k not in RESUME_FREE_SETTINGS}
 CUSTOM_DATA_FILE = "data.pt"  # a custom dataset saved with its run (tensors only)
 CUSTOM_DATA_LIMIT_BYTES = 1 << 30
-
-
-def resolve_device(name: str) -> torch.device:
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name} asked for, but CUDA is not available on this machine")
-    if name == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise ConfigError("--device mps asked for, but MPS is not available on this machine")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {name!r}: use cpu, cuda, cuda:N or mps") from None
 
 
 def sample_clients(seed: int, rnd: int, num_clients: int, participation: float, method: str) -> np.ndarray:

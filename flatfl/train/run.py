@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .config import build_config, read_config_file
 from ..errors import ConfigError
+from ..utils.device import resolve_device
 from ..utils.lock import LOCK_NAME, folder_lock
 from .engine import Trainer, read_run_config
 
@@ -36,6 +37,7 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
         cli["params"] = params
     file_settings = read_config_file(config_file) if config_file else {}
     cfg = build_config(file_settings, cli)
+    resolve_device(cfg.device)  # before any folder is made or data read
     apply_threads(cfg.threads)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     cfg.out = str(run_dir)
