@@ -18,6 +18,7 @@ if os.path.basename(sys.argv[0] or "") == "flatfl":  # the console script: Ctrl-
 import click  # noqa: E402
 
 from .errors import FlatflError  # noqa: E402
+from .utils.hessian_settings import HessianSettings  # noqa: E402  (no torch: the defaults of flatfl hessian)
 
 
 def friendly_errors(fn):
@@ -250,6 +251,7 @@ def models():
 
 
 # --------------------------------------------------------------------------------------------------------- hessian
+HESSIAN_DEFAULTS = HessianSettings()
 HESSIAN_EPILOG = """\b
 Examples:
   flatfl hessian runs/x/final.pt --out runs/x/hessian             # top eigenvalue + Hutch++ trace, whole train split
@@ -261,24 +263,24 @@ Examples:
 @main.command(epilog=HESSIAN_EPILOG)
 @click.argument("checkpoint", type=click.Path())
 @click.option("--out", required=True, type=click.Path(), help="output directory (hessian.json, eigenvalues.csv, figures)")
-@click.option("--top", type=int, default=1, show_default=True, help="number of top eigenvalues (0 = none)")
-@click.option("--trace/--no-trace", default=True, show_default=True, help="estimate the trace")
-@click.option("--density/--no-density", default=False, show_default=True, help="eigenvalue spectral density (SLQ)")
-@click.option("--samples", type=int, default=None, help="draw N evaluation samples once with --seed (default: whole split)")
-@click.option("--batch-size", type=int, default=256, show_default=True, help="evaluation batch size (does not change the result)")
-@click.option("--split", default="train", show_default=True, help="train | test")
-@click.option("--method", default="lanczos", show_default=True, help="lanczos | power (PyHessian's rule)")
-@click.option("--tol", type=float, default=1e-3, show_default=True, help="eigenvalue tolerance (Lanczos: relative residual; power: relative change)")
-@click.option("--trace-method", default=None, help="hutchpp | hutchinson | pyhessian (default: hutchpp; pyhessian with --method power)")
-@click.option("--trace-hvps", type=int, default=100, show_default=True, help="HVP budget of the trace estimate")
-@click.option("--trace-rtol", type=float, default=0.01, show_default=True, help="stop the trace at this relative standard error")
-@click.option("--density-steps", type=int, default=100, show_default=True, help="Lanczos steps per SLQ start")
-@click.option("--density-starts", type=int, default=1, show_default=True, help="number of SLQ starts")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample draw and of every random vector")
-@click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
-@click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
+@click.option("--top", type=int, default=HESSIAN_DEFAULTS.top, show_default=True, help="number of top eigenvalues (0 = none)")
+@click.option("--trace/--no-trace", default=HESSIAN_DEFAULTS.trace, show_default=True, help="estimate the trace")
+@click.option("--density/--no-density", default=HESSIAN_DEFAULTS.density, show_default=True, help="eigenvalue spectral density (SLQ)")
+@click.option("--samples", type=int, default=HESSIAN_DEFAULTS.samples, help="draw N evaluation samples once with --seed (default: whole split)")
+@click.option("--batch-size", type=int, default=HESSIAN_DEFAULTS.batch_size, show_default=True, help="evaluation batch size (does not change the result)")
+@click.option("--split", default=HESSIAN_DEFAULTS.split, show_default=True, help="train | test")
+@click.option("--method", default=HESSIAN_DEFAULTS.method, show_default=True, help="lanczos | power (PyHessian's rule)")
+@click.option("--tol", type=float, default=HESSIAN_DEFAULTS.tol, show_default=True, help="eigenvalue tolerance (Lanczos: relative residual; power: relative change)")
+@click.option("--trace-method", default=HESSIAN_DEFAULTS.trace_method, help="hutchpp | hutchinson | pyhessian (default: hutchpp; pyhessian with --method power)")
+@click.option("--trace-hvps", type=int, default=HESSIAN_DEFAULTS.trace_hvps, show_default=True, help="HVP budget of the trace estimate")
+@click.option("--trace-rtol", type=float, default=HESSIAN_DEFAULTS.trace_rtol, show_default=True, help="stop the trace at this relative standard error")
+@click.option("--density-steps", type=int, default=HESSIAN_DEFAULTS.density_steps, show_default=True, help="Lanczos steps per SLQ start")
+@click.option("--density-starts", type=int, default=HESSIAN_DEFAULTS.density_starts, show_default=True, help="number of SLQ starts")
+@click.option("--seed", type=int, default=HESSIAN_DEFAULTS.seed, show_default=True, help="seed of the sample draw and of every random vector")
+@click.option("--device", default=HESSIAN_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
+@click.option("--data-dir", default=HESSIAN_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--save-eigenvectors", is_flag=True, help="also write eigenvectors.pt (parameter layout included)")
-@click.option("--model-factory", default=None, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
+@click.option("--model-factory", default=HESSIAN_DEFAULTS.model_factory, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--exact-residuals", is_flag=True, help="recompute each residual ||Hv - lambda v|| with one more HVP")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_threads_option

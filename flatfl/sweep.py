@@ -370,11 +370,15 @@ def check_analysis_options(section: str, options: dict, source: str = "grid") ->
     from .analysis.clients import run_client_metrics
     from .analysis.hessian_run import run_hessian
     from .analysis.surface import run_surface
+    from .utils.hessian_settings import HessianSettings
     from .utils.values import coerce
 
     fn = {"hessian": run_hessian, "spectrum": run_hessian, "clients": run_client_metrics, "surface": run_surface}[section]
     params = {n: p for n, p in inspect.signature(fn).parameters.items()
               if n not in ("checkpoint", "out", "quiet", "replace")}
+    where = f"[{section}] of {source}"
+    if section in ("hessian", "spectrum"):
+        HessianSettings.check_keys(options, where)
     for key, value in options.items():
         if key not in params:
             raise ConfigError(f"unknown option {key!r} in [{section}] of {source}: use {', '.join(sorted(params))}")
@@ -394,6 +398,11 @@ def check_analysis_options(section: str, options: dict, source: str = "grid") ->
             raise ConfigError(f"{key} in [{section}] of {source} must be in (0, 1), got {value!r}")
         if key == "seed" and isinstance(value, int) and not 0 <= value <= 2**32 - 1:
             raise ConfigError(f"seed in [{section}] of {source} must be in 0..{2**32 - 1}, got {value!r}")
+    if section in ("hessian", "spectrum"):  # the values together (a method, a split...), before any run starts
+        try:
+            HessianSettings.from_mapping(options, where)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
 
 
 def _copy(options: dict | None) -> dict | None:

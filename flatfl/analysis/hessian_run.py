@@ -32,59 +32,34 @@ from ..utils.io import atomic_write_many, json_safe
 from .density import smoothed_density, spectral_density
 from .eigen import power_iteration, top_eigenvalues
 from .operator import HessianOperator
-from .trace import TRACE_METHODS, estimate_trace
+from .trace import estimate_trace
+from ..utils.hessian_settings import METHODS, HessianSettings
 
 __all__ = ["run_hessian", "analyse", "write_outputs", "load_eigenvectors", "EigenvectorFile", "METHODS"]
 
-METHODS = ("lanczos", "power")
-SPLITS = ("train", "test")
+DEFAULTS = HessianSettings()  # every default below is one of its fields
 EIGENVECTOR_FORMAT = "flatfl-eigenvectors"
 OUTPUT_NAMES = ("eigenvalues.png", "eigenvalues.pdf", "density.png", "density.pdf", "eigenvalues.csv",
                 "eigenvectors.pt")
-
-
-# ---------------------------------------------------------------------------------------------- validation
-def _validate(top, method, tol, trace_method, trace_hvps, trace_rtol, density_steps, density_starts, split, samples,
-              batch_size):
-    if not isinstance(top, int) or top < 0:
-        raise ConfigError(f"--top must be a non-negative integer, got {top!r}")
-    if method not in METHODS:
-        raise ConfigError(f"unknown eigenvalue method {method!r}; choose one of {', '.join(METHODS)}")
-    if isinstance(tol, bool) or not (isinstance(tol, (int, float)) and 0 < tol < 1):
-        raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {tol!r}")
-    if trace_method is not None and trace_method not in TRACE_METHODS:
-        raise ConfigError(f"unknown trace method {trace_method!r}; choose one of {', '.join(TRACE_METHODS)}")
-    if trace_hvps < 1:
-        raise ConfigError(f"--trace-hvps must be >= 1, got {trace_hvps}")
-    if trace_rtol is not None and not trace_rtol > 0:
-        raise ConfigError(f"--trace-rtol must be positive, got {trace_rtol}")
-    if density_steps < 1 or density_starts < 1:
-        raise ConfigError("--density-steps and --density-starts must be >= 1")
-    if split not in SPLITS:
-        raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-    if samples is not None and samples <= 0:
-        raise ConfigError(f"--samples must be a positive integer, got {samples}")
-    if batch_size <= 0:
-        raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
 
 
 # ---------------------------------------------------------------------------------------------- computing
 def analyse(
     op,
     *,
-    top: int = 1,
-    method: str = "lanczos",
-    tol: float = 1e-3,
-    trace: bool = True,
-    trace_method: str | None = None,
-    trace_hvps: int = 100,
-    trace_rtol: float | None = 1e-2,
-    density: bool = False,
-    density_steps: int = 100,
-    density_starts: int = 1,
-    seed: int = 0,
+    top: int = DEFAULTS.top,
+    method: str = DEFAULTS.method,
+    tol: float = DEFAULTS.tol,
+    trace: bool = DEFAULTS.trace,
+    trace_method: str | None = DEFAULTS.trace_method,
+    trace_hvps: int = DEFAULTS.trace_hvps,
+    trace_rtol: float | None = DEFAULTS.trace_rtol,
+    density: bool = DEFAULTS.density,
+    density_steps: int = DEFAULTS.density_steps,
+    density_starts: int = DEFAULTS.density_starts,
+    seed: int = DEFAULTS.seed,
     keep_vectors: bool = False,
-    exact_residuals: bool = False,
+    exact_residuals: bool = DEFAULTS.exact_residuals,
 ):
     """Run the requested estimators on ``op``; returns ``(report, eigen_result, density_result)``.
 
@@ -310,37 +285,33 @@ def run_hessian(
     checkpoint,
     out,
     *,
-    top: int = 1,
-    trace: bool = True,
-    density: bool = False,
-    samples: int | None = None,
-    batch_size: int = 256,
-    split: str = "train",
-    method: str = "lanczos",
-    seed: int = 0,
-    device: str = "cpu",
-    save_eigenvectors: bool = False,
-    tol: float = 1e-3,
-    trace_method: str | None = None,
-    trace_hvps: int = 100,
-    trace_rtol: float | None = 1e-2,
-    density_steps: int = 100,
-    density_starts: int = 1,
-    exact_residuals: bool = False,
-    data_dir=None,
+    top: int = DEFAULTS.top,
+    trace: bool = DEFAULTS.trace,
+    density: bool = DEFAULTS.density,
+    samples: int | None = DEFAULTS.samples,
+    batch_size: int = DEFAULTS.batch_size,
+    split: str = DEFAULTS.split,
+    method: str = DEFAULTS.method,
+    seed: int = DEFAULTS.seed,
+    device: str = DEFAULTS.device,
+    save_eigenvectors: bool = DEFAULTS.save_eigenvectors,
+    tol: float = DEFAULTS.tol,
+    trace_method: str | None = DEFAULTS.trace_method,
+    trace_hvps: int = DEFAULTS.trace_hvps,
+    trace_rtol: float | None = DEFAULTS.trace_rtol,
+    density_steps: int = DEFAULTS.density_steps,
+    density_starts: int = DEFAULTS.density_starts,
+    exact_residuals: bool = DEFAULTS.exact_residuals,
+    data_dir=DEFAULTS.data_dir,
     quiet: bool = False,
-    model_factory: str | None = None,
+    model_factory: str | None = DEFAULTS.model_factory,
 ) -> dict:
     """Load ``checkpoint``, compute the requested Hessian quantities, write them into ``out``; returns the report."""
-    _validate(top, method, tol, trace_method, trace_hvps, trace_rtol, density_steps, density_starts, split,
-              samples, batch_size)
-    from ..utils.values import check_seed
-
-    check_seed(seed)
-    if not (top or trace or density):
-        raise ConfigError("nothing to compute: ask for --top K >= 1, --trace or --density")
-    if save_eigenvectors and top < 1:
-        raise ConfigError("--save-eigenvectors needs --top >= 1")
+    HessianSettings(top=top, trace=trace, density=density, samples=samples, batch_size=batch_size, split=split,
+                    method=method, seed=seed, device=device, save_eigenvectors=save_eigenvectors, tol=tol,
+                    trace_method=trace_method, trace_hvps=trace_hvps, trace_rtol=trace_rtol,
+                    density_steps=density_steps, density_starts=density_starts, exact_residuals=exact_residuals,
+                    data_dir=data_dir, model_factory=model_factory).validate()
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")

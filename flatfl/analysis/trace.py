@@ -23,12 +23,11 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..utils.hessian_settings import TRACE_METHODS
 from .operator import apply_block, block_size_for, random_block
 
 __all__ = ["TraceResult", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "hutchinson_diagonal",
            "estimate_trace", "TRACE_METHODS"]
-
-TRACE_METHODS = ("hutchpp", "hutchinson", "pyhessian")
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import Callable
 
 from ..errors import ConfigError, FlatflError
 from ..utils.device import resolve_device
+from ..utils.hessian_settings import HessianSettings
 from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from ..utils.lock import locks_output
 from . import figures
@@ -51,8 +52,8 @@ from .tables import (
 __all__ = ["build_report", "write_pdf", "pdf_page_count", "DEFAULT_HESSIAN", "DEFAULT_CLIENTS"]
 
 # a density asked of --compute-missing averages 4 SLQ starts of 100 Lanczos steps (one start is spiky)
-DEFAULT_HESSIAN = {"top": 1, "trace": True, "density": False, "samples": None, "method": "lanczos", "seed": 0,
-                   "density_starts": 4}
+DEFAULT_HESSIAN = dict({k: getattr(HessianSettings(), k)
+                        for k in ("top", "trace", "density", "samples", "method", "seed")}, density_starts=4)
 DEFAULT_CLIENTS = {"protocol": "default", "probes": 100, "seed": 0}
 
 
@@ -503,15 +504,16 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     missing; the table then uses only analyses with the asked settings. ``clients``: H_N / H_D settings
     (defaults :data:`DEFAULT_HESSIAN`, :data:`DEFAULT_CLIENTS`).
     """
-    if compute_missing:
-        resolve_device(device)  # one error line before any work, not one per run
+    asked = {k: v for k, v in (hessian or {}).items() if v is not None or k == "samples"}
+    if compute_missing:  # one error line before any work, not one per run
+        resolve_device(device)
+        HessianSettings.from_mapping(dict(DEFAULT_HESSIAN, **asked, device=device), "the Hessian settings asked for")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
     run_dirs = find_run_dirs(paths)
     records = [load_run(d) for d in run_dirs]
     specs = tables_for(tables) if tables else [TABLES[k] for k in matching_tables(records)]
-    asked = {k: v for k, v in (hessian or {}).items() if v is not None or k == "samples"}
     settings_ok = _settings_ok(asked)
 
     def model_of(rec):

@@ -1,0 +1,105 @@
+"""The Hessian analysis defaults live in one place (HessianSettings); the command line, a grid file's [hessian]
+section, run_hessian / analyse and report --compute-missing all read them from there, and none changed."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from flatfl.analysis.hessian_run import analyse, run_hessian
+from flatfl.cli import main
+from flatfl.errors import ConfigError
+from flatfl.report.pdf import DEFAULT_HESSIAN
+from flatfl.sweep import read_grid
+from flatfl.utils.hessian_settings import HessianSettings
+
+# the documented defaults (README / --help before the settings were gathered): written out, not derived
+EXPECTED = {"top": 1, "trace": True, "density": False, "samples": None, "batch_size": 256, "split": "train",
+            "method": "lanczos", "seed": 0, "device": "cpu", "save_eigenvectors": False, "tol": 1e-3,
+            "trace_method": None, "trace_hvps": 100, "trace_rtol": 1e-2, "density_steps": 100, "density_starts": 1,
+            "exact_residuals": False, "data_dir": None, "model_factory": None}
+GRID = '[fixed]\nmodel = "tiny"\nclients = 4\nrounds = 1\nlocal_epochs = 1\n[grid]\nalgo = ["fedavg"]\n'
+
+
+def keyword_defaults(fn, skip=("checkpoint", "out", "quiet", "op", "keep_vectors")) -> dict:
+    return {n: p.default for n, p in inspect.signature(fn).parameters.items() if n not in skip}
+
+
+def test_the_defaults_did_not_change():
+    assert HessianSettings().to_dict() == EXPECTED
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        HessianSettings().top = 2
+
+
+def test_cli_defaults_equal_the_dataclass():
+    params = {p.name: p.default for p in main.commands["hessian"].params}
+    assert {name: params[name] for name in EXPECTED} == EXPECTED
+
+
+def test_analysis_function_defaults_equal_the_dataclass():
+    assert keyword_defaults(run_hessian) == EXPECTED
+    own = keyword_defaults(analyse)
+    assert own and own == {k: EXPECTED[k] for k in own}
+
+
+def test_grid_file_defaults_equal_the_dataclass(tmp_path):
+    grid = tmp_path / "g.toml"
+    grid.write_text(GRID + "[hessian]\nseed = 0\n")
+    (task,) = read_grid(grid).tasks
+    assert HessianSettings.from_mapping(task.hessian).to_dict() == EXPECTED  # the omitted keys: the defaults
+    grid.write_text(GRID + "[spectrum]\ntopp = 3\n")
+    with pytest.raises(ConfigError) as e:
+        read_grid(grid)
+    assert str(e.value) == f"unknown option 'topp' in [spectrum] of {grid}: use {', '.join(sorted(EXPECTED))}"
+
+
+def test_report_defaults_are_the_dataclass_but_four_density_starts():
+    assert DEFAULT_HESSIAN == {"top": 1, "trace": True, "density": False, "samples": None, "method": "lanczos",
+                               "seed": 0, "density_starts": 4}
+
+
+def test_from_mapping_refuses_unknown_keys_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        HessianSettings.from_mapping({"topp": 1, "method": "power", "tole": 0.1}, source="my settings")
+    assert str(e.value) == f"unknown options 'tole', 'topp' in my settings: use {', '.join(sorted(EXPECTED))}"
+    assert HessianSettings.from_mapping({"method": "power", "top": 3}) == HessianSettings(method="power", top=3)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"top": "one"}, "--top must be an integer, got 'one'"),
+    ({"top": -1}, "--top must be a non-negative integer, got -1"),
+    ({"trace": 1}, "--trace must be true or false, got 1"),
+    ({"tol": 5.0}, "--tol must be in (0, 1) (a relative tolerance), got 5.0"),
+    ({"tol": float("nan")}, "--tol must be a finite number, got nan"),
+    ({"method": "qr"}, "unknown eigenvalue method 'qr'; choose one of lanczos, power"),
+    ({"trace_method": "exact"}, "unknown trace method 'exact'; choose one of hutchpp, hutchinson, pyhessian"),
+    ({"split": "val"}, "unknown split 'val'; choose one of train, test"),
+    ({"trace_hvps": 0}, "--trace-hvps must be >= 1, got 0"),
+    ({"density_starts": 0}, "--density-steps and --density-starts must be >= 1"),
+    ({"samples": 0}, "--samples must be a positive integer, got 0"),
+    ({"seed": -1}, "--seed must be an integer in 0..4294967295, got -1"),
+    ({"top": 0, "trace": False}, "nothing to compute: ask for --top K >= 1, --trace or --density"),
+    ({"top": 0, "save_eigenvectors": True}, "--save-eigenvectors needs --top >= 1"),
+])
+def test_validate(settings, message):
+    with pytest.raises(ConfigError) as e:
+        HessianSettings(**settings).validate()
+    assert str(e.value) == message
+
+
+def test_grid_values_are_checked_together_before_any_run(tmp_path):
+    grid = tmp_path / "g.toml"
+    grid.write_text(GRID + '[hessian]\nmethod = "qr"\n')
+    with pytest.raises(ConfigError) as e:
+        read_grid(grid)
+    assert str(e.value) == f"[hessian] of {grid}: unknown eigenvalue method 'qr'; choose one of lanczos, power"
+
+
+def test_report_compute_missing_checks_the_asked_settings_first(tmp_path):
+    from click.testing import CliRunner
+
+    res = CliRunner().invoke(main, ["report", str(tmp_path / "no-run"), "--out", str(tmp_path / "rep"),
+                                    "--compute-missing", "--method", "qr"])
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == ["flatfl: error: unknown eigenvalue method 'qr'; choose one of lanczos, power"]
