@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from .utils.startup import install_interrupt_hook
+from .utils.startup import import_torch_uninterruptibly, install_interrupt_hook
 
 if os.path.basename(sys.argv[0] or "") == "flatfl":  # the console script: Ctrl-C while starting gives one line
     install_interrupt_hook()
@@ -66,9 +66,12 @@ class FlatflGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        argv = sys.argv[1:] if args is None else list(args)
         try:
+            if argv and not {"-h", "--help", "--version"} & set(argv):
+                import_torch_uninterruptibly()  # a command will run: torch first, Ctrl-C held back meanwhile
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.exceptions.Abort:
+        except (click.exceptions.Abort, KeyboardInterrupt):
             click.echo("flatfl: interrupted", err=True)
             sys.exit(130)
         except click.ClickException as e:

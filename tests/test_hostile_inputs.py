@@ -557,3 +557,23 @@ def test_console_script_entry_point_starts(tmp_path):
     _, err = proc.communicate(timeout=60)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode != 0 and "Traceback" not in err and len(lines) == 1, err
+
+
+def test_ctrl_c_while_torch_imports_is_held_back(tmp_path):
+    """A Ctrl-C arriving while torch imports is raised once the import is done, as a KeyboardInterrupt (so torch's
+    C++ start-up is never interrupted); without one the import returns normally."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    script = ("import os, subprocess, sys\n"
+              "from flatfl.utils.startup import import_torch_uninterruptibly\n"
+              "if sys.argv[1] == 'kill':\n"
+              "    subprocess.Popen(['sh', '-c', f'sleep 0.05; kill -INT {os.getpid()}'])\n"
+              "try:\n"
+              "    import_torch_uninterruptibly()\n"
+              "    import time; time.sleep(0.5)\n"
+              "    print('imported', 'torch' in sys.modules)\n"
+              "except KeyboardInterrupt:\n"
+              "    print('interrupted after the import:', 'torch' in sys.modules)\n")
+    for mode, expected in (("kill", "interrupted after the import: True"), ("none", "imported True")):
+        done = subprocess.run([sys.executable, "-c", script, mode], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120, preexec_fn=_ctrl_c_as_in_a_terminal)
+        assert done.returncode == 0 and done.stdout.strip() == expected and not done.stderr.strip(), (mode, done)
