@@ -52,8 +52,8 @@ from .tables import (
 __all__ = ["build_report", "write_pdf", "pdf_page_count", "DEFAULT_HESSIAN", "DEFAULT_CLIENTS"]
 
 # a density asked of --compute-missing averages 4 SLQ starts of 100 Lanczos steps (one start is spiky)
-DEFAULT_HESSIAN = dict({k: getattr(HessianSettings(), k)
-                        for k in ("top", "trace", "density", "samples", "method", "seed")}, density_starts=4)
+DEFAULT_HESSIAN = dict({k: v for k, v in HessianSettings().to_dict().items()
+                        if k in ("top", "trace", "density", "samples", "method", "seed")}, density_starts=4)
 DEFAULT_CLIENTS = {"protocol": "default", "probes": 100, "seed": 0}
 
 

@@ -154,11 +154,9 @@ def check_used_hparams(settings: dict[str, Any], algo: str, local_opt: str, reg:
         if key in used or key not in declared:
             continue
         owners = [f"{KIND_FLAGS[kind]} {name}" for kind, name, _ in declared[key]]
+        reading_opts = {name for kind, name, _ in declared[key] if kind == "local optimizer"}
         owners += [f"--algo {name}" for name in sorted(ALGORITHMS)  # fedsam / fedasam: read via their optimizer
-                   if ALGORITHMS.get_class(name).local_opt
-                   and any(k == "local optimizer" and n == ALGORITHMS.get_class(name).local_opt
-                           for k, n, _ in declared[key])
-                   and f"--algo {name}" not in owners]
+                   if ALGORITHMS.get_class(name).local_opt in reading_opts and f"--algo {name}" not in owners]
         flag = declared[key][0][2].cli_flag
         run = f"--algo {algo_cls.name}, --local-opt {opt_name}, --reg {REGULARIZERS.get_class(reg).name}"
         if len(owners) == 1:
