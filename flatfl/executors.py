@@ -7,7 +7,8 @@ failure is recorded (one line for a :class:`~flatfl.errors.FlatflError`, the tra
 other tasks go on. Seeding is the task's business (each run seeds itself from its config), so results do not depend
 on the executor or on the order in which tasks finish.
 
-* :class:`LocalExecutor` ``(workers=1)``: serial in this process, or a ``spawn`` process pool of ``workers``.
+* :class:`LocalExecutor` ``(workers=1)``: serial in this process, or a ``spawn`` pool of ``workers``
+  (:func:`flatfl.utils.processes.worker_pool`, the pool the loss surface uses too).
 * :class:`RayExecutor` ``(address=None, num_cpus=None, cpus_per_task=1, gpus_per_task=0)``: one Ray task per item,
   on a local Ray instance (``ray.init(num_cpus=...)``) or on the cluster at ``address`` / ``$RAY_ADDRESS``
   (``ray start --head`` on one machine, ``ray start --address=HEAD:6379`` on the others). Paths in the items must
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -64,32 +65,6 @@ def default_threads(workers: int) -> int:
     return idle_share(workers)
 
 
-def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
-    """In a worker process: exit as soon as the parent (the sweep) is gone, killed included, so that no orphan
-    keeps training and writing. Linux: the kernel sends SIGKILL (PR_SET_PDEATHSIG); elsewhere a daemon thread polls."""
-    import threading
-    import time
-
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-    def poll():
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(1)
-            time.sleep(interval)
-
-    threading.Thread(target=poll, name="flatfl-watch-parent", daemon=True).start()
-
-
 class LocalExecutor:
     """Serial (``workers=1``) or a process pool of ``workers`` (``spawn``: safe with torch's threads)."""
 
@@ -111,11 +86,9 @@ class LocalExecutor:
                 except BaseException as e:  # noqa: BLE001 - one failed task must not stop the others
                     yield _failure(i, e)
             return
-        import multiprocessing
+        from .utils.processes import worker_pool
 
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(self.workers, len(items)), mp_context=ctx,
-                                 initializer=watch_parent, initargs=(os.getpid(),)) as pool:
+        with worker_pool(min(self.workers, len(items)), "spawn") as pool:
             futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
             try:
                 for fut in as_completed(futures):
