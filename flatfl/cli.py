@@ -18,7 +18,9 @@ if os.path.basename(sys.argv[0] or "") == "flatfl":  # the console script: Ctrl-
 import click  # noqa: E402
 
 from .errors import FlatflError  # noqa: E402
-from .utils.hessian_settings import HessianSettings  # noqa: E402  (no torch: the defaults of flatfl hessian)
+from .utils.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # noqa: E402  (no torch: the defaults)
+from .utils.hessian_settings import METHODS, TRACE_METHODS, HessianSettings  # noqa: E402
+from .utils.surface_settings import DIRECTION_KINDS, SurfaceSettings  # noqa: E402
 
 
 def friendly_errors(fn):
@@ -272,9 +274,9 @@ Examples:
 @click.option("--samples", type=int, default=HESSIAN_DEFAULTS.samples, help="draw N evaluation samples once with --seed (default: whole split)")
 @click.option("--batch-size", type=int, default=HESSIAN_DEFAULTS.batch_size, show_default=True, help="evaluation batch size (does not change the result)")
 @click.option("--split", default=HESSIAN_DEFAULTS.split, show_default=True, help="train | test")
-@click.option("--method", default=HESSIAN_DEFAULTS.method, show_default=True, help="lanczos | power (PyHessian's rule)")
+@click.option("--method", default=HESSIAN_DEFAULTS.method, show_default=True, help=f"{' | '.join(METHODS)} (power: PyHessian's rule)")
 @click.option("--tol", type=float, default=HESSIAN_DEFAULTS.tol, show_default=True, help="eigenvalue tolerance (Lanczos: relative residual; power: relative change)")
-@click.option("--trace-method", default=HESSIAN_DEFAULTS.trace_method, help="hutchpp | hutchinson | pyhessian (default: hutchpp; pyhessian with --method power)")
+@click.option("--trace-method", default=HESSIAN_DEFAULTS.trace_method, help=f"{' | '.join(TRACE_METHODS)} (default: hutchpp; pyhessian with --method power)")
 @click.option("--trace-hvps", type=int, default=HESSIAN_DEFAULTS.trace_hvps, show_default=True, help="HVP budget of the trace estimate")
 @click.option("--trace-rtol", type=float, default=HESSIAN_DEFAULTS.trace_rtol, show_default=True, help="stop the trace at this relative standard error")
 @click.option("--density-steps", type=int, default=HESSIAN_DEFAULTS.density_steps, show_default=True, help="Lanczos steps per SLQ start")
@@ -312,6 +314,7 @@ def hessian(checkpoint, out, threads, **opts):
 
 
 # ------------------------------------------------------------------------------------------------ hessian-clients
+CLIENTS_DEFAULTS = ClientMetricsSettings()
 HESSIAN_CLIENTS_EPILOG = """\b
 Examples:
   flatfl hessian-clients runs/x --out runs/x/hessian                 # global model on each client's data
@@ -324,22 +327,22 @@ is refused (choose another --out). The run must have been trained with --save-cl
 @main.command("hessian-clients", epilog=HESSIAN_CLIENTS_EPILOG)
 @click.argument("checkpoint", type=click.Path())
 @click.option("--out", required=True, type=click.Path(), help="output directory (clients-<protocol>.json and its heat map; each protocol its own files)")
-@click.option("--protocol", default="default", show_default=True, help="default | fedalign (FedAlign's code, to reproduce its Table 1)")
-@click.option("--probes", type=int, default=100, show_default=True, help="Rademacher probes per client (fedalign: the most, PyHessian's maxIter)")
-@click.option("--groups", type=int, default=10, show_default=True, help="jackknife groups of probes for the standard errors")
-@click.option("--samples", type=int, default=None, help="samples per client (default: all) | fedalign: global samples (default 640)")
-@click.option("--batch-size", type=int, default=None, help="evaluation batch size (default 256; fedalign 64)")
-@click.option("--tol", type=float, default=1e-3, show_default=True, help="fedalign: PyHessian's relative stopping tolerance")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample draws and the probes")
-@click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
-@click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
-@click.option("--model-factory", default=None, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
+@click.option("--protocol", default=CLIENTS_DEFAULTS.protocol, show_default=True, help=f"{' | '.join(PROTOCOLS)} (fedalign: FedAlign's code, to reproduce its Table 1)")
+@click.option("--probes", type=int, default=CLIENTS_DEFAULTS.probes, show_default=True, help="Rademacher probes per client (fedalign: the most, PyHessian's maxIter)")
+@click.option("--groups", type=int, default=CLIENTS_DEFAULTS.groups, show_default=True, help="jackknife groups of probes for the standard errors")
+@click.option("--samples", type=int, default=CLIENTS_DEFAULTS.samples, help="samples per client (default: all) | fedalign: global samples (default 640)")
+@click.option("--batch-size", type=int, default=CLIENTS_DEFAULTS.batch_size, help="evaluation batch size (default 256; fedalign 64)")
+@click.option("--tol", type=float, default=CLIENTS_DEFAULTS.tol, show_default=True, help="fedalign: PyHessian's relative stopping tolerance")
+@click.option("--seed", type=int, default=CLIENTS_DEFAULTS.seed, show_default=True, help="seed of the sample draws and the probes")
+@click.option("--device", default=CLIENTS_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
+@click.option("--data-dir", default=CLIENTS_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
+@click.option("--model-factory", default=CLIENTS_DEFAULTS.model_factory, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_threads_option
 @friendly_errors
 def hessian_clients(checkpoint, out, threads, **opts):
     """Cross-client Hessian metrics H_N and H_D (FedAlign Eq. 3-4) with standard errors."""
-    from .analysis.clients import run_client_metrics
+    from .analysis.clients_run import run_client_metrics
 
     _apply_threads(threads)
     c = run_client_metrics(checkpoint, out, **opts)
@@ -356,6 +359,7 @@ def hessian_clients(checkpoint, out, threads, **opts):
 
 
 # --------------------------------------------------------------------------------------------------------- surface
+SURFACE_DEFAULTS = SurfaceSettings()
 SURFACE_EPILOG = """\b
 Examples:
   flatfl surface runs/x --out runs/x/surface                          # random filter-normalised, 21 x 21, range 1
@@ -368,27 +372,27 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 @main.command(epilog=SURFACE_EPILOG)
 @click.argument("checkpoint", type=click.Path())
 @click.option("--out", required=True, type=click.Path(), help="output directory (surface.npz/.csv/.json, figures)")
-@click.option("--directions", default="random", show_default=True, help="random (filter-normalised) | hessian (top-2 eigenvectors)")
-@click.option("--grid", type=int, default=21, show_default=True, help="points per axis (linspace(-R, R, N))")
-@click.option("--range", "range_", type=float, default=1.0, show_default=True, help="half-width R of the square")
-@click.option("--samples", type=int, default=None, help="draw N evaluation samples once with --seed (default: whole split)")
-@click.option("--workers", type=int, default=1, show_default=True, help="local worker processes (CPU)")
-@click.option("--batch-size", type=int, default=256, show_default=True, help="evaluation batch size")
-@click.option("--split", default="train", show_default=True, help="train | test")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample draw and the random directions")
+@click.option("--directions", default=SURFACE_DEFAULTS.directions, show_default=True, help=f"{' | '.join(DIRECTION_KINDS)} (random: filter-normalised; hessian: top-2 eigenvectors)")
+@click.option("--grid", type=int, default=SURFACE_DEFAULTS.grid, show_default=True, help="points per axis (linspace(-R, R, N))")
+@click.option("--range", "range_", type=float, default=SURFACE_DEFAULTS.range, show_default=True, help="half-width R of the square")
+@click.option("--samples", type=int, default=SURFACE_DEFAULTS.samples, help="draw N evaluation samples once with --seed (default: whole split)")
+@click.option("--workers", type=int, default=SURFACE_DEFAULTS.workers, show_default=True, help="local worker processes (CPU)")
+@click.option("--batch-size", type=int, default=SURFACE_DEFAULTS.batch_size, show_default=True, help="evaluation batch size")
+@click.option("--split", default=SURFACE_DEFAULTS.split, show_default=True, help="train | test")
+@click.option("--seed", type=int, default=SURFACE_DEFAULTS.seed, show_default=True, help="seed of the sample draw and the random directions")
 @click.option("--include-bn-bias", is_flag=True, help="random directions also move 1-D tensors (biases, norm affine)")
-@click.option("--eigenvectors", type=click.Path(), default=None, help="eigenvectors.pt from 'flatfl hessian --save-eigenvectors'")
-@click.option("--tol", type=float, default=1e-3, show_default=True, help="Lanczos tolerance for --directions hessian")
-@click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
-@click.option("--data-dir", default=None, help="dataset folder (default: the one recorded in the checkpoint)")
+@click.option("--eigenvectors", type=click.Path(), default=SURFACE_DEFAULTS.eigenvectors, help="eigenvectors.pt from 'flatfl hessian --save-eigenvectors'")
+@click.option("--tol", type=float, default=SURFACE_DEFAULTS.tol, show_default=True, help="Lanczos tolerance for --directions hessian")
+@click.option("--device", default=SURFACE_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
+@click.option("--data-dir", default=SURFACE_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--force", is_flag=True, help="start over instead of resuming surface.npz in --out")
-@click.option("--model-factory", default=None, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
+@click.option("--model-factory", default=SURFACE_DEFAULTS.model_factory, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_threads_option
 @friendly_errors
 def surface(checkpoint, out, range_, threads, **opts):
     """Loss and accuracy on a 2-D grid around a checkpoint's model (contour and 3-D figures)."""
-    from .analysis.surface import run_surface
+    from .analysis.surface_run import run_surface
 
     _apply_threads(threads)
     report = run_surface(checkpoint, out, range=range_, **opts)

@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ConfigError
-from .sweep import RunTask, run_tasks
+from .sweep import SECTION_SETTINGS, RunTask, run_tasks
 
 __all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method"]
 
@@ -141,9 +141,9 @@ def _fedalign_methods() -> list[Method]:
     ]
 
 
-# Settings per preset. 'run' = RunConfig fields shared by every run; 'hessian' = run_hessian options for the table;
-# 'spectrum' = run_hessian options for the Fig. 4 pages; 'clients' = run_client_metrics options; 'surface' =
-# run_surface options (None: not computed).
+# Settings per preset. 'run' = RunConfig fields shared by every run; 'hessian' = HessianSettings for the table;
+# 'spectrum' = HessianSettings for the Fig. 4 pages; 'clients' = ClientMetricsSettings; 'surface' = SurfaceSettings
+# (None: not computed); each checked by its settings class when the runs are planned.
 _MAN = {
     "paper": {
         "run": dict(dataset="cifar100", model="cifar-cnn", clients=100, participation=0.1, sampling="bernoulli",
@@ -273,6 +273,9 @@ def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: s
         else None
     clients = dict(cfg["clients"], seed=seed, device=device) if cfg.get("clients") else None
     surface = dict(cfg["surface"], seed=seed, device=device) if cfg.get("surface") else None
+    for section, options in (("hessian", hessian), ("spectrum", spectrum), ("clients", clients), ("surface", surface)):
+        if options is not None:  # the preset's analysis settings, typed and checked before any run
+            SECTION_SETTINGS[section].from_mapping(options, f"the {section} settings of {name}")
     return RunTask(name=name, run_dir=str(root / name), settings=normalise_settings(settings, source=name),
                    hessian=hessian, spectrum=spectrum, clients=clients, surface=surface, threads=threads,
                    model=model)

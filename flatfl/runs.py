@@ -7,7 +7,6 @@ newer than the checkpoint and made with the settings asked for.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .checkpoint import CLIENTS_AVERAGE_FILE, FINAL_FILE, read_checkpoint, save_clients_average
@@ -51,10 +50,14 @@ def model_checkpoint(run_dir: str | Path, model: str = "server") -> Path:
     return path
 
 
-def _read_json(path: Path) -> dict | None:
+def _stored(reader, path: Path) -> dict | None:
+    """A result file read by its reader (:mod:`flatfl.analysis.result_files`); a damaged one counts as absent, so
+    that it is computed again."""
+    from .analysis.result_files import ResultFileError
+
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return reader(path)
+    except ResultFileError:
         return None
 
 
@@ -75,9 +78,10 @@ def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str 
     """Compute into RUN/folder unless an analysis of ``final`` with the wanted settings is there (one made with other
     settings, or of another model, is replaced: callers that keep it choose another folder)."""
     from .analysis.hessian_run import run_hessian
+    from .analysis.result_files import read_hessian_file
 
     out = run_dir / folder
-    report = _read_json(out / "hessian.json")
+    report = _stored(read_hessian_file, out / "hessian.json")
     if report and _fresh(out / "hessian.json", final) and report.get("top_eigenvalues") is not None \
             and Path(str(report.get("checkpoint", ""))).name == final.name \
             and settings_match(report.get("settings"), wanted):
@@ -87,13 +91,12 @@ def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str 
 
 
 def _clients(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
-    from .analysis.clients import run_client_metrics
-
-    from .analysis.clients import clients_file
+    from .analysis.clients_run import run_client_metrics
+    from .analysis.result_files import clients_file, read_clients_file
 
     out = run_dir / CLIENTS_DIR
     path = out / clients_file(wanted.get("protocol", "default"))
-    section = _read_json(path) or {}
+    section = _stored(read_clients_file, path) or {}
     if section and _fresh(path, final) and settings_match(section.get("settings"), wanted):
         return "skipped"
     run_client_metrics(str(final), str(out), quiet=quiet, replace=True, **wanted)  # the grid says what it holds
@@ -101,10 +104,11 @@ def _clients(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
 
 
 def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str = SURFACE_DIR) -> str:
-    from .analysis.surface import run_surface
+    from .analysis.result_files import read_surface_file
+    from .analysis.surface_run import run_surface
 
     out = run_dir / folder
-    summary = _read_json(out / "surface.json")
+    summary = _stored(read_surface_file, out / "surface.json")
     if summary and _fresh(out / "surface.json", final):
         s = summary.get("settings", {})
         if all(s.get(k) == v for k, v in wanted.items() if k in s and k not in ("device", "workers")):

@@ -56,6 +56,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .errors import CheckpointError, ConfigError
+from .utils.client_metrics_settings import ClientMetricsSettings
+from .utils.hessian_settings import HessianSettings
+from .utils.surface_settings import SurfaceSettings
 from .runs import (CLIENTS_DIR, HESSIAN_DIR, MODEL_CHECKPOINTS, SPECTRUM_DIR, SURFACE_DIR, analyse_run,  # noqa: F401
                    analysis_dir, model_checkpoint, settings_match)
 
@@ -71,8 +74,8 @@ _CONFIG_KEYS_IGNORED = ("out", "device", "data_dir", "threads")  # may differ be
 class RunTask:
     """Everything one run needs, picklable: the run's settings (RunConfig fields; hyper-parameters under
     ``params``), its directory, and the analyses to run on its final model (keyword arguments of
-    :func:`~flatfl.analysis.hessian_run.run_hessian`, :func:`~flatfl.analysis.clients.run_client_metrics`,
-    :func:`~flatfl.analysis.surface.run_surface`; None = skip)."""
+    :func:`~flatfl.analysis.hessian_run.run_hessian`, :func:`~flatfl.analysis.clients_run.run_client_metrics`,
+    :func:`~flatfl.analysis.surface_run.run_surface`; None = skip)."""
 
     name: str
     run_dir: str
@@ -251,6 +254,9 @@ class SweepGrid:
     tasks: list[RunTask] = field(default_factory=list)
 
 
+# the typed settings of each analysis section of a grid file
+SECTION_SETTINGS = {"hessian": HessianSettings, "spectrum": HessianSettings, "clients": ClientMetricsSettings,
+                    "surface": SurfaceSettings}
 _GRID_SECTIONS = {"out", "seeds", "fixed", "grid", "include", "hessian", "spectrum", "clients", "surface",
                   "threads"}
 
@@ -363,29 +369,24 @@ def _drop_unused_fixed(settings: dict, own_params: set, fixed_used: set) -> dict
 
 
 def check_analysis_options(section: str, options: dict, source: str = "grid") -> None:
-    """Names and types of a grid's [hessian] / [spectrum] / [clients] / [surface] options, checked against the
-    analysis function's own parameters (``checkpoint``, ``out``, ``quiet`` and ``replace`` are set by the sweep)."""
-    import inspect
+    """A grid's [hessian] / [spectrum] / [clients] / [surface] options, checked against the analysis's typed
+    settings (:class:`~flatfl.utils.hessian_settings.HessianSettings`,
+    :class:`~flatfl.utils.client_metrics_settings.ClientMetricsSettings`,
+    :class:`~flatfl.utils.surface_settings.SurfaceSettings`): names, types (values coerced in place), then the
+    values together, so that a typo or a bad value fails before any run starts."""
+    import dataclasses
 
-    from .analysis.clients import run_client_metrics
-    from .analysis.hessian_run import run_hessian
-    from .analysis.surface import run_surface
-    from .utils.hessian_settings import HessianSettings
     from .utils.values import coerce
 
-    fn = {"hessian": run_hessian, "spectrum": run_hessian, "clients": run_client_metrics, "surface": run_surface}[section]
-    params = {n: p for n, p in inspect.signature(fn).parameters.items()
-              if n not in ("checkpoint", "out", "quiet", "replace")}
+    settings_class = SECTION_SETTINGS[section]
     where = f"[{section}] of {source}"
-    if section in ("hessian", "spectrum"):
-        HessianSettings.check_keys(options, where)
+    settings_class.check_keys(options, where)
+    fields = {f.name: f for f in dataclasses.fields(settings_class)}
     for key, value in options.items():
-        if key not in params:
-            raise ConfigError(f"unknown option {key!r} in [{section}] of {source}: use {', '.join(sorted(params))}")
-        p = params[key]
-        hint = str(p.annotation).replace(" ", "")
+        f = fields[key]
+        hint = str(f.type).replace(" ", "")
         kind = {"bool": bool, "int": int, "float": float, "str": str}.get(hint.split("|")[0])
-        if value is None and (p.default is None or hint.endswith("|None")):
+        if value is None and (f.default is None or hint.endswith("|None")):
             continue
         if kind is not None:
             options[key] = value = coerce(value, kind, f"{key} in [{section}] of {source}")
@@ -398,11 +399,10 @@ def check_analysis_options(section: str, options: dict, source: str = "grid") ->
             raise ConfigError(f"{key} in [{section}] of {source} must be in (0, 1), got {value!r}")
         if key == "seed" and isinstance(value, int) and not 0 <= value <= 2**32 - 1:
             raise ConfigError(f"seed in [{section}] of {source} must be in 0..{2**32 - 1}, got {value!r}")
-    if section in ("hessian", "spectrum"):  # the values together (a method, a split...), before any run starts
-        try:
-            HessianSettings.from_mapping(options, where)
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}") from None
+    try:  # the values together (a method, a split, a protocol...)
+        settings_class.from_mapping(options, where)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _copy(options: dict | None) -> dict | None:

@@ -12,7 +12,8 @@ from torch import nn
 
 import flatfl
 from flatfl.analysis.directions import hessian_directions, random_directions
-from flatfl.analysis.surface import GridFile, grid_coordinates, loss_surface
+from flatfl.analysis.surface import grid_coordinates, loss_surface
+from flatfl.analysis.surface_files import GridFile
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 

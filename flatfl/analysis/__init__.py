@@ -27,22 +27,33 @@ Python API (the ``flatfl hessian`` command is a thin layer over it)::
   seed=0) -> (diagonal, stderr)``.
 * :func:`spectral_density` ``(op, *, steps=100, starts=1, seed=0) -> DensityResult(nodes, weights, hvps)`` and
   :func:`smoothed_density` ``(nodes, weights) -> (grid, density)``.
-* :func:`flatfl.analysis.hessian_run.run_hessian`: what ``flatfl hessian`` does (checkpoint in, hessian.json,
-  eigenvalues.csv and figures out); :func:`flatfl.analysis.hessian_run.load_eigenvectors` reads saved vectors.
+* :func:`estimate_eigenvalues` ``(op, method, k, ...)`` and :func:`estimate_trace` ``(op, method, ...)``: an
+  estimator by name (:mod:`flatfl.analysis.estimators`; the names: ``flatfl.utils.hessian_settings``'s registry).
+* :func:`cross_client_metrics` ``(operators, *, protocol="default", probes=100, groups=10, seed=0, ...) ->
+  ClientMetrics`` and :func:`pairwise_metrics` ``(diagonals)``: H_N and H_D across clients
+  (:mod:`flatfl.analysis.client_metrics`).
+* :func:`loss_surface` ``(model, batches, directions, grid=21, range=1.0, ...) -> SurfaceResult`` with
+  :class:`SurfaceEvaluator`: a 2-D loss surface (:mod:`flatfl.analysis.surface`; directions:
+  :mod:`flatfl.analysis.directions`; its files: :mod:`flatfl.analysis.surface_files`).
+
+The commands, each on the skeleton of :mod:`flatfl.analysis.command` (``--out`` checked, the device resolved,
+foreign files refused, the checkpoint loaded, a progress bar, the common header, an all-or-nothing write):
+:func:`flatfl.analysis.hessian_run.run_hessian` (``flatfl hessian``: hessian.json, eigenvalues.csv, figures;
+:func:`flatfl.analysis.hessian_run.load_eigenvectors` reads saved vectors),
+:func:`flatfl.analysis.clients_run.run_client_metrics` (``flatfl hessian-clients``: clients-<protocol>.json and a
+heat map) and :func:`flatfl.analysis.surface_run.run_surface` (``flatfl surface``). Their figures are in
+:mod:`flatfl.analysis.figures`; their result files are read back by :mod:`flatfl.analysis.result_files`
+(one reader per file).
 """
 from __future__ import annotations
 
+from .client_metrics import ClientMetrics, cross_client_metrics, pairwise_metrics
 from .density import DensityResult, smoothed_density, spectral_density
 from .eigen import EigenResult, power_iteration, top_eigenvalues
+from .estimators import estimate_eigenvalues, estimate_trace
 from .operator import HessianOperator, MatrixOperator
-from .trace import (
-    TraceResult,
-    estimate_trace,
-    hutchinson_diagonal,
-    hutchinson_trace,
-    hutchpp_trace,
-    pyhessian_trace,
-)
+from .surface import SurfaceEvaluator, SurfaceResult, loss_surface
+from .trace import TraceResult, hutchinson_diagonal, hutchinson_trace, hutchpp_trace, pyhessian_trace
 
 __all__ = [
     "HessianOperator",
@@ -59,4 +70,11 @@ __all__ = [
     "DensityResult",
     "spectral_density",
     "smoothed_density",
+    "estimate_eigenvalues",
+    "ClientMetrics",
+    "cross_client_metrics",
+    "pairwise_metrics",
+    "SurfaceEvaluator",
+    "SurfaceResult",
+    "loss_surface",
 ]

@@ -4,7 +4,10 @@
   results), so it works on user models without a checkpoint.
 * :func:`write_outputs` renders the figures in memory and only then writes every file atomically (one file at a
   time with :mod:`flatfl.utils.io`, ``hessian.json`` last): a failure while computing leaves no output at all.
-* :func:`run_hessian` validates the settings, loads the checkpoint and its evaluation set, and chains the two.
+* :func:`run_hessian` validates the settings, loads the checkpoint and its evaluation set (the skeleton of
+  :mod:`flatfl.analysis.command`), and chains the two. The estimators are chosen by name
+  (:mod:`flatfl.analysis.estimators`); the figures are :func:`flatfl.analysis.figures.hessian_figures`; the file
+  is read back with :func:`flatfl.analysis.result_files.read_hessian_file`.
 
 Outputs in ``--out DIR``: ``hessian.json`` (eigenvalues with residuals ``||Hv - lambda v||``, error estimates
 ``min(r, r^2 / gap)`` and converged flags; trace with standard error; SLQ nodes and weights; HVP counts, seconds,
@@ -15,8 +18,6 @@ MAN Fig. 4a; when k >= 2), ``density.png/.pdf`` (spectral density on a log axis,
 from __future__ import annotations
 
 import io
-import json
-import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,16 +27,18 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..utils.device import resolve_device
-from ..utils.lock import locks_output
-from ..utils.io import atomic_write_many, json_safe
-from .density import smoothed_density, spectral_density
-from .eigen import power_iteration, top_eigenvalues
-from .operator import HessianOperator
-from .trace import estimate_trace
 from ..utils.hessian_settings import METHODS, HessianSettings
+from ..utils.io import json_safe
+from ..utils.lock import locks_output
+from .command import AnalysisCommand, check_out_folder, progress_bar, versions, weights_digest, write_result
+from .density import spectral_density
+from .estimators import estimate_eigenvalues, estimate_trace
+from .figures import hessian_figures
+from .operator import HessianOperator
+from .result_files import ResultFileError, read_hessian_file
 
-__all__ = ["run_hessian", "analyse", "write_outputs", "load_eigenvectors", "EigenvectorFile", "METHODS"]
+__all__ = ["run_hessian", "analyse", "write_outputs", "load_eigenvectors", "EigenvectorFile", "METHODS",
+           "weights_digest"]
 
 DEFAULTS = HessianSettings()  # every default below is one of its fields
 EIGENVECTOR_FORMAT = "flatfl-eigenvectors"
@@ -74,11 +77,8 @@ def analyse(
     report: dict = {}
     eig = dens = None
     if top > 0:
-        if method == "power":
-            eig = power_iteration(op, top, max_iter=100, tol=tol, seed=seed, return_vectors=keep_vectors).sorted()
-        else:
-            eig = top_eigenvalues(op, top, tol=tol, seed=seed, return_vectors=keep_vectors,
-                                  exact_residuals=exact_residuals)
+        eig = estimate_eigenvalues(op, method, top, tol=tol, seed=seed, return_vectors=keep_vectors,
+                                   exact_residuals=exact_residuals)
         report["top_eigenvalues"] = eig.eigenvalues.tolist()
         report["residuals"] = eig.residuals.tolist()
         report["error_estimates"] = None if eig.error_bounds is None else eig.error_bounds.tolist()
@@ -106,48 +106,6 @@ def analyse(
 
 
 # ---------------------------------------------------------------------------------------------- writing
-def _figure_bytes(draw, fmt: str) -> bytes:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5.0, 3.6), dpi=150)
-    ax = fig.add_subplot(1, 1, 1)
-    draw(ax)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format=fmt)
-    return buf.getvalue()
-
-
-def _render_figures(report: dict, dens, title: str) -> dict[str, bytes]:
-    files: dict[str, bytes] = {}
-    values = report["top_eigenvalues"]
-    if len(values) >= 2:
-        def draw_eigenvalues(ax):
-            ax.plot(np.arange(1, len(values) + 1), values, marker="o" if len(values) <= 50 else None,
-                    markersize=3, linewidth=1.2)
-            ax.set_xlabel("Index")
-            ax.set_ylabel("Eigenvalue")
-            ax.set_title(f"Top {len(values)} Hessian eigenvalues: {title}", fontsize=9)
-            ax.grid(alpha=0.3)
-
-        for fmt in ("png", "pdf"):
-            files[f"eigenvalues.{fmt}"] = _figure_bytes(draw_eigenvalues, fmt)
-    if dens is not None:
-        grid, curve = smoothed_density(dens.nodes, dens.weights)
-
-        def draw_density(ax):
-            ax.semilogy(grid, curve + 1e-7, linewidth=1.0)
-            ax.set_xlabel("Eigenvalue")
-            ax.set_ylabel("Density (log scale)")
-            ax.set_title(f"Hessian eigenvalue spectral density: {title}", fontsize=9)
-            nodes = np.concatenate(dens.nodes)
-            ax.set_xlim(nodes.min() - 1, nodes.max() + 1)
-
-        for fmt in ("png", "pdf"):
-            files[f"density.{fmt}"] = _figure_bytes(draw_density, fmt)
-    return files
-
-
 def _eigenvalues_csv(report: dict) -> str:
     lines = ["index,eigenvalue,residual,error_estimate,converged"]
     estimates = report.get("error_estimates") or [None] * len(report["top_eigenvalues"])
@@ -161,10 +119,8 @@ def _eigenvalues_csv(report: dict) -> str:
 def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvectors: bool = False,
                   title: str = "") -> list[Path]:
     """Render everything in memory, then write each file atomically into ``out`` (``hessian.json`` last)."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} exists and is not a directory")
-    figures = _render_figures(report, dens, title)
+    out = check_out_folder(out)
+    figures = hessian_figures(report["top_eigenvalues"], dens, title)
     csv_text = _eigenvalues_csv(report) if report["top_eigenvalues"] else None
     vectors_payload = None
     if save_eigenvectors:
@@ -188,16 +144,14 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
                                          refuse_other=True)
     if previous is not None and "clients" not in report:
         report["clients"] = previous  # results of `flatfl hessian-clients` on the same checkpoint are kept
-    out.mkdir(parents=True, exist_ok=True)
-    files: dict = {out / name: data for name, data in sorted(figures.items())}
+    files: dict = dict(sorted(figures.items()))
     if csv_text:
-        files[out / "eigenvalues.csv"] = csv_text
+        files["eigenvalues.csv"] = csv_text
     if vectors_payload:
         buf = io.BytesIO()
         torch.save(vectors_payload, buf)
-        files[out / "eigenvectors.pt"] = buf.getvalue()
-    files[out / "hessian.json"] = json.dumps(json_safe(report), indent=2, default=str) + "\n"
-    atomic_write_many(files)  # all or nothing: a full disk leaves the folder as it was
+        files["eigenvectors.pt"] = buf.getvalue()
+    files = write_result(out, files, "hessian.json", report)  # all or nothing
     from ..utils.manifest import remove_owned
 
     for name in OUTPUT_NAMES:  # outputs of an earlier run in the same folder that this run did not produce
@@ -210,13 +164,11 @@ def _previous_clients_section(path: Path, checkpoint, digest=None, refuse_other:
     """The ``clients`` section of an existing hessian.json for the same model (same weights digest; the same
     checkpoint path for files written before digests were recorded), if any. With ``refuse_other``, a ``clients``
     section of other weights (``flatfl hessian-clients`` results that this write would drop) is a ConfigError."""
-    import json
-
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(old, dict) or not isinstance(old.get("clients"), dict):
+        old = read_hessian_file(path)
+    except ResultFileError:
+        return None  # not a flatfl hessian.json: replaced (refuse_foreign kept a user's own file)
+    if old is None or not isinstance(old.get("clients"), dict):
         return None
     same = old.get("weights_sha256") == digest if digest and old.get("weights_sha256") else \
         old.get("checkpoint") == checkpoint
@@ -224,18 +176,6 @@ def _previous_clients_section(path: Path, checkpoint, digest=None, refuse_other:
         raise ConfigError(f"{path} holds 'flatfl hessian-clients' results of other weights ({old.get('checkpoint')}, "
                           f"round {old.get('round')}); writing here would drop them: choose another --out")
     return old["clients"] if same else None
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 of a model's parameters and buffers (names, shapes and values): what a derived result came from."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for name, t in list(model.state_dict().items()):
-        t = t.detach().to("cpu").contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
-        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
-    return h.hexdigest()
 
 
 @dataclass
@@ -312,17 +252,9 @@ def run_hessian(
                     trace_method=trace_method, trace_hvps=trace_hvps, trace_rtol=trace_rtol,
                     density_steps=density_steps, density_starts=density_starts, exact_residuals=exact_residuals,
                     data_dir=data_dir, model_factory=model_factory).validate()
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} exists and is not a directory")
-    dev = resolve_device(device)
-    from ..utils.manifest import refuse_foreign
-
-    refuse_foreign(out, OUTPUT_NAMES + ("hessian.json",))
-
-    from ..checkpoint import load_checkpoint
-
-    ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory)
+    cmd = AnalysisCommand.open(checkpoint, out, device=device, outputs=OUTPUT_NAMES + ("hessian.json",),
+                               data_dir=data_dir, model_factory=model_factory)
+    out, ckpt, dev = cmd.out, cmd.checkpoint, cmd.device
     # refused before any work: hessian-clients results of other weights in --out would be dropped
     _previous_clients_section(out / "hessian.json", str(ckpt.path), weights_digest(ckpt.model), refuse_other=True)
     batches = ckpt.eval_batches(split=split, samples=samples, batch_size=batch_size, seed=seed)
@@ -330,31 +262,21 @@ def run_hessian(
     if top > op.dim:
         raise ConfigError(f"--top {top} is larger than the number of parameters ({op.dim})")
 
-    from tqdm.auto import tqdm
-
-    bar = tqdm(desc="Hessian-vector products", unit="HVP", disable=quiet or not sys.stderr.isatty(), leave=False)
-    op.on_hvp = bar.update
-    try:
-        report, eig, dens = analyse(
-            op, top=top, method=method, tol=tol, trace=trace, trace_method=trace_method, trace_hvps=trace_hvps,
-            trace_rtol=trace_rtol, density=density, density_steps=density_steps, density_starts=density_starts,
-            seed=seed, keep_vectors=save_eigenvectors, exact_residuals=exact_residuals,
-        )
-    finally:
-        bar.close()
-        op.on_hvp = None
+    with progress_bar(quiet, desc="Hessian-vector products", unit="HVP") as bar:
+        op.on_hvp = bar.update
+        try:
+            report, eig, dens = analyse(
+                op, top=top, method=method, tol=tol, trace=trace, trace_method=trace_method, trace_hvps=trace_hvps,
+                trace_rtol=trace_rtol, density=density, density_steps=density_steps, density_starts=density_starts,
+                seed=seed, keep_vectors=save_eigenvectors, exact_residuals=exact_residuals,
+            )
+        finally:
+            op.on_hvp = None
     loss = op.loss()
     op.release()
 
-    from ..version import __version__
-
     header = {
-        "checkpoint": str(ckpt.path),
-        "round": ckpt.round,
-        "weights_sha256": weights_digest(ckpt.model),
-        "model": ckpt.model_spec.get("name"),
-        "dataset": ckpt.dataset_name,
-        "num_params": op.dim,
+        **cmd.header(digest=weights_digest(ckpt.model), num_params=op.dim),
         "num_samples": op.num_samples,
         "loss": loss,
         "settings": {
@@ -365,10 +287,8 @@ def run_hessian(
             "seed": seed, "device": str(dev), "mode": "eval", "save_eigenvectors": save_eigenvectors,
             "exact_residuals": exact_residuals,
         },
-        "flatfl_version": __version__,
-        "torch_version": torch.__version__,
+        **versions(),
     }
     report = {**header, **report}
-    title = f"{ckpt.model_spec.get('name')}, round {ckpt.round}"
-    write_outputs(out, report, eig, dens, op, save_eigenvectors=save_eigenvectors, title=title)
+    write_outputs(out, report, eig, dens, op, save_eigenvectors=save_eigenvectors, title=cmd.title)
     return report

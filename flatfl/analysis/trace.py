@@ -23,11 +23,9 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..utils.hessian_settings import TRACE_METHODS
 from .operator import apply_block, block_size_for, random_block
 
-__all__ = ["TraceResult", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "hutchinson_diagonal",
-           "estimate_trace", "TRACE_METHODS"]
+__all__ = ["TraceResult", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "hutchinson_diagonal"]
 
 
 @dataclass
@@ -181,18 +179,6 @@ def pyhessian_trace(op, *, max_iter: int = 100, tol: float = 1e-3, seed: int = 0
         running = mean
     return TraceResult(float(np.mean(samples)), _stderr(samples), len(samples), "pyhessian", np.asarray(samples),
                        info={"stopped_by_tol": stopped, "max_iter": max_iter, "tol": tol})
-
-
-def estimate_trace(op, method: str = "hutchpp", *, max_hvps: int = 100, rtol: float | None = 1e-2, seed: int = 0,
-                   block_size: int | None = None) -> TraceResult:
-    """Dispatch by name: ``hutchpp`` (default), ``hutchinson`` or ``pyhessian`` (budget = PyHessian's max_iter)."""
-    if method == "hutchpp":
-        return hutchpp_trace(op, max_hvps=max_hvps, rtol=rtol, seed=seed, block_size=block_size)
-    if method == "hutchinson":
-        return hutchinson_trace(op, max_hvps=max_hvps, rtol=rtol, seed=seed, block_size=block_size)
-    if method == "pyhessian":
-        return pyhessian_trace(op, max_iter=max_hvps, seed=seed)
-    raise ConfigError(f"unknown trace method {method!r}; choose one of {', '.join(TRACE_METHODS)}")
 
 
 def hutchinson_diagonal(

@@ -363,8 +363,9 @@ def accuracy_page(title: str, groups: dict[str, list], column: str, subtitle: st
 def surface_page(title: str, records: list) -> Figure:
     """Filled loss contours of up to eight runs that have ``surface/surface.npz`` on one shared colour scale (unfilled
     points left blank), with the directions named on the axes."""
-    import json
     from pathlib import Path
+
+    from ..analysis.result_files import ResultFileError, read_surface_file
 
     fig = _canvas(Figure(figsize=PAGE_SIZE))
     fig.suptitle(title, fontsize=12, weight="bold", y=0.975)
@@ -386,13 +387,10 @@ def surface_page(title: str, records: list) -> Figure:
         if levels is not None:
             cs = ax.contourf(xs, ys, np.clip(loss, None, levels[-1]), levels=levels, cmap="viridis")
         ax.plot([0], [0], "r+", markersize=8)
-        info = {}
-        meta = Path(rec.surface_path).with_name("surface.json")
-        if meta.is_file():
-            try:
-                info = json.loads(meta.read_text()).get("settings", {})
-            except ValueError:
-                info = {}
+        try:  # a damaged surface.json only loses the axis names
+            info = (read_surface_file(Path(rec.surface_path).with_name("surface.json")) or {}).get("settings") or {}
+        except ResultFileError:
+            info = {}
         kind = {"hessian": "Hessian eigenvector"}.get(info.get("directions"), "random direction")
         ax.set_xlabel(f"step along {kind} 1", fontsize=8)
         ax.set_ylabel(f"step along {kind} 2", fontsize=8)

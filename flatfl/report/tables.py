@@ -96,13 +96,15 @@ def clients_results(run_dir: Path, analyses: dict[str, dict], final_round: int |
     its own (``clients-<protocol>.json``, in the run's hessian folder or the run itself); older runs hold one as the
     'clients' section of a hessian.json. For each protocol the first found in that order is used. With
     ``final_round``, a result that records another round (of a run resumed after it was measured) is not used."""
+    from ..analysis.result_files import read_clients_file
+
     def current(data):
         return final_round is None or measured_round(data) in (None, final_round)
 
     found: dict[str, dict] = {}
     for folder in (run_dir / "hessian", run_dir):
         for f in sorted(folder.glob("clients-*.json")) if folder.is_dir() else []:
-            data = _read_json(f)
+            data = read_clients_file(f, RECOMPUTE_HINT)
             if data and data.get("H_N") is not None and current(data):
                 proto = str(data.get("protocol") or (data.get("settings") or {}).get("protocol") or "default")
                 found.setdefault(proto, dict(data, source=str(f.relative_to(run_dir))))
@@ -287,13 +289,7 @@ def _read_metrics(path: Path) -> list[dict]:
     return rows
 
 
-def _read_json(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        raise ConfigError(f"{path} is not readable JSON; delete it to recompute it") from None
+RECOMPUTE_HINT = "delete it to recompute it"
 
 
 def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
@@ -307,10 +303,12 @@ def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
         cfg = json.loads(f.read_text())["config"]
     except Exception:
         raise ConfigError(f"{f} is not a readable flatfl run config") from None
+    from ..analysis.result_files import read_hessian_file
+
     analyses = {}
     for sub in sorted(d.iterdir()):
         if sub.is_dir() and sub.name.split("-")[0] in ("hessian", "spectrum"):
-            h = _read_json(sub / "hessian.json")
+            h = read_hessian_file(sub / "hessian.json", RECOMPUTE_HINT)
             if h is not None:
                 if analysis_model(h) is None:  # written before the checkpoint was recorded: the server model
                     h = dict(h, checkpoint=str(d / "final.pt"))

@@ -6,24 +6,30 @@
 when it starts and must not import torch for that (``flatfl.analysis`` does)."""
 from __future__ import annotations
 
-import dataclasses
-import math
-import numbers
 from dataclasses import dataclass
-from typing import Any, Mapping
 
 from ..errors import ConfigError
+from .settings import Settings, check_kinds
 from .values import check_seed
 
-METHODS = ("lanczos", "power")
-TRACE_METHODS = ("hutchpp", "hutchinson", "pyhessian")
+# The Hessian estimators, one line each: name -> (module of flatfl.analysis, function). The function takes the
+# shared arguments (eigenvalues: ``op, k, *, tol, seed, return_vectors, exact_residuals -> EigenResult``; trace:
+# ``op, *, max_hvps, rtol, seed, block_size -> TraceResult``). Names and places only, so that the command line and
+# the checks below read them without torch; flatfl.analysis.estimators imports the function when it runs one.
+EIGEN_ESTIMATORS = {"lanczos": ("estimators", "lanczos"), "power": ("estimators", "power")}
+TRACE_ESTIMATORS = {"hutchpp": ("trace", "hutchpp_trace"), "hutchinson": ("trace", "hutchinson_trace"),
+                    "pyhessian": ("estimators", "pyhessian")}
+METHODS = tuple(EIGEN_ESTIMATORS)
+TRACE_METHODS = tuple(TRACE_ESTIMATORS)
 SPLITS = ("train", "test")
 
 
 @dataclass(frozen=True)
-class HessianSettings:
+class HessianSettings(Settings):
     """What a Hessian analysis computes and how (every keyword of ``run_hessian`` but ``quiet``); the field
     defaults are the defaults everywhere. The names are those of hessian.json's ``settings``."""
+
+    SOURCE = "the Hessian settings"
 
     top: int = 1
     trace: bool = True
@@ -45,39 +51,9 @@ class HessianSettings:
     data_dir: str | None = None  # None: the folder the checkpoint recorded
     model_factory: str | None = None
 
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
-
-    @classmethod
-    def check_keys(cls, mapping: Mapping[str, Any], source: str = "the Hessian settings") -> None:
-        """One ConfigError line naming the keys of ``mapping`` that are no setting, and the allowed ones."""
-        unknown = sorted(str(k) for k in mapping if k not in cls.names())
-        if unknown:
-            raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-                              f"in {source}: use {', '.join(sorted(cls.names()))}")
-
-    @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any], source: str = "the Hessian settings") -> "HessianSettings":
-        """The settings in ``mapping`` (keys: field names; missing ones take the defaults), validated; unknown keys
-        are refused in one line that names them and the allowed ones."""
-        cls.check_keys(mapping, source)
-        settings = cls(**{str(k): v for k, v in mapping.items()})
-        settings.validate()
-        return settings
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
     def validate(self) -> "HessianSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
-        for name, kind, optional in _KINDS:
-            value = getattr(self, name)
-            if value is None and optional:
-                continue
-            if not _is(value, kind):
-                what = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}[kind]
-                raise ConfigError(f"--{name.replace('_', '-')} must be {what}, got {value!r}")
+        check_kinds(self, _KINDS)
         if self.top < 0:
             raise ConfigError(f"--top must be a non-negative integer, got {self.top!r}")
         if self.method not in METHODS:
@@ -113,14 +89,3 @@ _KINDS = (("top", int, False), ("trace", bool, False), ("density", bool, False),
           ("density_steps", int, False), ("density_starts", int, False), ("exact_residuals", bool, False),
           ("model_factory", str, True))
 
-
-def _is(value: Any, kind: type) -> bool:
-    if kind is bool:
-        return isinstance(value, bool)
-    if isinstance(value, bool):
-        return False
-    if kind is int:
-        return isinstance(value, numbers.Integral)
-    if kind is float:
-        return isinstance(value, numbers.Real) and math.isfinite(value)
-    return isinstance(value, kind)

@@ -1,0 +1,146 @@
+"""What ``flatfl hessian-clients`` does: a run saved with ``--save-clients`` in; ``clients-<protocol>.json`` and
+``clients_heatmap-<protocol>.png/.pdf`` out (:mod:`flatfl.analysis.command`'s skeleton; the estimator:
+:func:`flatfl.analysis.client_metrics.cross_client_metrics`; settings:
+:class:`~flatfl.utils.client_metrics_settings.ClientMetricsSettings`; the file read back:
+:func:`flatfl.analysis.result_files.read_clients_file`)."""
+from __future__ import annotations
+
+from ..errors import CheckpointError, ConfigError
+from ..utils.client_metrics_settings import ClientMetricsSettings
+from ..utils.lock import locks_output
+from .client_metrics import FEDALIGN_BATCH, FEDALIGN_SAMPLES, cross_client_metrics
+from .command import AnalysisCommand, progress_bar, versions, weights_digest
+from .figures import clients_heatmap
+from .result_files import clients_file, read_clients_file, read_hessian_file
+
+__all__ = ["run_client_metrics", "clients_file"]
+
+DEFAULTS = ClientMetricsSettings()  # every default below is one of its fields
+
+
+@locks_output
+def run_client_metrics(
+    checkpoint,
+    out,
+    *,
+    protocol: str = DEFAULTS.protocol,
+    probes: int = DEFAULTS.probes,
+    groups: int = DEFAULTS.groups,
+    samples: int | None = DEFAULTS.samples,
+    batch_size: int | None = DEFAULTS.batch_size,
+    seed: int = DEFAULTS.seed,
+    tol: float = DEFAULTS.tol,
+    device: str = DEFAULTS.device,
+    data_dir=DEFAULTS.data_dir,
+    quiet: bool = False,
+    model_factory: str | None = DEFAULTS.model_factory,
+    replace: bool = False,
+) -> dict:
+    """What ``flatfl hessian-clients`` does: a run saved with ``--save-clients`` in; ``clients-<protocol>.json`` and
+    ``clients_heatmap-<protocol>.png/.pdf`` out (every file atomic; nothing written on bad input).
+
+    Each protocol has files of its own, so the two protocols' results live side by side in one folder. Results of
+    the same protocol with other settings (probes, groups, samples, batch size, seed, tol) already in ``out`` are
+    never replaced silently: a :class:`ConfigError` names them, unless ``replace`` (a sweep re-running with its
+    grid's new settings). An ``out/hessian.json`` of another checkpoint is refused as before."""
+    ClientMetricsSettings(protocol=protocol, probes=probes, groups=groups, samples=samples, batch_size=batch_size,
+                          seed=seed, tol=tol, device=device, data_dir=data_dir, model_factory=model_factory).validate()
+    heatmap = clients_file(protocol, "heatmap")
+    target_name = clients_file(protocol)
+    cmd = AnalysisCommand.open(checkpoint, out, device=device, outputs=[target_name, f"{heatmap}.png",
+                                                                        f"{heatmap}.pdf"],
+                               data_dir=data_dir, model_factory=model_factory)
+    out, ckpt = cmd.out, cmd.checkpoint
+    _check_hessian_report(out / "hessian.json", ckpt)  # a folder of another checkpoint is refused
+    target = out / target_name
+    existing = read_clients_file(target)
+    state = ckpt.client_state()  # CheckpointError when the run was trained without --save-clients
+    num_clients = int(state["params"].shape[0])
+    if num_clients < 2:
+        raise CheckpointError(f"{ckpt.path}: the run has {num_clients} client model(s); H_N and H_D need 2 or more")
+
+    from .operator import HessianOperator
+
+    if protocol == "default":
+        batch = batch_size or 256
+        sizes = ckpt.partition.sizes
+        clients = [k for k in range(num_clients) if sizes[k] > 0]
+        if len(clients) < 2:
+            raise CheckpointError(f"{ckpt.path}: fewer than 2 clients hold data")
+        factories = [(lambda k=k: HessianOperator(ckpt.model, ckpt.client_batches(k, batch_size=batch,
+                                                                                     samples=samples, seed=seed)))
+                     for k in clients]
+        data = ("each client's own training data" + (f" ({samples} samples drawn once per client with seed {seed})"
+                                                      if samples else " (all of it)") + ", no augmentation")
+        model_used = "global (server) model"
+        deviations = []
+    else:
+        batch = batch_size or FEDALIGN_BATCH
+        count = samples or FEDALIGN_SAMPLES
+        clients = list(range(num_clients))
+        shared = ckpt.eval_batches("train", samples=count, batch_size=batch, seed=seed)
+        factories = [(lambda k=k: HessianOperator(ckpt.client_model(k, state), shared)) for k in clients]
+        data = (f"the global training set: {min(count, sum(len(y) for _, y in shared))} samples drawn once with "
+                f"seed {seed}, batches of {batch}, no augmentation")
+        model_used = "each client's latest local model"
+        deviations = ["FedAlign's loader applied training augmentation and reshuffled the training set for every "
+                      "Hessian-vector product; here the samples are drawn once and not augmented (a fixed operator)",
+                      "FedAlign's probes came from torch's global CUDA generator after set_random_seed(1); here "
+                      f"from a CPU torch.Generator seeded with {seed}, the same for every client as in FedAlign"]
+
+    settings = {"protocol": protocol, "probes": probes, "groups": groups, "samples": samples, "batch_size": batch,
+                "seed": seed, "tol": tol if protocol == "fedalign" else None, "device": str(cmd.device)}
+    digest = weights_digest(ckpt.model)
+    if existing is not None:  # refused before any work
+        if existing.get("weights_sha256") not in (None, digest):
+            raise ConfigError(f"{target} holds results of other weights than {ckpt.path}; choose another --out")
+        changed = changed_settings(existing.get("settings"), settings)
+        if changed and not replace:
+            raise ConfigError(f"{target} holds {protocol}-protocol results made with {changed}; choose another "
+                              "--out (or delete that file) to keep both")
+
+    with progress_bar(quiet, total=len(factories), desc="clients", unit="client") as bar:
+        metrics = cross_client_metrics(factories, protocol=protocol, probes=probes, groups=groups, seed=seed,
+                                       tol=tol, progress=lambda k: bar.update(1))
+
+    section = metrics.as_dict()
+    section.update({
+        "clients": clients,
+        "model": model_used,
+        "data": data,
+        "mode": "eval",
+        "deviations_from_fedalign_code": deviations if protocol == "fedalign" else None,
+        "settings": settings,
+    })
+    figures = {f"{heatmap}.{fmt}": clients_heatmap(metrics, cmd.title, fmt) for fmt in ("png", "pdf")}
+    report = dict(section, **cmd.header(digest=digest, network_key="network"), **versions(),
+                  files=sorted(figures) + [target.name])
+    cmd.write(dict(sorted(figures.items())), target.name, report)
+    return report
+
+
+# settings that change no number: where it ran
+NEUTRAL_SETTINGS = ("device",)
+
+
+def changed_settings(old, new: dict) -> str:
+    """'probes 100 (now 20), samples all (now 64)': the settings of ``old`` that differ from ``new``; '' if none."""
+    old = old if isinstance(old, dict) else {}
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        if key in NEUTRAL_SETTINGS or old.get(key) == new.get(key):
+            continue
+
+        def show(v):
+            return "all" if v is None and key == "samples" else str(v)
+
+        diffs.append(f"{key} {show(old.get(key))} (now {show(new.get(key))})")
+    return ", ".join(diffs)
+
+
+def _check_hessian_report(path, ckpt) -> None:
+    """A ``hessian.json`` already in ``--out`` must be a flatfl result of this checkpoint (or carry a digest)."""
+    report = read_hessian_file(path)
+    if report is not None and report.get("checkpoint") not in (None, str(ckpt.path)) and not report.get("weights_sha256"):
+        raise ConfigError(f"{path} belongs to checkpoint {report['checkpoint']}, not {ckpt.path}; "
+                          "choose another --out")

@@ -1,0 +1,160 @@
+"""The defaults of ``flatfl hessian-clients`` and ``flatfl surface`` live in one place each (ClientMetricsSettings,
+SurfaceSettings): the command line, a grid file's [clients] / [surface] section, the reproduce presets and the
+functions read them; bad values and typos are refused in one line, in a grid file before any run. And the Hessian
+estimators are one registry: its names are the command line's help, the settings' choices and the dispatch."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+from click.testing import CliRunner
+
+from flatfl.analysis.clients_run import run_client_metrics
+from flatfl.analysis.estimators import eigen_estimator, estimate_trace, trace_estimator
+from flatfl.analysis.surface_run import run_surface
+from flatfl.cli import main
+from flatfl.errors import ConfigError
+from flatfl.sweep import read_grid
+from flatfl.utils.client_metrics_settings import ClientMetricsSettings
+from flatfl.utils.hessian_settings import EIGEN_ESTIMATORS, TRACE_ESTIMATORS, HessianSettings
+from flatfl.utils.surface_settings import SurfaceSettings
+
+# the documented defaults (--help before the settings were gathered): written out, not derived
+CLIENTS = {"protocol": "default", "probes": 100, "groups": 10, "samples": None, "batch_size": None, "seed": 0,
+           "tol": 1e-3, "device": "cpu", "data_dir": None, "model_factory": None}
+SURFACE = {"directions": "random", "grid": 21, "range": 1.0, "samples": None, "workers": 1, "batch_size": 256,
+           "split": "train", "seed": 0, "include_bn_bias": False, "eigenvectors": None, "tol": 1e-3, "device": "cpu",
+           "data_dir": None, "force": False, "save_every": 8, "model_factory": None}
+GRID = '[fixed]\nmodel = "tiny"\nclients = 4\nrounds = 1\nlocal_epochs = 1\nsave_clients = true\n[grid]\nalgo = ["fedavg"]\n'
+
+
+def keyword_defaults(fn, skip=("checkpoint", "out", "quiet", "replace")) -> dict:
+    return {n: p.default for n, p in inspect.signature(fn).parameters.items() if n not in skip}
+
+
+@pytest.mark.parametrize("cls, expected", [(ClientMetricsSettings, CLIENTS), (SurfaceSettings, SURFACE)])
+def test_the_defaults_did_not_change_and_are_frozen(cls, expected):
+    assert cls().to_dict() == expected
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cls().seed = 2
+
+
+@pytest.mark.parametrize("command, expected, renamed", [("hessian-clients", CLIENTS, {}),
+                                                         ("surface", SURFACE, {"range": "range_"})])
+def test_cli_defaults_equal_the_dataclass(command, expected, renamed):
+    params = {p.name: p.default for p in main.commands[command].params}
+    shown = {name: params[renamed.get(name, name)] for name in expected if renamed.get(name, name) in params}
+    assert shown == {name: expected[name] for name in shown}
+    assert set(expected) - set(shown) == ({"save_every"} if command == "surface" else set())  # not an option
+
+
+@pytest.mark.parametrize("fn, expected", [(run_client_metrics, CLIENTS), (run_surface, SURFACE)])
+def test_function_defaults_equal_the_dataclass(fn, expected):
+    assert keyword_defaults(fn) == expected
+
+
+@pytest.mark.parametrize("section, cls, expected", [("clients", ClientMetricsSettings, CLIENTS),
+                                                    ("surface", SurfaceSettings, SURFACE)])
+def test_grid_file_sections_are_the_dataclass(tmp_path, section, cls, expected):
+    grid = tmp_path / "g.toml"
+    grid.write_text(GRID + f"[{section}]\nseed = 3\n")
+    (task,) = read_grid(grid).tasks
+    assert cls.from_mapping(getattr(task, section)).to_dict() == dict(expected, seed=3)
+    grid.write_text(GRID + f"[{section}]\nseeed = 3\n")  # a typo: refused when the grid is read, before any run
+    with pytest.raises(ConfigError) as e:
+        read_grid(grid)
+    assert str(e.value) == f"unknown option 'seeed' in [{section}] of {grid}: use {', '.join(sorted(expected))}"
+
+
+@pytest.mark.parametrize("section, text, message", [
+    ("clients", 'protocol = "mine"', "unknown cross-client protocol 'mine'; choose one of default, fedalign"),
+    ("clients", "probes = 3", "--probes must be at least 4 for the default protocol, got 3"),
+    ("surface", 'directions = "up"', "unknown direction kind 'up'; choose one of random, hessian"),
+    ("surface", 'eigenvectors = "e.pt"', "--eigenvectors needs --directions hessian"),
+])
+def test_grid_values_are_checked_together_before_any_run(tmp_path, section, text, message):
+    grid = tmp_path / "g.toml"
+    grid.write_text(GRID + f"[{section}]\n{text}\n")
+    with pytest.raises(ConfigError) as e:
+        read_grid(grid)
+    assert str(e.value) == f"[{section}] of {grid}: {message}"
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"protocol": "x"}, "unknown cross-client protocol 'x'; choose one of default, fedalign"),
+    ({"protocol": "fedalign", "probes": 1}, "--probes must be at least 2 for the fedalign protocol, got 1"),
+    ({"groups": 1}, "--groups must be an integer >= 2, got 1"),
+    ({"samples": "all"}, "--samples must be an integer, got 'all'"),
+    ({"samples": 0}, "--samples must be a positive integer, got 0"),
+    ({"batch_size": -2}, "--batch-size must be a positive integer, got -2"),
+    ({"tol": 1.5}, "--tol must be in (0, 1) (a relative tolerance), got 1.5"),
+    ({"seed": -1}, "--seed must be an integer in 0..4294967295, got -1"),
+])
+def test_client_metrics_validate(settings, message):
+    with pytest.raises(ConfigError) as e:
+        ClientMetricsSettings(**settings).validate()
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"directions": "x"}, "unknown direction kind 'x'; choose one of random, hessian"),
+    ({"grid": 1}, "--grid must be an integer >= 2 (points per axis), got 1"),
+    ({"range": 0.0}, "--range must be a positive number, got 0.0"),
+    ({"range": float("inf")}, "--range must be a positive number, got inf"),
+    ({"samples": 0}, "--samples must be a positive integer, got 0"),
+    ({"workers": 0}, "--workers must be a positive integer, got 0"),
+    ({"batch_size": 0}, "--batch-size must be a positive integer, got 0"),
+    ({"split": "val"}, "unknown split 'val'; choose one of train, test"),
+    ({"eigenvectors": "e.pt"}, "--eigenvectors needs --directions hessian"),
+    ({"tol": 0.0}, "--tol must be in (0, 1) (a relative tolerance), got 0.0"),
+    ({"force": "yes"}, "--force must be true or false, got 'yes'"),
+    ({"save_every": 0}, "save_every must be a positive integer, got 0"),
+])
+def test_surface_validate(settings, message):
+    with pytest.raises(ConfigError) as e:
+        SurfaceSettings(**settings).validate()
+    assert str(e.value) == message
+
+
+def test_from_mapping_refuses_unknown_keys_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        SurfaceSettings.from_mapping({"grids": 3, "rnge": 1.0})
+    assert str(e.value) == f"unknown options 'grids', 'rnge' in the surface settings: use {', '.join(sorted(SURFACE))}"
+    assert ClientMetricsSettings.from_mapping({"probes": 8}) == ClientMetricsSettings(probes=8)
+
+
+def test_reproduce_presets_are_valid_settings(tmp_path):
+    from flatfl.reproduce import PRESETS, TARGETS, plan
+
+    for target in TARGETS:
+        for preset in PRESETS:
+            for task in plan(target, preset, runs_dir=tmp_path):
+                for section, cls in (("clients", ClientMetricsSettings), ("surface", SurfaceSettings)):
+                    if getattr(task, section) is not None:
+                        cls.from_mapping(getattr(task, section))
+
+
+def test_one_estimator_registry_for_help_checks_and_dispatch():
+    helps = {p.name: getattr(p, "help", None) for p in main.commands["hessian"].params}
+    assert helps["method"].startswith(" | ".join(EIGEN_ESTIMATORS) + " ")
+    assert helps["trace_method"].startswith(" | ".join(TRACE_ESTIMATORS) + " ")
+    for name in EIGEN_ESTIMATORS:
+        assert list(inspect.signature(eigen_estimator(name)).parameters)[:2] == ["op", "k"]
+        HessianSettings(method=name).validate()
+    for name in TRACE_ESTIMATORS:
+        assert "max_hvps" in inspect.signature(trace_estimator(name)).parameters
+        HessianSettings(trace_method=name).validate()
+    with pytest.raises(ConfigError) as e:
+        estimate_trace(None, "exact")
+    assert str(e.value) == "unknown trace method 'exact'; choose one of hutchpp, hutchinson, pyhessian"
+    with pytest.raises(ConfigError) as e:
+        eigen_estimator("qr")
+    assert str(e.value) == "unknown eigenvalue method 'qr'; choose one of lanczos, power"
+
+
+def test_the_clients_command_refuses_bad_settings_before_reading_anything(tmp_path):
+    res = CliRunner().invoke(main, ["hessian-clients", str(tmp_path / "none"), "--out", str(tmp_path / "o"),
+                                    "--groups", "1"])
+    assert res.exit_code != 0 and not (tmp_path / "o").exists()
+    assert "--groups must be an integer >= 2, got 1" in res.output + (res.stderr or "")
