@@ -105,7 +105,7 @@ def _apply_threads(threads) -> int:
 # --------------------------------------------------------------------------------------------------------- train
 def hparam_click_options() -> list[click.Option]:
     """One click option per hyper-parameter flag declared by any algorithm, optimizer or regularizer, by name."""
-    from .train.components import all_hparams
+    from .train.catalog import all_hparams
 
     options = []
     for key, hp in sorted(all_hparams().items()):
@@ -132,7 +132,8 @@ def _hparam_help(key: str) -> str:
     pieces gets the first one's description without its trailing note, then every piece's own default)."""
     import re
 
-    from .train.components import ALGORITHMS, KIND_FLAGS, hparam_declarations
+    from .train.catalog import KIND_FLAGS, hparam_declarations
+    from .train.components import ALGORITHMS
 
     decl = hparam_declarations()[key]
     if len(decl) == 1:
@@ -236,7 +237,8 @@ def partition(dataset, data_dir, method, alpha, clients, seed, run_dir):
 @friendly_errors
 def algos():
     """List algorithms, local optimizers and regularizers with their hyper-parameters and defaults."""
-    from .train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, describe, load_all
+    from .train.catalog import describe, load_all
+    from .train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 
     load_all()
     for title, reg in (("Algorithms (--algo)", ALGORITHMS), ("Local optimizers (--local-opt)", LOCAL_OPTIMIZERS),

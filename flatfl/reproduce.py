@@ -265,7 +265,7 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
 
 def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: str, threads,
           model: str = "server", with_spectrum: bool = True) -> RunTask:
-    from .train.config import normalise_settings
+    from .train.config import normalize_settings
 
     name = _run_name(m.label, settings, seed)
     hessian = dict(cfg["hessian"], seed=seed, device=device)
@@ -273,7 +273,7 @@ def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: s
         else None
     clients = dict(cfg["clients"], seed=seed, device=device) if cfg.get("clients") else None
     surface = dict(cfg["surface"], seed=seed, device=device) if cfg.get("surface") else None
-    return RunTask(name=name, run_dir=str(root / name), settings=normalise_settings(settings, source=name),
+    return RunTask(name=name, run_dir=str(root / name), settings=normalize_settings(settings, source=name),
                    hessian=hessian, spectrum=spectrum, clients=clients, surface=surface, threads=threads,
                    model=model)
 

@@ -11,7 +11,7 @@ values beside ours, and the "X vs X+regularizer" direction checks.
 * :func:`direction_checks`: for each comparison, whether our change has the same sign as the paper's.
 
 Method names follow the papers: the base algorithm's name (FedAvg, FedSAM = FedAvg with local SAM, FedDyn...),
-then ``+`` and the regularizer's (FedAvg+MAN, FedAvg+Mixup). Partitions are written ``dirichlet-0.3``,
+then ``+`` and the regularizer's (FedAvg+MAN, FedAvg+Mixup), each the ``display_name`` of its class in ``train/``. Partitions are written ``dirichlet-0.3``,
 ``fedml-dirichlet-0.5`` or ``iid``, as in ``paper_values.csv``.
 """
 from __future__ import annotations
@@ -25,20 +25,14 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError
+from ..train.catalog import display_name
+from ..train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 
 __all__ = ["RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_label", "partition_label",
            "TableSpec", "TABLES", "paper_values", "build_table", "direction_checks", "matching_tables",
            "scale_label", "METRIC_NAMES", "MODELS", "MODEL_NAMES", "model_for", "read_clients_metrics",
            "analysis_model", "incomparable_notes", "VERDICTS"]
 
-ALGO_NAMES = {
-    "fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "feddyn": "FedDyn", "feddc": "FedDC",
-    "fedspeed": "FedSpeed", "fedsam": "FedSAM", "fedasam": "FedASAM", "fedcm": "FedCM", "mofedsam": "MoFedSAM",
-    "mimelite": "MimeLite", "fedrobust": "FedRobust", "moon": "MOON", "fedntd": "FedNTD", "feddisco": "FedDisco",
-}
-REG_NAMES = {"man": "MAN", "asd": "ASD", "fedalign": "FedAlign", "gradaug": "GradAug", "mixup": "Mixup",
-             "stochdepth": "StochDepth"}
-OPT_NAMES = {"sam": "SAM", "asam": "ASAM"}
 METRIC_NAMES = {
     "accuracy": "accuracy (%)",
     "top_eigenvalue": "top eigenvalue",
@@ -55,11 +49,12 @@ def method_label(cfg: dict) -> str:
     algo = str(cfg.get("algo", "fedavg")).lower()
     opt = str(cfg.get("local_opt", "sgd")).lower()
     reg = str(cfg.get("reg", "none")).lower()
-    name = ALGO_NAMES.get(algo, algo)
-    if opt in OPT_NAMES:
-        name = {"fedavg": f"Fed{OPT_NAMES[opt]}"}.get(algo, f"{name}({OPT_NAMES[opt]})")
+    name = display_name(ALGORITHMS, algo)
+    if opt != "sgd" and opt in LOCAL_OPTIMIZERS:  # display_name loaded the registries
+        opt_name = display_name(LOCAL_OPTIMIZERS, opt)
+        name = f"Fed{opt_name}" if algo == "fedavg" else f"{name}({opt_name})"
     if reg != "none":
-        name += "+" + REG_NAMES.get(reg, reg)
+        name += "+" + display_name(REGULARIZERS, reg)
     return name
 
 
