@@ -18,6 +18,7 @@ if os.path.basename(sys.argv[0] or "") == "flatfl":  # the console script: Ctrl-
 import click  # noqa: E402
 
 from .errors import FlatflError  # noqa: E402
+from .paper_tables import TARGETS  # noqa: E402  (no torch: the tables flatfl reproduce makes, one module each)
 from .utils.hessian_settings import HessianSettings  # noqa: E402  (no torch: the defaults of flatfl hessian)
 
 
@@ -414,7 +415,7 @@ Examples:
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="report folder (CSV, report.md, report.pdf)")
 @click.option("--table", "tables", multiple=True,
-              help="paper layout: man-table2 | man-table6 | man-tables | fedalign-table1 (repeatable; default: every layout the runs fill)")
+              help=f"paper layout: {' | '.join(TARGETS)} (repeatable; default: every layout the runs fill)")
 @click.option("--compute-missing", is_flag=True, help="compute missing Hessian (and H_N / H_D) results instead of listing them")
 @click.option("--model", type=click.Choice(["server", "clients-average"]), default=None,
               help="the model every row measures (accuracy and Hessian); default: clients-average for the MAN tables (MAN reports the all-clients average), server for FedAlign's")
@@ -476,7 +477,7 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 
 
 @main.command(epilog=REPRODUCE_EPILOG)
-@click.argument("target", type=click.Choice(["man-table2", "man-table6", "man-tables", "fedalign-table1"]))
+@click.argument("target", type=click.Choice(TARGETS))
 @click.option("--preset", type=click.Choice(["quick", "paper", "tiny"]), default="quick", show_default=True,
               help="quick: digits on a CPU; paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")

@@ -2,7 +2,8 @@
 
 From the bottom: ``errors`` / ``version``; ``utils``; ``models`` and ``data``; ``checkpoint`` (the format where
 training and analysis meet); ``train`` and ``analysis`` side by side; ``runs`` (a run folder's layout and its
-analyses) and ``executors``; ``sweep`` and ``report`` side by side; ``reproduce``; ``cli`` and the package root on
+analyses) and ``executors``; ``paper_tables`` (each reproduced table's layout and runs); ``sweep`` and ``report``
+side by side; ``reproduce``; ``cli`` and the package root on
 top, then ``__main__`` and the package root (``flatfl/__init__.py``). A module imports only from its own unit or from lower layers; units of one layer never import each other;
 there is no import cycle; no private name (``_x``) is used outside its module. And, run in a fresh interpreter:
 the analysis of MOON and stochastic-depth checkpoints never imports the training code.
@@ -29,6 +30,7 @@ LAYERS = (
     ("checkpoint format", ("flatfl.checkpoint",)),
     ("train and analysis", ("flatfl.train", "flatfl.analysis")),
     ("run folders and executors", ("flatfl.runs", "flatfl.executors")),
+    ("paper tables", ("flatfl.paper_tables",)),  # each table's layout and run plan (data): report and reproduce read it
     ("sweep and report", ("flatfl.sweep", "flatfl.report")),
     ("reproduce", ("flatfl.reproduce",)),
     ("command line", ("flatfl.cli",)),
