@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flatfl.train.config import RunConfig  # noqa: E402
 from flatfl.data import load_dataset  # noqa: E402
-from flatfl.train.components import ALGORITHMS, load_all  # noqa: E402
+from flatfl.train.catalog import load_all  # noqa: E402
+from flatfl.train.components import ALGORITHMS  # noqa: E402
 from flatfl.train.engine import Trainer  # noqa: E402
 
 

@@ -100,7 +100,7 @@ def trained_cifar_operator(rounds: int, inputs: int):
     from flatfl.train.config import RunConfig
     from flatfl.data import load_dataset
     from flatfl.data.datasets import ImageDataset
-    from flatfl.train.components import load_all
+    from flatfl.train.catalog import load_all
     from flatfl.train.engine import Trainer
 
     load_all()

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flatfl.train.config import RunConfig  # noqa: E402
 from flatfl.data import load_dataset  # noqa: E402
 from flatfl.data.datasets import ImageDataset  # noqa: E402
-from flatfl.train.components import load_all  # noqa: E402
+from flatfl.train.catalog import load_all  # noqa: E402
 from flatfl.train.engine import Trainer  # noqa: E402
 
 TARGETS = {"man": 1.10, "fedalign": 1.25}

@@ -85,6 +85,22 @@ def legacy_model_spec(payload: dict) -> dict:
     return spec
 
 
+# settings a piece records in 'resolved' under a name it has since changed: (section, piece) -> {old: current}.
+# Read one way: an old file's name is taken as the current one; files are written with the current name only.
+RENAMED_SETTINGS = {("algorithm", "fedspeed"): {"alpha": "lam"}}  # FedSpeed's lambda, stored as alpha before
+
+
+def current_setting_names(resolved: dict) -> dict:
+    """A checkpoint's (or run config's) ``resolved`` settings with every renamed setting
+    (:data:`RENAMED_SETTINGS`) under its current name; anything else as it was."""
+    out = dict(resolved)
+    for (section, piece), renames in RENAMED_SETTINGS.items():
+        chosen = out.get(section)
+        if isinstance(chosen, dict) and chosen.get("name") == piece and any(old in chosen for old in renames):
+            out[section] = {renames.get(k, k): v for k, v in chosen.items() if k not in renames or renames[k] not in chosen}
+    return out
+
+
 def read_checkpoint(path: str | Path) -> dict:
     """The validated payload of a checkpoint file (no code executed: ``weights_only=True``); a format-1 model spec
     is completed (:func:`legacy_model_spec`)."""
@@ -120,6 +136,8 @@ def read_checkpoint(path: str | Path) -> dict:
     if not isinstance(payload["config"], dict) or not isinstance(payload["model_spec"], dict) \
             or not isinstance(payload["dataset"], dict) or not isinstance(payload["round"], int):
         raise CheckpointError(f"{path} is an incomplete flatfl checkpoint (config, model_spec, dataset or round malformed)")
+    if isinstance(payload.get("resolved"), dict):
+        payload = dict(payload, resolved=current_setting_names(payload["resolved"]))
     if payload.get("format_version", 0) < 2:
         try:
             payload = dict(payload, model_spec=legacy_model_spec(payload))

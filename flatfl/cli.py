@@ -21,6 +21,7 @@ from .errors import FlatflError  # noqa: E402
 from .utils.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # noqa: E402  (no torch: the defaults)
 from .utils.hessian_settings import METHODS, TRACE_METHODS, HessianSettings  # noqa: E402
 from .utils.surface_settings import DIRECTION_KINDS, SurfaceSettings  # noqa: E402
+from .paper_tables import TARGETS  # noqa: E402  (no torch: the tables flatfl reproduce makes, one module each)
 
 
 def friendly_errors(fn):
@@ -107,7 +108,7 @@ def _apply_threads(threads) -> int:
 # --------------------------------------------------------------------------------------------------------- train
 def hparam_click_options() -> list[click.Option]:
     """One click option per hyper-parameter flag declared by any algorithm, optimizer or regularizer, by name."""
-    from .train.components import all_hparams
+    from .train.catalog import all_hparams
 
     options = []
     for key, hp in sorted(all_hparams().items()):
@@ -134,7 +135,8 @@ def _hparam_help(key: str) -> str:
     pieces gets the first one's description without its trailing note, then every piece's own default)."""
     import re
 
-    from .train.components import ALGORITHMS, KIND_FLAGS, hparam_declarations
+    from .train.catalog import KIND_FLAGS, hparam_declarations
+    from .train.components import ALGORITHMS
 
     decl = hparam_declarations()[key]
     if len(decl) == 1:
@@ -238,7 +240,8 @@ def partition(dataset, data_dir, method, alpha, clients, seed, run_dir):
 @friendly_errors
 def algos():
     """List algorithms, local optimizers and regularizers with their hyper-parameters and defaults."""
-    from .train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, describe, load_all
+    from .train.catalog import describe, load_all
+    from .train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 
     load_all()
     for title, reg in (("Algorithms (--algo)", ALGORITHMS), ("Local optimizers (--local-opt)", LOCAL_OPTIMIZERS),
@@ -416,7 +419,7 @@ Examples:
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="report folder (CSV, report.md, report.pdf)")
 @click.option("--table", "tables", multiple=True,
-              help="paper layout: man-table2 | man-table6 | man-tables | fedalign-table1 (repeatable; default: every layout the runs fill)")
+              help=f"paper layout: {' | '.join(TARGETS)} (repeatable; default: every layout the runs fill)")
 @click.option("--compute-missing", is_flag=True, help="compute missing Hessian (and H_N / H_D) results instead of listing them")
 @click.option("--model", type=click.Choice(["server", "clients-average"]), default=None,
               help="the model every row measures (accuracy and Hessian); default: clients-average for the MAN tables (MAN reports the all-clients average), server for FedAlign's")
@@ -478,7 +481,7 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 
 
 @main.command(epilog=REPRODUCE_EPILOG)
-@click.argument("target", type=click.Choice(["man-table2", "man-table6", "man-tables", "fedalign-table1"]))
+@click.argument("target", type=click.Choice(TARGETS))
 @click.option("--preset", type=click.Choice(["quick", "paper", "tiny"]), default="quick", show_default=True,
               help="quick: digits on a CPU; paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")

@@ -1,6 +1,6 @@
 """``flatfl reproduce``: every training, analysis and the report behind one paper table, in one command.
 
-Targets (the layouts of :data:`flatfl.report.tables.TABLES`):
+Targets (one module each in :mod:`flatfl.paper_tables`: the layout, the methods, the presets' settings):
 
 * ``man-table2``: FedAvg, FedSAM, FedDyn, FedDC, each with and without MAN, Dirichlet delta 0.3 and 0.6
   (MAN Table 2: top Hessian eigenvalue and trace; MAN Fig. 4 for the FedAvg and FedSAM pairs);
@@ -61,14 +61,17 @@ runs, so an interrupted reproduction continues where it stopped.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from . import paper_tables
 from .errors import ConfigError
+from .paper_tables import man_common
+from .paper_tables.spec import Method, PaperTable
 from .sweep import SECTION_SETTINGS, RunTask, run_tasks
 
-__all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method"]
+__all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method", "PaperTable",
+           "tables_of"]
 
 PRESETS = ("tiny", "quick", "paper")
 #: seeds when ``--seeds`` is not given: the quick preset's tables show mean +- sd over three seeds; one paper run
@@ -77,136 +80,17 @@ DEFAULT_SEEDS = {"tiny": (0,), "quick": (0, 1, 2), "paper": (0,)}
 #: torch threads per run when ``--threads`` is not given: fixed, not taken from the machine's load, because the
 #: thread count changes the order of floating-point sums and so the numbers (see README, "Reproducing")
 REPRODUCE_THREADS = 1
-TARGETS = ("man-table2", "man-table6", "man-tables", "fedalign-table1")
-
-
-@dataclass(frozen=True)
-class Method:
-    """One row of a table: its name, the settings that make it (RunConfig fields and hyper-parameter flags), and
-    whether its runs get the top-k spectrum and density (MAN Fig. 4)."""
-
-    label: str
-    settings: dict = field(default_factory=dict)
-    spectrum: bool = False
-
-
-#: FedDC as the fedMAN/FedDC code ran it (see CODE_FOLLOWED): the undecayed lr and the mean-size step count in the
-#: g_i update. flatfl's defaults (``current``, ``own``) are the papers' intent.
-FEDDC_OFFICIAL = {"cv_lr": "initial", "steps_rule": "mean"}
+#: what ``flatfl reproduce`` makes: one module per table in :mod:`flatfl.paper_tables`, and their groups
+TARGETS = paper_tables.TARGETS
+FEDDC_OFFICIAL = man_common.FEDDC_OFFICIAL
 
 #: Per method of the tables: the code whose behaviour every preset follows, and what that takes here.
-CODE_FOLLOWED = {
-    "FedAvg": "fedMAN/FedDyn train_FedAvg (sample-weighted server mean): flatfl's fedavg, no switch needed",
-    "FedSAM": "fedMAN man_code_sam SAM minimiser (clip 10 before and after the ascent): flatfl's SAM, no switch",
-    "FedASAM": "fedMAN man_code_sam ASAM minimiser (T_w on weights only): flatfl's ASAM, no switch",
-    "FedDyn": "fedMAN train_feddyn_mdl (alpha / w_i, the quadratic as weight decay): flatfl's feddyn, no switch",
-    "FedDC": "fedMAN/FedDC train_FedDC: --cv-lr initial (undecayed lr in the g_i update) and --steps-rule mean "
-             "(divides by E * ceil(mean(n) / B)); the same as 'own' on the equal-size Dirichlet split",
-    "FedSpeed": "fedMAN train_model_speed (lambda = alpha / w_i): flatfl's fedspeed, except that speedOpt's "
-                "leftover gradient in the ascent (no zero_grad) is not reproduced; it is a bug, not a setting",
-    "MAN": "fedMAN's penalty, CE + (zeta / 2) * sum_l mean(a_l^2) over the post-ReLU activations",
-    "FedAlign table": "the FedAlign code (FedML): FedProx, MOON, Mixup, StochDepth, GradAug, FedAlign as there; H_N / "
-                      "H_D with its 'fedalign' protocol; no SCAFFOLD or FedDC in the table",
-}
+CODE_FOLLOWED = {k: v for t in paper_tables.REPRODUCED.values() for k, v in t.code_followed.items()}
 
 
-def _man_methods() -> dict[str, list[Method]]:
-    zeta, zeta_fedavg = 0.15, 0.6  # main paper Sec. 4 (CIFAR-100); supplementary Sec. 7 (FedAvg+MAN)
-
-    def pair(label, settings, spectrum=False):
-        return [Method(label, settings, spectrum),
-                Method(f"{label}+MAN", dict(settings, reg="man", zeta=zeta_fedavg if label == "FedAvg" else zeta),
-                       spectrum)]
-
-    table2 = (pair("FedAvg", {"algo": "fedavg"}, spectrum=True)
-              + pair("FedSAM", {"algo": "fedsam", "rho": 0.05}, spectrum=True)
-              + pair("FedDyn", {"algo": "feddyn", "feddyn_alpha": 0.01})
-              + pair("FedDC", {"algo": "feddc", "feddc_alpha": 0.01, **FEDDC_OFFICIAL}))
-    table6 = (pair("FedASAM", {"algo": "fedasam", "rho": 0.5, "eta": 0.2})
-              + pair("FedSpeed", {"algo": "fedspeed", "rho": 0.1, "fedspeed_lambda": 0.01}))
-    return {"man-table2": table2, "man-table6": table6}
-
-
-def _fedalign_methods() -> list[Method]:
-    return [
-        Method("FedAvg", {"algo": "fedavg"}),
-        Method("FedProx", {"algo": "fedprox", "mu": 1e-4}),
-        Method("MOON", {"algo": "moon", "moon_mu": 1.0, "moon_tau": 0.5}),
-        Method("FedAvg+Mixup", {"algo": "fedavg", "reg": "mixup", "mixup_gamma": 0.1}),
-        Method("FedAvg+StochDepth", {"algo": "fedavg", "reg": "stochdepth", "survival_last": 0.9}),
-        Method("FedAvg+GradAug", {"algo": "fedavg", "reg": "gradaug", "gradaug_mu": 1.75, "num_subnets": 2,
-                                  "width": 0.8}),
-        Method("FedAvg+FedAlign", {"algo": "fedavg", "reg": "fedalign", "fedalign_mu": 0.45, "width": 0.25,
-                                   "clip": 10.0}),  # FedAlign's code clips at 10 (spec §18)
-    ]
-
-
-# Settings per preset. 'run' = RunConfig fields shared by every run; 'hessian' = HessianSettings for the table;
-# 'spectrum' = HessianSettings for the Fig. 4 pages; 'clients' = ClientMetricsSettings; 'surface' = SurfaceSettings
-# (None: not computed); each checked by its settings class when the runs are planned.
-_MAN = {
-    "paper": {
-        "run": dict(dataset="cifar100", model="cifar-cnn", clients=100, participation=0.1, sampling="bernoulli",
-                    partition="dirichlet", rounds=500, local_epochs=5, batch_size=50, lr=0.1, lr_decay=0.998,
-                    weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10),
-        "hessian": dict(top=1, method="power", tol=1e-3, trace=True, trace_method="pyhessian", trace_hvps=100,
-                        samples=None, batch_size=50),
-        "spectrum": dict(top=200, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=100,
-                         density_starts=4, samples=None, batch_size=256),
-    },
-    "quick": {  # sized for <= 15 min on 2 quiet cores with 3 seeds (README, "The quick reproduction")
-        "run": dict(dataset="digits", model="digits-cnn", clients=20, participation=0.5, sampling="bernoulli",
-                    partition="dirichlet", rounds=30, local_epochs=2, batch_size=50, lr=0.1, lr_decay=0.998,
-                    weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10),
-        "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=60,
-                        trace_rtol=0.01, samples=None, batch_size=512),
-        "spectrum": dict(top=50, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=80,
-                         density_starts=2, samples=None, batch_size=512),
-        "spectrum_seeds": "first",  # the Fig. 4 spectrum of the first seed only: 45 s a run, the largest cost
-    },
-    "tiny": {
-        "run": dict(dataset="digits", model="digits-cnn", clients=4, participation=1.0, sampling="bernoulli",
-                    partition="dirichlet", rounds=2, local_epochs=1, batch_size=50, lr=0.1, lr_decay=0.998,
-                    weight_decay=1e-3, clip=10.0, eval_every=1, checkpoint_every=1),
-        "hessian": dict(top=1, method="lanczos", tol=1e-2, trace=True, trace_method="hutchpp", trace_hvps=9,
-                        trace_rtol=None, samples=96, batch_size=96),
-        "spectrum": dict(top=3, method="lanczos", tol=1e-2, trace=False, density=True, density_steps=6,
-                         density_starts=2, samples=96, batch_size=96),
-    },
-}
-_FEDALIGN = {
-    "paper": {
-        "run": dict(dataset="cifar100", model="resnet56", clients=16, participation=1.0, sampling="fraction",
-                    partition="fedml-dirichlet", alpha=0.5, rounds=25, local_epochs=20, batch_size=64, lr=0.01,
-                    lr_decay=1.0, momentum=0.9, nesterov=True, weight_decay=1e-4, clip=0.0, eval_every=1,
-                    checkpoint_every=1, save_clients=True),
-        "hessian": dict(top=1, method="power", tol=1e-3, trace=True, trace_method="pyhessian", trace_hvps=100,
-                        samples=None, batch_size=64),
-        "clients": dict(protocol="fedalign", probes=100, tol=1e-3),
-        "surface": dict(directions="hessian", grid=21, range=1.0, samples=2560, batch_size=256),
-    },
-    "quick": {
-        "run": dict(dataset="digits", model="resnet20", clients=16, participation=1.0, sampling="fraction",
-                    partition="fedml-dirichlet", alpha=0.5, rounds=10, local_epochs=2, batch_size=64, lr=0.01,
-                    lr_decay=1.0, momentum=0.9, nesterov=True, weight_decay=1e-4, clip=0.0, eval_every=1,
-                    checkpoint_every=5, save_clients=True),
-        "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=40,
-                        trace_rtol=0.02, samples=512, batch_size=256),
-        "clients": dict(protocol="default", probes=20, groups=5, samples=64),
-        "surface": dict(directions="hessian", grid=9, range=1.0, samples=256, batch_size=256),
-    },
-    "tiny": {
-        "run": dict(dataset="digits", model="resnet20", clients=4, participation=1.0, sampling="fraction",
-                    partition="fedml-dirichlet", alpha=0.5, rounds=1, local_epochs=1, batch_size=64, lr=0.01,
-                    lr_decay=1.0, momentum=0.9, nesterov=True, weight_decay=1e-4, clip=0.0, eval_every=1,
-                    checkpoint_every=1, save_clients=True),
-        "hessian": dict(top=1, method="lanczos", tol=1e-2, trace=True, trace_method="hutchpp", trace_hvps=6,
-                        trace_rtol=None, samples=32, batch_size=32),
-        "clients": dict(protocol="default", probes=4, groups=2, samples=16),
-        "surface": dict(directions="random", grid=3, range=0.5, samples=32, batch_size=32),
-    },
-}
-MAN_ALPHAS = (0.3, 0.6)
+def tables_of(target: str) -> tuple[str, ...]:
+    """The keys of the tables ``target`` (a table or a group) names."""
+    return paper_tables.GROUPS.get(target, (target,))
 
 
 def _slug(label: str) -> str:
@@ -238,34 +122,28 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
     extra = {"device": device}
     if data_dir:
         extra["data_dir"] = str(Path(data_dir).expanduser().resolve())
-    from .report.tables import TABLES, model_for
+    from .report.tables import model_for
 
-    model = model_for(TABLES["fedalign-table1" if target == "fedalign-table1" else "man-table2"], model)
+    keys = tables_of(target)
+    model = model_for(paper_tables.TABLES[keys[0]], model)
     tasks: list[RunTask] = []
-    if target.startswith("man-"):
-        cfg = _MAN[preset]
-        methods = _man_methods()
-        keys = ("man-table2", "man-table6") if target == "man-tables" else (target,)
-        for key in keys:
-            for m in methods[key]:
-                for alpha in MAN_ALPHAS:
-                    for seed in seeds:
-                        settings = dict(cfg["run"], alpha=alpha, seed=seed, **m.settings, **extra)
-                        with_spectrum = cfg.get("spectrum_seeds") != "first" or seed == seeds[0]
-                        tasks.append(_task(m, settings, seed, root, cfg, device, threads, model, with_spectrum))
-    else:
-        cfg = _FEDALIGN[preset]
-        for m in _fedalign_methods():
-            for seed in seeds:
-                settings = dict(cfg["run"], seed=seed, **extra)
-                settings.update(m.settings)
-                tasks.append(_task(m, settings, seed, root, cfg, device, threads, model))
+    for key in keys:
+        table = paper_tables.REPRODUCED[key]
+        cfg = table.presets[preset]
+        for m in table.methods:
+            for alpha in table.alphas or (None,):
+                for seed in seeds:
+                    settings = dict(cfg["run"], **({} if alpha is None else {"alpha": alpha}), seed=seed)
+                    settings.update(m.settings)
+                    settings.update(extra)
+                    with_spectrum = cfg.get("spectrum_seeds") != "first" or seed == seeds[0]
+                    tasks.append(_task(m, settings, seed, root, cfg, device, threads, model, with_spectrum))
     return tasks
 
 
 def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: str, threads,
           model: str = "server", with_spectrum: bool = True) -> RunTask:
-    from .train.config import normalise_settings
+    from .train.config import normalize_settings
 
     name = _run_name(m.label, settings, seed)
     hessian = dict(cfg["hessian"], seed=seed, device=device)
@@ -276,7 +154,7 @@ def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: s
     for section, options in (("hessian", hessian), ("spectrum", spectrum), ("clients", clients), ("surface", surface)):
         if options is not None:  # the preset's analysis settings, typed and checked before any run
             SECTION_SETTINGS[section].from_mapping(options, f"the {section} settings of {name}")
-    return RunTask(name=name, run_dir=str(root / name), settings=normalise_settings(settings, source=name),
+    return RunTask(name=name, run_dir=str(root / name), settings=normalize_settings(settings, source=name),
                    hessian=hessian, spectrum=spectrum, clients=clients, surface=surface, threads=threads,
                    model=model)
 
@@ -307,7 +185,7 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
         echo(f"{target} ({preset}): {len(tasks)} runs in {Path(tasks[0].run_dir).parent}, report in {out}")
     records = run_tasks(tasks, executor, echo=echo)
     failed = [r for r in records if r.get("error")]
-    tables = ("man-table2", "man-table6") if target == "man-tables" else (target,)
+    tables = tables_of(target)
     done = [t.run_dir for t in tasks if Path(t.run_dir, "config.json").is_file()]
     if not done:
         raise ConfigError(f"no run of {target} could start; first error: {failed[0]['error'] if failed else '?'}")

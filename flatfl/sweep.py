@@ -93,7 +93,7 @@ def _comparable_config(cfg: dict) -> dict:
     out = {k: v for k, v in cfg.items() if k not in _CONFIG_KEYS_IGNORED}
     if isinstance(out.get("params"), dict):  # settings no piece of the run reads (older runs kept them) change nothing
         from .train.config import RunConfig
-        from .train.components import used_hparams
+        from .train.catalog import used_hparams
 
         try:
             used = used_hparams(out.get("algo", RunConfig.algo), out.get("local_opt", RunConfig.local_opt),
@@ -282,7 +282,7 @@ def _load_grid_file(path: Path) -> dict:
 
 def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[RunTask]:
     """The run tasks of a parsed grid (see the module docstring for the layout)."""
-    from .train.config import build_config, normalise_settings
+    from .train.config import build_config, normalize_settings
 
     unknown = sorted(set(raw) - _GRID_SECTIONS)
     if unknown:
@@ -294,7 +294,7 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
     for key, options in sections.items():
         if options is not None:
             check_analysis_options(key, options, source)  # a typo fails before any training
-    fixed = normalise_settings(raw.get("fixed") or {}, source=f"[fixed] of {source}")
+    fixed = normalize_settings(raw.get("fixed") or {}, source=f"[fixed] of {source}")
     axes = dict(raw.get("grid") or {})
     if "seeds" in raw:
         if "seed" in axes:
@@ -302,7 +302,7 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
         axes["seed"] = raw["seeds"]
     axes = {k: _as_list(k, v, source) for k, v in axes.items()}
     for k in axes:
-        normalise_settings({k: None}, source=f"[grid] of {source}")  # raises on unknown names
+        normalize_settings({k: None}, source=f"[grid] of {source}")  # raises on unknown names
     includes = raw.get("include") or []
     if not isinstance(includes, list) or not all(isinstance(x, dict) for x in includes):
         raise ConfigError(f"'include' in {source} must be a list of tables ([[include]] in TOML)")
@@ -324,7 +324,7 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
     tasks, seen = [], {}
     fixed_used: set[str] = set()
     for point in points:
-        own = normalise_settings(point, source=f"a run of {source}")
+        own = normalize_settings(point, source=f"a run of {source}")
         settings = _merge(fixed, own)
         settings = _drop_unused_fixed(settings, set(own.get("params", {})), fixed_used)
         try:
@@ -344,7 +344,7 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
                              surface=_copy(sections["surface"]), threads=threads))
     unused = sorted(set(fixed.get("params", {})) - fixed_used)
     if unused:
-        from .train.components import hparam_declarations
+        from .train.catalog import hparam_declarations
 
         owners = " / ".join(f"{kind} {name}" for kind, name, _ in hparam_declarations()[unused[0]])
         raise ConfigError(f"[fixed] {unused[0]} in {source}: no run of the grid uses it (a setting of {owners})")
@@ -355,7 +355,7 @@ def _drop_unused_fixed(settings: dict, own_params: set, fixed_used: set) -> dict
     """A [fixed] hyper-parameter applies to the runs whose pieces read it (``zeta`` to the MAN runs of a grid over
     ``reg = ["none", "man"]``) and is left out of the others; a run's own settings are kept (and checked)."""
     from .train.config import RunConfig
-    from .train.components import used_hparams
+    from .train.catalog import used_hparams
 
     params = settings.get("params") or {}
     try:

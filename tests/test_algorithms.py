@@ -231,7 +231,7 @@ def test_fedspeed_defaults_and_feddyn_with_sam(tmp_path):
     is the same computation (any algorithm takes SAM)."""
     ds, model, _ = _setup(14)
     speed = run(tmp_path / "a", rounds=2, local_epochs=2, algo="fedspeed", dataset=ds, model=model)
-    assert speed.opt_hp == {"rho": 0.1} and speed.algo.alpha == 0.01
+    assert speed.opt_hp == {"rho": 0.1} and speed.algo.lam == 0.01
     dyn = run(tmp_path / "b", rounds=2, local_epochs=2, algo="feddyn", local_opt="sam",
               params={"feddyn_alpha": 0.01, "rho": 0.1}, dataset=ds, model=model)
     assert torch.equal(speed.theta, dyn.theta)

@@ -150,3 +150,49 @@ def test_training_refuses_a_network_change_its_spec_does_not_record(tmp_path, mo
     monkeypatch.setattr(NoRegularizer, "prepare_model", classmethod(grow))
     with pytest.raises(RuntimeError, match="beyond what its spec records"):
         Trainer(cfg, tmp_path / "run", quiet=True)
+
+
+def _as_before_the_rename(resolved: dict) -> dict:
+    """``resolved`` as flatfl wrote it while FedSpeed's lambda was stored as ``alpha``."""
+    algo = dict(resolved["algorithm"])
+    algo["alpha"] = algo.pop("lam")
+    return dict(resolved, algorithm=algo)
+
+
+def test_a_fedspeed_run_written_with_alpha_loads_and_resumes(tmp_path, monkeypatch):
+    """FedSpeed's lambda was recorded as 'alpha' in the checkpoints' and config.json's resolved settings: such a
+    checkpoint reads as 'lam' (one way), and such a run resumes to the uninterrupted run's weights."""
+    import json
+
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+
+    cfg = RunConfig(model="tiny", algo="fedspeed", rounds=3, clients=2, participation=1.0, batch_size=100,
+                    checkpoint_every=1, seed=0, params={"fedspeed_lambda": 0.02}).validate()
+    ref = Trainer(cfg, tmp_path / "ref", quiet=True)
+    ref.run()
+    orig = Trainer.run_round
+
+    def crashing(self, r):
+        if r == 2:
+            raise RuntimeError("simulated crash")
+        return orig(self, r)
+
+    monkeypatch.setattr(Trainer, "run_round", crashing)
+    old = tmp_path / "old"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        Trainer(cfg, old, quiet=True).run()
+    monkeypatch.setattr(Trainer, "run_round", orig)
+    info = json.loads((old / "config.json").read_text())
+    assert info["resolved"]["algorithm"] == {"name": "fedspeed", "lam": 0.02, "rho": 0.1}
+    (old / "config.json").write_text(json.dumps(dict(info, resolved=_as_before_the_rename(info["resolved"]))))
+    for ck in sorted((old / "checkpoints").glob("round_*.pt")):
+        payload = torch.load(ck, weights_only=True)
+        atomic_torch_save(dict(payload, resolved=_as_before_the_rename(payload["resolved"])), ck)
+        assert torch.load(ck, weights_only=True)["resolved"]["algorithm"]["alpha"] == 0.02
+        assert read_checkpoint(ck)["resolved"]["algorithm"] == {"name": "fedspeed", "lam": 0.02, "rho": 0.1}
+    resumed = Trainer(cfg, old, resume=True, quiet=True)
+    assert resumed.start_round == 2 and resumed.algo.lam == 0.02
+    resumed.run()
+    assert torch.equal(ref.theta, resumed.theta)
+    assert read_checkpoint(old / "final.pt")["resolved"]["algorithm"] == {"name": "fedspeed", "lam": 0.02, "rho": 0.1}

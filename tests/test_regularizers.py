@@ -16,13 +16,16 @@ from flatfl.errors import ConfigError
 from flatfl.models import build_model
 from flatfl.models.cnn import CifarCNN, DigitsCNN
 from flatfl.models.slimmable import SLIMMABLE_TYPES
-from flatfl.train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, all_hparams, load_all
+from flatfl.train.catalog import all_hparams, load_all
+from flatfl.train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 from flatfl.train.context import ClientContext, RoundContext, StepContext
 from flatfl.train.engine import Trainer
-from flatfl.train.regularizers import ASD, MAN, FedAlign, GradAug, Mixup, StochDepth
-from flatfl.train.regularizers.fedalign import spectral_norm, transmitting_matrix
-from flatfl.train.regularizers.gradaug import resolutions
-from flatfl.train.regularizers.mixup import beta_distribution, sample_mix
+from flatfl.train.regularizers.asd import ASD
+from flatfl.train.regularizers.fedalign import FedAlign, spectral_norm, transmitting_matrix
+from flatfl.train.regularizers.gradaug import GradAug, resolutions
+from flatfl.train.regularizers.man import MAN
+from flatfl.train.regularizers.mixup import Mixup, beta_distribution, sample_mix
+from flatfl.train.regularizers.stochdepth import StochDepth
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

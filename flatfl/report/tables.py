@@ -4,14 +4,15 @@ values beside ours, and the "X vs X+regularizer" direction checks.
 * :func:`load_run` / :func:`collect_runs`: a run directory's config, accuracy curve and analysis results
   (``hessian/hessian.json``: top eigenvalues, trace, density, and its ``clients`` section for H_N / H_D;
   ``surface/surface.npz``).
-* :data:`TABLES`: the layouts of MAN Table 2, MAN supplementary Table 6 and FedAlign Table 1 (rows, partitions,
-  metrics, the comparisons the paper makes, the scale the paper ran at).
+* :data:`TABLES`: the layouts of the paper tables (rows, partitions, metrics, the comparisons the paper makes, the
+  scale the paper ran at): MAN Table 2, MAN supplementary Table 6, FedAlign Table 1, one module each in
+  :mod:`flatfl.paper_tables`.
 * :func:`build_table`: one row per (method, partition) of a layout: our value (mean over seeds, with its spread
   or standard error) beside the paper's (``paper_values.csv``, shipped with the package).
 * :func:`direction_checks`: for each comparison, whether our change has the same sign as the paper's.
 
 Method names follow the papers: the base algorithm's name (FedAvg, FedSAM = FedAvg with local SAM, FedDyn...),
-then ``+`` and the regularizer's (FedAvg+MAN, FedAvg+Mixup). Partitions are written ``dirichlet-0.3``,
+then ``+`` and the regularizer's (FedAvg+MAN, FedAvg+Mixup), each the ``display_name`` of its class in ``train/``. Partitions are written ``dirichlet-0.3``,
 ``fedml-dirichlet-0.5`` or ``iid``, as in ``paper_values.csv``.
 """
 from __future__ import annotations
@@ -25,20 +26,15 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError
+from ..paper_tables import GROUPS, TABLES, TableSpec
+from ..train.catalog import display_name
+from ..train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 
 __all__ = ["RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_label", "partition_label",
            "TableSpec", "TABLES", "paper_values", "build_table", "direction_checks", "matching_tables",
            "scale_label", "METRIC_NAMES", "MODELS", "MODEL_NAMES", "model_for", "read_clients_metrics",
            "analysis_model", "incomparable_notes", "VERDICTS"]
 
-ALGO_NAMES = {
-    "fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "feddyn": "FedDyn", "feddc": "FedDC",
-    "fedspeed": "FedSpeed", "fedsam": "FedSAM", "fedasam": "FedASAM", "fedcm": "FedCM", "mofedsam": "MoFedSAM",
-    "mimelite": "MimeLite", "fedrobust": "FedRobust", "moon": "MOON", "fedntd": "FedNTD", "feddisco": "FedDisco",
-}
-REG_NAMES = {"man": "MAN", "asd": "ASD", "fedalign": "FedAlign", "gradaug": "GradAug", "mixup": "Mixup",
-             "stochdepth": "StochDepth"}
-OPT_NAMES = {"sam": "SAM", "asam": "ASAM"}
 METRIC_NAMES = {
     "accuracy": "accuracy (%)",
     "top_eigenvalue": "top eigenvalue",
@@ -55,11 +51,12 @@ def method_label(cfg: dict) -> str:
     algo = str(cfg.get("algo", "fedavg")).lower()
     opt = str(cfg.get("local_opt", "sgd")).lower()
     reg = str(cfg.get("reg", "none")).lower()
-    name = ALGO_NAMES.get(algo, algo)
-    if opt in OPT_NAMES:
-        name = {"fedavg": f"Fed{OPT_NAMES[opt]}"}.get(algo, f"{name}({OPT_NAMES[opt]})")
+    name = display_name(ALGORITHMS, algo)
+    if opt != "sgd" and opt in LOCAL_OPTIMIZERS:  # display_name loaded the registries
+        opt_name = display_name(LOCAL_OPTIMIZERS, opt)
+        name = f"Fed{opt_name}" if algo == "fedavg" else f"{name}({opt_name})"
     if reg != "none":
-        name += "+" + REG_NAMES.get(reg, reg)
+        name += "+" + display_name(REGULARIZERS, reg)
     return name
 
 
@@ -354,71 +351,8 @@ def collect_runs(paths, model: str = "server") -> list[RunRecord]:
 
 
 # ---------------------------------------------------------------------------------------------- layouts
-@dataclass(frozen=True)
-class TableSpec:
-    """A paper table's layout. ``rows`` are our method names; ``paper_names`` maps those the paper names
-    differently; ``comparisons`` are (reference, compared) row pairs whose direction of change is checked."""
-
-    key: str
-    source: str  # "MAN" / "FedAlign", as in paper_values.csv
-    table: str  # "Table 2", as in paper_values.csv
-    title: str
-    rows: tuple[str, ...]
-    partitions: tuple[str, ...]
-    metrics: tuple[str, ...]
-    comparisons: tuple[tuple[str, str], ...]
-    paper_scale: str
-    default_model: str = "server"  # the model each row measures unless the report is told otherwise
-    paper_names: tuple[tuple[str, str], ...] = ()
-    notes: tuple[str, ...] = ()
-
-    def paper_name(self, row: str) -> str:
-        return dict(self.paper_names).get(row, row)
-
-
-def _with_reg(bases, reg="MAN"):
-    return tuple((b, f"{b}+{reg}") for b in bases)
-
-
-MAN_SCALE = ("paper: CIFAR-100, CNN (2 conv + 3 FC), 100 clients, 10% participation, 500 rounds x 5 local epochs, "
-             "Hessian on the training set (assumed PyHessian protocol)")
-TABLES: dict[str, TableSpec] = {
-    "man-table2": TableSpec(
-        key="man-table2", source="MAN", table="Table 2",
-        title="MAN Table 2: top Hessian eigenvalue and trace, with and without MAN",
-        rows=("FedAvg", "FedAvg+MAN", "FedSAM", "FedSAM+MAN", "FedDyn", "FedDyn+MAN", "FedDC", "FedDC+MAN"),
-        partitions=("dirichlet-0.3", "dirichlet-0.6"), metrics=("top_eigenvalue", "trace", "accuracy"),
-        comparisons=_with_reg(("FedAvg", "FedSAM", "FedDyn", "FedDC")), paper_scale=MAN_SCALE,
-        default_model="clients-average",
-        notes=("the paper's accuracies are its Table 1 ('accuracy_after_500_rounds').",
-               "the paper's FedDC values are identical for delta 0.3 and 0.6.")),
-    "man-table6": TableSpec(
-        key="man-table6", source="MAN", table="Table 6 (supplementary)",
-        title="MAN supplementary Table 6: FedASAM and FedSpeed with and without MAN",
-        rows=("FedASAM", "FedASAM+MAN", "FedSpeed", "FedSpeed+MAN"),
-        partitions=("dirichlet-0.3", "dirichlet-0.6"), metrics=("top_eigenvalue", "trace", "accuracy"),
-        comparisons=_with_reg(("FedASAM", "FedSpeed")), paper_scale=MAN_SCALE, default_model="clients-average",
-        notes=("the paper's FedASAM and FedASAM+MAN values repeat its Table 2 FedAvg and FedAvg+MAN values digit for "
-               "digit (probably a copy error); the FedASAM checks compare with those numbers.",)),
-    "fedalign-table1": TableSpec(
-        key="fedalign-table1", source="FedAlign", table="Table 1",
-        title="FedAlign Table 1: accuracy, top eigenvalue, trace H_T and cross-client H_N, H_D",
-        rows=("FedAvg", "FedProx", "MOON", "FedAvg+Mixup", "FedAvg+StochDepth", "FedAvg+GradAug",
-              "FedAvg+FedAlign"),
-        partitions=("fedml-dirichlet-0.5",),
-        metrics=("accuracy", "top_eigenvalue", "trace", "hessian_norm_gap", "hessian_direction"),
-        comparisons=(("FedAvg", "FedProx"), ("FedAvg", "MOON"), ("FedAvg", "FedAvg+Mixup"),
-                     ("FedAvg", "FedAvg+StochDepth"), ("FedAvg", "FedAvg+GradAug"), ("FedAvg", "FedAvg+FedAlign")),
-        paper_scale=("paper: CIFAR-100, ResNet-56, 16 clients all participating, Dirichlet 0.5 (FedML), 25 rounds x "
-                     "20 local epochs, PyHessian power iteration and Hutchinson"),
-        default_model="server",
-        paper_names=(("FedAvg+Mixup", "Mixup"), ("FedAvg+StochDepth", "StochDepth"), ("FedAvg+GradAug", "GradAug")),
-        notes=("FedAlign itself has no row in the paper's Table 1 (its accuracy is in Table 2 there); ours is shown "
-               "without a paper value.",
-               "H_N and H_D: cross-client Hessian diagonals (flatfl.analysis.clients); the protocol used is in the "
-               "subtitle, each run's in runs.csv (clients_protocol).")),
-}
-TABLE_ALIASES = {"man-tables": ("man-table2", "man-table6")}
+# the layouts: one module per table in flatfl/paper_tables (TableSpec is defined there)
+TABLE_ALIASES = GROUPS
 
 
 def paper_values() -> list[dict]:

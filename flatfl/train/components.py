@@ -6,6 +6,10 @@ hyper-parameter has a command-line flag (``--rho``, ``--zeta``...). Pieces that 
 
 The user's explicit settings live in one flat dict keyed by flag name (``rho``, ``asd_lambda``); ``resolve`` turns
 them into the values a piece uses and records them in the run's config.
+
+This module never imports a piece: each piece's module imports it and registers its class here
+(``@ALGORITHMS.register``...); :func:`flatfl.train.catalog.load_all` imports every module of the algorithm and
+regularizer packages, so a new piece is one new file.
 """
 from __future__ import annotations
 
@@ -58,12 +62,19 @@ class HParam:
 
 
 class Component:
-    """Base of every named piece. Subclasses set ``name``, ``summary`` and ``hparams``."""
+    """Base of every named piece. Subclasses set ``name``, ``display_name``, ``summary`` and ``hparams``."""
 
     kind: ClassVar[str] = "component"
     name: ClassVar[str] = ""
+    #: the name tables and reports print (the paper's spelling: "FedAvg", "MoFedSAM", "MAN", "SAM"); ``name`` if empty
+    display_name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     hparams: ClassVar[tuple[HParam, ...]] = ()
+
+    @classmethod
+    def label(cls) -> str:
+        """The name to print: ``display_name``, else ``name``."""
+        return cls.display_name or cls.name
 
     @classmethod
     def resolve(cls, settings: dict[str, Any]) -> dict[str, Any]:
@@ -99,79 +110,3 @@ class Registry(dict):
 ALGORITHMS = Registry("algorithm")
 LOCAL_OPTIMIZERS = Registry("local optimizer")
 REGULARIZERS = Registry("regularizer")
-
-
-def load_all() -> None:
-    """Import every built-in piece so the registries are complete."""
-    from . import algorithms, optimizers, regularizers  # noqa: F401
-
-
-def all_hparams() -> dict[str, HParam]:
-    """Every flag declared by any registered piece, keyed by settings key (shared flags appear once)."""
-    load_all()
-    flags: dict[str, HParam] = {}
-    for reg in (ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS):
-        for cls in reg.values():
-            for hp in cls.hparams:
-                prev = flags.get(hp.key)
-                if prev is not None and prev.py_type is not hp.py_type:
-                    raise RuntimeError(f"flag --{hp.key} declared with two types ({prev.py_type}, {hp.py_type})")
-                flags.setdefault(hp.key, hp)
-    return flags
-
-
-KIND_FLAGS = {"algorithm": "--algo", "local optimizer": "--local-opt", "regularizer": "--reg"}
-
-
-def hparam_declarations() -> dict[str, list[tuple[str, str, HParam]]]:
-    """settings key -> every (kind, component name, HParam) declaring it: local optimizers, then algorithms, then
-    regularizers, each in name order."""
-    load_all()
-    out: dict[str, list[tuple[str, str, HParam]]] = {}
-    for reg in (LOCAL_OPTIMIZERS, ALGORITHMS, REGULARIZERS):
-        for name in sorted(reg):
-            for hp in reg[name].hparams:
-                out.setdefault(hp.key, []).append((reg.kind, name, hp))
-    return out
-
-
-def used_hparams(algo: str, local_opt: str, reg: str) -> set[str]:
-    """The settings keys read by the selected algorithm, the local optimizer it runs and the regularizer."""
-    algo_cls = ALGORITHMS.get_class(algo)
-    pieces = (algo_cls, LOCAL_OPTIMIZERS.get_class(algo_cls.local_optimizer(local_opt)), REGULARIZERS.get_class(reg))
-    return {hp.key for cls in pieces for hp in cls.hparams}
-
-
-def check_used_hparams(settings: dict[str, Any], algo: str, local_opt: str, reg: str) -> None:
-    """A :class:`ConfigError` naming the first explicitly set hyper-parameter that none of the selected pieces
-    reads (the algorithm, the local optimizer it runs, i.e. its own one for fedsam / fedspeed..., the regularizer):
-    setting it would be saved in the config and silently ignored."""
-    algo_cls = ALGORITHMS.get_class(algo)
-    opt_name = algo_cls.local_optimizer(local_opt)
-    used = used_hparams(algo, local_opt, reg)
-    declared = hparam_declarations()
-    for key in settings:
-        if key in used or key not in declared:
-            continue
-        owners = [f"{KIND_FLAGS[kind]} {name}" for kind, name, _ in declared[key]]
-        reading_opts = {name for kind, name, _ in declared[key] if kind == "local optimizer"}
-        owners += [f"--algo {name}" for name in sorted(ALGORITHMS)  # fedsam / fedasam: read via their optimizer
-                   if ALGORITHMS.get_class(name).local_opt in reading_opts and f"--algo {name}" not in owners]
-        flag = declared[key][0][2].cli_flag
-        run = f"--algo {algo_cls.name}, --local-opt {opt_name}, --reg {REGULARIZERS.get_class(reg).name}"
-        if len(owners) == 1:
-            raise ConfigError(f"{flag} is a setting of {owners[0]}, which this run ({run}) does not use: remove it "
-                              f"or add {owners[0]}")
-        raise ConfigError(f"{flag} is a setting of {' / '.join(owners)}, none of which this run ({run}) uses: "
-                          "remove it or select one of them")
-
-
-def describe(kind_registry: Registry) -> str:
-    """Human-readable listing of the pieces of one kind and their hyper-parameters with defaults."""
-    lines = []
-    for key in sorted(kind_registry):
-        cls = kind_registry[key]
-        lines.append(f"{key}: {cls.summary}")
-        for hp in cls.hparams:
-            lines.append(f"    {hp.cli_flag:<22} default {hp.default!r:<10} {hp.help}")
-    return "\n".join(lines)

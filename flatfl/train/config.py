@@ -130,14 +130,15 @@ class RunConfig:
         check_threads(self.threads, "--threads")
         if self.partition != "iid":
             need(self.alpha > 0, f"the Dirichlet concentration --alpha must be > 0, got {self.alpha}")
-        from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, all_hparams
+        from .catalog import all_hparams
+        from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 
         known = all_hparams()
         for k in self.params:
             need(k in known, f"unknown hyper-parameter {k!r}: see 'flatfl algos' for the valid names")
         for reg, name in ((ALGORITHMS, self.algo), (LOCAL_OPTIMIZERS, self.local_opt), (REGULARIZERS, self.reg)):
             reg.get_class(name).resolve(self.params)  # raises ConfigError on bad names or values
-        from .components import check_used_hparams
+        from .catalog import check_used_hparams
 
         check_used_hparams(self.params, self.algo, self.local_opt, self.reg)  # e.g. --zeta without --reg man
         from ..data.datasets import DATASETS
@@ -183,12 +184,12 @@ def read_settings_file(path: str | Path, what: str = "config file") -> dict:
 def read_config_file(path: str | Path) -> dict:
     """Read a TOML (.toml) or YAML (.yaml/.yml) file into a flat dict of RunConfig fields + ``params``."""
     raw = read_settings_file(path, "config file")
-    return normalise_settings(raw, source=str(path))
+    return normalize_settings(raw, source=str(path))
 
 
-def normalise_settings(raw: dict, source: str = "settings") -> dict:
+def normalize_settings(raw: dict, source: str = "settings") -> dict:
     """Map user keys (dashes or underscores, hyper-parameters at top level or under 'params') to RunConfig fields."""
-    from .components import all_hparams
+    from .catalog import all_hparams
 
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     known_hp = all_hparams()

@@ -18,7 +18,7 @@ from torch import nn
 
 @dataclass
 class RoundContext:
-    round: int  # 0-based index of this round
+    index: int  # 0-based index of this round
     lr: float
     global_params: torch.Tensor  # theta^t, flat
     _build_model: Callable[[], nn.Module] = field(repr=False, default=None)

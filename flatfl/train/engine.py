@@ -32,7 +32,8 @@ from ..utils.device import resolve_device
 from ..utils.environment import environment
 from .algorithms.base import Algorithm, weighted_mean
 from ..checkpoint import FINAL_FILE, save_checkpoint, save_clients_average
-from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS, load_all
+from .catalog import load_all
+from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 from .context import ClientContext, RoundContext, frozen_copy
 from .evaluate import evaluate
 from .local import train_client

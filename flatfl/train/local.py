@@ -70,5 +70,5 @@ def train_client(cctx: ClientContext, *, algo: Algorithm, reg: Regularizer, make
     mean = total / max(steps, 1)
     if not torch.isfinite(mean):
         raise DivergenceError(f"the local loss of client {cctx.client_id} became non-finite in round "
-                              f"{cctx.round.round + 1}")
+                              f"{cctx.round.index + 1}")
     return mean

@@ -45,6 +45,7 @@ class LocalOptimizer(Component):
 @LOCAL_OPTIMIZERS.register
 class SGD(LocalOptimizer):
     name = "sgd"
+    display_name = "SGD"
     summary = "plain local SGD (momentum and Nesterov through --momentum / --nesterov)"
 
     def step(self, closure, correct):
@@ -80,6 +81,7 @@ class SAM(LocalOptimizer):
     """
 
     name = "sam"
+    display_name = "SAM"
     summary = "SAM: gradient at theta + rho g/||g||, then an SGD step from theta (two forward/backward passes)"
     hparams = (HParam("rho", 0.05, "SAM/ASAM radius rho (SAM: MAN --search_param 0.05; SAMC CIFAR-10 0.1; "
                       "ASAM: MAN 0.5)", check="nonnegative"),)
@@ -116,6 +118,7 @@ class ASAM(SAM):
     """
 
     name = "asam"
+    display_name = "ASAM"
     summary = "ASAM: SAM with the ascent scaled by T = |w| + eta on weight tensors"
     hparams = (HParam("rho", 0.5, "SAM/ASAM radius rho (SAM: MAN --search_param 0.05; ASAM: MAN 0.5)",
                       check="nonnegative"),

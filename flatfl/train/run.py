@@ -28,7 +28,7 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
         with folder_lock(resume_dir):
             trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet)
             return trainer.run()
-    from .components import all_hparams
+    from .catalog import all_hparams
 
     hp_keys = set(all_hparams())
     cli = {k: v for k, v in opts.items() if k not in hp_keys and v is not None}

@@ -9,4 +9,5 @@ from .base import Algorithm, register
 @register
 class FedAvg(Algorithm):
     name = "fedavg"
+    display_name = "FedAvg"
     summary = "FedAvg: local SGD, sample-weighted average of the participants' models"

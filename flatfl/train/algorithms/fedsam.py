@@ -14,6 +14,7 @@ from .fedavg import FedAvg
 @register
 class FedSAM(FedAvg):
     name = "fedsam"
+    display_name = "FedSAM"
     summary = "FedSAM: FedAvg with local SAM steps (= fedavg --local-opt sam)"
     local_opt = "sam"
 
@@ -21,5 +22,6 @@ class FedSAM(FedAvg):
 @register
 class FedASAM(FedAvg):
     name = "fedasam"
+    display_name = "FedASAM"
     summary = "FedASAM: FedAvg with local ASAM steps (= fedavg --local-opt asam)"
     local_opt = "asam"

@@ -8,7 +8,8 @@ FedDyn's prox-correction with a SAM-type local step. Client state h_i (starts at
     step = g~ + lambda_i (theta - theta^t + h_i) + wd theta      (lambda_i theta as weight decay, after clipping)
 
 After training h_i += theta_i - theta^t; server theta^{t+1} = mean_{P_t} theta_i + mean_{all} h_i. These are the
-FedDyn rules with FedDyn's alpha renamed lambda, so the class is FedDyn's with the SAM step
+FedDyn rules with FedDyn's alpha renamed lambda (``lam``; runs written before the rename recorded it as ``alpha``,
+read as ``lam``: :data:`flatfl.checkpoint.RENAMED_SETTINGS`), so the class is FedDyn's with the SAM step
 (:class:`flatfl.train.optimizers.SAM`) and its own defaults.
 
 The paper's intent, not the code's quirks: fedMAN's speedOpt never zeroes the gradient before the ascent (the
@@ -30,9 +31,14 @@ from .feddyn import FedDyn
 @register
 class FedSpeed(FedDyn):
     name = "fedspeed"
+    display_name = "FedSpeed"
     summary = "FedSpeed: FedDyn's prox-correction lambda_i(theta - theta^t + h_i) with a SAM local step"
     local_opt = "sam"
-    hparams = (HParam("alpha", 0.01, "FedSpeed prox-correction lambda; client i uses lambda / w_i (fedMAN "
+    hparams = (HParam("lam", 0.01, "FedSpeed prox-correction lambda; client i uses lambda / w_i (fedMAN "
                       "alpha_coef 0.01; FedSpeed simulator 0.1)", flag="fedspeed-lambda", check="nonnegative"),
                HParam("rho", 0.1, "SAM radius for FedSpeed (MAN appendix non-IID, FedSpeed simulator; MAN IID 0.01)",
                       check="nonnegative"))
+
+    def client_alpha(self, cctx) -> float:
+        """lambda_i = lambda / w_i, in FedDyn's place of alpha_i."""
+        return self.lam / cctx.weight

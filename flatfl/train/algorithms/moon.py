@@ -61,6 +61,7 @@ def copy_with(frozen: nn.Module, params: dict[str, torch.Tensor]) -> nn.Module:
 @register
 class Moon(Algorithm):
     name = "moon"
+    display_name = "MOON"
     summary = "MOON: CE + mu * model-contrastive loss (projection head; previous local model as negative)"
     hparams = (
         HParam("mu", 1.0, "MOON contrastive weight mu (paper: 1 on CIFAR-100/Tiny-ImageNet, 5 in the code's "

@@ -56,6 +56,7 @@ def batch_kl(target_logits: torch.Tensor, student_logits: torch.Tensor) -> torch
 @REGULARIZERS.register
 class GradAug(Regularizer):
     name = "gradaug"
+    display_name = "GradAug"
     summary = "GradAug: CE + mu * KL of slimmed, resized sub-networks to the full network's prediction"
     hparams = (
         HParam("num_subnets", 2, "GradAug sub-networks per batch: the minimum width plus num_subnets-1 random ones",

@@ -26,6 +26,7 @@ from .base import Regularizer
 @REGULARIZERS.register
 class StochDepth(Regularizer):
     name = "stochdepth"
+    display_name = "StochDepth"
     summary = "stochastic depth: residual blocks dropped at random, survival 1.0 -> --survival-last"
     hparams = (HParam("survival_last", 0.9, "stochastic depth: survival probability of the last residual block "
                       "(linear from 1.0 at the first)", check="unit"),)

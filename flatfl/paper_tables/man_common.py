@@ -1,0 +1,54 @@
+"""What the MAN tables (Table 2, supplementary Table 6) share: the paper's scale, the presets' settings, the
+deltas, the zetas and FedDC's code switches. Not a table itself (it defines no ``TABLE``)."""
+from __future__ import annotations
+
+from .spec import Method
+
+MAN_SCALE = ("paper: CIFAR-100, CNN (2 conv + 3 FC), 100 clients, 10% participation, 500 rounds x 5 local epochs, "
+             "Hessian on the training set (assumed PyHessian protocol)")
+ALPHAS = (0.3, 0.6)  # Dirichlet delta of every MAN run
+ZETA, ZETA_FEDAVG = 0.15, 0.6  # main paper Sec. 4 (CIFAR-100); supplementary Sec. 7 (FedAvg+MAN)
+#: FedDC as the fedMAN/FedDC code ran it (man_table2: code_followed): the undecayed lr and the mean-size step count in the
+#: g_i update. flatfl's defaults (``current``, ``own``) are the papers' intent.
+FEDDC_OFFICIAL = {"cv_lr": "initial", "steps_rule": "mean"}
+MAN_CODE = {"MAN": "fedMAN's penalty, CE + (zeta / 2) * sum_l mean(a_l^2) over the post-ReLU activations"}
+
+
+def pair(label: str, settings: dict, spectrum: bool = False) -> tuple[Method, Method]:
+    """A method without and with MAN (FedAvg+MAN at zeta 0.6, the others at 0.15)."""
+    return (Method(label, settings, spectrum),
+            Method(f"{label}+MAN", dict(settings, reg="man", zeta=ZETA_FEDAVG if label == "FedAvg" else ZETA),
+                   spectrum))
+
+
+# Settings per preset (flatfl.paper_tables.spec.PaperTable).
+PRESETS = {
+    "paper": {
+        "run": dict(dataset="cifar100", model="cifar-cnn", clients=100, participation=0.1, sampling="bernoulli",
+                    partition="dirichlet", rounds=500, local_epochs=5, batch_size=50, lr=0.1, lr_decay=0.998,
+                    weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10),
+        "hessian": dict(top=1, method="power", tol=1e-3, trace=True, trace_method="pyhessian", trace_hvps=100,
+                        samples=None, batch_size=50),
+        "spectrum": dict(top=200, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=100,
+                         density_starts=4, samples=None, batch_size=256),
+    },
+    "quick": {  # sized for <= 15 min on 2 quiet cores with 3 seeds (README, "The quick reproduction")
+        "run": dict(dataset="digits", model="digits-cnn", clients=20, participation=0.5, sampling="bernoulli",
+                    partition="dirichlet", rounds=30, local_epochs=2, batch_size=50, lr=0.1, lr_decay=0.998,
+                    weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10),
+        "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=60,
+                        trace_rtol=0.01, samples=None, batch_size=512),
+        "spectrum": dict(top=50, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=80,
+                         density_starts=2, samples=None, batch_size=512),
+        "spectrum_seeds": "first",  # the Fig. 4 spectrum of the first seed only: 45 s a run, the largest cost
+    },
+    "tiny": {
+        "run": dict(dataset="digits", model="digits-cnn", clients=4, participation=1.0, sampling="bernoulli",
+                    partition="dirichlet", rounds=2, local_epochs=1, batch_size=50, lr=0.1, lr_decay=0.998,
+                    weight_decay=1e-3, clip=10.0, eval_every=1, checkpoint_every=1),
+        "hessian": dict(top=1, method="lanczos", tol=1e-2, trace=True, trace_method="hutchpp", trace_hvps=9,
+                        trace_rtol=None, samples=96, batch_size=96),
+        "spectrum": dict(top=3, method="lanczos", tol=1e-2, trace=False, density=True, density_steps=6,
+                         density_starts=2, samples=96, batch_size=96),
+    },
+}

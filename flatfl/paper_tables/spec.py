@@ -1,0 +1,69 @@
+"""What a reproduced paper table is: its layout (:class:`TableSpec`, what ``flatfl report`` fills and checks) and its
+run plan (:class:`PaperTable`: the methods, the settings of each preset, the code each method follows), which
+``flatfl reproduce`` trains and analyses."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A paper table's layout. ``rows`` are our method names; ``paper_names`` maps those the paper names
+    differently; ``comparisons`` are (reference, compared) row pairs whose direction of change is checked."""
+
+    key: str
+    source: str  # "MAN" / "FedAlign", as in paper_values.csv
+    table: str  # "Table 2", as in paper_values.csv
+    title: str
+    rows: tuple[str, ...]
+    partitions: tuple[str, ...]
+    metrics: tuple[str, ...]
+    comparisons: tuple[tuple[str, str], ...]
+    paper_scale: str
+    default_model: str = "server"  # the model each row measures unless the report is told otherwise
+    paper_names: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def paper_name(self, row: str) -> str:
+        return dict(self.paper_names).get(row, row)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of a table: its name, the settings that make it (RunConfig fields and hyper-parameter flags), and
+    whether its runs get the top-k spectrum and density (MAN Fig. 4)."""
+
+    label: str
+    settings: dict = field(default_factory=dict)
+    spectrum: bool = False
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    """A table ``flatfl reproduce`` can make: its layout and the runs behind it.
+
+    ``presets``: per preset ('tiny', 'quick', 'paper'), 'run' = RunConfig fields shared by every run; 'hessian' =
+    HessianSettings for the table; 'spectrum' = HessianSettings for the Fig. 4 pages; 'clients' =
+    ClientMetricsSettings; 'surface' = SurfaceSettings (absent: not computed; each checked by its settings class
+    when the runs are planned); 'spectrum_seeds': 'first'
+    to measure the spectrum of the first seed only. ``alphas``: the Dirichlet concentrations each method runs at
+    (empty: the preset's own ``alpha``). ``code_followed``: per method (or part of one), the code whose behaviour
+    every preset follows. ``group``: a target naming this table with the others of its group (``man-tables``).
+    ``position``: where the table stands among the others (reports, target lists), lowest first."""
+
+    spec: TableSpec
+    methods: tuple[Method, ...]
+    presets: dict
+    code_followed: dict
+    position: int
+    alphas: tuple[float, ...] = ()
+    group: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.spec.key
+
+
+def with_reg(bases, reg="MAN"):
+    """(base, base+reg) comparisons for each base method."""
+    return tuple((b, f"{b}+{reg}") for b in bases)

@@ -1,0 +1,67 @@
+"""A table to reproduce is one module of flatfl/paper_tables (its layout and its run plan) plus its rows in
+paper_values.csv: the command line's targets, the report's layouts and reproduce's plan all read the discovered
+set, so a module dropped into a copy of the package is a new target of every command."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from flatfl import paper_tables
+from flatfl.report.tables import paper_values
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_discovered_tables_and_their_order():
+    assert paper_tables.TARGETS == ("man-table2", "man-table6", "man-tables", "fedalign-table1")
+    assert paper_tables.GROUPS == {"man-tables": ("man-table2", "man-table6")}
+    modules = sorted(p.stem for p in (ROOT / "flatfl" / "paper_tables").glob("*.py"))
+    assert modules == ["__init__", "fedalign_table1", "man_common", "man_table2", "man_table6", "spec"]
+
+
+def test_every_table_has_paper_values_for_its_rows():
+    values = paper_values()
+    for key, spec in paper_tables.TABLES.items():
+        mine = {(r["method"], r["partition"]) for r in values if r["source"] == spec.source and r["table"] == spec.table}
+        assert mine, key
+        assert {p for _, p in mine} <= set(spec.partitions), key
+
+
+NEW_TABLE = '''
+from .spec import Method, PaperTable, TableSpec, with_reg
+from .man_common import PRESETS
+
+SPEC = TableSpec(key="demo-table9", source="MAN", table="Table 9", title="a demo table", rows=("FedProx", "FedProx+MAN"),
+                 partitions=("dirichlet-0.3",), metrics=("accuracy",), comparisons=with_reg(("FedProx",)),
+                 paper_scale="paper: none")
+TABLE = PaperTable(spec=SPEC, position=25, presets=PRESETS, alphas=(0.3,),
+                   methods=(Method("FedProx", {"algo": "fedprox"}), Method("FedProx+MAN", {"algo": "fedprox", "reg": "man"})),
+                   code_followed={"FedProx": "demo"})
+'''
+FIND = r"""
+import json
+from click.testing import CliRunner
+from flatfl.cli import main
+from flatfl.reproduce import plan
+from flatfl.report.tables import tables_for
+
+help_text = CliRunner().invoke(main, ["reproduce", "--help"], terminal_width=200).output
+print(json.dumps({"plan": sorted(t.name for t in plan("demo-table9", "tiny", runs_dir="/tmp/x")),
+                  "report": [s.key for s in tables_for(["demo-table9"])],
+                  "choice": "demo-table9" in help_text.split("Options")[0]}))
+"""
+
+
+def test_a_table_module_dropped_into_a_copy_of_the_package_is_a_target(tmp_path):
+    shutil.copytree(ROOT / "flatfl", tmp_path / "flatfl", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "flatfl" / "paper_tables" / "demo_table9.py").write_text(NEW_TABLE)
+    r = subprocess.run([sys.executable, "-c", FIND], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(tmp_path), OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"plan": ["fedprox-dirichlet0.3-s0", "fedprox-man-dirichlet0.3-s0"], "report": ["demo-table9"],
+                   "choice": True}
