@@ -335,3 +335,27 @@ def test_surface_panels_share_one_colour_scale(tmp_path):
     panels = [ax for ax in fig.axes if ax is not bars[0].ax]
     assert len(panels) == 2
     assert all(ax.get_xlabel().endswith("direction 1") and ax.get_ylabel().endswith("direction 2") for ax in panels)
+
+
+def test_pdfs_carry_no_creation_date(monkeypatch, tmp_path):
+    """The same pages give the same bytes whenever they are rendered: the report's PDF and an analysis figure's PDF
+    are rendered at two different (SOURCE_DATE_EPOCH) dates and must be equal, with no /CreationDate."""
+    from matplotlib.figure import Figure
+
+    from flatfl.analysis.figures import figure_bytes
+    from flatfl.report.pdf import write_pdf
+
+    def draw(fig, ax):
+        ax.plot([0, 1, 2], [2.0, 1.0, 3.0])
+
+    rendered = []
+    for epoch, name in (("1000000000", "a.pdf"), ("1700000000", "b.pdf")):
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
+        fig = Figure(figsize=(4, 3))
+        draw(fig, fig.add_subplot(1, 1, 1))
+        path = tmp_path / name
+        write_pdf([fig], path)
+        rendered.append((path.read_bytes(), figure_bytes(draw, "pdf")))
+    (report_a, figure_a), (report_b, figure_b) = rendered
+    assert report_a == report_b and figure_a == figure_b
+    assert b"/CreationDate" not in report_a and b"/CreationDate" not in figure_a

@@ -25,8 +25,13 @@ def figure_bytes(draw, fmt: str, size=(5.0, 3.6), projection=None) -> bytes:
     ax = fig.add_subplot(1, 1, 1, projection=projection)
     draw(fig, ax)
     fig.tight_layout()
+    return saved(fig, fmt)
+
+
+def saved(fig, fmt: str) -> bytes:
+    """``fig`` as ``fmt`` bytes; a PDF without its creation date, so the same result gives the same file."""
     buf = io.BytesIO()
-    fig.savefig(buf, format=fmt)
+    fig.savefig(buf, format=fmt, metadata={"CreationDate": None} if fmt == "pdf" else None)
     return buf.getvalue()
 
 
@@ -85,9 +90,7 @@ def clients_heatmap(metrics, title: str, fmt: str) -> bytes:
     mean_d = "n/a" if not math.isfinite(metrics.H_D) else f"{metrics.H_D:.4g}"
     fig.suptitle(f"{title}: protocol {metrics.protocol}, H_N = {mean_n}, H_D = {mean_d}", fontsize=10)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format=fmt)
-    return buf.getvalue()
+    return saved(fig, fmt)
 
 
 # ---------------------------------------------------------------------------------------------- surface

@@ -63,7 +63,8 @@ def write_pdf(pages, path) -> int:
 
     buf = io.BytesIO()
     count = 0
-    with PdfPages(buf, metadata={"Creator": "flatfl report"}) as pdf:
+    # no creation date: the same runs give the same bytes (README, "same numbers")
+    with PdfPages(buf, metadata={"Creator": "flatfl report", "CreationDate": None}) as pdf:
         for fig in pages:
             FigureCanvasPdf(fig)
             pdf.savefig(fig)
