@@ -21,8 +21,12 @@ Batched products (``products="forward-over-reverse"``): ``matmat`` pushes a bloc
 ``torch.func.vmap`` over ``jvp(grad(loss))`` per batch, the block sized from free memory (CUDA ``mem_get_info``,
 else available RAM) and halved on an out-of-memory error. On an H100 a block of 32 cost 0.82x a gradient per vector
 against 1.70x for the double backward (issue 14); on this 2-core CPU it lost (MAN CNN, 512 inputs: 6.4x a gradient
-per vector at a block of 16 against 1.8x; ``benchmarks/hessian_products.py``), so ``products="auto"`` means
-forward-over-reverse on CUDA and double backward elsewhere. Both give the same numbers to rounding.
+per vector at a block of 16 against 1.8x; ``benchmarks/hessian_products.py``). At one thread it lost again on the
+MAN CNN (1.97x the double backward at best, blocks of 1, 4, 16) and was within noise on the 13.7k-parameter digits
+CNN (0.76x at a block of 4, 1.47x at 16; ``benchmarks/results/hessian_products_cpu_1thread.txt``), where a block
+also costs the Lanczos solver more products than one vector at a time (on the trained digits CNN, top 200: 633
+products one vector at a time, 684 in blocks of 4). So ``products="auto"`` means forward-over-reverse on CUDA and
+double backward elsewhere. Both give the same numbers to rounding.
 
 Parameters that receive no gradient (unused layers, frozen branches) are rows and columns of zeros, where PyHessian
 fails. The model's mode is set for every product (``eval`` by default: BatchNorm running statistics, no dropout) and
