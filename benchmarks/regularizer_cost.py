@@ -1,7 +1,8 @@
 """Each local regularizer's time per round relative to no regularizer, on the same run settings, measured in one run.
 
-Two model families, each trained through the engine's real round (local training with the regularizer inside the
-loss closure, aggregation; evaluation and checkpointing off), FedAvg with plain SGD:
+Three model families, each trained through the engine's real round (local training with the regularizer inside the
+loss closure, aggregation; evaluation and checkpointing off), FedAvg with plain SGD (``--local-opt sam``: FedAvg's
+clients with SAM, whose two passes each run the regularizer; several optimizers are measured one after the other):
 
 * ``digits-cnn`` on the embedded 8x8 digits: none, man, asd, mixup, fedalign (its dense final block, fc1 + ReLU);
 * ``cifar-cnn`` (the MAN paper's own CIFAR CNN) on CIFAR-shaped 3x32x32 synthetic images: the same five;
@@ -29,7 +30,8 @@ What to expect, and why:
   about 1.8-2.5x (paper Table 5: 170.7 vs 87.3 GFLOPs for n = 2).
 * stochdepth: dropped blocks are skipped in training: at most 1x.
 
-    python benchmarks/regularizer_cost.py [--rounds 4] [--threads 1]
+    python benchmarks/regularizer_cost.py [--rounds 4] [--threads 1] [--models cifar-cnn] [--regs none man]
+                                          [--local-opt sgd sam]
 """
 from __future__ import annotations
 
@@ -67,15 +69,16 @@ def cifar_shaped(num_train: int, seed: int = 0) -> ImageDataset:
                         num_classes=10, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
 
 
-def measure(model: str, ds: ImageDataset, regs: list[str], rounds: int, args) -> tuple[dict, dict]:
+def measure(model: str, ds: ImageDataset, regs: list[str], rounds: int, local_opt: str, args) -> tuple[dict, dict]:
     """CPU and wall-clock seconds of each timed round, per regularizer."""
     tmp = Path(tempfile.mkdtemp())
     trainers = {}
     for reg in regs:
         cfg = RunConfig(dataset="digits", model=model, clients=args.clients, participation=1.0, partition="iid",
+                        local_opt=local_opt,
                         rounds=10**6, local_epochs=1, batch_size=args.batch_size, reg=reg, eval_every=10**9,
                         checkpoint_every=10**9, seed=0).validate()
-        trainers[reg] = Trainer(cfg, tmp / f"{model}-{reg}", quiet=True, dataset=ds)
+        trainers[reg] = Trainer(cfg, tmp / f"{model}-{local_opt}-{reg}", quiet=True, dataset=ds)
         trainers[reg].run_round(0)  # warm-up
     cpu: dict[str, list[float]] = {reg: [] for reg in regs}
     wall: dict[str, list[float]] = {reg: [] for reg in regs}
@@ -97,25 +100,37 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--cifar-samples", type=int, default=400, help="training images of the CIFAR-shaped set")
     ap.add_argument("--models", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    ap.add_argument("--regs", nargs="+", help="only these regularizers of each family (none is always measured)")
+    ap.add_argument("--local-opt", nargs="+", default=["sgd"], choices=["sgd", "sam", "asam"],
+                    help="local optimizers, measured one after the other (default sgd)")
     args = ap.parse_args()
+    if args.regs:
+        known = {r for m in args.models for r in FAMILIES[m][1]}
+        unknown = sorted(set(args.regs) - known)
+        if unknown:
+            ap.error(f"--regs: {', '.join(unknown)} not measured for {', '.join(args.models)} "
+                     f"(choose from {', '.join(sorted(known))})")
     torch.set_num_threads(args.threads)
     load_all()
     datasets = {"digits": load_dataset("digits"), "cifar-shaped": cifar_shaped(args.cifar_samples)}
-    print(f"torch {torch.__version__}, {args.threads} thread(s); FedAvg + SGD, {args.clients} clients all "
+    print(f"torch {torch.__version__}, {args.threads} thread(s); FedAvg, {args.clients} clients all "
           f"participating, 1 local epoch, batch {args.batch_size}; fastest of {args.rounds} (CIFAR-shaped) / "
           f"{6 * args.rounds} (digits-cnn) round-robin rounds")
-    print(f"{'model':<11} {'data':<13} {'regularizer':<11} {'CPU s/round':>11} {'vs none':>8} {'wall s':>7}  target")
-    for model in args.models:
-        data, regs, factor = FAMILIES[model]
-        cpu, wall = measure(model, datasets[data], regs, factor * args.rounds, args)
-        base = min(cpu["none"])
-        for reg in regs:
-            best = min(cpu[reg])
-            ratio = best / base
-            target = TARGETS.get(reg)
-            verdict = "" if target is None else f"<= {target:.2f}x {'ok' if ratio <= target else 'MISSED'}"
-            print(f"{model:<11} {data:<13} {reg:<11} {best:>11.3f} {ratio:>7.2f}x {min(wall[reg]):>7.3f}  {verdict}",
-                  flush=True)
+    print(f"{'model':<11} {'data':<13} {'local opt':<9} {'regularizer':<11} {'CPU s/round':>11} {'vs none':>8} "
+          f"{'wall s':>7}  target")
+    for local_opt in args.local_opt:
+        for model in args.models:
+            data, regs, factor = FAMILIES[model]
+            regs = [r for r in regs if r == "none" or not args.regs or r in args.regs]
+            cpu, wall = measure(model, datasets[data], regs, factor * args.rounds, local_opt, args)
+            base = min(cpu["none"])
+            for reg in regs:
+                best = min(cpu[reg])
+                ratio = best / base
+                target = TARGETS.get(reg)
+                verdict = "" if target is None else f"<= {target:.2f}x {'ok' if ratio <= target else 'MISSED'}"
+                print(f"{model:<11} {data:<13} {local_opt:<9} {reg:<11} {best:>11.3f} {ratio:>7.2f}x "
+                      f"{min(wall[reg]):>7.3f}  {verdict}", flush=True)
 
 
 if __name__ == "__main__":

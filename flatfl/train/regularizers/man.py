@@ -13,18 +13,22 @@ The weight: the paper writes f_k = L_k + zeta * L_act (Eq. 15), the code adds ``
 README; 0.2 in the shipped Tiny-ImageNet scripts) mean here what they meant there: loss = CE + (zeta/2) * Reg.
 Default 0.15 (the CIFAR-100 value).
 
-Activations are captured by forward hooks installed once in :meth:`MAN.attach`. A hook records only while MAN's own
+Activations are captured by forward hooks installed once in :meth:`MAN.attach`. A hook acts only while MAN's own
 forward pass runs and only for the module instances it was installed on, so a deep copy of the model (a teacher,
-the frozen global model, an algorithm's extra forward) never adds terms; the list is cleared at every forward, so
-SAM's two passes each see exactly their own activations. Hooked activation modules are switched to
-``inplace=False``, and a hook stores the activation with its version counter: a model that later changes one in
-place (``x += ...`` after a ReLU) gets a clear error instead of a silently different penalty.
+the frozen global model, an algorithm's extra forward) never adds terms; the list of terms is cleared at every
+forward, so SAM's two passes each see exactly their own activations. Hooked activation modules are switched to
+``inplace=False``. A model that later changes a hooked activation in place (``x += ...`` after a ReLU) gets a clear
+error instead of a silently different penalty: with a graph, autograd refuses the in-place change of the view the
+hook passed on (turned into MAN's message); without one (``torch.no_grad()``), the activation's version counter,
+recorded by the hook, tells.
 
-Cost. A hook only appends the output; the penalty is then one autograd node for all layers
-(:class:`_SumOfMeanSquares`): its forward is one multi-tensor norm (a layer over 65,536 elements is reduced in
-blocks whose squares are summed in float64, so the logged value stays within 1e-7 of float64 at 25M elements), its
-backward one multi-tensor scale writing ``zeta / numel * a`` into each activation's gradient. That is the least
-arithmetic the penalty allows, with no per-layer autograd or dispatch bookkeeping, which matters on small networks whose steps take a millisecond.
+Cost. The hook computes the layer's term from the output as soon as the module returns it, and passes the output on
+through one autograd node per layer (:class:`_ActivationPenalty`) that also returns the term; the layer's backward
+is one fused kernel, ``grad + (2 w / numel) * a`` with w the term's weight in the loss, so the penalty costs one
+read of each activation forward (its norm) and one fused multiply-add backward, with no saved list, no separate
+penalty node and no second gradient accumulation pass. A layer over 65,536 elements is reduced in blocks whose
+squares are summed in float64 (:func:`_mean_square_value`), and the layers' terms are summed in float64, so the
+logged value stays within 1e-7 of float64 at 25M elements.
 
 Models without ``activation_modules()`` fall back to every element-wise non-linearity module (ReLU, GELU, tanh, ...)
 registered before the final linear layer.
@@ -66,61 +70,71 @@ def mean_square(a: torch.Tensor) -> torch.Tensor:
     """One layer's term mean_b mean_elements(a ** 2) (Eq. 17 / 18): the mean of squares over every element, which
     equals the per-sample mean over the non-batch elements averaged over the batch (every sample has as many).
     A value without a graph (:func:`sum_of_mean_squares` gives the penalty its gradient)."""
-    return _sum_of_mean_squares_value([a])
+    return _mean_square_value(a).to(a.dtype)
 
 
-class _SumOfMeanSquares(torch.autograd.Function):
-    """sum_l mean(a_l ** 2) over all layers as one autograd node; backward d/da_l = 2 a_l / numel(a_l)."""
+#: activations larger than this are reduced in blocks of this many elements (see _mean_square_value)
+BLOCK = 1 << 16
+
+
+def _mean_square_value(a: torch.Tensor) -> torch.Tensor:
+    """||a||^2 / numel(a) as a float64 0-d tensor, without a graph. torch's float32 norm accumulates a long tensor
+    in a few running float32 sums: 1e-2 relative error at 25M elements. A layer up to ``BLOCK`` elements (every
+    layer of a small network) takes one norm; a larger layer is reduced as rows of ``BLOCK`` elements (one kernel,
+    the same arithmetic as one norm), and the row norms are squared and summed in float64: within 1e-7 of float64
+    at 25M elements, at the speed of the plain norm (tests/test_regularizers.py)."""
+    a = a.detach()
+    n = a.numel()
+    if n <= BLOCK:
+        return torch.linalg.vector_norm(a).double().square() / n
+    flat, m = a.reshape(-1), n // BLOCK
+    r = torch.linalg.vector_norm(flat[:m * BLOCK].view(m, BLOCK), dim=1)
+    if n > m * BLOCK:
+        r = torch.cat([r, torch.linalg.vector_norm(flat[m * BLOCK:]).reshape(1)])
+    r = r.double()
+    return torch.dot(r, r) / n
+
+
+class _ActivationPenalty(torch.autograd.Function):
+    """One hooked layer: ``(a, mean(a ** 2))``. The first output is the activation itself (a view of it, which the
+    rest of the forward pass uses), the second the layer's term as a float64 0-d tensor. Backward is one fused
+    kernel: d/da = grad_a + grad_term * 2 a / numel(a), the penalty's gradient added to the gradient that flows
+    back from later layers, with no separate node, no saved list and no second accumulation pass. Autograd runs
+    this backward only once both gradients have arrived, so the penalty's weight in the loss (zeta / 2, or
+    whatever multiplies the term) reaches the layer exactly; a term that no loss uses contributes nothing."""
 
     @staticmethod
-    def forward(ctx, *activations: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(*activations)
-        return _sum_of_mean_squares_value(activations)
+    def forward(ctx, a: torch.Tensor):
+        ctx.save_for_backward(a)
+        ctx.set_materialize_grads(False)
+        return a.view_as(a), _mean_square_value(a)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        saved = ctx.saved_tensors
-        out = torch._foreach_mul(saved, grad)  # one dispatch for all layers, then the per-layer 2 / numel
-        torch._foreach_mul_(out, [2.0 / a.numel() for a in saved])
-        return tuple(out)
+    def backward(ctx, grad_a, grad_term):
+        if grad_term is None:
+            return grad_a
+        (a,) = ctx.saved_tensors
+        coef = (grad_term * (2.0 / a.numel())).to(a.dtype)
+        return a * coef if grad_a is None else torch.addcmul(grad_a, a, coef)
 
 
-#: activations larger than this are reduced in blocks of this many elements (see _sum_of_mean_squares_value)
-_BLOCK = 1 << 16
-
-
-def _sum_of_mean_squares_value(activations) -> torch.Tensor:
-    """sum_l ||a_l||^2 / numel(a_l). torch's float32 norm accumulates a long tensor in a few running float32 sums:
-    1e-2 relative error at 25M elements. Layers up to ``_BLOCK`` elements (every layer of a small network) take one
-    multi-tensor norm as before; a larger layer is reduced as rows of ``_BLOCK`` elements (one kernel, the same
-    arithmetic as one norm), and the row norms are squared and summed in float64: within 1e-7 of float64 at 25M
-    elements, at the speed of the plain norm (tests/test_regularizers.py)."""
-    acts = [a.detach() for a in activations]
-    small = [a for a in acts if a.numel() <= _BLOCK]
-    value = None
-    if small:
-        norms = torch._foreach_norm(small)  # one reduction dispatch for all small layers
-        scale = torch.tensor([1.0 / a.numel() for a in small], dtype=norms[0].dtype, device=norms[0].device)
-        value = torch.dot(torch.stack(norms).square(), scale).double()
-    for a in acts:
-        n = a.numel()
-        if n <= _BLOCK:
-            continue
-        flat, m = a.reshape(-1), n // _BLOCK
-        rows = [torch.linalg.vector_norm(flat[:m * _BLOCK].view(m, _BLOCK), dim=1)]
-        if n > m * _BLOCK:
-            rows.append(torch.linalg.vector_norm(flat[m * _BLOCK:]).reshape(1))
-        r = torch.cat(rows).double() if len(rows) > 1 else rows[0].double()
-        term = torch.dot(r, r) / n
-        value = term if value is None else value + term
-    return value.to(acts[0].dtype)
+def penalised(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the activation to pass on, its term mean(a ** 2) in float64): with the penalty's gradient when ``a``
+    requires one (grad enabled), else ``a`` itself and a value."""
+    if torch.is_grad_enabled() and a.requires_grad:
+        return _ActivationPenalty.apply(a)
+    return a, _mean_square_value(a)
 
 
 def sum_of_mean_squares(activations: list[torch.Tensor]) -> torch.Tensor:
-    """sum_l mean(a_l ** 2) with its gradient (when any activation requires one), as one autograd node."""
-    if torch.is_grad_enabled() and any(a.requires_grad for a in activations):
-        return _SumOfMeanSquares.apply(*activations)
-    return _sum_of_mean_squares_value(activations)
+    """sum_l mean(a_l ** 2) in the activations' dtype, summed in float64, with its gradient when any activation
+    requires one."""
+    return _sum_terms([penalised(a)[1] for a in activations], activations[0].dtype)
+
+
+def _sum_terms(terms: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    total = terms[0] if len(terms) == 1 else torch.stack(terms).sum()
+    return total.to(dtype)
 
 
 @REGULARIZERS.register
@@ -135,8 +149,8 @@ class MAN(Regularizer):
         super().__init__(hp, num_classes=num_classes, config=config)
         self._hooked: list[nn.Module] = []
         self._handles: list = []
-        self._activations: list[torch.Tensor] = []
-        self._versions: list[int] = []
+        self._terms: list[torch.Tensor] = []
+        self._watched: list[tuple[torch.Tensor, int]] = []
         self._recording = False
 
     # ----- hooks -----
@@ -145,10 +159,13 @@ class MAN(Regularizer):
         self._hooked = default_activation_modules(model)
         owned = {id(m) for m in self._hooked}
 
-        def record(module: nn.Module, inputs, output) -> None:
-            if self._recording and id(module) in owned and isinstance(output, torch.Tensor):
-                self._activations.append(output)
-                self._versions.append(output._version)
+        def record(module: nn.Module, inputs, output):
+            if not (self._recording and id(module) in owned and isinstance(output, torch.Tensor)):
+                return None
+            passed_on, term = penalised(output)
+            self._terms.append(term)
+            self._watched.append((output, output._version))
+            return passed_on
 
         for module in self._hooked:
             if getattr(module, "inplace", False):
@@ -168,31 +185,37 @@ class MAN(Regularizer):
     def capture(self, model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run ``model(x)`` recording this forward's activations only. Returns (logits, layer terms); the terms are
         values (no graph): :meth:`forward` gives the penalty its gradient."""
-        logits, activations = self._capture(model, x)
-        return logits, [mean_square(a) for a in activations]
+        logits, terms = self._capture(model, x)
+        return logits, [t.detach().to(logits.dtype) for t in terms]
 
     def _capture(self, model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        self._activations, self._versions = [], []
+        self._terms, self._watched = [], []
         self._recording = True
         try:
             logits = model(x)
+        except RuntimeError as e:  # an in-place change of a hooked activation that autograd refuses
+            if _ActivationPenalty.__name__ in str(e) and "inplace" in str(e):
+                raise ConfigError(_IN_PLACE) from None
+            raise
         finally:
             self._recording = False
-        activations, versions = self._activations, self._versions
-        self._activations, self._versions = [], []
-        for a, v in zip(activations, versions):
-            if a._version != v:
-                raise ConfigError("MAN: the model changes a hooked activation in place after its non-linearity "
-                                  "(e.g. `x += ...` after ReLU); MAN would penalise the changed tensor. Write the "
-                                  "operation out of place or list the intended modules in activation_modules()")
-        return logits, activations
+        terms, watched = self._terms, self._watched
+        self._terms, self._watched = [], []
+        if any(a._version != v for a, v in watched):
+            raise ConfigError(_IN_PLACE)
+        return logits, terms
 
     # ----- the loss -----
     def forward(self, step: StepContext) -> torch.Tensor:
-        step.logits, activations = self._capture(step.model, step.x)
+        step.logits, terms = self._capture(step.model, step.x)
         loss = torch.nn.functional.cross_entropy(step.logits, step.y)
-        if not activations:
+        if not terms:
             return loss
-        reg = sum_of_mean_squares(activations)
+        reg = _sum_terms(terms, step.logits.dtype)
         step.scratch["man_reg"] = reg.detach()
         return loss + (self.zeta / 2.0) * reg
+
+
+_IN_PLACE = ("MAN: the model changes a hooked activation in place after its non-linearity (e.g. `x += ...` after "
+             "ReLU); MAN would penalise the changed tensor. Write the operation out of place or list the intended "
+             "modules in activation_modules()")
