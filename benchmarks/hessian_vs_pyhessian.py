@@ -305,6 +305,7 @@ def section_trace(op, counter):
     from pyhessian import hessian as PyHessian
 
     x, y = single_batch(op)
+    op = HessianOperator(op.model, [(x, y)])  # the very batch PyHessian gets: one graph of 512 samples for both
     torch.manual_seed(0)
     ph = PyHessian(copy.deepcopy(op.model), nn.CrossEntropyLoss(), data=(x, y), cuda=False)
     ph.trace(maxIter=2)  # warm-up
