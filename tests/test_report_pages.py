@@ -359,3 +359,18 @@ def test_pdfs_carry_no_creation_date(monkeypatch, tmp_path):
     (report_a, figure_a), (report_b, figure_b) = rendered
     assert report_a == report_b and figure_a == figure_b
     assert b"/CreationDate" not in report_a and b"/CreationDate" not in figure_a
+
+
+def test_title_page_time_follows_source_date_epoch(monkeypatch):
+    """The title page's time is SOURCE_DATE_EPOCH's when set (1e9 s after 1970 is 2001-09-09 01:46:40 UTC), so two
+    reports of the same runs are the same bytes; a value that is no count of seconds is one ConfigError line."""
+    from flatfl.errors import ConfigError
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1000000000")
+    assert report_pdf.made_at() == "2001-09-09 01:46 UTC"
+    for bad in ("-5", "soon", "1.5"):
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", bad)
+        with pytest.raises(ConfigError, match="SOURCE_DATE_EPOCH must be a non-negative integer"):
+            report_pdf.made_at()
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    assert len(report_pdf.made_at()) == len("2026-11-23 15:31")

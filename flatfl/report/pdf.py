@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -71,6 +72,18 @@ def write_pdf(pages, path) -> int:
             count += 1
     atomic_write_bytes(path, buf.getvalue())
     return count
+
+
+def made_at() -> str:
+    """When the report is made, for its title page: ``SOURCE_DATE_EPOCH`` (the reproducible-builds convention, in UTC)
+    when set, so that the same runs give the same PDF bytes; else the local time now. A ConfigError line when the
+    variable is not a non-negative integer."""
+    raw = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not raw:
+        return time.strftime("%Y-%m-%d %H:%M")
+    if not raw.isdigit() or len(raw) > 12:
+        raise ConfigError(f"SOURCE_DATE_EPOCH must be a non-negative integer (seconds since 1970), got {raw!r}")
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(int(raw)))
 
 
 def pdf_page_count(data: bytes) -> int:
@@ -505,6 +518,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     missing; the table then uses only analyses with the asked settings. ``clients``: H_N / H_D settings
     (defaults :data:`DEFAULT_HESSIAN`, :data:`DEFAULT_CLIENTS`).
     """
+    stamp = made_at()  # checked before any work
     asked = {k: v for k, v in (hessian or {}).items() if v is not None or k == "samples"}
     if compute_missing:  # one error line before any work, not one per run
         resolve_device(device)
@@ -647,7 +661,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     for fig in _run_pages(run_rows):
         add(fig, "runs")
     sections.append(("Contents", _contents(page_titles)))
-    pages[0] = figures.text_page(title, sections, footer=f"flatfl report, {time.strftime('%Y-%m-%d %H:%M')}")
+    pages[0] = figures.text_page(title, sections, footer=f"flatfl report, {stamp}")
     n_pages = write_pdf(pages, out / "report.pdf")
     written.append("report.pdf")
 
