@@ -32,15 +32,12 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hessian_vs_pyhessian import PyHessianCounter, man_cifar_cnn  # noqa: E402
+from hessian_vs_pyhessian import (PyHessianCounter, TimedOperator, linear_operator, man_cifar_cnn,  # noqa: E402
+                                  max_rel_error, say)
 
 from flatfl.analysis import HessianOperator, hutchinson_trace, hutchpp_trace, top_eigenvalues  # noqa: E402
 
 ROWS: list[tuple[str, str]] = []
-
-
-def say(*parts):
-    print(*parts, flush=True)
 
 
 class Clock:
@@ -57,41 +54,6 @@ class Clock:
         out = fn()
         self.sync()
         return out, time.perf_counter() - start
-
-
-class TimedOperator:
-    """Forwards to an operator and adds up the (synchronised) time spent in its products."""
-
-    def __init__(self, op, clock):
-        self.op, self.clock, self.seconds = op, clock, 0.0
-        for name in ("dim", "dtype", "device", "param_shapes", "preferred_block_size"):
-            setattr(self, name, getattr(op, name))
-
-    @property
-    def hvps(self):
-        return self.op.hvps
-
-    def matvec(self, v):
-        return self.matmat(v.reshape(-1, 1)).reshape(-1)
-
-    def matmat(self, V):
-        out, t = self.clock(lambda: self.op.matmat(V))
-        self.seconds += t
-        return out
-
-
-def linear_operator(op):
-    def matvec(u):
-        v = torch.from_numpy(np.ascontiguousarray(u, dtype=np.float32).ravel()).to(op.device)
-        return op.matvec(v).double().cpu().numpy()
-
-    return spla.LinearOperator((op.dim, op.dim), dtype=np.float64, matvec=matvec)
-
-
-def max_rel_error(values, reference):
-    values = np.sort(np.asarray(values, dtype=float))[::-1]
-    reference = np.asarray(reference, dtype=float)[: len(values)]
-    return float(np.max(np.abs(values - reference) / np.abs(reference)))
 
 
 def run_size(inputs, device, ks, pyhessian_ks, trace_budget, clock, counter):

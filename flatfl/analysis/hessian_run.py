@@ -256,7 +256,8 @@ def run_hessian(
                                data_dir=data_dir, model_factory=model_factory)
     out, ckpt, dev = cmd.out, cmd.checkpoint, cmd.device
     # refused before any work: hessian-clients results of other weights in --out would be dropped
-    _previous_clients_section(out / "hessian.json", str(ckpt.path), weights_digest(ckpt.model), refuse_other=True)
+    digest = weights_digest(ckpt.model)  # the weights are not changed by the analysis
+    _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True)
     batches = ckpt.eval_batches(split=split, samples=samples, batch_size=batch_size, seed=seed)
     op = HessianOperator(ckpt.model, batches, mode="eval")
     if top > op.dim:
@@ -276,7 +277,7 @@ def run_hessian(
     op.release()
 
     header = {
-        **cmd.header(digest=weights_digest(ckpt.model), num_params=op.dim),
+        **cmd.header(digest=digest, num_params=op.dim),
         "num_samples": op.num_samples,
         "loss": loss,
         "settings": {
