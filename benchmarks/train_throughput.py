@@ -39,6 +39,22 @@ def cifar_like(n: int, seed: int = 0) -> ImageDataset:
     return ImageDataset("cifar-like", x, y, x[:100], y[:100], 10, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
 
 
+def bare_local_training(model, data, *, epochs: int, batch: int, lr: float, weight_decay: float = 1e-3,
+                        clip: float = 10.0) -> None:
+    """The textbook eager loop over clients' (x, y): a fresh SGD per client, shuffled batches, clip, step."""
+    for x, y in data:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=weight_decay)
+        n = len(y)
+        for _ in range(epochs):
+            perm = torch.randperm(n, device=x.device)
+            for s in range(0, n, batch):
+                idx = perm[s:s + batch]
+                opt.zero_grad()
+                F.cross_entropy(model(x[idx]), y[idx]).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                opt.step()
+
+
 def measure(ds: ImageDataset, model_name: str, clients: int, epochs: int, batch: int, repeats: int, tmp: Path):
     model = build_model(model_name, num_classes=ds.num_classes, in_channels=ds.in_channels, image_size=ds.image_size)
     cfg = RunConfig(dataset="digits", partition="iid", clients=clients, participation=1.0, rounds=10_000,
@@ -54,17 +70,7 @@ def measure(ds: ImageDataset, model_name: str, clients: int, epochs: int, batch:
     data = [trainer.client_data(i) for i in range(clients)]
 
     def bare_round():
-        for x, y in data:
-            opt = torch.optim.SGD(bare_model.parameters(), lr=0.05, weight_decay=1e-3)
-            n = len(y)
-            for _ in range(epochs):
-                perm = torch.randperm(n)
-                for s in range(0, n, batch):
-                    idx = perm[s:s + batch]
-                    opt.zero_grad()
-                    F.cross_entropy(bare_model(x[idx]), y[idx]).backward()
-                    torch.nn.utils.clip_grad_norm_(bare_model.parameters(), 10.0)
-                    opt.step()
+        bare_local_training(bare_model, data, epochs=epochs, batch=batch, lr=0.05)
 
     def flatfl_round(r):
         trainer.run_round(r)

@@ -187,6 +187,8 @@ Examples:
 @click.option("--reg", help="local regularizer: none | man | asd | fedalign | ... (default none)")
 @click.option("--seed", type=int, help="seed of every random choice (default 0)")
 @click.option("--device", help="cpu | cuda | cuda:N | mps (default cpu)")
+@click.option("--parallel-clients", help="train up to N of a round's participants at once as one batched computation, "
+              "N an integer or 'all' (default: all on CUDA, 1 on CPU; the same numbers up to float rounding)")
 @click.option("--eval-every", type=int, help="evaluate every k rounds (default 1)")
 @click.option("--checkpoint-every", type=int, help="write a checkpoint every k rounds (default 10)")
 @click.option("--save-clients/--no-save-clients", default=None, help="also write each client's latest local model (clients.pt)")

@@ -15,9 +15,10 @@ from flatfl.train.algorithms.feddisco import disco_weights
 from flatfl.train.algorithms.fedntd import FedNTD
 from flatfl.train.algorithms.fedrobust import FedRobust
 from flatfl.train.algorithms.moon import Moon, MoonModel
-from flatfl.train.context import ClientContext, RoundContext, StepContext, frozen_copy
+from flatfl.train.context import ClientContext, Cohort, RoundContext, StepContext, frozen_copy
 from flatfl.train.engine import Trainer
 from flatfl.models.params import ParamLayout
+from flatfl.models.stacking import StackedLayout
 from flatfl.train.regularizers.base import NoRegularizer
 
 DIM, C = 3, 3
@@ -362,10 +363,25 @@ def _contexts(model, global_params, x, y, client=0):
         return m
 
     rctx = RoundContext(0, 0.1, global_params, _build_model=build)
-    cctx = ClientContext(client_id=client, round=rctx, model=model, x=x, y=y, num_samples=len(y), weight=1.0,
+    cctx = ClientContext(client_id=client, round=rctx, x=x, y=y, num_samples=len(y), weight=1.0,
                          label_counts=torch.bincount(y, minlength=C), steps=1, lr=0.1,
-                         generator=torch.Generator().manual_seed(0))
+                         generator=torch.Generator().manual_seed(0),
+                         rng_state=torch.Generator().manual_seed(client).get_state())
     return layout, rctx, cctx
+
+
+def _one_client_step(algo, model, cctx):
+    """The engine's one-client cohort around ``model`` (N = 1: the network is the model itself), started by
+    ``algo``, and a step on the client's whole data with the leading client dimension: x (1, B, ...), y (1, B)."""
+    cohort = Cohort([cctx], cctx.round, model, StackedLayout(model, 1, ParamLayout(model)), cctx.lr)
+    algo.start_cohort(cohort)
+    return StepContext(cohort, cctx.x.unsqueeze(0), cctx.y.unsqueeze(0))
+
+
+def _one_loss(losses):
+    """The one client's value of a one-client step's per-client values, which must have shape (1,)."""
+    assert losses.shape == (1,), losses.shape
+    return losses[0]
 
 
 def _np_projection(theta_named, x):
@@ -402,9 +418,9 @@ def test_moon_contrastive_loss_equals_numpy():
     _, _, cctx = _contexts(model, theta_glob, x, y)
     model.train()
     algo.client_start(cctx)
-    step = StepContext(cctx, x, y)
+    step = _one_client_step(algo, model, cctx)
     NoRegularizer({}, num_classes=C).forward(step)
-    loss = algo.loss_terms(step)
+    loss = _one_loss(algo.loss_terms(step))
 
     named = lambda th: dict(zip(layout.names, layout.views(th)))  # noqa: E731
     xs = x.double().numpy()
@@ -438,9 +454,9 @@ def test_fedntd_not_true_distillation_equals_numpy():
     theta_glob = torch.randn(layout.dim)
     x, y = torch.randn(6, DIM), torch.tensor([0, 1, 2, 3, 1, 2])
     _, _, cctx = _contexts(model, theta_glob, x, y)
-    step = StepContext(cctx, x, y)
+    step = _one_client_step(algo, model, cctx)
     NoRegularizer({}, num_classes=4).forward(step)
-    loss = float(algo.loss_terms(step).detach())
+    loss = float(_one_loss(algo.loss_terms(step)).detach())
 
     def logits(theta):
         W, b = _np(theta[:DIM * 4]).reshape(4, DIM), _np(theta[DIM * 4:])

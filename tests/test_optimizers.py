@@ -6,6 +6,7 @@ import torch
 from fl_harness import Linear, client_arrays, make_dataset, np_ce_grad, run, split_theta
 from flatfl.train.optimizers import SAM
 from flatfl.models.params import ParamLayout
+from flatfl.models.stacking import StackedLayout
 
 DIM, C = 3, 3
 
@@ -83,7 +84,7 @@ def test_fedprox_with_sam_takes_its_correction_at_the_unperturbed_point(tmp_path
 def test_sam_restores_theta_exactly_before_correct():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-    layout = ParamLayout(model)
+    layout = StackedLayout(model, 1, ParamLayout(model))  # one client: the network is the model itself
     x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
     theta = layout.get().clone()
     seen, losses = [], []
@@ -94,10 +95,10 @@ def test_sam_restores_theta_exactly_before_correct():
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         losses.append(float(loss.detach()))
-        return loss
+        return loss.reshape(1)  # the per-client losses of the one client
 
     opt = SAM(layout, lr=0.1, hp={"rho": 0.5})
     returned = opt.step(closure, lambda: seen.append(layout.get().clone()))
     assert len(losses) == 2 and losses[1] > losses[0]  # the second pass ran at the (ascent) perturbed point
-    assert float(returned.detach()) == losses[0]
+    assert returned.shape == (1,) and float(returned[0].detach()) == losses[0]
     assert torch.equal(seen[0], theta)  # correct() saw theta bit for bit

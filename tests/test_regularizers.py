@@ -18,7 +18,9 @@ from flatfl.models.cnn import CifarCNN, DigitsCNN
 from flatfl.models.slimmable import SLIMMABLE_TYPES
 from flatfl.train.catalog import all_hparams, load_all
 from flatfl.train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
-from flatfl.train.context import ClientContext, RoundContext, StepContext
+from flatfl.models.params import ParamLayout
+from flatfl.models.stacking import StackedLayout
+from flatfl.train.context import ClientContext, Cohort, RoundContext, StepContext
 from flatfl.train.engine import Trainer
 from flatfl.train.regularizers.asd import ASD
 from flatfl.train.regularizers.fedalign import FedAlign, spectral_norm, transmitting_matrix
@@ -36,12 +38,23 @@ def make_reg(cls, num_classes=10, **settings):
     return cls(cls.resolve(settings), num_classes=num_classes)
 
 
-def make_step(model, x, y, *, label_counts=None, teacher=None, num_classes=10) -> StepContext:
+def make_step(model, x, y, *, label_counts=None, teacher=None, num_classes=10, rng_seed=0) -> StepContext:
+    """A one-client cohort around ``model`` (N = 1: the network is the model itself) and its step on the batch
+    (x, y), given with the leading client dimension: x (1, B, ...), y (1, B). The client's in-model random stream
+    (Mixup's draws) is seeded with ``rng_seed``."""
     counts = label_counts if label_counts is not None else torch.bincount(y, minlength=num_classes)
     rctx = RoundContext(0, 0.1, torch.zeros(1), _build_model=lambda: teacher)
-    cctx = ClientContext(client_id=0, round=rctx, model=model, x=x, y=y, num_samples=len(y), weight=1.0,
-                         label_counts=counts, steps=1, lr=0.1, generator=torch.Generator().manual_seed(0))
-    return StepContext(cctx, x, y)
+    cctx = ClientContext(client_id=0, round=rctx, x=x, y=y, num_samples=len(y), weight=1.0,
+                         label_counts=counts, steps=1, lr=0.1, generator=torch.Generator().manual_seed(0),
+                         rng_state=torch.Generator().manual_seed(rng_seed).get_state())
+    cohort = Cohort([cctx], rctx, model, StackedLayout(model, 1, ParamLayout(model)), 0.1)
+    return StepContext(cohort, x.unsqueeze(0), y.unsqueeze(0))
+
+
+def one_loss(losses: torch.Tensor) -> torch.Tensor:
+    """The one client's loss of a one-client step's per-client losses, which must have shape (1,)."""
+    assert losses.shape == (1,), losses.shape
+    return losses[0]
 
 
 def grads_of(model) -> list[torch.Tensor]:
@@ -91,7 +104,7 @@ def test_man_loss_and_gradient_equal_an_explicit_functional_formula():
     reg = make_reg(MAN, zeta=zeta)
     reg.attach(model)
     x, y = torch.randn(5, 1, 8, 8), torch.tensor([0, 3, 3, 7, 9])
-    loss = reg.forward(make_step(model, x, y))
+    loss = one_loss(reg.forward(make_step(model, x, y)))
     loss.backward()
     got = grads_of(model)
 
@@ -141,7 +154,6 @@ def test_man_penalty_and_gradients_equal_plain_autograd_through_sgd_and_sam_step
     and the parameters after the steps. Batches large enough that the conv layers take the blocked float64 path.
     In float64: in float32, a 1e-7 rounding difference that flips one ReLU near 0 changes the next step's gradient
     by 1e-3, for this code and the previous one alike."""
-    from flatfl.models.params import ParamLayout
     from flatfl.train.regularizers.man import BLOCK
 
     torch.manual_seed(13)
@@ -160,18 +172,18 @@ def test_man_penalty_and_gradients_equal_plain_autograd_through_sgd_and_sam_step
             p.grad = None
         step = make_step(model, x, y)
         loss = reg.forward(step)
-        loss.backward()
-        got.append((float(step.scratch["man_reg"]), None, grads_of(model)))
+        one_loss(loss).backward()
+        got.append((float(one_loss(step.scratch["man_reg"])), None, grads_of(model)))
         return loss
 
     ce_grad = torch.autograd.grad(F.cross_entropy(reference(x), y), next(reference.parameters()))[0]
     plain_closure, handles = plain_man_closure(reference, x, y, zeta, want)
-    man_opt = opt_cls(ParamLayout(model), lr=0.1, hp=hp)
-    ref_opt = opt_cls(ParamLayout(reference), lr=0.1, hp=hp)
+    man_opt = opt_cls(StackedLayout(model, 1, ParamLayout(model)), lr=0.1, hp=hp)
+    ref_opt = opt_cls(StackedLayout(reference, 1, ParamLayout(reference)), lr=0.1, hp=hp)
     for _ in range(2):
-        man_loss = man_opt.step(man_closure, lambda: None)
-        ref_loss = ref_opt.step(plain_closure, lambda: None)
-        assert torch.allclose(man_loss, ref_loss, rtol=1e-12)
+        man_loss = one_loss(man_opt.step(man_closure, lambda: None))
+        ref_loss = ref_opt.step(lambda: plain_closure().reshape(1), lambda: None)
+        assert torch.allclose(man_loss, one_loss(ref_loss), rtol=1e-12)
     for h in handles:
         h.remove()
 
@@ -234,8 +246,8 @@ def test_man_records_only_its_own_forward_not_copies_and_clears_each_pass():
     assert len(alone) == len(with_teacher) == 3
     assert all(torch.equal(a, b) for a, b in zip(alone, with_teacher))
     model(x)  # a forward outside MAN's own (evaluation, another piece's extra pass) records nothing
-    first = reg.forward(make_step(model, x, y))
-    second = reg.forward(make_step(model, x, y))  # SAM's second pass: the same terms, not twice as many
+    first = one_loss(reg.forward(make_step(model, x, y)))
+    second = one_loss(reg.forward(make_step(model, x, y)))  # SAM's second pass: the same terms, not twice as many
     assert torch.equal(first, second)
     expected = F.cross_entropy(model(x), y) + 0.5 * sum(alone)
     assert torch.allclose(first, expected, rtol=1e-6)
@@ -250,7 +262,7 @@ def test_man_fallback_hooks_nonlinearities_before_the_final_linear():
     assert reg.hooked_modules == [model[2], model[4]]  # the ReLU after the logits layer is excluded
     assert model[2].inplace is False
     x, y = torch.randn(3, 1, 2, 3), torch.tensor([0, 1, 2])
-    loss = reg.forward(make_step(model, x, y, num_classes=3))
+    loss = one_loss(reg.forward(make_step(model, x, y, num_classes=3)))
     h1 = torch.relu(model[1](x.flatten(1)))
     h2 = F.gelu(model[3](h1))
     expected = F.cross_entropy(model(x), y) + 1.0 * ((h1 ** 2).mean() + (h2 ** 2).mean())
@@ -303,8 +315,8 @@ def test_asd_weights_kl_and_gradient_match_numpy():
     student = FixedLogits(torch.tensor(zs, dtype=torch.float64), True)
     teacher = FixedLogits(torch.tensor(zg, dtype=torch.float64), False)
     step = make_step(student, torch.zeros(B, 1), torch.tensor(y), label_counts=torch.tensor(counts), teacher=teacher)
-    reg.start_client(step.client)
-    loss = reg.forward(step)
+    reg.start_cohort(step.cohort)
+    loss = one_loss(reg.forward(step))
     loss.backward()
 
     # numpy, naively as the code writes it: softmax ratios
@@ -327,8 +339,8 @@ def test_asd_weights_kl_and_gradient_match_numpy():
     assert np.abs(student.z.grad.numpy() - grad).max() < 1e-10
     # uniform ablation: plain mean of KL_i
     reg_u = make_reg(ASD, num_classes=C, asd_lambda=lam, temperature=tau, asd_uniform=True)
-    reg_u.start_client(step.client)
-    assert abs(reg_u.forward(step).item() - (np_ce(zs, y) + lam * kl.mean())) < 1e-10
+    reg_u.start_cohort(step.cohort)
+    assert abs(one_loss(reg_u.forward(step)).item() - (np_ce(zs, y) + lam * kl.mean())) < 1e-10
 
 
 def test_asd_teacher_is_the_round_model_not_the_moving_local_model():
@@ -338,13 +350,13 @@ def test_asd_teacher_is_the_round_model_not_the_moving_local_model():
     x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
     reg = make_reg(ASD)
     step = make_step(model, x, y, teacher=teacher)
-    reg.start_client(step.client)
+    reg.start_cohort(step.cohort)
     model.eval()
     # at the round's start student == teacher: KL = 0, the loss is the CE
-    assert torch.allclose(reg.forward(step), F.cross_entropy(model(x), y), atol=1e-6)
+    assert torch.allclose(one_loss(reg.forward(step)), F.cross_entropy(model(x), y), atol=1e-6)
     with torch.no_grad():
         model.classifier.bias += torch.linspace(-1, 1, 10)
-    assert reg.forward(step).item() > F.cross_entropy(model(x), y).item() + 1e-4
+    assert one_loss(reg.forward(step)).item() > F.cross_entropy(model(x), y).item() + 1e-4
 
 
 # ---------------------------------------------------------------------------------------------------- FedAlign
@@ -387,7 +399,7 @@ def test_fedalign_dense_final_block_value_and_gradient_equal_closed_form():
     reg = make_reg(FedAlign, fedalign_mu=mu, width=width)
     reg.attach(model)
     x, y = torch.randn(6, 1, 8, 8), torch.tensor([0, 1, 2, 3, 4, 5])
-    loss = reg.forward(make_step(model, x, y))
+    loss = one_loss(reg.forward(make_step(model, x, y)))
     loss.backward()
     got = grads_of(model)
 
@@ -427,9 +439,10 @@ def test_fedalign_resnet_value_detachment_and_width_restored():
     reg.attach(model)
     x, y = torch.randn(6, 1, 8, 8), torch.tensor([0, 1, 2, 3, 4, 5])
     step = make_step(model, x, y)
-    loss = reg.forward(step)
+    loss = one_loss(reg.forward(step))
     assert _slim_widths(model) == {1.0}  # the server model is the full network again
-    ce = F.cross_entropy(step.logits, y)
+    assert step.logits.shape == (1, 6, 10)
+    ce = F.cross_entropy(step.logits[0], y)
     assert torch.allclose(loss, (1 + mu) * ce, rtol=1e-5)
     assert step.scratch["fedalign_lip"] > 0
     loss.backward()
@@ -465,8 +478,9 @@ def test_fedalign_finds_the_stage_inside_a_wrapper_and_survives_deep_copies():
     reg.attach(model)
     x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
     step = make_step(model, x, y)
-    loss = reg.forward(step)
-    assert torch.allclose(loss, 1.3 * F.cross_entropy(step.logits, y), rtol=1e-5)
+    loss = one_loss(reg.forward(step))
+    assert step.logits.shape == (1, 4, 10)
+    assert torch.allclose(loss, 1.3 * F.cross_entropy(step.logits[0], y), rtol=1e-5)
     assert step.scratch["fedalign_lip"] > 0 and _slim_widths(model.encoder) == {1.0}
     copy.deepcopy(model)(x)  # an algorithm's own copy (FedNTD's teacher): hooks shared, nothing captured
     # around a CNN the wrapper's head breaks classifier(act(linear(.))): refused with one clear line
@@ -505,7 +519,7 @@ def test_gradaug_loss_is_ce_plus_kl_of_the_slimmed_resized_subnetwork():
     reg.attach(model)
     x, y = torch.randn(5, 1, 8, 8), torch.tensor([0, 1, 2, 3, 4])
     step = make_step(model, x, y)
-    loss = reg.forward(step)
+    loss = one_loss(reg.forward(step))
     assert _slim_widths(model) == {1.0}
     with torch.no_grad():
         full = model(x)
@@ -540,16 +554,17 @@ def test_mixup_loss_equals_hand_computation():
     model = Linear(3, 3)
     x, y = torch.randn(6, 1, 1, 3), torch.tensor([0, 1, 2, 0, 1, 2])
     reg = make_reg(Mixup, num_classes=3, mixup_gamma=1.0)
-    step = make_step(model, x, y, num_classes=3)
-    loss = reg.forward(step)
-    lam, perm = step.scratch["mixup_lambda"], step.scratch["mixup_perm"].numpy()
+    step = make_step(model, x, y, num_classes=3, rng_seed=10)  # the client's own stream draws lambda and pi
+    loss = one_loss(reg.forward(step))
+    assert step.scratch["mixup_lambda"].shape == (1,) and step.scratch["mixup_perm"].shape == (1, 6)
+    lam, perm = float(step.scratch["mixup_lambda"][0]), step.scratch["mixup_perm"][0].numpy()
     W, b = model.classifier.weight.detach().double().numpy(), model.classifier.bias.detach().double().numpy()
     xn = x.reshape(6, 3).double().numpy()
     z = (lam * xn + (1 - lam) * xn[perm]) @ W.T + b
     expected = lam * np_ce(z, y.numpy()) + (1 - lam) * np_ce(z, y.numpy()[perm])
     assert 0 < lam < 1 and abs(loss.item() - expected) < 1e-5
     off = make_reg(Mixup, num_classes=3, mixup_gamma=0.0)
-    assert torch.equal(off.forward(make_step(model, x, y, num_classes=3)), F.cross_entropy(model(x), y))
+    assert torch.equal(one_loss(off.forward(make_step(model, x, y, num_classes=3))), F.cross_entropy(model(x), y))
 
 
 # -------------------------------------------------------------------------------------------------- StochDepth

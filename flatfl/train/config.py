@@ -28,6 +28,21 @@ DEFAULT_MODELS = {
 }
 
 
+def parallel_clients_value(value):
+    """``--parallel-clients``: None, "all" or an integer >= 1 (given as a number or a string of digits)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "all":
+            return "all"
+        if text.isdigit():
+            value = int(text)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > MAX_COUNT:
+        raise ConfigError(f"--parallel-clients must be 'all' or an integer from 1 to {MAX_COUNT}, got {value!r}")
+    return value
+
+
 @dataclass
 class RunConfig:
     # data
@@ -66,6 +81,8 @@ class RunConfig:
     save_clients: bool = False
     out: str | None = None
     threads: int | None = None  # torch threads; None: flatfl.utils.threads.default_threads() at run time
+    # clients trained at once: an int >= 1 or "all"; None: "all" on CUDA, 1 elsewhere (see Trainer)
+    parallel_clients: object = None
 
     def check_types(self) -> "RunConfig":
         """Every field holds a value of its declared type (see :mod:`flatfl.utils.values` for the rules)."""
@@ -128,6 +145,7 @@ class RunConfig:
         from ..utils.threads import check_threads
 
         check_threads(self.threads, "--threads")
+        self.parallel_clients = parallel_clients_value(self.parallel_clients)
         if self.partition != "iid":
             need(self.alpha > 0, f"the Dirichlet concentration --alpha must be > 0, got {self.alpha}")
         from .catalog import all_hparams

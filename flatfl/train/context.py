@@ -3,8 +3,10 @@
 * :class:`RoundContext` - one per round: the round index, learning rate, the model the server sent (flat vector
   and, built on first use, a frozen copy of the network).
 * :class:`ClientContext` - one per participating client per round: its data, sizes, label counts, state.
-* :class:`StepContext` - one per local step (and per SAM pass): the batch, the logits, and a scratch dict where
-  pieces leave what later pieces need (captured activations, projection features).
+* :class:`Cohort` - the participants that train together (N of them; N = 1 is one at a time): the stacked network
+  and its (N, dim) parameter layout.
+* :class:`StepContext` - one per local step (and per SAM pass): the clients' batches (M, B, ...), their logits, and
+  a scratch dict where pieces leave what later pieces need (teacher outputs, projection features).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ class RoundContext:
     _build_model: Callable[[], nn.Module] = field(repr=False, default=None)
     _global_model: nn.Module | None = field(repr=False, default=None)
 
+    _trainable: nn.Module | None = field(repr=False, default=None)
+
     @property
     def global_model(self) -> nn.Module:
         """A frozen copy of the network the server sent this round (eval mode, no gradients)."""
@@ -31,12 +35,24 @@ class RoundContext:
             self._global_model = self._build_model()
         return self._global_model
 
+    @property
+    def trainable_global_model(self) -> nn.Module:
+        """A copy of the network the server sent this round in training mode, with gradients (MimeLite's
+        full-batch gradient at theta^t). Its BatchNorm statistics move when it runs; the server's do not."""
+        if self._trainable is None:
+            m = copy.deepcopy(self.global_model)
+            m.train()
+            for p in m.parameters():
+                p.requires_grad_(True)
+            self._trainable = m
+        return self._trainable
+
 
 @dataclass
 class ClientContext:
+    """One participating client in one round: its data, sizes and state (what per-client bookkeeping reads)."""
     client_id: int
     round: RoundContext
-    model: nn.Module  # the local model being trained
     x: torch.Tensor  # this client's training inputs, normalised float, on the device
     y: torch.Tensor
     num_samples: int
@@ -44,7 +60,8 @@ class ClientContext:
     label_counts: torch.Tensor  # (C,) over the client's whole training set
     steps: int  # K the update divides by: E * ceil(n_i / B), or see Algorithm.local_step_counts
     lr: float
-    generator: torch.Generator  # the client's random stream for this round
+    generator: torch.Generator  # the client's random stream for this round (batch order, augmentation)
+    rng_state: torch.Tensor | None = None  # torch's global CPU generator state for the client's in-model draws
     extras: dict[str, Any] = field(default_factory=dict)  # per-client scratch of algorithms/regularizers
 
     @property
@@ -53,16 +70,113 @@ class ClientContext:
 
 
 @dataclass
+class Cohort:
+    """The clients of a round that train together: N :class:`ClientContext` and one channel-stacked network
+    (:mod:`flatfl.models.stacking`) whose k-th block is client k's model. Sequential training is N = 1."""
+    clients: list[ClientContext]
+    round: RoundContext
+    network: nn.Module  # the stacked working network (the model itself when N = 1)
+    layout: Any  # flatfl.models.stacking.StackedLayout
+    lr: float
+    extras: dict[str, Any] = field(default_factory=dict)  # scratch of algorithms/regularizers for this cohort
+
+    @property
+    def n(self) -> int:
+        return len(self.clients)
+
+    @property
+    def global_params(self) -> torch.Tensor:
+        return self.round.global_params
+
+    @property
+    def device(self) -> torch.device:
+        return self.global_params.device
+
+    def stack(self, key: str) -> torch.Tensor:
+        """The clients' ``extras[key]`` (tensors or numbers) stacked into one (N, ...) tensor, built once."""
+        cached = self.extras.get(("stack", key))
+        if cached is None:
+            values = [c.extras[key] for c in self.clients]
+            if isinstance(values[0], torch.Tensor):
+                cached = torch.stack(values)
+            else:
+                cached = self.numbers(values)
+            self.extras[("stack", key)] = cached
+        return cached
+
+    def numbers(self, values) -> torch.Tensor:
+        """One number per client as an (N,) float tensor on the device."""
+        return torch.tensor([float(v) for v in values], device=self.device, dtype=torch.float64)
+
+
+@dataclass
 class StepContext:
-    client: ClientContext
+    """One local step (and SAM pass) of a cohort: ``x`` (M, B, ...) and ``y`` (M, B) for the M clients in ``rows``
+    (indices into ``cohort.clients``; None = all N, the usual case; fewer when clients of unequal sizes take
+    unequal batches or steps). ``logits`` (M, B, K) once the data loss ran."""
+    cohort: Cohort
     x: torch.Tensor
     y: torch.Tensor
+    rows: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     scratch: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def model(self) -> nn.Module:
-        return self.client.model
+    def m(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def clients(self) -> list[ClientContext]:
+        if self.rows is None:
+            return self.cohort.clients
+        return [self.cohort.clients[i] for i in self.rows.tolist()]
+
+    def select(self, t: torch.Tensor) -> torch.Tensor:
+        """The rows of an (N, ...) per-client tensor that this step trains."""
+        return t if self.rows is None else t[self.rows]
+
+    def single(self) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+        """(network, x, y) of a one-client step, for pieces that train one client at a time."""
+        if self.cohort.n != 1:
+            raise RuntimeError("a one-client piece ran in a cohort of several clients")
+        return self.cohort.network, self.x[0], self.y[0]
+
+    def model(self, x: torch.Tensor) -> torch.Tensor:
+        """The working networks of this step's clients on their inputs: (M, B, ...) -> (M, B, K)."""
+        from ..models.stacking import stack_inputs, unstack_outputs
+
+        return unstack_outputs(self._run(stack_inputs(x), "forward"), x.shape[0])
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The working networks' ``features``: (M, B, ...) -> (M, B, F)."""
+        from ..models.stacking import stack_inputs, unstack_outputs
+
+        return unstack_outputs(self._run(stack_inputs(x), "features"), x.shape[0])
+
+    def _run(self, xs: torch.Tensor, method: str) -> torch.Tensor:
+        net = self.cohort.network
+        if self.rows is None:
+            return net(xs) if method == "forward" else net.features(xs)
+        from ..models.stacking import run_rows
+
+        return run_rows(net, self.cohort.layout, self.rows, xs, method)
+
+
+def client_rng(cctx: ClientContext):
+    """A context in which torch's global CPU generator is client ``cctx``'s in-model stream (restored after)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def swap():
+        outer = torch.get_rng_state()
+        torch.set_rng_state(cctx.rng_state)
+        try:
+            yield
+        finally:
+            cctx.rng_state = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+    return swap()
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:

@@ -34,9 +34,9 @@ from .algorithms.base import Algorithm, weighted_mean
 from ..checkpoint import FINAL_FILE, save_checkpoint, save_clients_average
 from .catalog import load_all
 from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
-from .context import ClientContext, RoundContext, frozen_copy
+from .context import ClientContext, Cohort, RoundContext, frozen_copy
 from .evaluate import evaluate
-from .local import train_client
+from .local import train_cohort
 from .resume import load_resume_state, rng_state, save_resume_state
 from ..models.params import ParamLayout, float_buffers
 
@@ -44,7 +44,7 @@ METRIC_COLUMNS = ["round", "lr", "clients", "local_loss", "train_loss", "train_a
                   "all_test_loss", "all_test_acc", "seconds"]
 CACHE_LIMIT_BYTES = 1 << 30  # normalised copies of a split are kept in memory below this size
 # settings that may differ between the start of a run and its resumption (they do not change what is computed)
-RESUME_FREE_SETTINGS = ("out", "device", "data_dir", "threads", "eval_batch_size")
+RESUME_FREE_SETTINGS = ("out", "device", "data_dir", "threads", "eval_batch_size", "parallel_clients")
 
 
 def comparable_settings(cfg: RunConfig) -> dict:
@@ -96,6 +96,9 @@ class Trainer:
           ``flatfl hessian CKPT`` (or ``--model-factory``) and ``flatfl.load_checkpoint(path, model=net)`` rebuild
           it from weights alone."""
         load_all()
+        from ..utils.memory import keep_freed_memory
+
+        keep_freed_memory()  # reuse freed activation memory across steps (see flatfl/utils/memory.py)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.quiet = quiet
@@ -186,6 +189,8 @@ class Trainer:
         self.buffers = {k: v.detach().clone() for k, v in float_buffers(self.model).items()}
         self.latest = self.theta.unsqueeze(0).repeat(n, 1)  # each client's most recent local model
         self.latest_buffers = {k: v.unsqueeze(0).repeat(n, *[1] * v.dim()) for k, v in self.buffers.items()}
+        self._networks: dict[int, tuple] = {}
+        self.parallel, self.parallel_reason = self._choose_parallel()
         self.metrics: list[dict] = []
         self.start_round = 0
         self.elapsed = 0.0
@@ -198,8 +203,13 @@ class Trainer:
     # ----- data -----
     def _maybe_cache(self, x: torch.Tensor) -> torch.Tensor | None:
         if x.numel() * 4 <= CACHE_LIMIT_BYTES:
-            return self.ds.normalize(x.to(self.device))
+            return self._as_model_dtype(self.ds.normalize(x.to(self.device)))
         return None
+
+    def _as_model_dtype(self, x: torch.Tensor) -> torch.Tensor:
+        """Inputs in the floating type of the model's parameters (float32; float64 for a float64 model)."""
+        dtype = self.theta.dtype
+        return x if x.dtype == dtype else x.to(dtype)
 
     def client_data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Client ``i``'s training data on the run's device: normalised inputs (no augmentation) and labels."""
@@ -207,7 +217,7 @@ class Trainer:
         y = self.ds.train_y[idx].to(self.device)
         if self._train_cache is not None:
             return self._train_cache[idx.to(self.device)], y
-        return self.ds.normalize(self.ds.train_x[idx].to(self.device)), y
+        return self._as_model_dtype(self.ds.normalize(self.ds.train_x[idx].to(self.device))), y
 
     def _augment_fn(self):
         if not self.augment:
@@ -302,34 +312,19 @@ class Trainer:
         self.algo.round_start(rctx)
         augment = self._augment_fn()
         results, client_buffers = [], []
-        for i in participants.tolist():
-            s = client_seed(cfg.seed, r, i)
-            torch.manual_seed(s)
-            gen = torch.Generator().manual_seed(s)
-            x, y = self.client_data(i)
-            n_i = len(y)
-            taken, k_i = self.algo.local_step_counts(n_i, cfg.batch_size, cfg.local_epochs)
-            cctx = ClientContext(
-                client_id=i, round=rctx, model=self.model, x=x, y=y, num_samples=n_i,
-                weight=float(self.algo.weights[i]), label_counts=self.label_counts[i],
-                steps=k_i, lr=lr, generator=gen)
-            self.load_into_model(self.algo.client_start(cctx), self.buffers)
-            self.reg.start_client(cctx)
-
-            def make_optimizer(weight_decay_extra: float = 0.0):
-                return self.opt_cls(self.layout, lr=lr, weight_decay=cfg.weight_decay + weight_decay_extra,
-                                    momentum=cfg.momentum, nesterov=cfg.nesterov, clip=cfg.clip, hp=self.opt_hp)
-
-            loss = train_client(cctx, algo=self.algo, reg=self.reg, make_optimizer=make_optimizer,
-                                epochs=cfg.local_epochs, batch_size=cfg.batch_size, augment=augment, steps=taken)
-            self.reg.end_client(cctx)
-            new = self.layout.get()
-            results.append(self.algo.client_end(cctx, new, float(loss)))
-            self.latest[i] = new
-            bufs = {k: v.detach().clone() for k, v in float_buffers(self.model).items()}
-            for k, v in bufs.items():
-                self.latest_buffers[k][i] = v
-            client_buffers.append(bufs)
+        pending = participants.tolist()
+        while pending:
+            ids, pending = pending[:self.parallel], pending[self.parallel:]
+            try:
+                cohort_results, cohort_buffers = self._train_cohort(rctx, ids, lr, augment)
+            except torch.OutOfMemoryError:
+                if len(ids) == 1:
+                    raise
+                self._halve_parallel(len(ids))
+                pending = ids + pending
+                continue
+            results += cohort_results
+            client_buffers += cohort_buffers
         theta = self.algo.aggregate(rctx, results)
         if not torch.isfinite(theta).all():
             raise DivergenceError(f"the server model became non-finite in round {r + 1}")
@@ -340,6 +335,100 @@ class Trainer:
         if (r + 1) % cfg.eval_every != 0 and r + 1 != cfg.rounds:
             return None
         return self._evaluate_row(r, lr, len(participants), float(np.mean([res.loss for res in results])))
+
+    # ----- cohorts -----
+    def _choose_parallel(self) -> tuple[int, str]:
+        """(N, why): how many of a round's participants train at once (``--parallel-clients``)."""
+        asked = self.cfg.parallel_clients
+        if asked is None:
+            asked = "all" if self.device.type == "cuda" else 1
+        most = self.partition.num_clients
+        n = most if asked == "all" else min(int(asked), most)
+        if n == 1:
+            return 1, "one client at a time"
+        from ..models.stacking import stacking_refusal
+
+        refusal = None
+        if not self.reg_cls.batchable:
+            refusal = f"--reg {self.reg_cls.name} trains one client at a time"
+        else:
+            why = stacking_refusal(self.model)
+            if why is not None:
+                refusal = f"the model cannot be stacked: {why}"
+        if refusal is not None:
+            self.log(f"--parallel-clients {asked}: training one client at a time ({refusal})")
+            return 1, refusal
+        why = f"up to {n} clients at once (--parallel-clients {asked}" + \
+            (", the default on CUDA)" if self.cfg.parallel_clients is None else ")")
+        if not self.quiet:
+            self.log(f"training {why}")
+        return n, why
+
+    def _halve_parallel(self, tried: int) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.parallel = max(1, tried // 2)
+        self._networks.clear()
+        self.log(f"--parallel-clients: {tried} clients did not fit in GPU memory; training {self.parallel} at once")
+
+    def _network(self, n: int):
+        """The working network for a cohort of ``n`` clients and its (N, dim) layout (built once per size)."""
+        from ..models.stacking import StackedLayout, stack_network
+
+        if n not in self._networks:
+            if len(self._networks) >= 4:
+                self._networks.pop(next(k for k in self._networks if k != 1))
+            net = stack_network(self.model, n)
+            if n > 1:
+                net = net.to(self.device)
+                self.reg.attach(net)
+            self._networks[n] = (net, StackedLayout(net, n, self.layout))
+        return self._networks[n]
+
+    def _train_cohort(self, rctx: RoundContext, ids: list[int], lr: float, augment) -> tuple[list, list]:
+        """Train the clients ``ids`` of round ``rctx`` together; returns their ClientResults and float buffers."""
+        cfg = self.cfg
+        contexts, starts, taken_steps = [], [], []
+        for i in ids:
+            s = client_seed(cfg.seed, rctx.index, i)
+            if len(ids) == 1:  # in-model draws of pieces that train one client at a time come from its stream
+                torch.manual_seed(s)
+            x, y = self.client_data(i)
+            n_i = len(y)
+            taken, k_i = self.algo.local_step_counts(n_i, cfg.batch_size, cfg.local_epochs)
+            cctx = ClientContext(
+                client_id=i, round=rctx, x=x, y=y, num_samples=n_i, weight=float(self.algo.weights[i]),
+                label_counts=self.label_counts[i], steps=k_i, lr=lr, generator=torch.Generator().manual_seed(s),
+                rng_state=torch.Generator().manual_seed(s).get_state())
+            starts.append(self.algo.client_start(cctx))
+            contexts.append(cctx)
+            taken_steps.append(taken)
+        network, layout = self._network(len(ids))
+        layout.set(torch.stack(starts))
+        layout.set_buffers(self.buffers)
+        cohort = Cohort(contexts, rctx, network, layout, lr)
+        self.algo.start_cohort(cohort)
+        self.reg.start_cohort(cohort)
+        decay = cohort.numbers([cfg.weight_decay + self.algo.extra_weight_decay(c) for c in contexts])
+        opt = self.opt_cls(layout, lr=lr, weight_decay=decay, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                           clip=cfg.clip, hp=self.opt_hp)
+        losses = train_cohort(cohort, algo=self.algo, reg=self.reg, opt=opt, epochs=cfg.local_epochs,
+                              batch_size=cfg.batch_size, augment=augment, steps=taken_steps)
+        self.reg.end_cohort(cohort)
+        self.algo.end_cohort(cohort)
+        new = layout.get()
+        buffers = layout.get_buffers()
+        results, client_buffers = [], []
+        for k, cctx in enumerate(contexts):
+            i = cctx.client_id
+            params = new[k].clone()
+            results.append(self.algo.client_end(cctx, params, float(losses[k])))
+            self.latest[i] = params
+            bufs = {name: b[k].view_as(self.buffers[name]).clone() for name, b in buffers.items()}
+            for name, v in bufs.items():
+                self.latest_buffers[name][i] = v
+            client_buffers.append(bufs)
+        return results, client_buffers
 
     def _evaluate_row(self, r: int, lr: float, n_clients: int, local_loss: float) -> dict:
         cfg = self.cfg

@@ -18,28 +18,123 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from .components import LOCAL_OPTIMIZERS, Component, HParam
-from ..models.params import ParamLayout
+from ..models.stacking import StackedLayout
 
 
 class LocalOptimizer(Component):
     kind: ClassVar[str] = "local optimizer"
 
-    def __init__(self, layout: ParamLayout, *, lr: float, weight_decay: float = 0.0, momentum: float = 0.0,
-                 nesterov: bool = False, clip: float = 0.0, hp: dict[str, Any] | None = None):
+    def __init__(self, layout: StackedLayout, *, lr: float, weight_decay: float | torch.Tensor = 0.0,
+                 momentum: float = 0.0, nesterov: bool = False, clip: float = 0.0, hp: dict[str, Any] | None = None):
+        """``layout``: the cohort's (N, dim) parameters; ``weight_decay`` a number, or an (N,) tensor when clients
+        decay at different rates (FedDyn's alpha / w_i)."""
         self.layout = layout
         self.params = layout.params
         self.clip = clip
         for k, v in (hp or {}).items():
             setattr(self, k, v)
-        self.sgd = torch.optim.SGD(self.params, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                                   nesterov=nesterov and momentum > 0, foreach=True)
+        self.sgd = RowSGD(layout, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                          nesterov=nesterov and momentum > 0)
 
     def clip_gradients(self) -> None:
-        if self.clip > 0:
+        """Scale each client's gradient to global 2-norm at most ``clip`` (torch's clip_grad_norm_ rule per row)."""
+        if self.clip <= 0:
+            return
+        if self.layout.n == 1:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip, foreach=True)
+            return
+        grads = self.layout.grads()
+        coef = torch.clamp(self.clip / (self.layout.row_norms(grads) + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, [coef.view(-1, *[1] * (g.dim() - 1)) for g in grads])
 
-    def step(self, closure: Callable[[], torch.Tensor], correct: Callable[[], None]) -> torch.Tensor:
+    def step(self, closure: Callable[[], torch.Tensor], correct: Callable[[], None],
+             rows: torch.Tensor | None = None) -> torch.Tensor:
+        """One local step of the clients ``rows`` (None: all); returns the closure's (M,) losses."""
         raise NotImplementedError
+
+
+def per_row(coef: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """An (N,) coefficient shaped to multiply an (N, ...) tensor row by row."""
+    return coef.view(-1, *[1] * (t.dim() - 1)).to(t.dtype)
+
+
+class RowSGD:
+    """torch's SGD step (weight decay, momentum, Nesterov, in torch's order) applied to each client's row: a client
+    decays at its own rate, and a step of some clients (``rows``) leaves the others' parameters and momentum as they
+    are. With N = 1 (or every client stepping at one decay rate) it is torch's foreach SGD operation for operation."""
+
+    def __init__(self, layout: StackedLayout, *, lr: float, momentum: float, weight_decay, nesterov: bool):
+        self.layout = layout
+        self.lr, self.momentum, self.nesterov = float(lr), float(momentum), nesterov
+        wd = weight_decay
+        if isinstance(wd, torch.Tensor) and bool((wd == wd[0]).all()):
+            wd = float(wd[0])
+        self.weight_decay = wd  # a number, or an (N,) tensor
+        self.bufs: dict[int, torch.Tensor] = {}  # momentum per parameter index (stacked layout)
+        self.started = torch.zeros(layout.n, dtype=torch.bool)  # which clients have a momentum buffer
+
+    @torch.no_grad()
+    def step(self, rows: torch.Tensor | None = None) -> None:
+        if rows is not None and rows.numel() == self.layout.n:
+            rows = None
+        live = [k for k, p in enumerate(self.layout.params) if p.grad is not None]
+        if not live:
+            return
+        if rows is None and not isinstance(self.weight_decay, torch.Tensor):
+            self._plain(live)
+        else:
+            self._rowwise(rows)
+
+    def _plain(self, live: list[int]) -> None:
+        """Every client at one decay rate: torch's foreach SGD on the stacked tensors (parameters without a
+        gradient skipped, a momentum buffer started from the first gradient a parameter gets)."""
+        params = [self.layout.params[k] for k in live]
+        grads = [p.grad for p in params]
+        if self.weight_decay != 0:
+            grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
+        if self.momentum != 0:
+            if all(k in self.bufs for k in live):
+                bufs = [self.bufs[k] for k in live]
+                torch._foreach_mul_(bufs, self.momentum)
+                torch._foreach_add_(bufs, grads, alpha=1.0)
+            else:
+                bufs = []
+                for k, g in zip(live, grads):
+                    if k not in self.bufs:
+                        self.bufs[k] = g.detach().clone()
+                    else:
+                        self.bufs[k].mul_(self.momentum).add_(g, alpha=1.0)
+                    bufs.append(self.bufs[k])
+            if self.nesterov:
+                torch._foreach_add_(grads, bufs, alpha=self.momentum)
+            else:
+                grads = bufs
+            self.started[:] = True
+        torch._foreach_add_(params, grads, alpha=-self.lr)
+
+    def _rowwise(self, rows: torch.Tensor | None) -> None:
+        """Clients at their own decay rates, or only the clients ``rows`` stepping: row by row."""
+        lay = self.layout
+        sel = torch.arange(lay.n) if rows is None else rows.cpu()
+        idx = sel.to(lay.params[0].device)
+        fresh = ~self.started[sel]
+        wd = self.weight_decay
+        for k, (p, g) in enumerate(zip(lay.param_rows(), lay.grads())):
+            ps, gs = p[idx], g[idx]
+            if isinstance(wd, torch.Tensor):
+                gs = gs + ps * per_row(wd[idx], ps)
+            elif wd != 0:
+                gs = gs.add(ps, alpha=wd)
+            if self.momentum != 0:
+                if k not in self.bufs:
+                    self.bufs[k] = torch.zeros_like(lay.params[k])
+                buf = lay.rows(self.bufs[k], lay.shapes[k])
+                b = torch.where(per_row(fresh.to(idx.device), gs).bool(), gs, buf[idx] * self.momentum + gs)
+                buf[idx] = b
+                gs = gs + self.momentum * b if self.nesterov else b
+            p[idx] = ps - self.lr * gs
+        if self.momentum != 0:
+            self.started[sel] = True
 
 
 @LOCAL_OPTIMIZERS.register
@@ -48,11 +143,11 @@ class SGD(LocalOptimizer):
     display_name = "SGD"
     summary = "plain local SGD (momentum and Nesterov through --momentum / --nesterov)"
 
-    def step(self, closure, correct):
+    def step(self, closure, correct, rows=None):
         loss = closure()
         correct()
         self.clip_gradients()
-        self.sgd.step()
+        self.sgd.step(rows)
         return loss
 
 
@@ -65,10 +160,10 @@ def global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
 class SAM(LocalOptimizer):
     """Sharpness-aware minimization as a local optimizer (Foret et al. 2021; FedSAM; algorithms.md section 8).
 
-    One step::
+    One step, for each client (row) of the cohort::
 
         g   = grad of the local objective at theta          (closure, first pass)
-        eps = rho * g / (||g|| + 1e-16)                     (:meth:`perturbation`)
+        eps = rho * g / (||g|| + 1e-16)                     (:meth:`perturbation`; ||.|| the client's global norm)
         g~  = grad of the local objective at theta + eps    (closure, second pass)
         theta restored exactly; the algorithm's correct() adds its terms at theta; clip; SGD step along g~
 
@@ -87,21 +182,24 @@ class SAM(LocalOptimizer):
                       "ASAM: MAN 0.5)", check="nonnegative"),)
 
     def perturbation(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        """eps = rho g / (||g|| + 1e-16), ||.|| the global 2-norm over all parameters."""
-        return torch._foreach_mul(grads, self.rho / (global_norm(grads) + 1e-16))
+        """eps = rho g / (||g|| + 1e-16), per client, ||.|| its global 2-norm over all parameters ((N, ...) rows)."""
+        if self.layout.n == 1:
+            return torch._foreach_mul(grads, self.rho / (global_norm(grads) + 1e-16))
+        factor = self.rho / (self.layout.row_norms(grads) + 1e-16)
+        return [g * per_row(factor, g) for g in grads]
 
-    def step(self, closure, correct):
+    def step(self, closure, correct, rows=None):
         loss = closure()
         with torch.no_grad():
             theta = [p.detach().clone() for p in self.params]
             eps = self.perturbation(self.layout.grads())
-            torch._foreach_add_(self.params, eps)
+            torch._foreach_add_(self.layout.param_rows(), eps)
         closure()
         with torch.no_grad():
             torch._foreach_copy_(self.params, theta)
         correct()
         self.clip_gradients()
-        self.sgd.step()
+        self.sgd.step(rows)
         return loss
 
 
@@ -126,7 +224,10 @@ class ASAM(SAM):
 
     def perturbation(self, grads):
         scales = [p.detach().abs() + self.eta if "weight" in name else None
-                  for name, p in zip(self.layout.names, self.params)]
+                  for name, p in zip(self.layout.names, self.layout.param_rows())]
         scaled = [g * t if t is not None else g for g, t in zip(grads, scales)]  # T g
-        factor = self.rho / (global_norm(scaled) + 1e-16)
-        return [(t * tg if t is not None else tg) * factor for t, tg in zip(scales, scaled)]
+        if self.layout.n == 1:
+            factor = self.rho / (global_norm(scaled) + 1e-16)
+            return [(t * tg if t is not None else tg) * factor for t, tg in zip(scales, scaled)]
+        factor = self.rho / (self.layout.row_norms(scaled) + 1e-16)
+        return [(t * tg if t is not None else tg) * per_row(factor, tg) for t, tg in zip(scales, scaled)]

@@ -3,14 +3,19 @@
 An algorithm is a :class:`Algorithm` subclass registered under its name. The engine calls, every round::
 
     round_start(rctx)                      server prepares what it sends (theta^t is rctx.global_params)
-    for each sampled client i:
-        start = client_start(cctx)         the parameters client i starts from (default theta^t)
-        ... local steps: loss = regularizer.forward(step) + loss_terms(step); backward;
-            correct_gradient(cctx) adds the algorithm's gradient terms; clip; optimizer step ...
-        client_end(cctx, theta_i) -> ClientResult   update client i's state, say what it uploads
+    for each cohort of the sampled clients (N at a time, trained together; N = 1 is one at a time):
+        start = client_start(cctx)         for each client i: the parameters it starts from (default theta^t)
+        start_cohort(cohort)               work shared by the cohort (MOON's previous models)
+        ... local steps, all clients at once: loss = regularizer.forward(step) + loss_terms(step), one value
+            per client; backward of their sum; correct_gradient(step) adds the algorithm's gradient terms to
+            each client's row; clip each row; optimizer step ...
+        client_end(cctx, theta_i) -> ClientResult   for each client: update its state, say what it uploads
     aggregate(rctx, results) -> theta^{t+1}
 
-Parameters travel as flat vectors (see :class:`flatfl.models.params.ParamLayout`). State that must survive
+Parameters travel as flat vectors (see :class:`flatfl.models.params.ParamLayout`); inside a step a cohort's
+parameters and gradients are (N, dim) rows (:class:`flatfl.models.stacking.StackedLayout`,
+``step.cohort.layout``), and per-client vectors computed in ``client_start`` are stacked with
+``cohort.stack(key)``. State that must survive
 ``--resume`` is kept in ``self.server`` (name -> tensor) and ``self.clients`` (name -> (N, ...) tensor, one row per
 client), which :meth:`state_dict` saves; subclasses declare them in :meth:`init_state`.
 """
@@ -26,7 +31,7 @@ from torch import nn
 
 from ...errors import ConfigError
 from ..components import ALGORITHMS, Component
-from ..context import ClientContext, RoundContext, StepContext
+from ..context import ClientContext, Cohort, RoundContext, StepContext
 from ...models.params import ParamLayout
 
 
@@ -120,17 +125,25 @@ class Algorithm(Component):
         """The parameters client i starts from. Default: what the server sent."""
         return cctx.global_params.clone()
 
+    def start_cohort(self, cohort: Cohort) -> None:
+        """Work for a cohort after its clients' ``client_start`` (the start parameters are loaded). Default: none."""
+
+    def end_cohort(self, cohort: Cohort) -> None:
+        """Called after a cohort's local training. Default: nothing."""
+
     def prepare_batch(self, step: StepContext) -> None:
-        """Change a batch before the forward pass (FedRobust's input perturbation). Default: nothing."""
+        """Change a step's batches (M, B, ...) before the forward pass (FedRobust's input perturbation). Default:
+        nothing."""
 
     def loss_terms(self, step: StepContext) -> torch.Tensor | None:
-        """Data-dependent terms of the local objective, added to the regularized cross-entropy inside the loss
-        closure (so SAM-type optimizers see them in both passes). Default: none."""
+        """Data-dependent terms of each client's local objective, (M,), added to the regularized cross-entropy
+        inside the loss closure (so SAM-type optimizers see them in both passes). Default: none."""
         return None
 
-    def correct_gradient(self, cctx: ClientContext) -> None:
-        """Add parameter-dependent gradient terms (proximal, linear drift or control-variate terms) to the
-        gradients, after backward and before clipping. Default: none."""
+    def correct_gradient(self, step: StepContext) -> None:
+        """Add parameter-dependent gradient terms (proximal, linear drift or control-variate terms) to each client's
+        gradient row (``step.cohort.layout``), after backward and before clipping. Rows of clients that sit out the
+        step may be changed too: their parameters do not move. Default: none."""
 
     def extra_weight_decay(self, cctx: ClientContext) -> float:
         """Weight decay added to the optimizer's (applied inside the step, after clipping). Default: 0."""

@@ -40,10 +40,10 @@ class FedCM(Algorithm):
     def init_state(self) -> None:
         self.server["delta"] = self.zeros()
 
-    def correct_gradient(self, cctx) -> None:
-        grads = self.layout.grads()
-        torch._foreach_mul_(grads, self.alpha)
-        self.layout.add_to_grads(self.server["delta"], 1.0 - self.alpha)
+    def correct_gradient(self, step) -> None:
+        layout = step.cohort.layout
+        torch._foreach_mul_(layout.grads(), self.alpha)
+        layout.add_to_grads(self.server["delta"], 1.0 - self.alpha)
 
     def client_end(self, cctx, params, loss):
         estimate = (cctx.global_params - params) / (cctx.steps * cctx.lr)

@@ -71,9 +71,10 @@ class FedDC(Algorithm):
                                     + self.server["G"] / w - self.clients["g"][i])
         return super().client_start(cctx)
 
-    def correct_gradient(self, cctx) -> None:
-        self.layout.add_params_to_grads(cctx.extras["dc_alpha"])
-        self.layout.add_to_grads(cctx.extras["dc_linear"])
+    def correct_gradient(self, step) -> None:
+        layout = step.cohort.layout
+        layout.add_params_to_grads(step.cohort.stack("dc_alpha"))
+        layout.add_to_grads(step.cohort.stack("dc_linear"))
 
     def client_end(self, cctx, params, loss):
         i, w = cctx.client_id, cctx.weight

@@ -49,8 +49,8 @@ class FedDyn(Algorithm):
         cctx.extras["dyn_linear"] = self.client_alpha(cctx) * (h_i - cctx.global_params)
         return super().client_start(cctx)
 
-    def correct_gradient(self, cctx) -> None:
-        self.layout.add_to_grads(cctx.extras["dyn_linear"])
+    def correct_gradient(self, step) -> None:
+        step.cohort.layout.add_to_grads(step.cohort.stack("dyn_linear"))
 
     def extra_weight_decay(self, cctx) -> float:
         return self.client_alpha(cctx)

@@ -35,6 +35,15 @@ def not_true_distillation(local: torch.Tensor, teacher: torch.Tensor, y: torch.T
     return tau ** 2 * (log_t.exp() * (log_t - log_s)).sum(1).mean()
 
 
+def clients_not_true_distillation(local: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor,
+                                  tau: float) -> torch.Tensor:
+    """:func:`not_true_distillation` of each client: logits (M, B, K), labels (M, B) -> (M,)."""
+    m, b, k = local.shape
+    log_t = F.log_softmax(not_true_logits(teacher.reshape(m * b, k), y.reshape(-1)) / tau, dim=1)
+    log_s = F.log_softmax(not_true_logits(local.reshape(m * b, k), y.reshape(-1)) / tau, dim=1)
+    return tau ** 2 * (log_t.exp() * (log_t - log_s)).sum(1).view(m, b).mean(1)
+
+
 @register
 class FedNTD(Algorithm):
     name = "fedntd"
@@ -48,6 +57,10 @@ class FedNTD(Algorithm):
         local = step.logits if step.logits is not None else step.model(step.x)
         cached = step.scratch.get("ntd_teacher")
         if cached is None or cached[0] is not step.x:
+            m, b = step.y.shape
             with torch.no_grad():
-                cached = step.scratch["ntd_teacher"] = (step.x, step.client.round.global_model(step.x))
-        return self.beta * not_true_distillation(local, cached[1], step.y, self.tau)
+                teacher = step.cohort.round.global_model(step.x.reshape(m * b, *step.x.shape[2:])).view(m, b, -1)
+            cached = step.scratch["ntd_teacher"] = (step.x, teacher)
+        if local.shape[0] == 1:
+            return self.beta * not_true_distillation(local[0], cached[1][0], step.y[0], self.tau).reshape(1)
+        return self.beta * clients_not_true_distillation(local, cached[1], step.y, self.tau)

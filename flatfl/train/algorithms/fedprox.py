@@ -15,7 +15,8 @@ class FedProx(Algorithm):
     summary = "FedProx: FedAvg with a proximal term (mu/2)||theta - theta^t||^2"
     hparams = (HParam("mu", 1e-4, "proximal coefficient mu", check="nonnegative"),)
 
-    def correct_gradient(self, cctx) -> None:
+    def correct_gradient(self, step) -> None:
         if self.mu:
-            self.layout.add_params_to_grads(self.mu)
-            self.layout.add_to_grads(cctx.global_params, -self.mu)
+            layout = step.cohort.layout
+            layout.add_params_to_grads(self.mu)
+            layout.add_to_grads(step.cohort.global_params, -self.mu)

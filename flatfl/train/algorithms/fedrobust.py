@@ -90,31 +90,32 @@ class FedRobust(Algorithm):
         return super().client_start(cctx)
 
     def prepare_batch(self, step) -> None:
-        i = step.client.client_id
         clean = step.x
         with torch.no_grad():
-            shifted = self.shift(self.clients["Lambda"][i], self.clients["delta"][i], clean)
+            shifted = torch.stack([self.shift(self.clients["Lambda"][c.client_id], self.clients["delta"][c.client_id],
+                                              clean[k]) for k, c in enumerate(step.clients)])
         shifted.requires_grad_(True)
         record = {"x": clean, "grad": None}
 
         def keep_first(grad):  # SAM's second pass must not replace the gradient at theta
             if record["grad"] is None:
-                record["grad"] = grad.detach()
+                record["grad"] = grad.detach().clone()
 
         shifted.register_hook(keep_first)
         step.x = shifted
-        step.client.extras["robust_record"] = record
+        step.scratch["robust_record"] = record
 
     @torch.no_grad()
-    def correct_gradient(self, cctx) -> None:
-        record = cctx.extras.pop("robust_record", None)
+    def correct_gradient(self, step) -> None:
+        record = step.scratch.pop("robust_record", None)
         if record is None or record["grad"] is None:
             return
-        i = cctx.client_id
-        lam, delta = self.clients["Lambda"][i], self.clients["delta"][i]
-        g_lam, g_delta = self.shift_gradients(record["grad"], record["x"])
-        eye = torch.eye(lam.shape[0], device=lam.device)
-        offset = lam - eye + self.ascent_lr * (g_lam - 2.0 * self.penalty * (lam - eye))
-        delta_new = delta + self.ascent_lr * (g_delta - 2.0 * self.penalty * delta)
-        self.clients["Lambda"][i] = eye + project_ball(offset, self.eps_lambda)
-        self.clients["delta"][i] = project_ball(delta_new, self.eps_delta)
+        for k, c in enumerate(step.clients):  # each client's ascent on its own shift
+            i = c.client_id
+            lam, delta = self.clients["Lambda"][i], self.clients["delta"][i]
+            g_lam, g_delta = self.shift_gradients(record["grad"][k], record["x"][k])
+            eye = torch.eye(lam.shape[0], device=lam.device)
+            offset = lam - eye + self.ascent_lr * (g_lam - 2.0 * self.penalty * (lam - eye))
+            delta_new = delta + self.ascent_lr * (g_delta - 2.0 * self.penalty * delta)
+            self.clients["Lambda"][i] = eye + project_ball(offset, self.eps_lambda)
+            self.clients["delta"][i] = project_ball(delta_new, self.eps_delta)

@@ -46,26 +46,26 @@ class MimeLite(Algorithm):
         self.server["momentum"] = self.zeros()
 
     def full_gradient_sum(self, cctx) -> torch.Tensor:
-        """sum over client i's samples of grad CE at theta^t, flat (the working model is set to theta^t)."""
-        model = cctx.model
-        self.layout.set(cctx.global_params)
-        model.train()
+        """sum over client i's samples of grad CE at theta^t, flat (a trainable copy of the model the server sent)."""
+        model = cctx.round.trainable_global_model  # theta^t, in training mode
+        params = [p for p in model.parameters() if p.requires_grad]
         batch = int(getattr(self.config, "batch_size", 0) or cctx.num_samples)
         total = torch.zeros(self.dim, device=cctx.x.device)
         for s in range(0, cctx.num_samples, batch):
             loss = F.cross_entropy(model(cctx.x[s:s + batch]), cctx.y[s:s + batch], reduction="sum")
-            grads = torch.autograd.grad(loss, self.layout.params, allow_unused=True)
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
             total += torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
-                                for g, p in zip(grads, self.layout.params)])
+                                for g, p in zip(grads, params)])
         return total
 
     def client_start(self, cctx):
         cctx.extras["mime_grad_sum"] = self.full_gradient_sum(cctx)
         return super().client_start(cctx)
 
-    def correct_gradient(self, cctx) -> None:
-        torch._foreach_mul_(self.layout.grads(), 1.0 - self.beta)
-        self.layout.add_to_grads(self.server["momentum"], self.beta)
+    def correct_gradient(self, step) -> None:
+        layout = step.cohort.layout
+        torch._foreach_mul_(layout.grads(), 1.0 - self.beta)
+        layout.add_to_grads(self.server["momentum"], self.beta)
 
     def client_end(self, cctx, params, loss):
         return ClientResult(cctx.client_id, cctx.num_samples, params, loss,

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...models.projection import ProjectionHeadModel
+from ...models.stacking import StackedLayout, run_rows, stack_inputs, stack_network, unstack_outputs
 from ..components import HParam
 from .base import Algorithm, register
 
@@ -46,6 +47,14 @@ def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.
     """mean_b -log( e^{cos(z, z_glob)/tau} / (e^{cos(z, z_glob)/tau} + e^{cos(z, z_prev)/tau}) )."""
     logits = torch.stack([F.cosine_similarity(z, z_glob, dim=1), F.cosine_similarity(z, z_prev, dim=1)], 1) / tau
     return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
+
+
+def clients_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
+    """:func:`model_contrastive_loss` of each client: (M, B, d) projections -> (M,)."""
+    logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)], -1) / tau
+    m, b = logits.shape[:2]
+    target = torch.zeros(m * b, dtype=torch.long, device=z.device)
+    return F.cross_entropy(logits.reshape(m * b, 2), target, reduction="none").view(m, b).mean(1)
 
 
 def copy_with(frozen: nn.Module, params: dict[str, torch.Tensor]) -> nn.Module:
@@ -78,14 +87,14 @@ class Moon(Algorithm):
     def __init__(self, hp, **kwargs):
         super().__init__(hp, **kwargs)
         self._captured: list[torch.Tensor] = []  # z of the current closure's forward pass (at most one)
-        self._hooked: nn.Module | None = None  # the working model carrying the capture hook
+        self._hooked: list[nn.Module] = []  # the working networks carrying the capture hook
 
     def init_state(self) -> None:
         self.clients["prev"] = self.layout.get().to(self.device).unsqueeze(0).repeat(self.num_clients, 1)
 
     def _hook(self, model: nn.Module) -> None:
-        """Capture the projection output z of the working model's first training forward per closure."""
-        if self._hooked is model:
+        """Capture the projection output z of a working network's first training forward per closure."""
+        if model in self._hooked:
             return
         captured = self._captured
 
@@ -94,30 +103,60 @@ class Moon(Algorithm):
                 captured.append(output)
 
         model.projection.register_forward_hook(capture)
-        self._hooked = model
+        self._hooked.append(model)
 
-    def client_start(self, cctx):
-        self._hook(cctx.model)
+    def start_cohort(self, cohort):
+        """Hook the cohort's working network; build the clients' previous local models as one frozen network."""
+        self._hook(cohort.network)
         self._captured.clear()
-        prev = self.layout.views(self.clients["prev"][cctx.client_id])
-        model = copy_with(cctx.round.global_model, dict(zip(self.layout.names, prev)))
-        cctx.extras["moon_prev_model"] = model
-        return super().client_start(cctx)
+        prev_rows = torch.stack([self.clients["prev"][c.client_id] for c in cohort.clients])
+        if cohort.n == 1:
+            prev = self.layout.views(prev_rows[0])
+            cohort.extras["moon_prev"] = copy_with(cohort.round.global_model, dict(zip(self.layout.names, prev)))
+            return
+        network = stack_network(cohort.round.global_model, cohort.n)
+        for p in network.parameters():
+            p.requires_grad_(False)
+        layout = StackedLayout(network, cohort.n, self.layout)
+        layout.set(prev_rows)
+        cohort.extras["moon_prev"] = network
+        cohort.extras["moon_prev_layout"] = layout
+
+    def end_cohort(self, cohort):
+        cohort.extras.pop("moon_prev", None)
+        cohort.extras.pop("moon_prev_layout", None)
+
+    def _previous_features(self, step) -> torch.Tensor:
+        """z_prev of each client of the step: (M, B, d)."""
+        net = step.cohort.extras["moon_prev"]
+        if step.cohort.n == 1:
+            return net.features(step.x[0]).unsqueeze(0)
+        xs = stack_inputs(step.x)
+        if step.rows is None:
+            z = net.features(xs)
+        else:
+            z = run_rows(net, step.cohort.extras["moon_prev_layout"], step.rows, xs, "features")
+        return unstack_outputs(z, step.m)
 
     def loss_terms(self, step):
+        m, b = step.y.shape
         z = self._captured[0] if self._captured else None
         self._captured.clear()
-        if z is None or z.shape[0] != step.x.shape[0]:
-            z = step.model.features(step.x)
+        if z is None or z.shape[0] != b:
+            z = step.features(step.x)
+        else:
+            z = unstack_outputs(z, m)
         cached = step.scratch.get("moon_targets")
         if cached is None or cached[0] is not step.x:
             with torch.no_grad():
-                z_glob = step.client.round.global_model.features(step.x)
-                z_prev = step.client.extras["moon_prev_model"].features(step.x)
+                z_glob = step.cohort.round.global_model.features(step.x.reshape(m * b, *step.x.shape[2:]))
+                z_glob = z_glob.view(m, b, -1)
+                z_prev = self._previous_features(step)
             cached = step.scratch["moon_targets"] = (step.x, z_glob, z_prev)
-        return self.mu * model_contrastive_loss(z, cached[1], cached[2], self.tau)
+        if m == 1:
+            return self.mu * model_contrastive_loss(z[0], cached[1][0], cached[2][0], self.tau).reshape(1)
+        return self.mu * clients_contrastive_loss(z, cached[1], cached[2], self.tau)
 
     def client_end(self, cctx, params, loss):
         self.clients["prev"][cctx.client_id] = params
-        cctx.extras.pop("moon_prev_model", None)
         return super().client_end(cctx, params, loss)

@@ -84,8 +84,8 @@ class Scaffold(Algorithm):
         cctx.extras["scaffold_correction"] = c / cctx.weight - c_i
         return super().client_start(cctx)
 
-    def correct_gradient(self, cctx) -> None:
-        self.layout.add_to_grads(cctx.extras["scaffold_correction"])
+    def correct_gradient(self, step) -> None:
+        step.cohort.layout.add_to_grads(step.cohort.stack("scaffold_correction"))
 
     def client_end(self, cctx, params, loss):
         i = cctx.client_id

@@ -29,24 +29,30 @@ import torch
 import torch.nn.functional as F
 
 from ..components import REGULARIZERS, HParam
-from ..context import ClientContext, StepContext
+from ..context import Cohort, StepContext
 from .base import Regularizer
 
 
 def asd_weights(teacher_logits: torch.Tensor, labels: torch.Tensor, label_freq: torch.Tensor, beta_entropy: float,
                 beta_label: float) -> torch.Tensor:
-    """alpha_i = w_i / sum_j w_j with w_i = exp(-beta_H H_i) * (p^{y_i})^(-beta_y); H_i from the untempered teacher."""
-    log_q = F.log_softmax(teacher_logits, dim=1)
-    entropy = -(log_q.exp() * log_q).sum(1)
-    log_w = -beta_entropy * entropy - beta_label * torch.log(label_freq[labels]).to(entropy.dtype)
-    return torch.softmax(log_w, dim=0)
+    """alpha_i = w_i / sum_j w_j with w_i = exp(-beta_H H_i) * (p^{y_i})^(-beta_y); H_i from the untempered teacher.
+
+    One batch: logits (B, K), labels (B,), label_freq (K,); or one per client: (M, B, K), (M, B), (M, K)."""
+    log_q = F.log_softmax(teacher_logits, dim=-1)
+    entropy = -(log_q.exp() * log_q).sum(-1)
+    if label_freq.dim() == 1:
+        freq = label_freq[labels]
+    else:
+        freq = torch.gather(label_freq, 1, labels)
+    log_w = -beta_entropy * entropy - beta_label * torch.log(freq).to(entropy.dtype)
+    return torch.softmax(log_w, dim=-1)
 
 
 def kl_global_local(teacher_logits: torch.Tensor, student_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Per-sample KL(softmax(z_g / tau) || softmax(z_k / tau)), shape (B,), without a tau^2 factor."""
-    log_qg = F.log_softmax(teacher_logits / temperature, dim=1)
-    log_qk = F.log_softmax(student_logits / temperature, dim=1)
-    return (log_qg.exp() * (log_qg - log_qk)).sum(1)
+    """Per-sample KL(softmax(z_g / tau) || softmax(z_k / tau)), shape (..., B), without a tau^2 factor."""
+    log_qg = F.log_softmax(teacher_logits / temperature, dim=-1)
+    log_qk = F.log_softmax(student_logits / temperature, dim=-1)
+    return (log_qg.exp() * (log_qg - log_qk)).sum(-1)
 
 
 @REGULARIZERS.register
@@ -71,12 +77,12 @@ class ASD(Regularizer):
         self._teacher = None
         self._label_freq = None
 
-    def start_client(self, cctx: ClientContext) -> None:
-        self._teacher = cctx.round.global_model
-        counts = cctx.label_counts.to(device=cctx.x.device, dtype=torch.float64)
-        self._label_freq = counts / counts.sum()  # p_k^y over the client's whole training set
+    def start_cohort(self, cohort: Cohort) -> None:
+        self._teacher = cohort.round.global_model
+        counts = torch.stack([c.label_counts for c in cohort.clients]).to(device=cohort.device, dtype=torch.float64)
+        self._label_freq = counts / counts.sum(1, keepdim=True)  # p_k^y over each client's whole training set
 
-    def end_client(self, cctx: ClientContext) -> None:
+    def end_cohort(self, cohort: Cohort) -> None:
         self._teacher = None
         self._label_freq = None
 
@@ -84,12 +90,13 @@ class ASD(Regularizer):
         if not self.lam:
             return None
         if self._teacher is None:
-            raise RuntimeError("ASD.penalty called outside start_client/end_client")
+            raise RuntimeError("ASD.penalty called outside start_cohort/end_cohort")
+        m, b = step.y.shape
         with torch.no_grad():
-            z_g = self._teacher(step.x)
+            z_g = self._teacher(step.x.reshape(m * b, *step.x.shape[2:])).view(m, b, -1)
             if self.uniform:
-                alpha = torch.full((len(step.y),), 1.0 / len(step.y), device=z_g.device, dtype=z_g.dtype)
+                alpha = torch.full((m, b), 1.0 / b, device=z_g.device, dtype=z_g.dtype)
             else:
-                alpha = asd_weights(z_g, step.y, self._label_freq, self.beta_entropy, self.beta_label)
+                alpha = asd_weights(z_g, step.y, step.select(self._label_freq), self.beta_entropy, self.beta_label)
         kl = kl_global_local(z_g, step.logits, self.temperature)
-        return self.lam * (alpha * kl).sum()
+        return self.lam * (alpha * kl).sum(-1)

@@ -6,8 +6,16 @@ Regularizers that change the forward pass itself (Mixup mixes inputs, GradAug ad
 ``forward``. Because the whole data loss is computed inside the optimizer's closure, SAM-type optimizers see the
 regularizer in both their ascent and descent passes.
 
-Lifecycle: ``attach(model)`` once, on the working model (install hooks, switch modes); ``start_client(cctx)`` /
-``end_client(cctx)`` around each client's local training (build a teacher, read label frequencies).
+Clients train in cohorts of N (:class:`~flatfl.train.context.Cohort`; N = 1 is one at a time): a step's data loss
+is one value per client, (M,), computed from one batched forward pass of the stacked network (``step.model(x)``:
+(M, B, ...) -> (M, B, K)).
+
+Lifecycle: ``attach(network)`` on each working network (the model, and each stacked network built from it: install
+hooks, switch modes); ``start_cohort(cohort)`` / ``end_cohort(cohort)`` around a cohort's local training (build a
+teacher, read label frequencies).
+
+``batchable`` says whether the regularizer trains clients together; one that cannot (GradAug's random widths
+differ per client) trains one client at a time, with a notice.
 """
 from __future__ import annotations
 
@@ -18,11 +26,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..components import REGULARIZERS, Component
-from ..context import ClientContext, StepContext
+from ..context import Cohort, StepContext
+
+
+def per_client_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each client's mean cross-entropy: logits (M, B, K), labels (M, B) -> (M,)."""
+    if logits.shape[0] == 1:
+        return F.cross_entropy(logits[0], y[0]).reshape(1)
+    m, b = y.shape
+    return F.cross_entropy(logits.reshape(m * b, -1), y.reshape(-1), reduction="none").view(m, b).mean(1)
 
 
 class Regularizer(Component):
     kind: ClassVar[str] = "regularizer"
+    #: whether clients can train together under this regularizer (see the module docstring)
+    batchable: ClassVar[bool] = True
 
     def __init__(self, hp: dict[str, Any], *, num_classes: int, config: Any = None):
         self.hp = dict(hp)
@@ -37,22 +55,24 @@ class Regularizer(Component):
         return model
 
     def attach(self, model: nn.Module) -> None:
-        """Called once with the working model before any training."""
+        """Called once with each working network (the model; a stacked network) before it trains."""
 
-    def start_client(self, cctx: ClientContext) -> None:
-        """Called before client i's local training in a round."""
+    def start_cohort(self, cohort: Cohort) -> None:
+        """Called before a cohort's local training in a round."""
 
-    def end_client(self, cctx: ClientContext) -> None:
-        """Called after client i's local training in a round."""
+    def end_cohort(self, cohort: Cohort) -> None:
+        """Called after a cohort's local training in a round."""
 
     def forward(self, step: StepContext) -> torch.Tensor:
-        """The data loss of one batch: mean cross-entropy plus this regularizer's penalty. Sets ``step.logits``."""
+        """Each client's data loss on its batch, (M,): mean cross-entropy plus this regularizer's penalty. Sets
+        ``step.logits``."""
         step.logits = step.model(step.x)
-        loss = F.cross_entropy(step.logits, step.y)
+        loss = per_client_cross_entropy(step.logits, step.y)
         pen = self.penalty(step)
         return loss if pen is None else loss + pen
 
     def penalty(self, step: StepContext) -> torch.Tensor | None:
+        """The penalty of each client, (M,), or None."""
         return None
 
 

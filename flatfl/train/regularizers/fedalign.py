@@ -230,6 +230,9 @@ class FedAlign(Regularizer):
         HParam("width", 0.25, WIDTH_HELP, check="unit"),
     )
 
+    #: its student re-runs the last stage on a channel slice at width omega, one client's network at a time
+    batchable = False
+
     def __init__(self, hp: dict[str, Any], *, num_classes: int, config: Any = None):
         super().__init__(hp, num_classes=num_classes, config=config)
         self._block: _FinalBlock | None = None
@@ -239,9 +242,14 @@ class FedAlign(Regularizer):
         self._block = find_final_block(model, self.width)
 
     def forward(self, step: StepContext) -> torch.Tensor:
-        f_prev, f_last, logits = self._block.capture(step.model, step.x)
-        step.logits = logits
-        ce = F.cross_entropy(logits, step.y)
+        return self.client_loss(step).reshape(1)
+
+    def client_loss(self, step: StepContext) -> torch.Tensor:
+        """The one client's loss (FedAlign trains one client at a time: ``batchable`` is False)."""
+        model, x, y = step.single()
+        f_prev, f_last, logits = self._block.capture(model, x)
+        step.logits = logits.unsqueeze(0)
+        ce = F.cross_entropy(logits, y)
         if not self.mu:
             return ce
         s_in, s_out = self._block.student(f_prev, self.width)

@@ -65,6 +65,9 @@ class GradAug(Regularizer):
         HParam("mu", 1.75, "GradAug weight of the sub-networks' KL terms", flag="gradaug-mu", check="nonnegative"),
     )
 
+    #: every client draws its own sub-network widths and input sizes per step: one client at a time
+    batchable = False
+
     def attach(self, model: nn.Module) -> None:
         check_width(self.width)
         if not callable(getattr(model, "set_width", None)):
@@ -79,12 +82,17 @@ class GradAug(Regularizer):
         return sorted([self.width] + extra, reverse=True)
 
     def forward(self, step: StepContext) -> torch.Tensor:
-        model, x = step.model, step.x
-        step.logits = model(x)
-        loss = F.cross_entropy(step.logits, step.y)
+        return self.client_loss(step).reshape(1)
+
+    def client_loss(self, step: StepContext) -> torch.Tensor:
+        """The one client's loss (GradAug trains one client at a time: ``batchable`` is False)."""
+        model, x, y = step.single()
+        logits = model(x)
+        step.logits = logits.unsqueeze(0)
+        loss = F.cross_entropy(logits, y)
         if not self.mu:
             return loss
-        target = step.logits.detach()
+        target = logits.detach()
         sizes = resolutions(x.shape[-1])
         kl_total = 0.0
         try:

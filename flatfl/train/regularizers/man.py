@@ -43,7 +43,7 @@ from torch import nn
 from ...errors import ConfigError
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext
-from .base import Regularizer
+from .base import Regularizer, per_client_cross_entropy
 
 #: element-wise non-linearities the fallback hooks when a model does not list its activation modules
 NONLINEARITIES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
@@ -118,9 +118,45 @@ class _ActivationPenalty(torch.autograd.Function):
         return a * coef if grad_a is None else torch.addcmul(grad_a, a, coef)
 
 
-def penalised(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _client_mean_squares(a: torch.Tensor, m: int) -> torch.Tensor:
+    """Each client's term of a stacked activation (B, M*C, ...) (client k's part in the k-th channel block): (M,)
+    float64, each sample's block norm taken in one kernel and the squares summed in float64."""
+    blocks = a.detach().reshape(a.shape[0], m, -1)
+    r = torch.linalg.vector_norm(blocks, dim=2).double()
+    return (r * r).sum(0) / (blocks.shape[0] * blocks.shape[2])
+
+
+class _ClientsActivationPenalty(torch.autograd.Function):
+    """:class:`_ActivationPenalty` for a stacked activation of M clients: ``(a, terms)`` with terms (M,) the clients'
+    mean(a_k ** 2); backward one fused ``grad + (2 w_k / numel_k) a`` with each client's own weight w_k."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, m: int):
+        ctx.save_for_backward(a)
+        ctx.set_materialize_grads(False)
+        ctx.m = m
+        return a.view_as(a), _client_mean_squares(a, m)
+
+    @staticmethod
+    def backward(ctx, grad_a, grad_term):
+        if grad_term is None:
+            return grad_a, None
+        (a,) = ctx.saved_tensors
+        blocks = a.reshape(a.shape[0], ctx.m, -1)
+        coef = (grad_term * (2.0 / (blocks.shape[0] * blocks.shape[2]))).to(a.dtype).view(1, ctx.m, 1)
+        if grad_a is None:
+            return (blocks * coef).view_as(a), None
+        return torch.addcmul(grad_a.reshape(blocks.shape), blocks, coef).view_as(a), None
+
+
+def penalised(a: torch.Tensor, clients: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(the activation to pass on, its term mean(a ** 2) in float64): with the penalty's gradient when ``a``
-    requires one (grad enabled), else ``a`` itself and a value."""
+    requires one (grad enabled), else ``a`` itself and a value. For a stacked activation of ``clients`` > 1 clients
+    (:mod:`flatfl.models.stacking`), one term per client, (clients,)."""
+    if clients > 1:
+        if torch.is_grad_enabled() and a.requires_grad:
+            return _ClientsActivationPenalty.apply(a, clients)
+        return a, _client_mean_squares(a, clients)
     if torch.is_grad_enabled() and a.requires_grad:
         return _ActivationPenalty.apply(a)
     return a, _mean_square_value(a)
@@ -133,7 +169,8 @@ def sum_of_mean_squares(activations: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _sum_terms(terms: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    total = terms[0] if len(terms) == 1 else torch.stack(terms).sum()
+    """The layers' terms summed in float64 (0-d terms, or (M,) terms of M clients), cast to ``dtype``."""
+    total = terms[0] if len(terms) == 1 else torch.stack(terms).sum(0)
     return total.to(dtype)
 
 
@@ -152,22 +189,25 @@ class MAN(Regularizer):
         self._terms: list[torch.Tensor] = []
         self._watched: list[tuple[torch.Tensor, int]] = []
         self._recording = False
+        self._clients = 1  # how many clients' blocks the network being run stacks
 
     # ----- hooks -----
     def attach(self, model: nn.Module) -> None:
-        self.detach()
-        self._hooked = default_activation_modules(model)
-        owned = {id(m) for m in self._hooked}
+        """Hook ``model``'s activation modules (each network the engine trains: the model, a stacked network)."""
+        modules = default_activation_modules(model)
+        if not self._hooked:
+            self._hooked = modules
+        owned = {id(m) for m in modules}
 
         def record(module: nn.Module, inputs, output):
             if not (self._recording and id(module) in owned and isinstance(output, torch.Tensor)):
                 return None
-            passed_on, term = penalised(output)
+            passed_on, term = penalised(output, self._clients)
             self._terms.append(term)
             self._watched.append((output, output._version))
             return passed_on
 
-        for module in self._hooked:
+        for module in modules:
             if getattr(module, "inplace", False):
                 module.inplace = False
             self._handles.append(module.register_forward_hook(record))
@@ -177,6 +217,7 @@ class MAN(Regularizer):
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._hooked = []
 
     @property
     def hooked_modules(self) -> list[nn.Module]:
@@ -185,16 +226,19 @@ class MAN(Regularizer):
     def capture(self, model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run ``model(x)`` recording this forward's activations only. Returns (logits, layer terms); the terms are
         values (no graph): :meth:`forward` gives the penalty its gradient."""
-        logits, terms = self._capture(model, x)
+        logits, terms = self._capture(lambda: model(x))
         return logits, [t.detach().to(logits.dtype) for t in terms]
 
-    def _capture(self, model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _capture(self, run, clients: int = 1) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``run()`` (a forward pass of a network holding ``clients`` clients) with its activations recorded."""
         self._terms, self._watched = [], []
         self._recording = True
+        self._clients = clients
         try:
-            logits = model(x)
+            logits = run()
         except RuntimeError as e:  # an in-place change of a hooked activation that autograd refuses
-            if _ActivationPenalty.__name__ in str(e) and "inplace" in str(e):
+            ours = any(c.__name__ in str(e) for c in (_ActivationPenalty, _ClientsActivationPenalty))
+            if ours and "inplace" in str(e):
                 raise ConfigError(_IN_PLACE) from None
             raise
         finally:
@@ -207,11 +251,11 @@ class MAN(Regularizer):
 
     # ----- the loss -----
     def forward(self, step: StepContext) -> torch.Tensor:
-        step.logits, terms = self._capture(step.model, step.x)
-        loss = torch.nn.functional.cross_entropy(step.logits, step.y)
+        step.logits, terms = self._capture(lambda: step.model(step.x), step.m)
+        loss = per_client_cross_entropy(step.logits, step.y)
         if not terms:
             return loss
-        reg = _sum_terms(terms, step.logits.dtype)
+        reg = _sum_terms(terms, step.logits.dtype).reshape(-1)
         step.scratch["man_reg"] = reg.detach()
         return loss + (self.zeta / 2.0) * reg
 

@@ -5,8 +5,8 @@ x~ = lambda x + (1 - lambda) x[pi] and the loss is lambda CE(f(x~), y) + (1 - la
 
 ``--mixup-gamma``: default 0.1, the FedAlign paper's value for its Table 1 (Sec. 3.2). The FedAlign code's argparse
 default is 0.0, which it treats as lambda = 1, i.e. mixup off; flatfl keeps that meaning (gamma = 0 gives plain CE).
-``step.logits`` are the logits of the mixed batch. Lambda and the permutation come from torch's global generator,
-which the engine seeds per client and round.
+``step.logits`` are the logits of the mixed batch. Each client's lambda and permutation come from torch's global generator set to
+that client's own stream (seeded per client and round), so clients trained together draw what they draw alone.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from ..components import REGULARIZERS, HParam
-from ..context import StepContext
-from .base import Regularizer
+from ..context import StepContext, client_rng
+from .base import Regularizer, per_client_cross_entropy
 
 
 def beta_distribution(gamma: float) -> torch.distributions.Beta | None:
@@ -52,13 +52,29 @@ class Mixup(Regularizer):
         self._beta = beta_distribution(self.gamma)
 
     def forward(self, step: StepContext) -> torch.Tensor:
-        lam, perm = sample_mix(self._beta, len(step.y))
-        if lam == 1.0:
+        m, b = step.y.shape
+        draws = []
+        for c in step.clients:  # each client's lambda and permutation from its own stream
+            with client_rng(c):
+                draws.append(sample_mix(self._beta, b))
+        if m == 1 and draws[0][0] == 1.0:
             step.logits = step.model(step.x)
-            return F.cross_entropy(step.logits, step.y)
-        perm = perm.to(step.x.device)
-        mixed = lam * step.x + (1.0 - lam) * step.x[perm]
-        step.logits = step.model(mixed)
+            return per_client_cross_entropy(step.logits, step.y)
+        lam = torch.tensor([d[0] for d in draws], device=step.x.device, dtype=step.x.dtype)
+        perm = torch.stack([d[1] for d in draws]).to(step.x.device)  # (M, B)
+        other_x = torch.stack([step.x[k][perm[k]] for k in range(m)])
+        other_y = torch.gather(step.y, 1, perm)
+        if m == 1:  # one client: the single-batch formulas (the same numbers as before batching)
+            lam0 = draws[0][0]
+            mixed = (lam0 * step.x[0] + (1.0 - lam0) * other_x[0]).unsqueeze(0)
+            step.logits = step.model(mixed)
+            loss = mixup_loss(step.logits[0], step.y[0], other_y[0], lam0).reshape(1)
+        else:
+            shape = (m,) + (1,) * (step.x.dim() - 1)
+            mixed = lam.view(shape) * step.x + (1.0 - lam.view(shape)) * other_x
+            step.logits = step.model(mixed)
+            loss = lam * per_client_cross_entropy(step.logits, step.y) + \
+                (1.0 - lam) * per_client_cross_entropy(step.logits, other_y)
         step.scratch["mixup_lambda"] = lam
         step.scratch["mixup_perm"] = perm
-        return mixup_loss(step.logits, step.y, step.y[perm], lam)
+        return loss

@@ -31,6 +31,9 @@ class StochDepth(Regularizer):
     hparams = (HParam("survival_last", 0.9, "stochastic depth: survival probability of the last residual block "
                       "(linear from 1.0 at the first)", check="unit"),)
 
+    #: each block's keep/drop draw is one per forward for a client's whole batch: one client at a time
+    batchable = False
+
     @classmethod
     def prepare_model(cls, model: nn.Module, hp: dict[str, Any]) -> nn.Module:
         # the ResNet itself, or the one inside a wrapper (MOON's projection-head model)

@@ -1,0 +1,132 @@
+"""Seconds per round at the MAN paper's shape: clients trained one at a time vs together vs a bare loop, one run.
+
+The shape of issue 13 (MAN's CIFAR-100 runs): the MAN CIFAR CNN, CIFAR-100-shaped data (random pixels, 100
+classes, 500 images a client), 100 clients, 10 a round, 5 local epochs of batch 50, lr 0.1. For each method the
+engine's real round (``Trainer.run_round``: sampling, per-client data, the pieces, aggregation; no evaluation, no
+files) is timed with ``--parallel-clients 1`` (sequential) and ``all`` (batched), rounds alternating between the
+two, after a warm-up round each, with CUDA synchronisation; the bare loop is the textbook eager PyTorch loop over
+the same clients, steps and batch size (FedAvg's work, one client after the other). Medians are printed, with
+each method's ratio to FedAvg in the same mode and batched / sequential speed-ups.
+
+    python benchmarks/gpu_round_time.py --device cuda            # the paper shape (GPU)
+    python benchmarks/gpu_round_time.py --device cpu --small     # a tiny smoke run of the same code
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flatfl.data.datasets import ImageDataset  # noqa: E402
+from flatfl.models import build_model  # noqa: E402
+from flatfl.train.config import RunConfig  # noqa: E402
+from flatfl.train.engine import Trainer  # noqa: E402
+from train_throughput import bare_local_training  # noqa: E402
+
+METHODS = [  # (label, algo, reg)
+    ("FedAvg", "fedavg", "none"),
+    ("FedAvg + MAN", "fedavg", "man"),
+    ("FedDyn + MAN", "feddyn", "man"),
+    ("FedSAM", "fedsam", "none"),
+    ("FedSpeed + MAN", "fedspeed", "man"),
+    ("FedAvg + ASD", "fedavg", "asd"),
+]
+
+
+def synthetic(clients: int, per_client: int, classes: int, seed: int = 0) -> ImageDataset:
+    g = torch.Generator().manual_seed(seed)
+    n = clients * per_client
+    x = torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8)
+    y = torch.randint(0, classes, (n,), generator=g)
+    return ImageDataset("cifar100-shaped", x, y, x[:100], y[:100], classes, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per mode (median printed)")
+    ap.add_argument("--small", action="store_true", help="a tiny shape for a CPU smoke run")
+    ap.add_argument("--methods", nargs="*", default=[m[0] for m in METHODS])
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clients, per_round, per_client, epochs, batch, classes = (100, 10, 500, 5, 50, 100)
+    if args.small:
+        clients, per_round, per_client, epochs, batch, classes = (20, 4, 40, 1, 20, 10)
+    device = torch.device(args.device)
+    ds = synthetic(clients, per_client, classes)
+    tmp = Path(tempfile.mkdtemp())
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def trainer(algo: str, reg: str, parallel) -> Trainer:
+        cfg = RunConfig(dataset="digits", model="cifar-cnn", partition="iid", clients=clients,
+                        participation=per_round / clients, sampling="fraction", rounds=10_000, local_epochs=epochs,
+                        batch_size=batch, lr=0.1, lr_decay=0.998, weight_decay=1e-3, clip=10.0, algo=algo, reg=reg,
+                        eval_every=10_000, checkpoint_every=10_000, seed=0, device=str(device),
+                        parallel_clients=parallel).validate()
+        return Trainer(cfg, tmp / f"{algo}-{reg}-{parallel}", quiet=True, dataset=ds, log=lambda s: print("  " + s))
+
+    def timed(tr: Trainer, r: int) -> float:
+        sync()
+        t0 = time.perf_counter()
+        tr.run_round(r)
+        sync()
+        return time.perf_counter() - t0
+
+    # the bare loop: FedAvg's local work on the same data, one client after the other, eager PyTorch
+    ref = trainer("fedavg", "none", 1)
+    model = build_model("cifar-cnn", num_classes=classes, in_channels=3, image_size=32).to(device)
+    data = [ref.client_data(i) for i in range(per_round)]
+
+    def bare_round() -> float:
+        sync()
+        t0 = time.perf_counter()
+        bare_local_training(model, data, epochs=epochs, batch=batch, lr=0.1)
+        sync()
+        return time.perf_counter() - t0
+
+    bare_round()
+    bare = statistics.median(bare_round() for _ in range(args.rounds))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"{name}, torch {torch.__version__}; MAN CIFAR CNN, {clients} clients of {per_client} images, {per_round} a "
+          f"round, {epochs} local epochs of batch {batch}; median of {args.rounds} rounds"
+          + (" (SMALL smoke shape, not the paper's)" if args.small else ""))
+    rows = {}
+    for label, algo, reg in METHODS:
+        if label not in args.methods:
+            continue
+        seq, bat = trainer(algo, reg, 1), trainer(algo, reg, "all")
+        timed(seq, 0)
+        timed(bat, 0)
+        ts, tb = [], []
+        for r in range(1, args.rounds + 1):
+            ts.append(timed(seq, r))
+            tb.append(timed(bat, r))
+        rows[label] = (statistics.median(ts), statistics.median(tb))
+        del seq, bat
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    base_s, base_b = rows.get("FedAvg", (float("nan"), float("nan")))
+    print(f"{'method':<16} {'sequential s/round':>19} {'batched s/round':>16} {'speed-up':>9} "
+          f"{'x FedAvg (seq)':>15} {'x FedAvg (bat)':>15} {'500 rounds, batched':>20}")
+    print(f"{'bare eager loop':<16} {bare:>19.3f}")
+    for label, (s, b) in rows.items():
+        print(f"{label:<16} {s:>19.3f} {b:>16.3f} {s / b:>8.2f}x {s / base_s:>15.2f} {b / base_b:>15.2f} "
+              f"{500 * b / 60:>16.1f} min")
+    print("speed-up = sequential / batched s/round; x FedAvg = the method's s/round over FedAvg's in the same mode")
+
+
+if __name__ == "__main__":
+    main()

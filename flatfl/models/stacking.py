@@ -1,0 +1,291 @@
+"""Several clients' copies of one network, trained as one: channel stacking.
+
+N copies of a convolutional network run as one network whose feature maps hold the copies side by side along the
+channel axis: client k's channels are the k-th block of every feature map, (B, N*C, H, W). A convolution becomes a
+grouped convolution (one group per client), a linear layer a batched matrix product, a GroupNorm of G groups one of
+N*G groups and a BatchNorm over N*C channels keeps each client's running statistics apart; element-wise layers,
+pooling and flattening act on each block unchanged (flattening (B, N*C, H, W) lays each client's C*H*W features
+side by side). So one forward/backward pass trains N clients, and the gradient of the summed per-client losses with
+respect to client k's block is client k's own gradient.
+
+Every stacked parameter has a free view of shape (N, *the original shape), :meth:`StackedLayout.rows`; the flat
+(N, dim) matrix of :class:`StackedLayout` orders each row exactly as :class:`~flatfl.models.params.ParamLayout`
+orders the original model's flat vector. With N = 1 the stacked network is the original network itself (no
+conversion), so one-at-a-time training is this code with N = 1.
+
+Only flatfl's own layer types and model classes are stacked (their forward passes are known to act per channel);
+:func:`stacking_refusal` says why another network cannot be (it then trains one client at a time).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .params import ParamLayout
+
+#: layers with no parameters that act on each channel block alone
+ELEMENTWISE = (nn.ReLU, nn.Tanh, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Identity,
+               nn.Sequential)
+
+
+class StackedConv2d(nn.Module):
+    """N convolutions as one grouped convolution; weight (N*out, in/groups, kh, kw)."""
+
+    def __init__(self, conv: nn.Conv2d, n: int):
+        super().__init__()
+        self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
+        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
+        self.weight = nn.Parameter(conv.weight.detach().repeat(n, 1, 1, 1))
+        self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().repeat(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.weight.shape[0] // self.out_channels
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups * n)
+
+
+class StackedLinear(nn.Module):
+    """N linear layers as one batched product; weight (N, out, in), bias (N, out); input (B, N*in)."""
+
+    def __init__(self, linear: nn.Linear, n: int):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = nn.Parameter(linear.weight.detach().unsqueeze(0).repeat(n, 1, 1))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().unsqueeze(0).repeat(n, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, b = self.weight.shape[0], x.shape[0]
+        xs = x.reshape(b, n, self.in_features).transpose(0, 1)  # (N, B, in)
+        if self.bias is None:
+            out = torch.bmm(xs, self.weight.transpose(1, 2))
+        else:
+            out = torch.baddbmm(self.bias.unsqueeze(1), xs, self.weight.transpose(1, 2))
+        return out.transpose(0, 1).reshape(b, n * self.out_features)
+
+
+class StackedGroupNorm(nn.Module):
+    """N GroupNorms of G groups over C channels as one of N*G groups over N*C channels."""
+
+    def __init__(self, norm: nn.GroupNorm, n: int):
+        super().__init__()
+        self.num_groups, self.num_channels, self.eps = norm.num_groups, norm.num_channels, norm.eps
+        self.weight = None if norm.weight is None else nn.Parameter(norm.weight.detach().repeat(n))
+        self.bias = None if norm.bias is None else nn.Parameter(norm.bias.detach().repeat(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1] // self.num_channels
+        return F.group_norm(x, self.num_groups * n, self.weight, self.bias, self.eps)
+
+
+class StackedBatchNorm2d(nn.BatchNorm2d):
+    """N BatchNorms as one over N*C channels: batch statistics and running statistics per client."""
+
+    def __init__(self, norm: nn.BatchNorm2d, n: int):
+        super().__init__(norm.num_features * n, norm.eps, norm.momentum, norm.affine, norm.track_running_stats)
+        self.per_client = norm.num_features
+        with torch.no_grad():
+            if norm.affine:
+                self.weight.copy_(norm.weight.repeat(n))
+                self.bias.copy_(norm.bias.repeat(n))
+            if norm.track_running_stats:
+                self.running_mean.copy_(norm.running_mean.repeat(n))
+                self.running_var.copy_(norm.running_var.repeat(n))
+                self.num_batches_tracked.copy_(norm.num_batches_tracked)
+
+
+def stacking_refusal(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be channel-stacked (a layer or model class whose forward pass is not known to act per
+    channel block, a narrowed slimmable layer, a stochastic-depth block), or None when it can."""
+    from .base import FeatureClassifier
+    from .projection import ProjectionHeadModel
+    from .resnet import ResidualBlock
+
+    known = (FeatureClassifier, ProjectionHeadModel, ResidualBlock)
+    for name, module in model.named_modules():
+        where = name or "the model"
+        if isinstance(module, (nn.Conv2d, nn.Linear, nn.GroupNorm, nn.BatchNorm2d)):
+            if getattr(module, "width", 1.0) != 1.0:
+                return f"{where} runs at width {module.width} (a slimmed sub-network)"
+            if isinstance(module, nn.Conv2d) and (module.padding_mode != "zeros" or isinstance(module.padding, str)):
+                return f"{where} uses padding {module.padding!r} / {module.padding_mode}"
+            continue
+        if isinstance(module, ResidualBlock) and module.survival < 1.0:
+            return f"{where} has stochastic depth (one random draw per client and forward)"
+        if isinstance(module, ELEMENTWISE) or isinstance(module, known):
+            if type(module).__module__.startswith(("torch.", "flatfl.")):
+                continue
+        return f"{where} is a {type(module).__name__}, whose forward pass flatfl cannot stack"
+    return None
+
+
+def stack_network(model: nn.Module, n: int) -> nn.Module:
+    """N copies of ``model`` as one channel-stacked network (each copy holding ``model``'s weights); ``model``
+    itself when N = 1. Raise ValueError when the network cannot be stacked (:func:`stacking_refusal`)."""
+    if n == 1:
+        return model
+    why = stacking_refusal(model)
+    if why is not None:
+        raise ValueError(why)
+    stacked = copy.deepcopy(model)
+    kinds = ((nn.BatchNorm2d, StackedBatchNorm2d), (nn.Conv2d, StackedConv2d), (nn.Linear, StackedLinear),
+             (nn.GroupNorm, StackedGroupNorm))
+    for parent in list(stacked.modules()):
+        for name, child in list(parent.named_children()):
+            for kind, cls in kinds:
+                if isinstance(child, kind):
+                    setattr(parent, name, cls(child, n))
+                    break
+    return stacked
+
+
+def stack_inputs(x: torch.Tensor) -> torch.Tensor:
+    """(N, B, C, ...) -> (B, N*C, ...): client k's inputs in the k-th channel block (a view when N = 1)."""
+    n, b = x.shape[0], x.shape[1]
+    if n == 1:
+        return x[0]
+    return x.transpose(0, 1).reshape(b, n * x.shape[2], *x.shape[3:])
+
+
+def unstack_outputs(y: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, N*K) -> (N, B, K): each client's outputs."""
+    if n == 1:
+        return y.unsqueeze(0)
+    b = y.shape[0]
+    return y.reshape(b, n, -1).transpose(0, 1)
+
+
+def client_blocks(a: torch.Tensor, n: int) -> torch.Tensor:
+    """A stacked activation (B, N*C, ...) as (B, N, C*...): client k's part in [:, k]."""
+    return a.reshape(a.shape[0], n, -1)
+
+
+class StackedLayout:
+    """The trainable parameters of a stacked network as an (N, dim) matrix, one row per client, each row ordered as
+    :class:`ParamLayout` orders the original model's flat vector."""
+
+    def __init__(self, network: nn.Module, n: int, single: ParamLayout):
+        self.n = n
+        self.names = single.names
+        self.shapes = single.shapes
+        self.numels = single.numels
+        self.dim = single.dim
+        params = dict(network.named_parameters())
+        self.params = [params[name] for name in self.names]
+        for p, shape in zip(self.params, self.shapes):
+            if p.numel() != n * shape.numel():
+                raise ValueError("stacked network does not match its model")
+        buffers = {k: b for k, b in network.named_buffers() if b.is_floating_point()}
+        self.buffer_names = list(buffers)
+        self.buffers = list(buffers.values())
+
+    def rows(self, t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """A stacked tensor as (N, *shape) (a view)."""
+        return t.view(self.n, *shape)
+
+    def param_rows(self) -> list[torch.Tensor]:
+        return [self.rows(p, s) for p, s in zip(self.params, self.shapes)]
+
+    def views(self, matrix: torch.Tensor) -> list[torch.Tensor]:
+        """(N, dim) -> per-parameter (N, *shape) views (no copy)."""
+        out, start = [], 0
+        for numel, shape in zip(self.numels, self.shapes):
+            out.append(matrix[:, start:start + numel].view(matrix.shape[0], *shape))
+            start += numel
+        return out
+
+    def get(self) -> torch.Tensor:
+        """The clients' parameters as a new (N, dim) matrix."""
+        return torch.cat([r.detach().reshape(self.n, -1) for r in self.param_rows()], 1)
+
+    @torch.no_grad()
+    def set(self, matrix: torch.Tensor) -> None:
+        torch._foreach_copy_(self.param_rows(), self.views(matrix.to(self.params[0].device)))
+
+    def buffer_rows(self) -> list[torch.Tensor]:
+        return [b.view(self.n, -1) for b in self.buffers]
+
+    @torch.no_grad()
+    def set_buffers(self, per_client: dict[str, torch.Tensor]) -> None:
+        """Load float buffers, each given as (N, ...) rows or as one model's tensor for every client."""
+        for name, b in zip(self.buffer_names, self.buffers):
+            v = per_client[name].to(b.device)
+            b.view(self.n, -1).copy_(v.reshape(self.n, -1) if v.numel() == b.numel() else v.reshape(1, -1))
+
+    def get_buffers(self) -> dict[str, torch.Tensor]:
+        """Each float buffer as (N, *the model's shape) rows (copies)."""
+        return {name: b.detach().view(self.n, -1).clone() for name, b in zip(self.buffer_names, self.buffers)}
+
+    def grads(self) -> list[torch.Tensor]:
+        """Each parameter's gradient as (N, *shape) rows, created as zeros where backward left none."""
+        out = []
+        for p, s in zip(self.params, self.shapes):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            out.append(self.rows(p.grad, s))
+        return out
+
+    @torch.no_grad()
+    def add_to_grads(self, matrix: torch.Tensor, alpha: float = 1.0) -> None:
+        """grad += alpha * matrix, row by row ((N, dim); a (dim,) vector is added to every row)."""
+        if matrix.dim() == 1:
+            matrix = matrix.unsqueeze(0).expand(self.n, -1)
+        torch._foreach_add_(self.grads(), self.views(matrix), alpha=alpha)
+
+    @torch.no_grad()
+    def add_params_to_grads(self, alpha) -> None:
+        """grad += alpha * theta; ``alpha`` a number or an (N,) tensor (one coefficient per client)."""
+        if isinstance(alpha, torch.Tensor) and alpha.numel() > 1:
+            scaled = [p * alpha.view(-1, *[1] * (p.dim() - 1)).to(p.dtype) for p in self.param_rows()]
+            torch._foreach_add_(self.grads(), scaled)
+        else:
+            torch._foreach_add_(self.grads(), self.param_rows(), alpha=float(alpha))
+
+    def row_norms(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The 2-norm of each row across all (N, ...) tensors together: (N,)."""
+        if self.n == 1:  # the one-model norm, as torch.nn.utils computes it
+            return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors))).reshape(1)
+        per = torch.stack([torch.linalg.vector_norm(t.reshape(self.n, -1), dim=1) for t in tensors])
+        return torch.linalg.vector_norm(per, dim=0)
+
+
+def _gathered(t: torch.Tensor, n: int, rows: torch.Tensor) -> torch.Tensor:
+    """The blocks ``rows`` of a stacked tensor, in the stacked layout of len(rows) clients."""
+    m = rows.numel()
+    per = t.view(n, -1)[rows]
+    return per.view(t.shape[0] // n * m, *t.shape[1:])
+
+
+def run_rows(network: nn.Module, layout: StackedLayout, rows: torch.Tensor, xs: torch.Tensor,
+             method: str = "forward") -> torch.Tensor:
+    """Run the stacked network for the clients ``rows`` only (their parameters gathered, so gradients reach just
+    those blocks; BatchNorm running statistics updated for those clients only). ``xs`` holds len(rows) blocks."""
+    n = layout.n
+    params = {name: _gathered(p, n, rows) for name, p in network.named_parameters()}
+    buffers = {name: _gathered(b, n, rows) for name, b in network.named_buffers() if b.is_floating_point()}
+    tensors = {**params, **buffers}
+    if method == "forward":
+        out = torch.func.functional_call(network, tensors, (xs,))
+    else:  # another method of the network (features), through a module whose forward is that method
+        caller = _MethodCaller(network, method)
+        out = torch.func.functional_call(caller, {"net." + k: v for k, v in tensors.items()}, (xs,))
+    if network.training and buffers:
+        with torch.no_grad():
+            named = dict(network.named_buffers())
+            for name, b in buffers.items():
+                named[name].view(n, -1)[rows] = b.view(rows.numel(), -1)
+    return out
+
+
+
+class _MethodCaller(nn.Module):
+    """A module whose forward is ``method`` of ``net`` (so functional_call can substitute net's tensors)."""
+
+    def __init__(self, net: nn.Module, method: str):
+        super().__init__()
+        self.net = net
+        self.method = method
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self.net, self.method)(x)
