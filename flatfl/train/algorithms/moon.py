@@ -28,6 +28,7 @@ CIFAR-10 README example uses 5). The MOON code's local optimizer (momentum 0.9, 
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +88,7 @@ class Moon(Algorithm):
     def __init__(self, hp, **kwargs):
         super().__init__(hp, **kwargs)
         self._captured: list[torch.Tensor] = []  # z of the current closure's forward pass (at most one)
-        self._hooked: list[nn.Module] = []  # the working networks carrying the capture hook
+        self._hooked: weakref.WeakSet = weakref.WeakSet()  # the working networks carrying the capture hook
 
     def init_state(self) -> None:
         self.clients["prev"] = self.layout.get().to(self.device).unsqueeze(0).repeat(self.num_clients, 1)
@@ -103,7 +104,7 @@ class Moon(Algorithm):
                 captured.append(output)
 
         model.projection.register_forward_hook(capture)
-        self._hooked.append(model)
+        self._hooked.add(model)
 
     def start_cohort(self, cohort):
         """Hook the cohort's working network; build the clients' previous local models as one frozen network."""
