@@ -455,6 +455,10 @@ CASES = {
                                          "--runs-dir", str(c.ws / "r"), "--out", str(c.ws / "o")], "--seeds"),
     "reproduce-seed-negative": (lambda c: ["reproduce", "man-table2", "--preset", "tiny", "--seeds", "-1",
                                            "--runs-dir", str(c.ws / "r"), "--out", str(c.ws / "o")], "seed"),
+    # ---- --parallel-clients: from the command line and a config file
+    "parallel-clients-zero": (_train("--parallel-clients", "0"), "--parallel-clients"),
+    "parallel-clients-word": (_train("--parallel-clients", "some"), "--parallel-clients"),
+    "parallel-clients-cfg-float": (_cfg("p.toml", "parallel_clients = 2.5\n"), "--parallel-clients"),
     # ---- --threads -2 on every command that takes it (the issue counted 8 tracebacks)
     "threads-negative-train": (_train("--threads", "-2"), "--threads"),
     "threads-negative-hessian": (_on_run("hessian", "--threads", "-2"), "--threads"),

@@ -15,7 +15,8 @@ z_glob from the frozen model the server sent this round, z_prev from the client'
 buffer of one); both without gradients. A client that never trained holds the initial weights as its previous
 model (then z_prev = z_glob in round 1 and the term has zero gradient). The previous models live in
 ``self.clients["prev"]`` so they survive ``--resume``; they are evaluated with the server's buffers (BatchNorm
-statistics) of the round.
+statistics) of the round. Clients trained together (a cohort) have their previous models stacked into one frozen
+network (:mod:`flatfl.models.stacking`), built in :meth:`Moon.start_cohort`.
 
 z is the projection the working model computed in the closure's own forward pass (captured by a forward hook on
 the projection head, only in training mode); if that pass did not run the projection on this batch, z is computed
