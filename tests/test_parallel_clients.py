@@ -231,20 +231,29 @@ def test_bad_parallel_clients_values(bad):
 
 
 def test_clients_that_do_not_fit_are_split_and_the_log_says_so(tmp_path, monkeypatch):
-    """Out of memory with more than 2 clients at once (as a GPU would be): N is halved until the cohort fits, the
-    log says so in one line, and the numbers are those of one client at a time."""
-    real = Trainer._train_cohort
+    """Out of memory part-way through a cohort of more than 2 clients (as a GPU would be): N is halved until the
+    cohort fits, the log says so in one line, the steps already taken leave no trace (FedRobust changes its client
+    state at every step) and the numbers are those of one client at a time."""
+    real = local_module.StepContext
+    seen = {"n": 0}
 
-    def small_memory(self, rctx, ids, lr, augment):
-        if len(ids) > 2:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(self, rctx, ids, lr, augment)
+    def small_memory(cohort, *args, **kwargs):
+        if cohort.n > 2:
+            seen["n"] += 1
+            if seen["n"] == 3:  # two steps taken, the third does not fit
+                seen["n"] = 0
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(cohort, *args, **kwargs)
 
-    one = train(tmp_path, 1, algo="feddyn", reg="man")
-    monkeypatch.setattr(Trainer, "_train_cohort", small_memory)
-    said = []
-    split = train(tmp_path, "all", algo="feddyn", reg="man", log=said.append)
-    assert split.parallel == 2
-    assert [s for s in said if "did not fit" in s] == [
-        "--parallel-clients: 5 clients did not fit in GPU memory; training 2 at once"], said
-    assert rel(split.theta, one.theta) < RTOL
+    for algo, reg in (("feddyn", "man"), ("fedrobust", "none")):
+        one = train(tmp_path / algo, 1, algo=algo, reg=reg)
+        monkeypatch.setattr(local_module, "StepContext", small_memory)
+        said = []
+        split = train(tmp_path / algo, "all", algo=algo, reg=reg, log=said.append)
+        monkeypatch.setattr(local_module, "StepContext", real)
+        assert split.parallel == 2
+        assert [s for s in said if "did not fit" in s] == [
+            "--parallel-clients: 5 clients did not fit in GPU memory; training 2 at once"], said
+        assert rel(split.theta, one.theta) < RTOL
+        for name, v in one.algo.clients.items():
+            assert rel(split.algo.clients[name], v) < RTOL or torch.equal(split.algo.clients[name], v), name

@@ -315,11 +315,13 @@ class Trainer:
         pending = participants.tolist()
         while pending:
             ids, pending = pending[:self.parallel], pending[self.parallel:]
+            saved = self._client_state_rows(ids) if len(ids) > 1 else {}
             try:
                 cohort_results, cohort_buffers = self._train_cohort(rctx, ids, lr, augment)
             except torch.OutOfMemoryError:
                 if len(ids) == 1:
                     raise
+                self._restore_client_state_rows(ids, saved)  # steps already taken leave no trace
                 self._halve_parallel(len(ids))
                 pending = ids + pending
                 continue
@@ -363,6 +365,20 @@ class Trainer:
         if not self.quiet:
             self.log(f"training {why}")
         return n, why
+
+    def _client_state_rows(self, ids: list[int]) -> dict[str, torch.Tensor]:
+        """Copies of the algorithm's per-client state rows of clients ``ids`` (FedRobust changes its rows while the
+        clients train), to undo a cohort that ran out of memory part-way."""
+        index = torch.tensor(ids, device=self.device)
+        return {k: v.index_select(0, index.to(v.device)).clone() for k, v in self.algo.clients.items()}
+
+    def _restore_client_state_rows(self, ids: list[int], saved: dict[str, torch.Tensor]) -> None:
+        for k in list(self.algo.clients):
+            if k not in saved:  # created by this attempt (FedRobust's state, on first sight of the inputs)
+                del self.algo.clients[k]
+            else:
+                v = self.algo.clients[k]
+                v.index_copy_(0, torch.tensor(ids, device=v.device), saved[k].to(v.device))
 
     def _halve_parallel(self, tried: int) -> None:
         if self.device.type == "cuda":
