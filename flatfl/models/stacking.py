@@ -203,9 +203,6 @@ class StackedLayout:
     def set(self, matrix: torch.Tensor) -> None:
         torch._foreach_copy_(self.param_rows(), self.views(matrix.to(self.params[0].device)))
 
-    def buffer_rows(self) -> list[torch.Tensor]:
-        return [b.view(self.n, -1) for b in self.buffers]
-
     @torch.no_grad()
     def set_buffers(self, per_client: dict[str, torch.Tensor]) -> None:
         """Load float buffers, each given as (N, ...) rows or as one model's tensor for every client."""
@@ -243,7 +240,7 @@ class StackedLayout:
             torch._foreach_add_(self.grads(), self.param_rows(), alpha=float(alpha))
 
     def row_norms(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """The 2-norm of each row across all (N, ...) tensors together: (N,)."""
+        """The 2-norm of each row across all (N, ...) tensors together: (N,), with no host synchronisation."""
         if self.n == 1:  # the one-model norm, as torch.nn.utils computes it
             return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors))).reshape(1)
         per = torch.stack([torch.linalg.vector_norm(t.reshape(self.n, -1), dim=1) for t in tensors])

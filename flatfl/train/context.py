@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -143,40 +144,34 @@ class StepContext:
 
     def model(self, x: torch.Tensor) -> torch.Tensor:
         """The working networks of this step's clients on their inputs: (M, B, ...) -> (M, B, K)."""
-        from ..models.stacking import stack_inputs, unstack_outputs
-
-        return unstack_outputs(self._run(stack_inputs(x), "forward"), x.shape[0])
+        return self._run(x, "forward")
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The working networks' ``features``: (M, B, ...) -> (M, B, F)."""
-        from ..models.stacking import stack_inputs, unstack_outputs
+        return self._run(x, "features")
 
-        return unstack_outputs(self._run(stack_inputs(x), "features"), x.shape[0])
+    def _run(self, x: torch.Tensor, method: str) -> torch.Tensor:
+        """``method`` of the stacked network for this step's clients, on their inputs stacked and split back."""
+        from ..models.stacking import run_rows, stack_inputs, unstack_outputs
 
-    def _run(self, xs: torch.Tensor, method: str) -> torch.Tensor:
-        net = self.cohort.network
+        net, xs = self.cohort.network, stack_inputs(x)
         if self.rows is None:
-            return net(xs) if method == "forward" else net.features(xs)
-        from ..models.stacking import run_rows
+            out = net(xs) if method == "forward" else getattr(net, method)(xs)
+        else:
+            out = run_rows(net, self.cohort.layout, self.rows, xs, method)
+        return unstack_outputs(out, x.shape[0])
 
-        return run_rows(net, self.cohort.layout, self.rows, xs, method)
 
-
+@contextlib.contextmanager
 def client_rng(cctx: ClientContext):
     """A context in which torch's global CPU generator is client ``cctx``'s in-model stream (restored after)."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def swap():
-        outer = torch.get_rng_state()
-        torch.set_rng_state(cctx.rng_state)
-        try:
-            yield
-        finally:
-            cctx.rng_state = torch.get_rng_state()
-            torch.set_rng_state(outer)
-
-    return swap()
+    outer = torch.get_rng_state()
+    torch.set_rng_state(cctx.rng_state)
+    try:
+        yield
+    finally:
+        cctx.rng_state = torch.get_rng_state()
+        torch.set_rng_state(outer)
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:

@@ -412,10 +412,10 @@ class Trainer:
             x, y = self.client_data(i)
             n_i = len(y)
             taken, k_i = self.algo.local_step_counts(n_i, cfg.batch_size, cfg.local_epochs)
-            cctx = ClientContext(
+            gen = torch.Generator().manual_seed(s)
+            cctx = ClientContext(  # gen's fresh state doubles as the seed of the client's in-model stream
                 client_id=i, round=rctx, x=x, y=y, num_samples=n_i, weight=float(self.algo.weights[i]),
-                label_counts=self.label_counts[i], steps=k_i, lr=lr, generator=torch.Generator().manual_seed(s),
-                rng_state=torch.Generator().manual_seed(s).get_state())
+                label_counts=self.label_counts[i], steps=k_i, lr=lr, generator=gen, rng_state=gen.get_state())
             starts.append(self.algo.client_start(cctx))
             contexts.append(cctx)
             taken_steps.append(taken)

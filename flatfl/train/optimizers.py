@@ -40,12 +40,12 @@ class LocalOptimizer(Component):
         """Scale each client's gradient to global 2-norm at most ``clip`` (torch's clip_grad_norm_ rule per row)."""
         if self.clip <= 0:
             return
-        if self.layout.n == 1:
+        if self.layout.n == 1:  # torch's own: parameters without a gradient keep none, so SGD skips them
             torch.nn.utils.clip_grad_norm_(self.params, self.clip, foreach=True)
             return
         grads = self.layout.grads()
         coef = torch.clamp(self.clip / (self.layout.row_norms(grads) + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, [coef.view(-1, *[1] * (g.dim() - 1)) for g in grads])
+        torch._foreach_mul_(grads, [per_row(coef, g) for g in grads])
 
     def step(self, closure: Callable[[], torch.Tensor], correct: Callable[[], None],
              rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -151,11 +151,6 @@ class SGD(LocalOptimizer):
         return loss
 
 
-def global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm of all tensors together, as a 0-d tensor (no host synchronisation)."""
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
-
-
 @LOCAL_OPTIMIZERS.register
 class SAM(LocalOptimizer):
     """Sharpness-aware minimization as a local optimizer (Foret et al. 2021; FedSAM; algorithms.md section 8).
@@ -183,8 +178,6 @@ class SAM(LocalOptimizer):
 
     def perturbation(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """eps = rho g / (||g|| + 1e-16), per client, ||.|| its global 2-norm over all parameters ((N, ...) rows)."""
-        if self.layout.n == 1:
-            return torch._foreach_mul(grads, self.rho / (global_norm(grads) + 1e-16))
         factor = self.rho / (self.layout.row_norms(grads) + 1e-16)
         return [g * per_row(factor, g) for g in grads]
 
@@ -226,8 +219,5 @@ class ASAM(SAM):
         scales = [p.detach().abs() + self.eta if "weight" in name else None
                   for name, p in zip(self.layout.names, self.layout.param_rows())]
         scaled = [g * t if t is not None else g for g, t in zip(grads, scales)]  # T g
-        if self.layout.n == 1:
-            factor = self.rho / (global_norm(scaled) + 1e-16)
-            return [(t * tg if t is not None else tg) * factor for t, tg in zip(scales, scaled)]
         factor = self.rho / (self.layout.row_norms(scaled) + 1e-16)
         return [(t * tg if t is not None else tg) * per_row(factor, tg) for t, tg in zip(scales, scaled)]

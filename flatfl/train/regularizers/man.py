@@ -43,6 +43,7 @@ from torch import nn
 from ...errors import ConfigError
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext
+from ...models.stacking import client_blocks
 from .base import Regularizer, per_client_cross_entropy
 
 #: element-wise non-linearities the fallback hooks when a model does not list its activation modules
@@ -121,7 +122,7 @@ class _ActivationPenalty(torch.autograd.Function):
 def _client_mean_squares(a: torch.Tensor, m: int) -> torch.Tensor:
     """Each client's term of a stacked activation (B, M*C, ...) (client k's part in the k-th channel block): (M,)
     float64, each sample's block norm taken in one kernel and the squares summed in float64."""
-    blocks = a.detach().reshape(a.shape[0], m, -1)
+    blocks = client_blocks(a.detach(), m)
     r = torch.linalg.vector_norm(blocks, dim=2).double()
     return (r * r).sum(0) / (blocks.shape[0] * blocks.shape[2])
 
@@ -142,7 +143,7 @@ class _ClientsActivationPenalty(torch.autograd.Function):
         if grad_term is None:
             return grad_a, None
         (a,) = ctx.saved_tensors
-        blocks = a.reshape(a.shape[0], ctx.m, -1)
+        blocks = client_blocks(a, ctx.m)
         coef = (grad_term * (2.0 / (blocks.shape[0] * blocks.shape[2]))).to(a.dtype).view(1, ctx.m, 1)
         if grad_a is None:
             return (blocks * coef).view_as(a), None
