@@ -289,9 +289,9 @@ Examples:
 @click.option("--seed", type=int, default=HESSIAN_DEFAULTS.seed, show_default=True, help="seed of the sample draw and of every random vector")
 @click.option("--device", default=HESSIAN_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=HESSIAN_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
-@click.option("--save-eigenvectors", is_flag=True, help="also write eigenvectors.pt (parameter layout included)")
+@click.option("--save-eigenvectors", is_flag=True, default=HESSIAN_DEFAULTS.save_eigenvectors, help="also write eigenvectors.pt (parameter layout included)")
 @click.option("--model-factory", default=HESSIAN_DEFAULTS.model_factory, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
-@click.option("--exact-residuals", is_flag=True, help="recompute each residual ||Hv - lambda v|| with one more HVP")
+@click.option("--exact-residuals", is_flag=True, default=HESSIAN_DEFAULTS.exact_residuals, help="recompute each residual ||Hv - lambda v|| with one more HVP")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_threads_option
 @friendly_errors
@@ -385,12 +385,12 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 @click.option("--batch-size", type=int, default=SURFACE_DEFAULTS.batch_size, show_default=True, help="evaluation batch size")
 @click.option("--split", default=SURFACE_DEFAULTS.split, show_default=True, help="train | test")
 @click.option("--seed", type=int, default=SURFACE_DEFAULTS.seed, show_default=True, help="seed of the sample draw and the random directions")
-@click.option("--include-bn-bias", is_flag=True, help="random directions also move 1-D tensors (biases, norm affine)")
+@click.option("--include-bn-bias", is_flag=True, default=SURFACE_DEFAULTS.include_bn_bias, help="random directions also move 1-D tensors (biases, norm affine)")
 @click.option("--eigenvectors", type=click.Path(), default=SURFACE_DEFAULTS.eigenvectors, help="eigenvectors.pt from 'flatfl hessian --save-eigenvectors'")
 @click.option("--tol", type=float, default=SURFACE_DEFAULTS.tol, show_default=True, help="Lanczos tolerance for --directions hessian")
 @click.option("--device", default=SURFACE_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=SURFACE_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
-@click.option("--force", is_flag=True, help="start over instead of resuming surface.npz in --out")
+@click.option("--force", is_flag=True, default=SURFACE_DEFAULTS.force, help="start over instead of resuming surface.npz in --out")
 @click.option("--model-factory", default=SURFACE_DEFAULTS.model_factory, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_threads_option

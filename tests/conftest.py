@@ -14,3 +14,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def received_settings(monkeypatch):
+    """``received_settings(command, function, *flags)``: the keywords that ``flatfl <command> CHECKPOINT --out DIR
+    [flags]`` passes to the library function it calls (``function``: its dotted path, replaced for the call by one
+    that records them and stops with a ConfigError), ``quiet`` left out. What a user gets when a flag is not given,
+    read from the command's own behaviour rather than from click's parameter objects (whose ``default`` of an
+    unset flag changed between click releases)."""
+    from click.testing import CliRunner
+
+    from flatfl.cli import main
+    from flatfl.errors import ConfigError
+
+    def run(command: str, function: str, *flags: str) -> dict:
+        received = {}
+
+        def record(checkpoint, out, **kwargs):
+            received.update(kwargs)
+            raise ConfigError("recorded")
+
+        monkeypatch.setattr(function, record)
+        res = CliRunner().invoke(main, [command, "missing.pt", "--out", "unused", "--threads", "1", *flags])
+        assert res.exit_code == 2 and "flatfl: error: recorded" in res.output, res.output  # stdout and stderr
+        received.pop("quiet")
+        return received
+
+    return run

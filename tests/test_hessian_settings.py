@@ -32,9 +32,12 @@ def test_the_defaults_did_not_change():
         HessianSettings().top = 2
 
 
-def test_cli_defaults_equal_the_dataclass():
-    params = {p.name: p.default for p in main.commands["hessian"].params}
-    assert {name: params[name] for name in EXPECTED} == EXPECTED
+def test_cli_defaults_equal_the_dataclass(received_settings):
+    """What ``flatfl hessian`` passes on when no option is given: the documented defaults; flags given turn on."""
+    assert received_settings("hessian", "flatfl.analysis.hessian_run.run_hessian") == EXPECTED
+    flags = received_settings("hessian", "flatfl.analysis.hessian_run.run_hessian", "--save-eigenvectors",
+                              "--exact-residuals", "--no-trace", "--density")
+    assert flags == dict(EXPECTED, save_eigenvectors=True, exact_residuals=True, trace=False, density=True)
 
 
 def test_analysis_function_defaults_equal_the_dataclass():
