@@ -115,7 +115,8 @@ def _group_sizes(total: int, groups: int) -> list[int]:
 
 def _stream_seed(*keys: int) -> int:
     """An independent 63-bit seed for a (seed, client, group) stream (numpy's SeedSequence hashing)."""
-    return int(np.random.SeedSequence([int(k) & 0xFFFFFFFF for k in keys]).generate_state(2, np.uint64)[0] >> 1)
+    # int() before the shift: numpy 1.x turns uint64 >> a Python int into float64 and refuses the shift
+    return int(np.random.SeedSequence([int(k) & 0xFFFFFFFF for k in keys]).generate_state(2, np.uint64)[0]) >> 1
 
 
 def coordinate_probe_sums(op, probes: int = 100, groups: int = 10, seed: int = 0, stream: int = 0) -> ProbeSums:

@@ -69,7 +69,8 @@ def sample_clients(seed: int, rnd: int, num_clients: int, participation: float, 
 
 
 def client_seed(seed: int, rnd: int, client: int) -> int:
-    return int(np.random.SeedSequence([seed, rnd, client, 1]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    # int() before the shift: numpy 1.x turns uint64 >> a Python int into float64 and refuses the shift
+    return int(np.random.SeedSequence([seed, rnd, client, 1]).generate_state(1, dtype=np.uint64)[0]) >> 1
 
 
 def set_global_seed(seed: int) -> None:
