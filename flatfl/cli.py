@@ -520,11 +520,13 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 @click.option("--data-dir", default=None, help="dataset folder (paper preset: CIFAR-100)")
 @click.option("--model", type=click.Choice(["server", "clients-average"]), default=None,
               help="the model the Hessian and the table measure; default: clients-average for the MAN tables, server for FedAlign's")
+@click.option("--track-hessian", type=int, default=None, help="curvature during training every K rounds (flatfl train "
+              "--track-hessian; drawn against rounds in the report); 0 = off; default: the preset's (quick: 10)")
 @functools.partial(_executor_options, threads_help="torch threads per run, an integer >= 1 (default: 1 whatever the "
                    "machine, since the thread count changes the numbers; recorded in each run's config.json)")
 @friendly_errors
-def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, executor, workers, threads, ray_address,
-              gpus_per_task):
+def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, track_hessian, executor, workers, threads,
+              ray_address, gpus_per_task):
     """Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign Table 1."""
     from .errors import ConfigError
     from .executors import make_executor
@@ -539,7 +541,8 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, exe
     check_threads(threads)
     ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
     summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
-                               device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model)
+                               device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model,
+                               track_hessian=track_hessian)
     report_dir = out or f"reports/{target}-{preset}"
     _echo_summary(summary, report_dir)
     tasks = summary.get("tasks") or []
@@ -571,6 +574,7 @@ grid.toml:
   alpha = [0.3, 0.6]
   [hessian]            # optional: flatfl hessian options, per final model
   top = 1
+  # track_hessian = 5  (in [fixed]: curvature every 5 rounds, flatfl train --track-hessian)
 """
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,6 +75,15 @@ def test_last_row_equals_flatfl_hessian_on_final_pt(tmp_path):
     assert float(last["hessian_all_loss"]) == pytest.approx(op.loss(), rel=1e-6)
     # the series is not constant: training changes the curvature and the loss
     assert float(table[0]["hessian_loss"]) != float(last["hessian_loss"])
+    # training is not changed by the tracking: the same rows (rounds 3 and 5 are evaluated in both) and weights
+    plain = tmp_path / "plain"
+    assert train("--rounds", "5", "--out", str(plain)).exit_code == 0
+    tracked = {t["round"]: {k: t[k] for k in rows(plain)[0] if k != "seconds"} for t in table}
+    assert all(tracked[t["round"]] == {k: v for k, v in t.items() if k != "seconds"} for t in rows(plain))
+    from flatfl.checkpoint import read_checkpoint
+
+    a, b = (read_checkpoint(d / "final.pt")["state_dict"] for d in (run, plain))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_resume_continues_the_series(tmp_path, monkeypatch):
@@ -122,3 +132,46 @@ def test_tracking_settings_checked_where_they_enter():
     cfg = RunConfig(dataset="digits", model="tiny", clients=2, rounds=1, track_hessian=1).validate()
     with pytest.raises(ConfigError, match="needs the observer"):
         Trainer(cfg, "/nonexistent-run-dir", quiet=True)
+
+
+def test_sweep_tasks_track_and_the_report_draws_the_series(tmp_path):
+    # two seeds of FedAvg and FedAvg+MAN through the sweep's task runner (the path flatfl sweep and reproduce take)
+    from flatfl.report import build_report
+    from flatfl.report.curvature import curvature_page
+    from flatfl.report.tables import load_run
+    from flatfl.sweep import RunTask, run_tasks
+
+    tiny = dict(dataset="digits", model="tiny", clients=3, participation=1.0, local_epochs=1, batch_size=64,
+                eval_every=2, checkpoint_every=2, rounds=2, partition="dirichlet", alpha=0.3, track_hessian=1,
+                track_hessian_settings={"samples": 64})
+    tasks = [RunTask(f"{name}-s{seed}", str(tmp_path / "runs" / f"{name}-s{seed}"),
+                     dict(tiny, algo="fedavg", seed=seed, **extra), threads=1)
+             for name, extra in (("fedavg", {}), ("fedavg-man", {"reg": "man"})) for seed in (0, 1)]
+    records = run_tasks(tasks)
+    assert all(r["error"] is None for r in records), records
+    for t in tasks:  # round 1 is tracked although only round 2 is evaluated by eval_every
+        assert [r["round"] for r in rows(Path(t.run_dir))] == ["1", "2"]
+    summary = build_report([tmp_path / "runs"], tmp_path / "rep")
+    assert "man-table2: curvature FedAvg" in summary["pages"]
+    # the drawn lines are the means over seeds of metrics.csv's columns, bands their range
+    runs = [load_run(t.run_dir) for t in tasks]
+    fig = curvature_page("t", runs, ["FedAvg", "FedAvg+MAN"])
+    top_axis, trace_axis = fig.axes[0], fig.axes[1]
+    for method in ("FedAvg", "FedAvg+MAN"):
+        for column, axis in (("hessian_top", top_axis), ("hessian_trace", trace_axis)):
+            values = [[float(r[column]) for r in rows(Path(t.run_dir))] for t in tasks
+                      if load_run(t.run_dir).method == method]
+            drawn = next(ln for ln in axis.lines if ln.get_label().startswith(f"{method} ("))
+            assert list(drawn.get_xdata()) == [1, 2]
+            assert drawn.get_ydata() == pytest.approx([sum(v) / 2 for v in zip(*values)], rel=1e-12)
+
+
+def test_reproduce_passes_the_tracking_through():
+    from flatfl.reproduce import plan
+
+    quick = plan("man-table2", "quick", seeds=(0,), runs_dir="/tmp/x")
+    assert {t.settings["track_hessian"] for t in quick} == {10}
+    assert {t.settings["track_hessian"] for t in plan("man-table2", "quick", seeds=(0,), runs_dir="/tmp/x",
+                                                      track_hessian=0)} == {0}
+    with pytest.raises(ConfigError, match="--track-hessian must be an integer >= 0"):
+        plan("man-table2", "quick", seeds=(0,), runs_dir="/tmp/x", track_hessian=-2)
