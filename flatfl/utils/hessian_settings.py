@@ -106,7 +106,10 @@ def tracking_settings(overrides: dict | None = None, device: str = "cpu") -> Hes
     unknown = sorted(str(k) for k in overrides if k not in TRACKING_FIELDS)
     if unknown:
         raise ConfigError(f"unknown curvature-tracking setting {unknown[0]!r}; choose from {', '.join(TRACKING_FIELDS)}")
-    settings = HessianSettings(**{**TRACKING_DEFAULTS, **overrides, "device": device}).validate()
+    try:
+        settings = HessianSettings(**{**TRACKING_DEFAULTS, **overrides, "device": device}).validate()
+    except ConfigError as e:
+        raise ConfigError(f"curvature tracking (--track-hessian): {e}") from None
     if not (settings.top or settings.trace):
         raise ConfigError("curvature tracking needs top >= 1 or trace")
     return settings
