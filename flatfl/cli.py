@@ -19,7 +19,7 @@ import click  # noqa: E402
 
 from .errors import FlatflError  # noqa: E402
 from .utils.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # noqa: E402  (no torch: the defaults)
-from .utils.hessian_settings import METHODS, TRACE_METHODS, HessianSettings  # noqa: E402
+from .utils.hessian_settings import METHODS, TRACE_METHODS, HessianSettings, tracking_settings  # noqa: E402
 from .utils.surface_settings import DIRECTION_KINDS, SurfaceSettings  # noqa: E402
 from .paper_tables import TARGETS  # noqa: E402  (no torch: the tables flatfl reproduce makes, one module each)
 
@@ -91,6 +91,7 @@ def main() -> None:
     """flatfl: federated learning with flatness regularizers, and the curvature of what it learns."""
 
 
+TRACKING = tracking_settings()  # the defaults of flatfl train --track-hessian
 THREADS_HELP = ("torch threads, an integer >= 1 (default: 1 on machines with <= 2 cores, else the idle cores: "
                 "cores minus the busy ones, from the 1-minute load average and the current use)")
 
@@ -193,6 +194,13 @@ Examples:
 @click.option("--checkpoint-every", type=int, help="write a checkpoint every k rounds (default 10)")
 @click.option("--save-clients/--no-save-clients", default=None, help="also write each client's latest local model (clients.pt)")
 @click.option("--out", type=click.Path(file_okay=False), help="run directory (default runs/<dataset>-<algo>-<reg>-<partition>-s<seed>)")
+@click.option("--track-hessian", type=int, help="every K rounds and at the end, the server model's top Hessian "
+              "eigenvalue, trace (with standard error) and loss on a fixed evaluation set, as columns of metrics.csv "
+              "(the numbers 'flatfl hessian' gives with the same settings; 0 = off, the default)")
+@click.option("--track-top", type=int, help="with --track-hessian: how many top eigenvalues (default "
+              f"{TRACKING.top}; 0 = trace only)")
+@click.option("--track-samples", type=int, help="with --track-hessian: size of the fixed evaluation sample of the "
+              f"training split (default {TRACKING.samples})")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), help="continue the run in this directory")
 @click.option("--force", is_flag=True, help="overwrite an existing run directory")
 @click.option("--quiet", is_flag=True, help="no progress output")
@@ -200,9 +208,15 @@ Examples:
 @friendly_errors
 def train(config_file, resume_dir, force, quiet, **opts):
     """Simulate federated training and write a run directory (config, partition, metrics.csv, checkpoints)."""
+    from .analysis.tracking import curvature_observer
     from .train.run import train_from_options
 
-    final = train_from_options(config_file=config_file, resume_dir=resume_dir, force=force, quiet=quiet, opts=opts)
+    tracking = {k: v for k, v in (("top", opts.pop("track_top")), ("samples", opts.pop("track_samples")))
+                if v is not None}
+    if tracking:
+        opts["track_hessian_settings"] = tracking
+    final = train_from_options(config_file=config_file, resume_dir=resume_dir, force=force, quiet=quiet, opts=opts,
+                               observer_for=curvature_observer)
     click.echo(_train_summary(final))
 
 
@@ -273,7 +287,9 @@ Examples:
 @main.command(epilog=HESSIAN_EPILOG)
 @click.argument("checkpoint", type=click.Path())
 @click.option("--out", required=True, type=click.Path(), help="output directory (hessian.json, eigenvalues.csv, figures)")
-@click.option("--top", type=int, default=HESSIAN_DEFAULTS.top, show_default=True, help="number of top eigenvalues (0 = none)")
+@click.option("--top", type=int, default=HESSIAN_DEFAULTS.top, show_default=True, help="number of top eigenvalues (0 = none): the largest algebraic "
+              "with --method lanczos, the largest in magnitude with --method power (they differ at saddles, where "
+              "negative eigenvalues are large)")
 @click.option("--trace/--no-trace", default=HESSIAN_DEFAULTS.trace, show_default=True, help="estimate the trace")
 @click.option("--density/--no-density", default=HESSIAN_DEFAULTS.density, show_default=True, help="eigenvalue spectral density (SLQ)")
 @click.option("--samples", type=int, default=HESSIAN_DEFAULTS.samples, help="draw N evaluation samples once with --seed (default: whole split)")
@@ -291,7 +307,9 @@ Examples:
 @click.option("--data-dir", default=HESSIAN_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--save-eigenvectors", is_flag=True, default=HESSIAN_DEFAULTS.save_eigenvectors, help="also write eigenvectors.pt (parameter layout included)")
 @click.option("--model-factory", default=HESSIAN_DEFAULTS.model_factory, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
-@click.option("--exact-residuals", is_flag=True, default=HESSIAN_DEFAULTS.exact_residuals, help="recompute each residual ||Hv - lambda v|| with one more HVP")
+@click.option("--exact-residuals", is_flag=True, default=HESSIAN_DEFAULTS.exact_residuals,
+              help="recompute each residual ||Hv - lambda v|| with one more HVP (without it, Lanczos reports the "
+              "residual of its recurrence: an estimate that can understate the true one by orders of magnitude)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_threads_option
 @friendly_errors
@@ -305,8 +323,10 @@ def hessian(checkpoint, out, threads, **opts):
     found = []
     if values:
         shown = ", ".join(f"{v:.6g}" for v in values[:5]) + (" ..." if len(values) > 5 else "")
-        click.echo(f"top eigenvalues: {shown}")
-        found.append(f"top eigenvalue {values[0]:.6g}")
+        eigen = report.get("eigen") or {}
+        kind = "largest magnitude" if eigen.get("method") == "power" else "largest algebraic"
+        click.echo(f"top eigenvalues ({kind}): {shown}")
+        found.append(f"top eigenvalue {values[0]:.6g}{_multiplicity_note(eigen.get('multiplicity'))}")
     if report["trace"]:
         tr = report["trace"]
         stderr = "n/a" if tr["stderr"] is None else f"{tr['stderr']:.3g}"
@@ -316,6 +336,14 @@ def hessian(checkpoint, out, threads, **opts):
         found.append("spectral density")
     click.echo(f"{', '.join(found)} on {report.get('num_samples')} samples; {report['hvps_total']} HVPs in "
                f"{report['seconds']:.1f} s -> {Path(out) / 'hessian.json'}")
+
+
+def _multiplicity_note(multiplicity) -> str:
+    """`` (repeated: 5 x6, checked)`` when Lanczos saw coinciding eigenvalues (hessian.json's eigen.multiplicity)."""
+    if not multiplicity or not multiplicity.get("clusters"):
+        return ""
+    shown = ", ".join(f"{c['value']:.6g} x{c['copies']}" for c in multiplicity["clusters"][:3])
+    return f" (repeated: {shown}; {multiplicity['status']})"
 
 
 # ------------------------------------------------------------------------------------------------ hessian-clients
@@ -493,11 +521,13 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 @click.option("--data-dir", default=None, help="dataset folder (paper preset: CIFAR-100)")
 @click.option("--model", type=click.Choice(["server", "clients-average"]), default=None,
               help="the model the Hessian and the table measure; default: clients-average for the MAN tables, server for FedAlign's")
+@click.option("--track-hessian", type=int, default=None, help="curvature during training every K rounds (flatfl train "
+              "--track-hessian; drawn against rounds in the report); 0 = off; default: the preset's (quick: 10)")
 @functools.partial(_executor_options, threads_help="torch threads per run, an integer >= 1 (default: 1 whatever the "
                    "machine, since the thread count changes the numbers; recorded in each run's config.json)")
 @friendly_errors
-def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, executor, workers, threads, ray_address,
-              gpus_per_task):
+def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, track_hessian, executor, workers, threads,
+              ray_address, gpus_per_task):
     """Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign Table 1."""
     from .errors import ConfigError
     from .executors import make_executor
@@ -512,7 +542,8 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, exe
     check_threads(threads)
     ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
     summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
-                               device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model)
+                               device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model,
+                               track_hessian=track_hessian)
     report_dir = out or f"reports/{target}-{preset}"
     _echo_summary(summary, report_dir)
     tasks = summary.get("tasks") or []
@@ -544,6 +575,7 @@ grid.toml:
   alpha = [0.3, 0.6]
   [hessian]            # optional: flatfl hessian options, per final model
   top = 1
+  # track_hessian = 5  (in [fixed]: curvature every 5 rounds, flatfl train --track-hessian)
 """
 
 

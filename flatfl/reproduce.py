@@ -105,12 +105,13 @@ def _run_name(label: str, settings: dict, seed: int) -> str:
 
 def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = None, seeds=None,
          device: str = "cpu", data_dir: str | None = None, threads: int | None = None,
-         model: str | None = None) -> list[RunTask]:
+         model: str | None = None, track_hessian: int | None = None) -> list[RunTask]:
     """The run tasks of ``target`` at ``preset``: one per (method, partition, seed), with its analyses.
 
     ``model``: the model the Hessian analyses measure, 'server' or 'clients-average'; default the one the table
     reports (:func:`flatfl.report.tables.model_for`: the all-clients average for the MAN tables, the server model
-    for FedAlign's)."""
+    for FedAlign's). ``track_hessian``: the curvature every K rounds (``flatfl train --track-hessian``, 0: off);
+    default the preset's."""
     if target not in TARGETS:
         raise ConfigError(f"unknown reproduction target {target!r}: choose one of {', '.join(TARGETS)}")
     if preset not in PRESETS:
@@ -120,6 +121,10 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
         raise ConfigError(f"--seeds must be non-negative integers, got {seeds!r}")
     root = Path(runs_dir or Path("runs") / f"reproduce-{preset}").resolve()
     extra = {"device": device}
+    if track_hessian is not None:
+        if isinstance(track_hessian, bool) or not isinstance(track_hessian, int) or track_hessian < 0:
+            raise ConfigError(f"--track-hessian must be an integer >= 0 (0: off), got {track_hessian!r}")
+        extra["track_hessian"] = track_hessian
     if data_dir:
         extra["data_dir"] = str(Path(data_dir).expanduser().resolve())
     from .report.tables import model_for
@@ -162,7 +167,8 @@ def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: s
 def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = None,
               runs_dir: str | Path | None = None, executor=None, seeds=None, device: str = "cpu",
               data_dir: str | None = None, threads: int | None = None,
-              echo: Callable[[str], None] | None = None, model: str | None = None) -> dict:
+              echo: Callable[[str], None] | None = None, model: str | None = None,
+              track_hessian: int | None = None) -> dict:
     """Train and analyse every run of ``target`` at ``preset`` (skipping finished work), then write the report
     into ``out``. Returns the report's summary plus 'tasks' (what each run did) and 'seconds'.
 
@@ -179,7 +185,7 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     if threads is None:
         threads = REPRODUCE_THREADS
     tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads,
-                 model=model)
+                 model=model, track_hessian=track_hessian)
     out = Path(out or Path("reports") / f"{target}-{preset}")
     if echo:
         echo(f"{target} ({preset}): {len(tasks)} runs in {Path(tasks[0].run_dir).parent}, report in {out}")

@@ -141,6 +141,7 @@ def _recover_final(run_dir: Path, rounds: int) -> bool:
 
 
 def _train(task: RunTask, log: Callable[[str], None]) -> str:
+    from .analysis.tracking import curvature_observer
     from .train.config import build_config
     from .train.engine import Trainer
 
@@ -152,12 +153,12 @@ def _train(task: RunTask, log: Callable[[str], None]) -> str:
     if state == "partial":
         # The engine resumes from resume.pt (or from round 0 when killed before the first checkpoint). A resume.pt
         # that says "finished" means only the copy to final.pt was lost: the last round's checkpoint is that file.
-        Trainer(cfg, run_dir, resume=True, quiet=task.quiet, log=log).run()
+        Trainer(cfg, run_dir, resume=True, quiet=task.quiet, log=log, observer=curvature_observer(cfg)).run()
         if not (run_dir / "final.pt").is_file() and not _recover_final(run_dir, cfg.rounds):
             raise CheckpointError(f"{run_dir}: resume.pt says finished but neither final.pt nor the last round's "
                                   "checkpoint exists; delete resume.pt to train again")
         return "resumed"
-    Trainer(cfg, run_dir, quiet=task.quiet, log=log).run()
+    Trainer(cfg, run_dir, quiet=task.quiet, log=log, observer=curvature_observer(cfg)).run()
     return "trained"
 
 

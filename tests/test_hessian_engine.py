@@ -584,3 +584,47 @@ def test_lanczos_meets_its_tolerance_on_a_clustered_spectrum(basis_size, block_s
         assert result.info["restarts"] >= 1
     assert np.all(result.residuals <= tol * np.abs(result.eigenvalues) * 1.01)
     assert np.all(np.abs(result.eigenvalues - truth_values) <= tol * np.abs(truth_values))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_repeated_top_eigenvalue_keeps_every_copy(dtype):
+    # issue 30: {5 x6, 4, 3.5, 3, ...} gave five 5s, every value flagged converged. Truth: numpy.linalg.eigh.
+    rng = np.random.default_rng(0)
+    n = 300
+    spectrum = np.concatenate([[5.0] * 6, [4.0, 3.5, 3.0, 2.5, 2.0], rng.uniform(-1, 1.5, n - 11)])
+    Q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    A = (Q * spectrum) @ Q.T
+    exact = np.sort(np.linalg.eigvalsh(A))[::-1]
+    op = MatrixOperator(torch.tensor(A, dtype=dtype))
+    for seed in range(2):
+        result = top_eigenvalues(op, 10, tol=1e-6, seed=seed, exact_residuals=True)
+        assert np.allclose(result.eigenvalues, exact[:10], rtol=1e-5), (seed, result.eigenvalues)
+        info = result.info["multiplicity"]
+        assert info["status"] == "checked" and info["clusters"][0]["copies"] == 6 and info["checks"]
+        assert result.converged.all() and np.all(result.residuals <= 1e-4)
+
+
+def test_many_fold_top_eigenvalue_and_ordinary_spectra_pay_nothing():
+    # a 32-fold top eigenvalue, as at a saddle of a tiny model: the top 10 are all copies of it
+    rng = np.random.default_rng(1)
+    n = 400
+    spectrum = np.concatenate([[3.0] * 32, rng.uniform(-1, 2.5, n - 32)])
+    Q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    op = MatrixOperator(torch.tensor((Q * spectrum) @ Q.T))
+    result = top_eigenvalues(op, 10, tol=1e-6, seed=0)
+    assert np.allclose(result.eigenvalues, 3.0, rtol=1e-5)
+    # the copies fill every place: more of them cannot change the top 10
+    assert result.info["multiplicity"]["clusters"][0]["copies"] == 10
+    # a 3-fold value inside the top 10: found whole, after a check
+    spectrum = np.concatenate([[6.0, 5.0], [4.0] * 3, np.linspace(3.5, 2.0, 7), rng.uniform(-1, 1.5, n - 12)])
+    op = MatrixOperator(torch.tensor((Q * spectrum) @ Q.T))
+    exact = np.sort(spectrum)[::-1]
+    result = top_eigenvalues(op, 10, tol=1e-6, seed=0)
+    assert np.allclose(result.eigenvalues, exact[:10], rtol=1e-5)
+    assert result.info["multiplicity"]["status"] == "checked"
+    # distinct eigenvalues: no check, no extra product
+    spectrum = np.concatenate([np.linspace(6.0, 2.0, 12), rng.uniform(-1, 1.5, n - 12)])
+    op = MatrixOperator(torch.tensor((Q * spectrum) @ Q.T))
+    result = top_eigenvalues(op, 10, tol=1e-6, seed=0)
+    assert np.allclose(result.eigenvalues, np.sort(spectrum)[::-1][:10], rtol=1e-5)
+    assert result.info["multiplicity"] == {"clusters": [], "checks": [], "status": "none seen"}

@@ -19,7 +19,8 @@ Python API (the ``flatfl hessian`` command is a thin layer over it)::
   (parameter-shaped views by name), ``gradient()``, ``loss()``. :class:`MatrixOperator` wraps an explicit matrix.
   Every estimator below accepts any object with ``matvec``, ``dim``, ``device``, ``dtype``.
 * :func:`top_eigenvalues` ``(op, k, *, tol=1e-3, seed=0, return_vectors=False, basis_size=None, block_size=None,
-  max_hvps=None, exact_residuals=False) -> EigenResult``: thick-restart block Lanczos, largest algebraic.
+  max_hvps=None, exact_residuals=False) -> EigenResult``: thick-restart block Lanczos, largest algebraic; repeated
+  eigenvalues checked for more copies (``info["multiplicity"]``).
 * :func:`power_iteration` ``(op, top_n=1, *, max_iter=100, tol=1e-3, seed=0, ...) -> EigenResult``: PyHessian's
   rule, exactly.
 * :func:`hutchinson_trace`, :func:`hutchpp_trace`, :func:`pyhessian_trace`, :func:`estimate_trace`
@@ -43,7 +44,8 @@ foreign files refused, the checkpoint loaded, a progress bar, the common header,
 :func:`flatfl.analysis.clients_run.run_client_metrics` (``flatfl hessian-clients``: clients-<protocol>.json and a
 heat map) and :func:`flatfl.analysis.surface_run.run_surface` (``flatfl surface``). Their figures are in
 :mod:`flatfl.analysis.figures`; their result files are read back by :mod:`flatfl.analysis.result_files`
-(one reader per file).
+(one reader per file). :mod:`flatfl.analysis.tracking` makes the observer of ``flatfl train --track-hessian K``
+(the same analysis on each K-th round's model).
 """
 from __future__ import annotations
 

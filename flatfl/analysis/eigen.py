@@ -12,7 +12,15 @@ Two methods:
   close pairs of eigenvalues split (one Ritz value standing for two) and then skips an eigenvalue of the top k.
   Residuals come from the Lanczos relation ``H V = V T + Q_next R e_last^T`` at no cost in products;
   ``exact_residuals=True`` recomputes them with k more products. Small problems (basis as large as the dimension)
-  are solved densely.
+  are solved densely. The relation's residuals are estimates: once they fall below the rounding of the products
+  they understate the true ``||H v - lambda v||`` of the returned vectors (hessian.json says which kind it holds).
+  Repeated eigenvalues: a Krylov space grown from b vectors holds at most b copies of one eigenvalue (rounding lets
+  more appear late, one by one), so coinciding Ritz values may stand for more copies than were found. When the top
+  k hold a cluster that ends before the last place, a check runs: a fresh random block, one wider than the cluster,
+  orthogonal to the k vectors found, on the operator deflated by them; every value it finds above the k-th joins
+  the result, until a check adds fewer than it asked for. ``info["multiplicity"]`` says what was seen and checked
+  (``status``: ``none seen``, ``checked`` or ``more copies possible``). Spectra without coinciding values pay
+  nothing; a repeated eigenvalue of which only one copy was seen cannot be detected (as with ARPACK).
 * :func:`power_iteration`: PyHessian's ``hessian.eigenvalues`` rule, reproduced exactly to reproduce papers that
   used it (MAN Table 2, spec/algorithms.md §21): per parameter a standard normal start from the seed (the same draws
   as PyHessian after ``torch.manual_seed(seed)``), normalisation by ``||v|| + 1e-6``, at most ``max_iter`` products per
@@ -113,13 +121,161 @@ def top_eigenvalues(
     if m + b > n:
         return _dense_top(op, k, return_vectors, start_hvps)
     max_hvps = int(max_hvps) if max_hvps is not None else 20 * m
-
-    eps = torch.finfo(op.dtype).eps
     gen = torch.Generator().manual_seed(int(seed))
+
+    found = _lanczos_pass(op, k, tol, gen, b, m, max_hvps)
+    restarts, checks, complete = found.restarts, [], True
+    # Copies of a repeated eigenvalue: a Krylov space from a block of b vectors holds at most b of them (in exact
+    # arithmetic; rounding lets more appear, one by one and late), so coinciding Ritz values (a cluster) may stand for
+    # more copies than were found. Check: a fresh random block orthogonal to the returned vectors, as wide as the
+    # largest cluster plus one, on the operator deflated by them, for its top (width + 1) eigenvalues; those above the
+    # k-th value join the result; repeat until fewer than asked for join (every copy above the k-th value is found).
+    while found.converged.all():
+        width = _open_cluster_width(found.theta, found.threshold)
+        if not width:
+            break
+        kc = bc = width + 1
+        mc = min(bc * math.ceil(max(4 * kc, kc + 32) / bc), bc * ((n - k - bc) // bc))
+        if mc < kc + bc:  # the rest of the space is small: solve exactly
+            found = _as_pass(_dense_top(op, k, True, start_hvps))
+            checks.append({"width": width, "joined": None, "hvps": None, "dense": True})
+            break
+        used = _hvps(op) - start_hvps
+        if used + mc > max_hvps:
+            complete = False  # out of budget: more copies cannot be ruled out
+            break
+        X = found.vectors()
+        before = _hvps(op)
+        floor = found.theta[-1] + found.threshold[-1]  # a value above the k-th one (and its tolerance) joins
+        extra = _lanczos_pass(_Deflated(op, X), kc, tol, gen, bc, mc, max_hvps - used, floor)
+        joined = int(np.sum(extra.theta > floor))
+        checks.append({"width": width, "joined": joined, "hvps": _hvps(op) - before})
+        restarts += extra.restarts
+        if not extra.converged.all():
+            complete = False
+        found = found.merge(extra, k, X)
+        if joined < kc or not complete:
+            break
+    vectors = found.vectors() if (return_vectors or exact_residuals) else None
+    residuals = found.residuals
+    if exact_residuals:
+        residuals = _explicit_residuals(op, found.theta, vectors, b)
+    info = {"block_size": b, "basis_size": m, "restarts": restarts, "tol": tol,
+            "multiplicity": _multiplicity_info(found, checks, complete)}
+    return EigenResult(
+        eigenvalues=found.theta.copy(),
+        residuals=np.asarray(residuals, dtype=float),
+        converged=found.converged.copy(),
+        error_bounds=found.bounds.copy(),
+        hvps=_hvps(op) - start_hvps,
+        method=found.method,
+        eigenvectors=vectors if return_vectors else None,
+        info=info if found.method == "lanczos" else {**info, "dense": True},
+    )
+
+
+@dataclass
+class _Pass:
+    """The top Ritz pairs of one Lanczos pass, descending; ``vectors()`` forms the Ritz vectors on demand."""
+
+    theta: np.ndarray
+    residuals: np.ndarray
+    converged: np.ndarray
+    bounds: np.ndarray
+    threshold: np.ndarray
+    restarts: int
+    vectors: object  # () -> (k, dim) tensor
+    method: str = "lanczos"
+
+    def merge(self, other: "_Pass", k: int, X: torch.Tensor) -> "_Pass":
+        """The top k of both (``X``: this pass's vectors, already formed)."""
+        theta = np.concatenate([self.theta, other.theta])
+        order = np.argsort(-theta, kind="stable")[:k]
+        Y = torch.cat([X, other.vectors()])[torch.as_tensor(order.copy())]
+        pick = lambda a, b: np.concatenate([a, b])[order]  # noqa: E731
+        return _Pass(theta[order], pick(self.residuals, other.residuals), pick(self.converged, other.converged),
+                     pick(self.bounds, other.bounds), pick(self.threshold, other.threshold), self.restarts,
+                     lambda: Y, self.method)
+
+
+def _as_pass(result: "EigenResult") -> _Pass:
+    vectors = result.eigenvectors
+    return _Pass(result.eigenvalues, result.residuals, result.converged, result.error_bounds,
+                 np.zeros_like(result.eigenvalues), 0, lambda: vectors, result.method)
+
+
+def _clusters(theta: np.ndarray, threshold: np.ndarray) -> list[tuple[int, int]]:
+    """Groups ``(first, last)`` (indices) of at least two coinciding values: neighbours (descending order) within
+    the sum of their convergence tolerances."""
+    groups, i = [], 0
+    while i < theta.size:
+        j = i
+        while j + 1 < theta.size and abs(theta[j + 1] - theta[j]) <= threshold[j] + threshold[j + 1]:
+            j += 1
+        if j > i:
+            groups.append((i, j))
+        i = j + 1
+    return groups
+
+
+def _open_cluster_width(theta: np.ndarray, threshold: np.ndarray) -> int:
+    """The width of the largest cluster that ends before the last place (more copies of it would change the top
+    k); 0 when there is none. A cluster at the last places is complete as far as the top k go."""
+    return max([j - i + 1 for i, j in _clusters(theta, threshold) if j < theta.size - 1], default=0)
+
+
+def _multiplicity_info(found: _Pass, checks: list, complete: bool) -> dict:
+    """What is known about repeated eigenvalues in the result (hessian.json's ``eigen.multiplicity``).
+
+    ``status``: ``"none seen"`` (no two values coincide: a repeated eigenvalue of which Lanczos saw a single copy
+    cannot be detected, see the README), ``"checked"`` (every cluster before the last place was checked for more
+    copies), ``"more copies possible"`` (a check could not run or finish: out of budget, or not converged)."""
+    groups = _clusters(found.theta, found.threshold)
+    clusters = [{"value": float(found.theta[i]), "copies": j - i + 1, "first": i + 1} for i, j in groups]
+    open_ = _open_cluster_width(found.theta, found.threshold) > 0
+    if not complete or (open_ and not (checks and checks[-1].get("joined", 0) is not None
+                                       and checks[-1]["joined"] < checks[-1]["width"] + 1)
+                        and not (checks and checks[-1].get("dense"))):
+        status = "more copies possible"
+    elif checks:
+        status = "checked"
+    else:
+        status = "none seen" if not clusters else "checked"
+    return {"clusters": clusters, "checks": checks, "status": status}
+
+
+class _Deflated:
+    """``P H P`` with ``P = I - X^T X`` (X: orthonormal rows): the operator with the found vectors taken out."""
+
+    def __init__(self, op, X: torch.Tensor) -> None:
+        self.op, self.X = op, X
+        self.dim, self.dtype, self.device = op.dim, op.dtype, op.device
+
+    @property
+    def hvps(self) -> int:
+        return _hvps(self.op)
+
+    def _project(self, V: torch.Tensor) -> torch.Tensor:
+        return V - self.X.T @ (self.X @ V)
+
+    def matmat(self, V: torch.Tensor) -> torch.Tensor:
+        return self._project(apply_block(self.op, self._project(V)))
+
+
+def _lanczos_pass(op, k: int, tol: float, gen, b: int, m: int, max_hvps: int, floor: float = -math.inf) -> _Pass:
+    """One thick-restart block Lanczos run for the top ``k`` Ritz pairs (the body of :func:`top_eigenvalues`).
+
+    With a ``floor`` (a check: only the eigenvalues above it matter), the pass ends once the pairs converged in
+    order from the top reach one below ``floor``: the eigenvalues after it are below it too."""
+    n = int(op.dim)
+    start_hvps = _hvps(op)
+    eps = torch.finfo(op.dtype).eps
     V = torch.zeros(m + b, n, dtype=op.dtype, device=op.device)  # basis, one vector per row
     T = np.zeros((m, m))  # projected matrix; the upper triangle is filled, the lower mirrored
     start = random_block("gaussian", n, b, gen, op.dtype, op.device)
-    V[:b], _ = _orthonormalize_block(start, V[:0], start.norm(dim=1), eps, gen)
+    if isinstance(op, _Deflated):
+        start = op._project(start.T).T
+    V[:b], _ = _orthonormalize_block(start, V[:0], start.norm(dim=1), eps, gen, getattr(op, "X", None))
 
     cur, restarts, R_last, segment_start = 0, 0, None, 0
     check_every = max(b, b * math.ceil(m / 100 / b))
@@ -147,7 +303,7 @@ def top_eigenvalues(
             if bool((W.norm(dim=1) >= 0.5 * before).all()):
                 break
         T[:cur + b, cur:cur + b] = coef
-        V[cur + b:cur + 2 * b], R_last = _orthonormalize_block(W, basis, scale, eps, gen)
+        V[cur + b:cur + 2 * b], R_last = _orthonormalize_block(W, basis, scale, eps, gen, getattr(op, "X", None))
         cur += b
 
         if cur >= next_check or cur == m:
@@ -159,27 +315,19 @@ def top_eigenvalues(
             bounds = error_bounds(theta, res)
             threshold = np.maximum(tol * np.abs(theta[top]), 100 * eps * theta_max)
             converged = res[top] <= threshold
+            # below floor, a value needs only be known to stay there: a residual 1% of its distance to floor
+            converged |= (theta[top] < floor) & (res[top] <= 0.01 * (floor - theta[top]))
+            first_open = int(np.argmin(converged)) if not converged.all() else k
+            if 0 < first_open < k and theta[top[first_open - 1]] < floor:
+                converged[first_open:] = True  # below floor, after a converged value below floor: not needed
             # the next check comes later while many are unconverged: each needs at least about one more step, and
             # a check (a dense eigensolve of the projected matrix) is not free when the basis is large
             next_check = cur + max(check_every, b * math.ceil(int((~converged).sum()) / 2 / b))
             used = _hvps(op) - start_hvps
             if converged.all() or used + b > max_hvps:
-                vectors = None
-                if return_vectors or exact_residuals:
-                    vectors = torch.as_tensor(S[:, top].T.copy(), dtype=op.dtype, device=op.device) @ V[:cur]
-                residuals = res[top]
-                if exact_residuals:
-                    residuals = _explicit_residuals(op, theta[top], vectors, b)
-                return EigenResult(
-                    eigenvalues=theta[top].copy(),
-                    residuals=np.asarray(residuals, dtype=float),
-                    converged=converged,
-                    error_bounds=bounds[top].copy(),
-                    hvps=_hvps(op) - start_hvps,
-                    method="lanczos",
-                    eigenvectors=vectors if return_vectors else None,
-                    info={"block_size": b, "basis_size": m, "restarts": restarts, "tol": tol},
-                )
+                S_top, basis_now = S[:, top].T.copy(), V[:cur]
+                return _Pass(theta[top].copy(), res[top].copy(), converged, bounds[top].copy(), threshold, restarts,
+                             lambda: torch.as_tensor(S_top, dtype=op.dtype, device=op.device) @ basis_now)
             if cur == m:  # thick restart: keep the best Ritz vectors and the residual block
                 keep_count = k + (m - k) // 2
                 keep_count = m - b * math.ceil((m - keep_count) / b)  # new blocks must fill the basis exactly
@@ -242,11 +390,11 @@ def single_threaded_blas():
     return threadpool_limits(1)
 
 
-def _orthonormalize_block(W: torch.Tensor, basis: torch.Tensor, scale: torch.Tensor, eps: float, gen):
+def _orthonormalize_block(W: torch.Tensor, basis: torch.Tensor, scale: torch.Tensor, eps: float, gen, locked=None):
     """Orthonormalise the rows of W (already orthogonal to ``basis``) among themselves: W = R^T Q.
 
     A row whose remainder is at rounding level relative to ``scale`` (an invariant subspace was found) is replaced
-    by a random vector orthogonal to everything so far, with a zero coupling in R.
+    by a random vector orthogonal to everything so far (and to the ``locked`` rows), with a zero coupling in R.
     """
     b, n = W.shape
     Q = torch.zeros_like(W)
@@ -267,6 +415,8 @@ def _orthonormalize_block(W: torch.Tensor, basis: torch.Tensor, scale: torch.Ten
         else:
             z = random_block("gaussian", n, 1, gen, W.dtype, W.device)[0]
             for _ in range(2):
+                if locked is not None:
+                    z -= (locked @ z) @ locked
                 if basis.shape[0]:
                     z -= (basis @ z) @ basis
                 if i:

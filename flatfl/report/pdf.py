@@ -31,6 +31,7 @@ from ..utils.hessian_settings import HessianSettings
 from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from ..utils.lock import locks_output
 from . import figures
+from .curvature import curvature_page, has_curvature
 from .tables import (
     METRIC_NAMES,
     MODEL_ACCURACY,
@@ -485,6 +486,18 @@ def _directions_figure(spec, checks, counts):
     return pages
 
 
+def _curvature_subtitle(records, ours_scale: str) -> str:
+    """What the curvature series measure: the server model, on the runs' tracking settings (config.json)."""
+    settings = {_tracking_text(r.tracking) for r in records if r.tracking}
+    shown = "; ".join(sorted(settings)) or "settings not recorded"
+    return f"server model, every K rounds and the last (flatfl train --track-hessian): {shown}; {ours_scale}"
+
+
+def _tracking_text(tracking: dict) -> str:
+    keys = ("every", "samples", "split", "method", "tol", "trace_method", "trace_hvps")
+    return ", ".join(f"{k} {tracking.get(k)}" for k in keys if k in tracking)
+
+
 def _run_pages(rows: list[dict]):
     """'Every run' pages: each number with the settings that made it (the model and samples of the Hessian, its
     eigenvalue and trace methods, the cross-client protocol of H_N / H_D)."""
@@ -642,6 +655,11 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
                                       subtitle=f"test accuracy of the {MODEL_NAMES[m]} model; {ours_scale}",
                                       ylabel=f"test accuracy, {MODEL_NAMES[m]} (%)", order=spec.rows),
                 f"{spec.key}: accuracy")
+        for ref, cmp_ in spec.comparisons:  # flatfl train --track-hessian: X vs X+MAN on one axis
+            pair = [r for r in spec_records if r.method in (ref, cmp_)]
+            if has_curvature(pair) and {r.method for r in pair} == {ref, cmp_}:
+                add(curvature_page(f"{ref} vs {cmp_}: curvature against rounds", pair, [ref, cmp_],
+                                   subtitle=_curvature_subtitle(pair, ours_scale)), f"{spec.key}: curvature {ref}")
         with_surface = sorted((r for r in spec_records if r.surface_path),
                               key=lambda r: (spec.partitions.index(r.partition), spec.rows.index(r.method), r.seed))
         if with_surface:
@@ -658,6 +676,10 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
             groups[r.partition].append(r)
         add(figures.accuracy_page("Other runs: accuracy against rounds", groups, "test_acc",
                                   ylabel="test accuracy, server (%)"), "other: accuracy")
+        if has_curvature(other):
+            add(curvature_page("Other runs: curvature against rounds", other,
+                               list(dict.fromkeys(r.method for r in other)),
+                               subtitle=_curvature_subtitle(other, ours_scale)), "other: curvature")
     for fig in _run_pages(run_rows):
         add(fig, "runs")
     sections.append(("Contents", _contents(page_titles)))

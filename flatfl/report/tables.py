@@ -162,6 +162,7 @@ class RunRecord:
     model: str = "server"
     stale: dict = field(default_factory=dict)  # analyses of an earlier round than the run's last (folder -> round)
     clients_all: dict = field(default_factory=dict)  # protocol -> H_N / H_D results (clients_results)
+    tracking: dict = field(default_factory=dict)  # config.json's curvature-tracking settings (--track-hessian)
 
     @property
     def name(self) -> str:
@@ -297,9 +298,11 @@ def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
     if not f.is_file():
         raise ConfigError(f"{d} is not a flatfl run directory (no config.json)")
     try:
-        cfg = json.loads(f.read_text())["config"]
+        info = json.loads(f.read_text())
+        cfg = info["config"]
     except Exception:
         raise ConfigError(f"{f} is not a readable flatfl run config") from None
+    tracking = info.get("tracking") if isinstance(info.get("tracking"), dict) else {}
     from ..analysis.result_files import read_hessian_file
 
     analyses = {}
@@ -321,7 +324,7 @@ def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
     rec = RunRecord(run_dir=d, config=cfg, method=method_label(cfg), partition=partition_label(cfg),
                     dataset=str(cfg.get("dataset", "?")), seed=int(cfg.get("seed", 0)),
                     rounds_done=rounds_done, curve=curve, analyses=analyses,
-                    clients_all=clients_results(d, analyses, final_round), stale=stale)
+                    clients_all=clients_results(d, analyses, final_round), stale=stale, tracking=tracking)
     return rec.select(model).select_clients(None)
 
 

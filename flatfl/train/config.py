@@ -83,6 +83,10 @@ class RunConfig:
     threads: int | None = None  # torch threads; None: flatfl.utils.threads.default_threads() at run time
     # clients trained at once: an int >= 1 or "all"; None: "all" on CUDA, 1 elsewhere (see Trainer)
     parallel_clients: object = None
+    # curvature during training: every K rounds and at the end (0: off), settings as in flatfl.utils.hessian_settings
+    # (TRACKING_FIELDS; unset ones take TRACKING_DEFAULTS). The engine only calls the observer that computes them.
+    track_hessian: int = 0
+    track_hessian_settings: dict = field(default_factory=dict)
 
     def check_types(self) -> "RunConfig":
         """Every field holds a value of its declared type (see :mod:`flatfl.utils.values` for the rules)."""
@@ -96,7 +100,8 @@ class RunConfig:
             if kind is None or (optional and value is None):
                 continue
             setattr(self, f.name, coerce(value, kind, f"--{f.name.replace('_', '-')}"))
-        for name, table in (("model_args", self.model_args), ("params", self.params)):
+        for name, table in (("model_args", self.model_args), ("params", self.params),
+                            ("track_hessian_settings", self.track_hessian_settings)):
             if any(not isinstance(k, str) for k in table):
                 raise ConfigError(f"{name} keys must be strings, got {sorted(map(repr, table))[:3]}")
         return self
@@ -141,6 +146,14 @@ class RunConfig:
         need(self.sampling in ("bernoulli", "fraction"), f"--sampling must be 'bernoulli' or 'fraction', got {self.sampling!r}")
         need(self.eval_every >= 1, f"--eval-every must be a positive integer, got {self.eval_every}")
         need(self.checkpoint_every >= 1, f"--checkpoint-every must be a positive integer, got {self.checkpoint_every}")
+        need(0 <= self.track_hessian <= MAX_COUNT, f"--track-hessian must be an integer >= 0 (0: off), got "
+             f"{self.track_hessian}")
+        if self.track_hessian:
+            from ..utils.hessian_settings import tracking_settings
+
+            tracking_settings(self.track_hessian_settings)  # raises ConfigError on a bad key or value
+        elif self.track_hessian_settings:
+            raise ConfigError("curvature-tracking settings given without --track-hessian K")
         need(self.eval_batch_size >= 1, f"--eval-batch-size must be a positive integer, got {self.eval_batch_size}")
         from ..utils.threads import check_threads
 

@@ -84,8 +84,13 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, quiet: bool = False,
                  log: Callable[[str], None] | None = None, dataset=None, model: torch.nn.Module | None = None,
-                 test_dataset=None, model_factory: str | None = None):
-        """Your own data and network, from Python, override the config's names:
+                 test_dataset=None, model_factory: str | None = None, observer=None):
+        """``observer``: what else to measure on some rounds, e.g. the curvature (``--track-hessian K``, made by
+        :func:`flatfl.analysis.tracking.curvature_observer`; the engine knows nothing of Hessians). It has ``columns``
+        (extra metrics.csv columns), ``settings`` (recorded in config.json), ``wants(round, rounds)`` (the round is
+        then evaluated) and ``__call__(payload, run_dir) -> dict`` (the columns' values for a checkpoint payload).
+
+        Your own data and network, from Python, override the config's names:
 
         * ``dataset`` (and ``test_dataset``): a ``torch.utils.data.TensorDataset``, any map-style dataset of
           (image, label) pairs, an (inputs, labels) pair of tensors or an :class:`~flatfl.data.ImageDataset`
@@ -101,6 +106,11 @@ class Trainer:
 
         keep_freed_memory()  # reuse freed activation memory across steps (see flatfl/utils/memory.py)
         self.cfg = cfg
+        if cfg.track_hessian and observer is None:
+            raise ConfigError("--track-hessian needs the observer that computes the curvature: "
+                              "Trainer(..., observer=flatfl.analysis.tracking.curvature_observer(cfg))")
+        self.observer = observer
+        self.observer_seconds = 0.0
         self.run_dir = Path(run_dir)
         self.quiet = quiet
         self.log = log or (lambda s: print(s, file=sys.stderr))
@@ -290,6 +300,11 @@ class Trainer:
             self.elapsed += time.perf_counter() - t0
             if row is not None:
                 row["seconds"] = round(self.elapsed, 3)
+                if self.observer is not None and self.observer.wants(r + 1, cfg.rounds):
+                    t1 = time.perf_counter()
+                    row.update(self.observer(self._model_payload(r + 1), self.run_dir))
+                    self.observer_seconds += time.perf_counter() - t1
+                    row["observer_seconds"] = round(self.observer_seconds, 3)
                 self.metrics.append(row)
                 self._write_metrics()
                 bar.set_postfix(acc=f"{row['test_acc']:.3f}", loss=f"{row['train_loss']:.3f}")
@@ -300,6 +315,10 @@ class Trainer:
             if (r + 1) % cfg.checkpoint_every == 0 or r + 1 == cfg.rounds:
                 self._checkpoint(r + 1, final=(r + 1 == cfg.rounds))
         bar.close()
+        if self.observer is not None and not self.quiet:
+            share = self.observer_seconds / max(self.elapsed, 1e-9)
+            self.log(f"{self.observer.name}: {self.observer_seconds:.1f} s, {100 * share:.1f}% of the training time "
+                     f"({self.elapsed:.1f} s)")
         return self.run_dir / FINAL_FILE
 
     def run_round(self, r: int) -> dict | None:
@@ -335,7 +354,8 @@ class Trainer:
         if self.buffers:
             sizes = [res.num_samples for res in results]
             self.buffers = {k: weighted_mean([b[k] for b in client_buffers], sizes) for k in self.buffers}
-        if (r + 1) % cfg.eval_every != 0 and r + 1 != cfg.rounds:
+        if (r + 1) % cfg.eval_every != 0 and r + 1 != cfg.rounds and \
+                not (self.observer is not None and self.observer.wants(r + 1, cfg.rounds)):
             return None
         return self._evaluate_row(r, lr, len(participants), float(np.mean([res.loss for res in results])))
 
@@ -471,7 +491,8 @@ class Trainer:
         cfg["out"] = str(d)
         atomic_write_json(d / "config.json", {"flatfl_version": __version__, "config": cfg,
                                               "model": self.model_spec, "resolved": self.resolved,
-                                              "dataset": self._dataset_info(), "environment": environment()})
+                                              "dataset": self._dataset_info(), "environment": environment(),
+                                              **({"tracking": self.observer.settings} if self.observer else {})})
         if self.custom_data and not (d / CUSTOM_DATA_FILE).is_file():
             from ..data.datasets import dataset_payload
 
@@ -495,11 +516,13 @@ class Trainer:
         return info
 
     def _write_metrics(self) -> None:
+        """metrics.csv; the observer's columns (blank on rounds it skipped) in full precision."""
+        extra = list(self.observer.columns) + ["observer_seconds"] if self.observer is not None else []
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+        w = csv.DictWriter(buf, fieldnames=METRIC_COLUMNS + extra, extrasaction="ignore")
         w.writeheader()
         for row in self.metrics:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+            w.writerow({k: (v if k in extra else f"{v:.6g}") if isinstance(v, float) else v for k, v in row.items()})
         atomic_write_text(self.run_dir / "metrics.csv", buf.getvalue())
 
     def _model_payload(self, rnd: int) -> dict:
@@ -538,7 +561,7 @@ class Trainer:
             "round": rnd, "finished": final, "theta": self.theta.cpu(), "buffers": {k: v.cpu() for k, v in self.buffers.items()},
             "latest": self.latest.cpu(), "latest_buffers": {k: v.cpu() for k, v in self.latest_buffers.items()},
             "algorithm": self.algo.state_dict(), "metrics": list(self.metrics), "elapsed": self.elapsed,
-            "rng": rng_state(), "settings": comparable_settings(self.cfg),
+            "observer_seconds": self.observer_seconds, "rng": rng_state(), "settings": comparable_settings(self.cfg),
         }
         if final:  # final.pt first: a run whose resume.pt says finished always has its final.pt
             save_clients_average(d, payload)  # the all-clients average, a checkpoint of its own
@@ -573,6 +596,7 @@ class Trainer:
         self.algo.load_state_dict(st["algorithm"])
         self.metrics = list(st["metrics"])
         self.elapsed = float(st.get("elapsed", 0.0))
+        self.observer_seconds = float(st.get("observer_seconds", 0.0))
         self.start_round = int(st["round"])
 
 

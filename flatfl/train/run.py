@@ -18,15 +18,19 @@ def default_run_dir(cfg) -> Path:
     return Path("runs") / f"{cfg.dataset}-{cfg.algo}{opt}{reg}-{part}-s{cfg.seed}"
 
 
-def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=False, opts=None) -> Path:
+def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=False, opts=None,
+                       observer_for=None) -> Path:
+    """``observer_for(cfg)``: the run's observer (see :class:`~flatfl.train.engine.Trainer`) or None; the command
+    line passes :func:`flatfl.analysis.tracking.curvature_observer`."""
     opts = dict(opts or {})
+    observer_for = observer_for or (lambda cfg: None)
     from ..utils.threads import apply_threads
 
     if resume_dir is not None:
         cfg = read_run_config(resume_dir)
         apply_threads(opts.get("threads") if opts.get("threads") is not None else cfg.threads)
         with folder_lock(resume_dir):
-            trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet)
+            trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet, observer=observer_for(cfg))
             return trainer.run()
     from .catalog import all_hparams
 
@@ -49,7 +53,7 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
                 raise ConfigError(f"run directory {run_dir} already exists: use --resume {run_dir} to continue it, "
                                   "--force to overwrite it, or another --out")
             _clear_run_dir(run_dir)
-        return Trainer(cfg, run_dir, quiet=quiet).run()
+        return Trainer(cfg, run_dir, quiet=quiet, observer=observer_for(cfg)).run()
 
 
 def _clear_run_dir(run_dir: Path) -> None:

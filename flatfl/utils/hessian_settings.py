@@ -89,3 +89,27 @@ _KINDS = (("top", int, False), ("trace", bool, False), ("density", bool, False),
           ("density_steps", int, False), ("density_starts", int, False), ("exact_residuals", bool, False),
           ("model_factory", str, True))
 
+
+
+# ``flatfl train --track-hessian K``: the analysis made every K rounds, on a fixed evaluation set. Its defaults differ
+# from ``flatfl hessian``'s only where the cost must stay small next to training (README, "Curvature during
+# training"): a fixed sample of the training split and a shorter trace. Only these fields may be set for tracking.
+TRACKING_DEFAULTS = {"samples": 128, "batch_size": 128, "tol": 1e-2, "trace_hvps": 9}
+TRACKING_FIELDS = ("top", "trace", "samples", "batch_size", "split", "method", "seed", "tol", "trace_method",
+                   "trace_hvps", "trace_rtol", "exact_residuals")
+
+
+def tracking_settings(overrides: dict | None = None, device: str = "cpu") -> HessianSettings:
+    """The Hessian settings of curvature tracking: :data:`TRACKING_DEFAULTS` with ``overrides`` (a run config's
+    ``track_hessian_settings``), validated; ConfigError on an unknown or ill-typed key."""
+    overrides = dict(overrides or {})
+    unknown = sorted(str(k) for k in overrides if k not in TRACKING_FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown curvature-tracking setting {unknown[0]!r}; choose from {', '.join(TRACKING_FIELDS)}")
+    try:
+        settings = HessianSettings(**{**TRACKING_DEFAULTS, **overrides, "device": device}).validate()
+    except ConfigError as e:
+        raise ConfigError(f"curvature tracking (--track-hessian): {e}") from None
+    if not (settings.top or settings.trace):
+        raise ConfigError("curvature tracking needs top >= 1 or trace")
+    return settings

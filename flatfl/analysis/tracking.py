@@ -1,0 +1,89 @@
+"""Curvature during training (``flatfl train --track-hessian K``): the observer the training engine calls.
+
+Every K rounds and at the last, on the server model of that round, exactly what ``flatfl hessian`` computes on a
+checkpoint with the same settings (:func:`flatfl.utils.hessian_settings.tracking_settings`): the model is rebuilt
+from the round's checkpoint payload (the bytes ``final.pt`` holds at the last round), the evaluation batches are
+:meth:`flatfl.checkpoint.Checkpoint.eval_batches` of the same split, sample and seed, and the estimators run through
+:func:`flatfl.analysis.hessian_run.analyse`. So the last row of ``metrics.csv`` equals ``flatfl hessian final.pt``
+with those settings. The engine (``flatfl.train``) never imports this module: the command line hands the observer
+in (:func:`curvature_observer`).
+
+Columns: ``hessian_top`` (largest algebraic eigenvalue with Lanczos, largest in magnitude with power iteration),
+``hessian_eig2`` .. ``hessian_eig<k>`` with ``top = k``, ``hessian_trace`` and ``hessian_trace_se``,
+``hessian_loss`` (training loss of the server model on the evaluation set, eval mode), ``hessian_all_loss`` (the
+same for the average of all clients' latest models), ``hessian_hvps``; and ``observer_seconds`` (cumulative
+seconds spent here, written by the engine).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..checkpoint import FINAL_FILE, Checkpoint
+from ..utils.hessian_settings import HessianSettings, tracking_settings
+from .hessian_run import analyse
+from .operator import HessianOperator
+
+__all__ = ["CurvatureTracker", "curvature_observer", "tracking_columns"]
+
+
+def tracking_columns(settings: HessianSettings) -> list[str]:
+    """The metrics.csv columns of curvature tracking with these settings."""
+    cols = []
+    if settings.top:
+        cols += ["hessian_top"] + [f"hessian_eig{i}" for i in range(2, settings.top + 1)]
+    if settings.trace:
+        cols += ["hessian_trace", "hessian_trace_se"]
+    return cols + ["hessian_loss", "hessian_all_loss", "hessian_hvps"]
+
+
+class CurvatureTracker:
+    """Computes the curvature columns of a round from its checkpoint payload (see the module docstring)."""
+
+    name = "curvature tracking"
+
+    def __init__(self, every: int, settings: HessianSettings) -> None:
+        self.every = int(every)
+        self.hessian = settings
+        self.columns = tracking_columns(settings)
+        self.settings = {"every": self.every, **self.hessian_settings()}
+        self._batches = None
+
+    def hessian_settings(self) -> dict:
+        """The keywords of ``flatfl hessian`` (run_hessian) that give the same numbers on a checkpoint."""
+        s = self.hessian
+        return {"top": s.top, "trace": s.trace, "samples": s.samples, "batch_size": s.batch_size, "split": s.split,
+                "method": s.method, "seed": s.seed, "tol": s.tol, "trace_method": s.trace_method,
+                "trace_hvps": s.trace_hvps, "trace_rtol": s.trace_rtol, "exact_residuals": s.exact_residuals}
+
+    def wants(self, rnd: int, rounds: int) -> bool:
+        return rnd % self.every == 0 or rnd == rounds
+
+    def __call__(self, payload: dict, run_dir) -> dict:
+        s = self.hessian
+        path = Path(run_dir) / FINAL_FILE  # where a custom dataset's data.pt is looked for
+        ckpt = Checkpoint(payload, path, device=s.device)
+        if self._batches is None:  # the same fixed evaluation set every time
+            self._batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
+        op = HessianOperator(ckpt.model, self._batches, mode="eval")
+        report, _, _ = analyse(op, top=s.top, method=s.method, tol=s.tol, trace=s.trace, trace_method=s.trace_method,
+                               trace_hvps=s.trace_hvps, trace_rtol=s.trace_rtol, density=False, seed=s.seed,
+                               exact_residuals=s.exact_residuals)
+        row = {"hessian_loss": op.loss(), "hessian_hvps": report["hvps_total"]}
+        op.release()
+        for i, value in enumerate(report["top_eigenvalues"], 1):
+            row["hessian_top" if i == 1 else f"hessian_eig{i}"] = float(value)
+        if report["trace"] is not None:
+            row["hessian_trace"] = float(report["trace"]["estimate"])
+            row["hessian_trace_se"] = float(report["trace"]["stderr"])
+        average = HessianOperator(Checkpoint(payload, path, device=s.device, which="all").model, self._batches,
+                                  mode="eval")
+        row["hessian_all_loss"] = average.loss()
+        average.release()
+        return row
+
+
+def curvature_observer(cfg) -> CurvatureTracker | None:
+    """The observer of a run config (``cfg.track_hessian``: every K rounds, 0: none), on the run's device."""
+    if not getattr(cfg, "track_hessian", 0):
+        return None
+    return CurvatureTracker(cfg.track_hessian, tracking_settings(cfg.track_hessian_settings, device=cfg.device))

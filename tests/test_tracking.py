@@ -1,0 +1,180 @@
+"""``flatfl train --track-hessian K``: curvature columns of metrics.csv, equal to ``flatfl hessian`` on the same
+checkpoint with the same settings; resume continues the series; bad settings are one line."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from flatfl.cli import main
+from flatfl.errors import ConfigError
+from flatfl.utils.hessian_settings import tracking_settings
+
+TRAIN = ["train", "--dataset", "digits", "--model", "tiny", "--clients", "3", "--local-epochs", "1",
+         "--batch-size", "64", "--eval-every", "3", "--quiet", "--threads", "1"]
+TRACK = ["--track-hessian", "2", "--track-top", "2", "--track-samples", "64"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def train(*args):
+    return CliRunner().invoke(main, [*TRAIN, *args], catch_exceptions=False)
+
+
+def rows(run):
+    with open(run / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def without_time(table):
+    return [{k: v for k, v in r.items() if k not in ("seconds", "observer_seconds")} for r in table]
+
+
+def test_last_row_equals_flatfl_hessian_on_final_pt(tmp_path):
+    run = tmp_path / "run"
+    r = train("--rounds", "5", *TRACK, "--out", str(run))
+    assert r.exit_code == 0, r.output
+    table = rows(run)
+    # tracked rounds 2, 4 and the last (5), evaluated rounds 3 and 5: every tracked round has its row
+    assert [t["round"] for t in table] == ["2", "3", "4", "5"]
+    assert table[1]["hessian_top"] == "" and all(table[i]["hessian_top"] for i in (0, 2, 3))
+    config = json.loads((run / "config.json").read_text())
+    settings = config["tracking"]
+    assert config["config"]["track_hessian"] == 2 and settings["every"] == 2
+    assert settings["top"] == 2 and settings["samples"] == 64 and settings["tol"] == tracking_settings().tol
+    # the same numbers from `flatfl hessian final.pt` with the recorded settings
+    args = ["hessian", str(run / "final.pt"), "--out", str(tmp_path / "h"), "--quiet", "--threads", "1",
+            "--top", "2", "--samples", "64", "--batch-size", str(settings["batch_size"]), "--tol", str(settings["tol"]),
+            "--trace-hvps", str(settings["trace_hvps"]), "--seed", str(settings["seed"])]
+    h = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert h.exit_code == 0, h.output
+    report = json.loads((tmp_path / "h" / "hessian.json").read_text())
+    # the summary says which "top" it printed; hessian.json says what is known of repeated values
+    assert "top eigenvalues (largest algebraic): " in h.output
+    assert report["eigen"]["multiplicity"]["status"] in ("none seen", "checked")
+    last = table[-1]
+    assert float(last["hessian_top"]) == report["top_eigenvalues"][0]
+    assert float(last["hessian_eig2"]) == report["top_eigenvalues"][1]
+    assert float(last["hessian_trace"]) == report["trace"]["estimate"]
+    assert float(last["hessian_trace_se"]) == report["trace"]["stderr"]
+    assert float(last["hessian_loss"]) == report["loss"]
+    assert int(last["hessian_hvps"]) == report["hvps_total"]
+    # the all-clients average's loss is the loss of all_clients.pt's model on the same sample
+    from flatfl.analysis import HessianOperator
+    from flatfl.checkpoint import load_checkpoint
+
+    average = load_checkpoint(run / "final.pt", which="all")
+    op = HessianOperator(average.model, average.eval_batches("train", samples=64, batch_size=settings["batch_size"]))
+    assert float(last["hessian_all_loss"]) == pytest.approx(op.loss(), rel=1e-6)
+    # the series is not constant: training changes the curvature and the loss
+    assert float(table[0]["hessian_loss"]) != float(last["hessian_loss"])
+    # training is not changed by the tracking: the same rows (rounds 3 and 5 are evaluated in both) and weights
+    plain = tmp_path / "plain"
+    assert train("--rounds", "5", "--out", str(plain)).exit_code == 0
+    tracked = {t["round"]: {k: t[k] for k in rows(plain)[0] if k != "seconds"} for t in table}
+    assert all(tracked[t["round"]] == {k: v for k, v in t.items() if k != "seconds"} for t in rows(plain))
+    from flatfl.checkpoint import read_checkpoint
+
+    a, b = (read_checkpoint(d / "final.pt")["state_dict"] for d in (run, plain))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_continues_the_series(tmp_path, monkeypatch):
+    ref = tmp_path / "ref"
+    assert train("--rounds", "4", "--checkpoint-every", "2", *TRACK, "--out", str(ref)).exit_code == 0
+    from flatfl.train import engine
+
+    orig = engine.Trainer.run_round
+
+    def crashing(self, r):
+        if r == 2:
+            raise RuntimeError("simulated crash")
+        return orig(self, r)
+
+    crashed = tmp_path / "crashed"
+    monkeypatch.setattr(engine.Trainer, "run_round", crashing)
+    assert train("--rounds", "4", "--checkpoint-every", "2", *TRACK, "--out", str(crashed)).exit_code == 1
+    monkeypatch.setattr(engine.Trainer, "run_round", orig)
+    r = CliRunner().invoke(main, ["train", "--resume", str(crashed), "--quiet", "--threads", "1"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert without_time(rows(ref)) == without_time(rows(crashed))
+    assert [t["round"] for t in rows(crashed) if t["hessian_top"]] == ["2", "4"]
+    assert float(rows(crashed)[-1]["observer_seconds"]) > float(rows(crashed)[0]["observer_seconds"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--track-hessian", "-1"], "--track-hessian must be an integer >= 0"),
+    (["--track-hessian", "2", "--track-samples", "0"], "--samples must be a positive integer"),
+    (["--track-top", "2"], "curvature-tracking settings given without --track-hessian"),
+])
+def test_bad_tracking_settings_are_one_line(tmp_path, args, message):
+    r = CliRunner().invoke(main, [*TRAIN, "--rounds", "1", *args, "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_tracking_settings_checked_where_they_enter():
+    with pytest.raises(ConfigError, match="unknown curvature-tracking setting 'density'"):
+        tracking_settings({"density": True})
+    with pytest.raises(ConfigError, match="--trace-hvps must be an integer"):
+        tracking_settings({"trace_hvps": "many"})
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+
+    cfg = RunConfig(dataset="digits", model="tiny", clients=2, rounds=1, track_hessian=1).validate()
+    with pytest.raises(ConfigError, match="needs the observer"):
+        Trainer(cfg, "/nonexistent-run-dir", quiet=True)
+
+
+def test_sweep_tasks_track_and_the_report_draws_the_series(tmp_path):
+    # two seeds of FedAvg and FedAvg+MAN through the sweep's task runner (the path flatfl sweep and reproduce take)
+    from flatfl.report import build_report
+    from flatfl.report.curvature import curvature_page
+    from flatfl.report.tables import load_run
+    from flatfl.sweep import RunTask, run_tasks
+
+    tiny = dict(dataset="digits", model="tiny", clients=3, participation=1.0, local_epochs=1, batch_size=64,
+                eval_every=2, checkpoint_every=2, rounds=2, partition="dirichlet", alpha=0.3, track_hessian=1,
+                track_hessian_settings={"samples": 64})
+    tasks = [RunTask(f"{name}-s{seed}", str(tmp_path / "runs" / f"{name}-s{seed}"),
+                     dict(tiny, algo="fedavg", seed=seed, **extra), threads=1)
+             for name, extra in (("fedavg", {}), ("fedavg-man", {"reg": "man"})) for seed in (0, 1)]
+    records = run_tasks(tasks)
+    assert all(r["error"] is None for r in records), records
+    for t in tasks:  # round 1 is tracked although only round 2 is evaluated by eval_every
+        assert [r["round"] for r in rows(Path(t.run_dir))] == ["1", "2"]
+    summary = build_report([tmp_path / "runs"], tmp_path / "rep")
+    assert "man-table2: curvature FedAvg" in summary["pages"]
+    # the drawn lines are the means over seeds of metrics.csv's columns, bands their range
+    runs = [load_run(t.run_dir) for t in tasks]
+    fig = curvature_page("t", runs, ["FedAvg", "FedAvg+MAN"])
+    top_axis, trace_axis = fig.axes[0], fig.axes[1]
+    for method in ("FedAvg", "FedAvg+MAN"):
+        for column, axis in (("hessian_top", top_axis), ("hessian_trace", trace_axis)):
+            values = [[float(r[column]) for r in rows(Path(t.run_dir))] for t in tasks
+                      if load_run(t.run_dir).method == method]
+            drawn = next(ln for ln in axis.lines if ln.get_label().startswith(f"{method} ("))
+            assert list(drawn.get_xdata()) == [1, 2]
+            assert drawn.get_ydata() == pytest.approx([sum(v) / 2 for v in zip(*values)], rel=1e-12)
+
+
+def test_reproduce_passes_the_tracking_through():
+    from flatfl.reproduce import plan
+
+    quick = plan("man-table2", "quick", seeds=(0,), runs_dir="/tmp/x")
+    assert {t.settings["track_hessian"] for t in quick} == {10}
+    assert {t.settings["track_hessian"] for t in plan("man-table2", "quick", seeds=(0,), runs_dir="/tmp/x",
+                                                      track_hessian=0)} == {0}
+    with pytest.raises(ConfigError, match="--track-hessian must be an integer >= 0"):
+        plan("man-table2", "quick", seeds=(0,), runs_dir="/tmp/x", track_hessian=-2)
