@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 
 MAX_SEED = 2**32 - 1
 MAX_COUNT = 10**7  # rounds and clients
@@ -162,9 +162,10 @@ class RunConfig:
         from ..data.datasets import DATASETS
         from ..data.partition import PARTITIONS
 
-        need(self.dataset.lower().replace("-", "") in DATASETS,
-             f"unknown dataset {self.dataset!r}: choose one of {', '.join(DATASETS)}")
-        need(self.partition in PARTITIONS, f"unknown partition {self.partition!r}: choose one of {', '.join(PARTITIONS)}")
+        if self.dataset.lower().replace("-", "") not in DATASETS:
+            raise unknown_name("dataset", self.dataset, DATASETS)
+        if self.partition not in PARTITIONS:
+            raise unknown_name("partition", self.partition, PARTITIONS)
         return self
 
 
