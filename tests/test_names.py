@@ -68,8 +68,18 @@ def test_unknown_names_in_config_and_grid_files(tmp_path):
     r = CliRunner().invoke(main, ["train", "--config", str(config), "--out", str(tmp_path / "run"), "--threads", "1"])
     assert r.exit_code == 2 and "unknown regularizer 'asdd'. Did you mean 'asd'?" in r.stderr
     grid = tmp_path / "grid.toml"
+    for text, message in (("roundss = 1\n", f"unknown setting 'roundss' in {config}. Did you mean 'rounds'?"),
+                          ("rounds = 1\nzetta = 0.1\n", f"unknown setting 'zetta' in {config}. Did you mean 'zeta'?"),
+                          ("[params]\nrhoo = 0.1\n", f"unknown hyper-parameter 'rhoo' in {config}. Did you mean 'rho'?")):
+        config.write_text(text)
+        r = CliRunner().invoke(main, ["train", "--config", str(config), "--out", str(tmp_path / "run"), "--threads",
+                                      "1"])
+        assert r.exit_code == 2 and r.stderr.strip() == f"flatfl: error: {message}", r.stderr
     grid.write_text('[grid]\nalgo = ["fedavg", "scafold"]\n')
     with pytest.raises(ConfigError, match=r"unknown algorithm 'scafold'. Did you mean 'scaffold'\?"):
+        read_grid(grid)
+    grid.write_text('[grid]\nalgo = ["fedavg"]\n[hessian]\ntopp = 3\n')
+    with pytest.raises(ConfigError, match=r"unknown option 'topp' in \[hessian\] of .*\. Did you mean 'top'\?"):
         read_grid(grid)
     grid.write_text('[grid]\nalgo = ["fedavg"]\n[hessian]\nmethod = "powr"\n')
     with pytest.raises(ConfigError, match=r"unknown eigenvalue method 'powr'. Did you mean 'power'\?"):

@@ -153,7 +153,9 @@ class RunConfig:
 
         known = all_hparams()
         for k in self.params:
-            need(k in known, f"unknown hyper-parameter {k!r}: see 'flatfl algos' for the valid names")
+            if k not in known:
+                raise unknown_name("hyper-parameter", k, sorted(known),
+                                   fallback=f"unknown hyper-parameter {k!r}: see 'flatfl algos' for the valid names")
         for reg, name in ((ALGORITHMS, self.algo), (LOCAL_OPTIMIZERS, self.local_opt), (REGULARIZERS, self.reg)):
             reg.get_class(name).resolve(self.params)  # raises ConfigError on bad names or values
         from .catalog import check_used_hparams
@@ -226,10 +228,12 @@ def normalize_settings(raw: dict, source: str = "settings") -> dict:
         elif key in known_hp:
             params[key] = v
         else:
-            raise ConfigError(f"unknown setting {k!r} in {source}")
+            raise unknown_name("setting", k, sorted(fields | set(known_hp)), where=f"in {source}",
+                               fallback=f"unknown setting {k!r} in {source}")
     for pk in params:
         if pk not in known_hp:
-            raise ConfigError(f"unknown hyper-parameter {pk!r} in {source}")
+            raise unknown_name("hyper-parameter", pk, sorted(known_hp), where=f"in {source}",
+                               fallback=f"unknown hyper-parameter {pk!r} in {source}")
     if params:
         out["params"] = params
     return out
