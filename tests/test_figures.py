@@ -174,3 +174,35 @@ def test_eigenvalue_figure_has_a_log_axis_and_the_residuals(rendered):
     shown = np.asarray(report["residuals"], float)
     np.testing.assert_allclose(res.get_ydata(), shown[shown > 0])
     assert ax_errors.get_yscale() == "log" and ax_errors.get_legend() is not None
+
+
+def test_negative_eigenvalues_stay_visible_below_zero():
+    """A spectrum with negative eigenvalues: the top-k panel switches to a symmetric log axis on which the negative
+    values are drawn below the zero line (log would drop them), and the density notes the SLQ weight below -sigma,
+    equal to the quadrature weights' share computed by hand, with the negative side shaded."""
+    from flatfl.utils.plots import draw_density, draw_top_eigenvalues, new_figure
+
+    values = [5.0, 2.0, 0.5, 0.01, -0.2, -1.5]
+    fig = new_figure()
+    ax = fig.add_subplot(1, 1, 1)
+    draw_top_eigenvalues(ax, {"run": [values]}, scale="log")
+    assert ax.get_yscale() == "symlog"
+    fig.canvas.draw()
+    screen = ax.transData.transform(np.column_stack([np.arange(1, 7), values]))[:, 1]
+    zero = ax.transData.transform((1, 0))[1]
+    assert (screen[values.index(-1.5)] < zero) and (screen[values.index(-0.2)] < zero)
+    assert ax.get_ylim()[0] <= -1.5 and np.all(np.diff(screen) < 0)  # order kept, nothing folded over
+
+    nodes = [np.array([-2.0, -0.001, 0.0, 0.3, 4.0]), np.array([-1.8, 0.0, 0.2, 4.1])]
+    weights = [np.array([0.1, 0.3, 0.3, 0.2, 0.1]), np.array([0.05, 0.6, 0.25, 0.1])]
+    dens = {"nodes": nodes, "weights": weights, "dim": 1000}
+    fig = new_figure()
+    ax = fig.add_subplot(1, 1, 1)
+    grid, curves, sigma, fraction = draw_density(ax, {"m": [dens]})
+    assert sigma == pytest.approx(0.01 * (4.1 + 2.0))
+    share = (0.1 + 0.05) / 2  # only the nodes below -sigma (the one at -0.001 is within the smoothing width)
+    note = " ".join(t.get_text() for t in texts(fig))
+    assert f"weight on λ < −σ: {share:.2%}" in note, note
+    assert any(p.get_label() == "λ < 0" for p in ax.patches)
+    assert grid[0] < -2.0
+

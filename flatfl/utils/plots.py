@@ -257,57 +257,50 @@ def eigen_scale(ax, values: np.ndarray) -> str:
 
 
 def draw_top_eigenvalues(ax, series: dict[str, list], *, scale: str = "linear", styles: dict[str, dict] | None = None,
-                         errors: dict[str, list] | None = None, inset: bool = False, panel: str = "") -> None:
+                         inset: bool = False, panel: str = "") -> None:
     """The top-k eigenvalues of each of ``series`` (name -> one list per run, largest first): the mean over runs,
-    their range as a band; ``scale`` 'linear' or 'log' (symmetric log when a value is <= 0); ``errors`` (name ->
-    one error bound per eigenvalue) drawn as a band of +- the bound; ``inset`` adds a log-scale copy in the upper
-    right so the tail under the top few eigenvalues shows."""
+    their range as a band; ``scale`` 'linear' or 'log' (symmetric log when a value is <= 0, the negative ones below
+    the zero line); ``inset`` adds a log-scale copy in the upper right so the tail under the top few shows."""
+    from matplotlib.ticker import MaxNLocator
+
     drawn = []
     for k, (name, runs) in enumerate(series.items()):
         runs = [list(r) for r in runs if len(r) >= 2]
-        if not runs:
-            continue
-        n = min(len(r) for r in runs)
-        arr = np.array([r[:n] for r in runs], dtype=float)
-        drawn.append((k, name, arr))
-    for target, log in ((ax, scale == "log"), ) + (((None, True),) if inset else ()):
-        if target is None:
-            if not drawn:
-                break
-            target = ax.inset_axes((0.42, 0.4, 0.55, 0.52))
-            target.tick_params(labelsize=TICK_SIZE - 1)
-            target.set_title("log scale", fontsize=NOTE_SIZE, pad=2)
-            target.grid(alpha=0.3)
+        if runs:
+            n = min(len(r) for r in runs)
+            drawn.append((k, name, np.array([r[:n] for r in runs], dtype=float)))
+
+    def plot(target, log: bool, labelled: bool) -> None:
         for k, name, arr in drawn:
             style = (styles or {}).get(name) or {"color": COLORS[k % len(COLORS)], "marker": MARKERS[k % len(MARKERS)],
                                                  "linestyle": "-"}
             n = arr.shape[1]
             idx = np.arange(1, n + 1)
-            mean = arr.mean(0)
             label = name if len(arr) == 1 else f"{name} (mean of {len(arr)} runs, band: their range)"
-            target.plot(idx, mean, color=style["color"], linestyle=style.get("linestyle", "-"),
+            target.plot(idx, arr.mean(0), color=style["color"], linestyle=style.get("linestyle", "-"),
                         marker=style.get("marker", "o"), markevery=max(1, n // 12), markersize=3.5, linewidth=1.3,
-                        markerfacecolor=style.get("markerfacecolor", style["color"]),
-                        label=label if target is ax else None)
+                        markerfacecolor=style.get("markerfacecolor", style["color"]), label=label if labelled else None)
             if len(arr) > 1:
                 target.fill_between(idx, arr.min(0), arr.max(0), color=style["color"], alpha=0.15, linewidth=0)
-            bound = (errors or {}).get(name)
-            if bound is not None and len(bound) >= n:
-                b = np.asarray(bound[:n], float)
-                target.fill_between(idx, mean - b, mean + b, color=style["color"], alpha=0.3, linewidth=0,
-                                    label="± error bound" if target is ax else None)
-        if log:
-            eigen_scale(target, np.concatenate([a.ravel() for _, _, a in drawn]) if drawn else np.array([1.0]))
-        from matplotlib.ticker import MaxNLocator
-
+        if log and drawn:
+            eigen_scale(target, np.concatenate([a.ravel() for _, _, a in drawn]))
         target.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+    plot(ax, scale == "log", True)
+    if inset and drawn:
+        small = ax.inset_axes((0.42, 0.4, 0.55, 0.52))
+        small.tick_params(labelsize=TICK_SIZE - 1)
+        small.grid(alpha=0.3)
+        plot(small, True, False)
+        small.set_title("symmetric log scale" if small.get_yscale() == "symlog" else "log scale", fontsize=NOTE_SIZE,
+                        pad=2)
     kind = {"linear": "", "log": ", log scale"}[scale]
-    if scale == "log" and ax.get_yscale() == "symlog":
+    if ax.get_yscale() == "symlog":
         kind = ", symmetric log scale (linear near 0)"
     label_axes(ax, "eigenvalue index (largest first)", "Hessian eigenvalue λ")
     if not drawn:
         ax.text(0.5, 0.5, "fewer than 2 eigenvalues computed", ha="center", transform=ax.transAxes)
-    elif len(series) > 1 or errors:
+    elif len(series) > 1:
         ax.legend(fontsize=LEGEND_SIZE, loc="lower left" if inset or scale == "log" else "upper right")
     ks = sorted({a.shape[1] for _, _, a in drawn})
     ax.set_title(f"{panel}top {'/'.join(map(str, ks)) or '-'} eigenvalues{kind}", fontsize=PANEL_SIZE)
