@@ -17,7 +17,7 @@ if os.path.basename(sys.argv[0] or "") == "flatfl":  # the console script: Ctrl-
 
 import click  # noqa: E402
 
-from .errors import FlatflError  # noqa: E402
+from .errors import FlatflError, unknown_name  # noqa: E402
 from .utils.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # noqa: E402  (no torch: the defaults)
 from .utils.hessian_settings import METHODS, TRACE_METHODS, HessianSettings, tracking_settings  # noqa: E402
 from .utils.surface_settings import DIRECTION_KINDS, SurfaceSettings  # noqa: E402
@@ -106,6 +106,22 @@ def _apply_threads(threads) -> int:
     return apply_threads(threads)
 
 
+class NameChoice(click.Choice):
+    """click's Choice whose error names the closest valid value in one line, as every other unknown name does
+    (:func:`flatfl.errors.unknown_name`): ``unknown partition 'iidd'. Did you mean 'iid'?``."""
+
+    def __init__(self, choices, kind: str | None = None, **kwargs):
+        super().__init__(list(choices), **kwargs)
+        self.kind = kind
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            kind = self.kind or (param.name.replace("_", " ") if param is not None and param.name else "value")
+            self.fail(str(unknown_name(kind, value, self.choices)), param, ctx)
+
+
 # --------------------------------------------------------------------------------------------------------- train
 def hparam_click_options() -> list[click.Option]:
     """One click option per hyper-parameter flag declared by any algorithm, optimizer or regularizer, by name."""
@@ -114,7 +130,7 @@ def hparam_click_options() -> list[click.Option]:
     options = []
     for key, hp in sorted(all_hparams().items()):
         t = hp.py_type
-        ctype = click.Choice(list(hp.choices)) if hp.choices else {bool: click.BOOL, int: int, float: float}.get(t, str)
+        ctype = NameChoice(hp.choices, kind=key.replace("_", " ")) if hp.choices else {bool: click.BOOL, int: int, float: float}.get(t, str)
         options.append(click.Option([hp.cli_flag, key], type=ctype, default=None, show_default=False,
                                     help=_hparam_help(key)))
     return options
@@ -169,11 +185,11 @@ Examples:
 @click.option("--data-dir", help="folder holding the dataset files (default ./data)")
 @click.option("--model", help="model name (default: the dataset's; see 'flatfl models')")
 @click.option("--augment/--no-augment", default=None, help="flip + padded-crop augmentation (default: on for CIFAR/Tiny-ImageNet)")
-@click.option("--partition", type=click.Choice(["dirichlet", "fedml-dirichlet", "iid"]), help="client split (default dirichlet)")
+@click.option("--partition", type=NameChoice(["dirichlet", "fedml-dirichlet", "iid"], kind="partition"), help="client split (default dirichlet)")
 @click.option("--alpha", type=float, help="Dirichlet concentration (default 0.3)")
 @click.option("--clients", type=int, help="number of clients N (default 20)")
 @click.option("--participation", type=float, help="fraction / probability of clients per round, in (0, 1] (default 0.5)")
-@click.option("--sampling", type=click.Choice(["bernoulli", "fraction"]), help="bernoulli: each client joins with prob p (FedDyn code, default); fraction: a fixed round(pN)")
+@click.option("--sampling", type=NameChoice(["bernoulli", "fraction"], kind="sampling"), help="bernoulli: each client joins with prob p (FedDyn code, default); fraction: a fixed round(pN)")
 @click.option("--rounds", type=int, help="communication rounds (default 50)")
 @click.option("--local-epochs", type=int, help="local epochs E (default 2)")
 @click.option("--batch-size", type=int, help="local batch size B (default 50)")
@@ -239,7 +255,7 @@ def _train_summary(final) -> str:
 @main.command()
 @click.option("--dataset", default="digits", show_default=True)
 @click.option("--data-dir", default="data", show_default=True)
-@click.option("--partition", "method", type=click.Choice(["dirichlet", "fedml-dirichlet", "iid"]), default="dirichlet", show_default=True)
+@click.option("--partition", "method", type=NameChoice(["dirichlet", "fedml-dirichlet", "iid"], kind="partition"), default="dirichlet", show_default=True)
 @click.option("--alpha", type=float, default=0.3, show_default=True)
 @click.option("--clients", type=int, default=20, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -451,7 +467,7 @@ Examples:
 @click.option("--table", "tables", multiple=True,
               help=f"paper layout: {' | '.join(TARGETS)} (repeatable; default: every layout the runs fill)")
 @click.option("--compute-missing", is_flag=True, help="compute missing Hessian (and H_N / H_D) results instead of listing them")
-@click.option("--model", type=click.Choice(["server", "clients-average"]), default=None,
+@click.option("--model", type=NameChoice(["server", "clients-average"], kind="model"), default=None,
               help="the model every row measures (accuracy and Hessian); default: clients-average for the MAN tables (MAN reports the all-clients average), server for FedAlign's")
 @click.option("--top", type=int, default=None, help="Hessian asked for: number of top eigenvalues (--compute-missing default 1)")
 @click.option("--density/--no-density", default=None, help="Hessian asked for: with the spectral density (--compute-missing default: no)")
@@ -506,20 +522,20 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
     fn = click.option("--ray-address", default=None, help="Ray: attach to this cluster (default $RAY_ADDRESS, else a local Ray)")(fn)
     fn = click.option("--threads", type=int, default=None, help=threads_help)(fn)
     fn = click.option("--workers", type=int, default=None, help="runs at once (local: processes; ray: CPUs of a local Ray); default: the number of CPU cores")(fn)
-    fn = click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="where runs execute")(fn)
+    fn = click.option("--executor", type=NameChoice(["local", "ray"], kind="executor"), default="local", show_default=True, help="where runs execute")(fn)
     return fn
 
 
 @main.command(epilog=REPRODUCE_EPILOG)
-@click.argument("target", type=click.Choice(TARGETS))
-@click.option("--preset", type=click.Choice(["quick", "paper", "tiny"]), default="quick", show_default=True,
+@click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"), metavar="TARGET")
+@click.option("--preset", type=NameChoice(["quick", "paper", "tiny"], kind="preset"), default="quick", show_default=True,
               help="quick: digits on a CPU; paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None, help="run folder (default runs/reproduce-<preset>)")
 @click.option("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default: 0,1,2 for quick, 0 for paper and tiny)")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (paper preset: CIFAR-100)")
-@click.option("--model", type=click.Choice(["server", "clients-average"]), default=None,
+@click.option("--model", type=NameChoice(["server", "clients-average"], kind="model"), default=None,
               help="the model the Hessian and the table measure; default: clients-average for the MAN tables, server for FedAlign's")
 @click.option("--track-hessian", type=int, default=None, help="curvature during training every K rounds (flatfl train "
               "--track-hessian; drawn against rounds in the report); 0 = off; default: the preset's (quick: 10)")

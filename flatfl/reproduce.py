@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import paper_tables
-from .errors import ConfigError
+from .errors import ConfigError, unknown_name
 from .paper_tables import man_common
 from .paper_tables.spec import Method, PaperTable
 from .sweep import SECTION_SETTINGS, RunTask, run_tasks
@@ -113,9 +113,9 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
     for FedAlign's). ``track_hessian``: the curvature every K rounds (``flatfl train --track-hessian``, 0: off);
     default the preset's."""
     if target not in TARGETS:
-        raise ConfigError(f"unknown reproduction target {target!r}: choose one of {', '.join(TARGETS)}")
+        raise unknown_name("reproduction target", target, TARGETS)
     if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
+        raise unknown_name("preset", preset, PRESETS)
     seeds = DEFAULT_SEEDS[preset] if seeds is None else tuple(seeds)
     if not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise ConfigError(f"--seeds must be non-negative integers, got {seeds!r}")

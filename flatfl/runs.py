@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .checkpoint import CLIENTS_AVERAGE_FILE, FINAL_FILE, read_checkpoint, save_clients_average
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, unknown_name
 
 __all__ = ["HESSIAN_DIR", "SPECTRUM_DIR", "CLIENTS_DIR", "SURFACE_DIR", "MODEL_CHECKPOINTS", "analysis_dir",
            "model_checkpoint", "settings_match", "analyse_run"]
@@ -28,7 +28,7 @@ def analysis_dir(kind: str, model: str = "server") -> str:
     """The folder of a run holding ``kind`` ('hessian', 'spectrum', 'surface') of ``model``: ``hessian`` for the
     server model, ``hessian-clients-average`` for the all-clients average."""
     if model not in MODEL_CHECKPOINTS:
-        raise ConfigError(f"unknown model {model!r}: choose server or clients-average")
+        raise unknown_name("model", model, MODEL_CHECKPOINTS)
     return kind if model == "server" else f"{kind}-{model}"
 
 
@@ -38,7 +38,7 @@ def model_checkpoint(run_dir: str | Path, model: str = "server") -> Path:
     run_dir = Path(run_dir)
     final = run_dir / FINAL_FILE
     if model not in MODEL_CHECKPOINTS:
-        raise ConfigError(f"unknown model {model!r}: choose server or clients-average")
+        raise unknown_name("model", model, MODEL_CHECKPOINTS)
     if not final.is_file():
         raise CheckpointError(f"{run_dir} has no final.pt: the run is not finished (resume it first)")
     path = run_dir / MODEL_CHECKPOINTS[model]

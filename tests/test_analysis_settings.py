@@ -71,13 +71,13 @@ def test_grid_file_sections_are_the_dataclass(tmp_path, section, cls, expected):
     grid.write_text(GRID + f"[{section}]\nseeed = 3\n")  # a typo: refused when the grid is read, before any run
     with pytest.raises(ConfigError) as e:
         read_grid(grid)
-    assert str(e.value) == f"unknown option 'seeed' in [{section}] of {grid}: use {', '.join(sorted(expected))}"
+    assert str(e.value) == f"unknown option 'seeed' in [{section}] of {grid}. Did you mean 'seed'?"
 
 
 @pytest.mark.parametrize("section, text, message", [
-    ("clients", 'protocol = "mine"', "unknown cross-client protocol 'mine'; choose one of default, fedalign"),
+    ("clients", 'protocol = "mine"', "unknown cross-client protocol 'mine': choose one of default, fedalign"),
     ("clients", "probes = 3", "--probes must be at least 4 for the default protocol, got 3"),
-    ("surface", 'directions = "up"', "unknown direction kind 'up'; choose one of random, hessian"),
+    ("surface", 'directions = "up"', "unknown direction kind 'up': choose one of random, hessian"),
     ("surface", 'eigenvectors = "e.pt"', "--eigenvectors needs --directions hessian"),
 ])
 def test_grid_values_are_checked_together_before_any_run(tmp_path, section, text, message):
@@ -89,7 +89,7 @@ def test_grid_values_are_checked_together_before_any_run(tmp_path, section, text
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"protocol": "x"}, "unknown cross-client protocol 'x'; choose one of default, fedalign"),
+    ({"protocol": "x"}, "unknown cross-client protocol 'x': choose one of default, fedalign"),
     ({"protocol": "fedalign", "probes": 1}, "--probes must be at least 2 for the fedalign protocol, got 1"),
     ({"groups": 1}, "--groups must be an integer >= 2, got 1"),
     ({"samples": "all"}, "--samples must be an integer, got 'all'"),
@@ -105,14 +105,14 @@ def test_client_metrics_validate(settings, message):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"directions": "x"}, "unknown direction kind 'x'; choose one of random, hessian"),
+    ({"directions": "x"}, "unknown direction kind 'x': choose one of random, hessian"),
     ({"grid": 1}, "--grid must be an integer >= 2 (points per axis), got 1"),
     ({"range": 0.0}, "--range must be a positive number, got 0.0"),
     ({"range": float("inf")}, "--range must be a positive number, got inf"),
     ({"samples": 0}, "--samples must be a positive integer, got 0"),
     ({"workers": 0}, "--workers must be a positive integer, got 0"),
     ({"batch_size": 0}, "--batch-size must be a positive integer, got 0"),
-    ({"split": "val"}, "unknown split 'val'; choose one of train, test"),
+    ({"split": "val"}, "unknown split 'val': choose one of train, test"),
     ({"eigenvectors": "e.pt"}, "--eigenvectors needs --directions hessian"),
     ({"tol": 0.0}, "--tol must be in (0, 1) (a relative tolerance), got 0.0"),
     ({"force": "yes"}, "--force must be true or false, got 'yes'"),
@@ -154,10 +154,10 @@ def test_one_estimator_registry_for_help_checks_and_dispatch():
         HessianSettings(trace_method=name).validate()
     with pytest.raises(ConfigError) as e:
         estimate_trace(None, "exact")
-    assert str(e.value) == "unknown trace method 'exact'; choose one of hutchpp, hutchinson, pyhessian"
+    assert str(e.value) == "unknown trace method 'exact': choose one of hutchpp, hutchinson, pyhessian"
     with pytest.raises(ConfigError) as e:
         eigen_estimator("qr")
-    assert str(e.value) == "unknown eigenvalue method 'qr'; choose one of lanczos, power"
+    assert str(e.value) == "unknown eigenvalue method 'qr': choose one of lanczos, power"
 
 
 def test_the_clients_command_refuses_bad_settings_before_reading_anything(tmp_path):

@@ -264,7 +264,8 @@ def test_density_panel_averages_slq_starts_and_states_its_width(tmp_path):
     import torch
 
     from flatfl.analysis import MatrixOperator, spectral_density
-    from flatfl.report.figures import format_number, density_curves, spectrum_pair_page
+    from flatfl.report.figures import format_number, spectrum_pair_page
+    from flatfl.utils.plots import density_curves
 
     rng = np.random.default_rng(0)
     n = 60
@@ -289,17 +290,25 @@ def test_density_panel_averages_slq_starts_and_states_its_width(tmp_path):
                                                           "weights": dens["weights"]}))]
     fig = spectrum_pair_page([rec[0]], [rec[1]], "FedAvg vs FedAvg+MAN")
     ax_top, ax_dens = fig.axes
+    renderer = fig.canvas.get_renderer()
+    fig.canvas.draw()
+    for ax in (ax_top, ax_dens):  # the panel titles (the smoothing width in (b)) inside the page
+        ext = ax.title.get_window_extent(renderer)
+        assert ext.x0 >= 0 and ext.x1 <= fig.bbox.width, ax.get_title()
     _, both, s2 = density_curves({"a": [rec[0].spectrum["density"]], "b": [rec[1].spectrum["density"]]})
-    assert f"σ = {format_number(s2, 3)}" in ax_dens.get_title()
-    assert [ln.get_label().endswith("32 SLQ starts") for ln in ax_dens.lines] == [True, True]
+    assert f"σ = {format_number(s2, 3)}" in ax_dens.get_title().replace("\n", " ")
+    curves = [ln for ln in ax_dens.lines if "SLQ start" in ln.get_label()]
+    assert [ln.get_label().endswith("32 SLQ starts") for ln in curves] == [True, True]
     assert ax_dens.get_yscale() == "log"
     peak = max(c.max() for c in both.values())
     assert ax_dens.get_ylim()[0] == pytest.approx(1e-4 * peak)
-    for ln in ax_dens.lines:
+    for ln in curves:
         y = np.asarray(ln.get_ydata(), float)
         assert np.nanmin(y) >= 1e-4 * peak  # below the axis nothing is drawn (no floor line)
     # the MAN Fig. 4a panel: index against eigenvalue, both models on one axis, labelled
     assert [len(ln.get_xdata()) for ln in ax_top.lines] == [20, 20]
+    (inset,) = ax_top.child_axes  # the same on a log axis: the tail under the top few eigenvalues shows
+    assert inset.get_yscale() == "log" and [len(ln.get_xdata()) for ln in inset.lines] == [20, 20]
     assert ax_top.get_xlabel().startswith("eigenvalue index") and ax_top.get_legend() is not None
 
 

@@ -49,7 +49,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 from ..utils.io import json_safe
 from .trace import hutchinson_diagonal
 
@@ -332,7 +332,7 @@ def cross_client_metrics(
     client.
     """
     if protocol not in PROTOCOLS:
-        raise ConfigError(f"unknown cross-client protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+        raise unknown_name("cross-client protocol", protocol, PROTOCOLS)
     if len(operators) < 2:
         raise ConfigError(f"cross-client metrics need at least 2 clients, got {len(operators)}")
     if not isinstance(groups, int) or groups < 2:

@@ -112,7 +112,9 @@ def run_client_metrics(
         "deviations_from_fedalign_code": deviations if protocol == "fedalign" else None,
         "settings": settings,
     })
-    figures = {f"{heatmap}.{fmt}": clients_heatmap(metrics, cmd.title, fmt) for fmt in ("png", "pdf")}
+    on = (f"{samples} samples a client" if samples else "all of each client's data") if protocol == "default" \
+        else f"{min(count, sum(len(y) for _, y in shared))} shared training samples"
+    figures = {f"{heatmap}.{fmt}": clients_heatmap(metrics, cmd.title, fmt, data=on) for fmt in ("png", "pdf")}
     report = dict(section, **cmd.header(digest=digest, network_key="network"), **versions(),
                   files=sorted(figures) + [target.name])
     cmd.write(dict(sorted(figures.items())), target.name, report)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 from ..utils.hessian_settings import EIGEN_ESTIMATORS, TRACE_ESTIMATORS
 from .eigen import EigenResult, power_iteration, top_eigenvalues
 from .trace import TraceResult, pyhessian_trace
@@ -22,7 +22,7 @@ __all__ = ["eigen_estimator", "trace_estimator", "estimate_eigenvalues", "estima
 
 def _resolve(table: dict, name: str, what: str):
     if name not in table:
-        raise ConfigError(f"unknown {what} method {name!r}; choose one of {', '.join(table)}")
+        raise unknown_name(f"{what} method", name, table)
     module, function = table[name]
     return getattr(importlib.import_module(f"{__package__}.{module}"), function)
 

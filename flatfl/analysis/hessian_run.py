@@ -11,9 +11,9 @@
 
 Outputs in ``--out DIR``: ``hessian.json`` (eigenvalues with residuals ``||Hv - lambda v||``, error estimates
 ``min(r, r^2 / gap)`` and converged flags; trace with standard error; SLQ nodes and weights; HVP counts, seconds,
-settings, checkpoint path, round, parameter count), ``eigenvalues.csv``, ``eigenvalues.png/.pdf`` (top-k curve, as
-MAN Fig. 4a; when k >= 2), ``density.png/.pdf`` (spectral density on a log axis, as MAN Fig. 4b; with
-``--density``), and ``eigenvectors.pt`` with ``--save-eigenvectors`` (read it with :func:`load_eigenvectors`).
+settings, checkpoint path, round, parameter count), ``eigenvalues.csv``, ``eigenvalues.png/.pdf`` (the top-k on a
+log axis and each one's residual and error estimate; when k >= 2), ``density.png/.pdf`` (spectral density as MAN
+Fig. 4b: every SLQ start averaged, Gaussian width stated, log axis from 1e-4 of the peak; with ``--density``), and ``eigenvectors.pt`` with ``--save-eigenvectors`` (read it with :func:`load_eigenvectors`).
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
                   title: str = "") -> list[Path]:
     """Render everything in memory, then write each file atomically into ``out`` (``hessian.json`` last)."""
     out = check_out_folder(out)
-    figures = hessian_figures(report["top_eigenvalues"], dens, title)
+    figures = hessian_figures(report, title)
     csv_text = _eigenvalues_csv(report) if report["top_eigenvalues"] else None
     vectors_payload = None
     if save_eigenvectors:

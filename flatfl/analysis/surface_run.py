@@ -103,7 +103,8 @@ def run_surface(
 
     labels = (r"$\epsilon_0$ (top eigenvector)", r"$\epsilon_1$ (2nd eigenvector)") if directions == "hessian" \
         else ("direction 1 (filter-normalised)", "direction 2 (filter-normalised)")
-    figures = surface_figures(result, f"{cmd.title}: {directions} directions", labels)
+    figures = surface_figures(result, f"{cmd.title}, {directions} directions", labels,
+                              samples=sum(len(y) for _, y in batches), split=split)
     centre = len(result.xs) // 2 if len(result.xs) % 2 else None
     summary = {
         **cmd.header(), "num_samples": sum(len(y) for _, y in batches),

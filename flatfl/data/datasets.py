@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 from .image import ImageDataset
 
 __all__ = ["DATASETS", "ImageDataset", "as_image_dataset", "dataset_payload", "load_dataset", "load_saved_dataset"]
@@ -179,7 +179,7 @@ def load_dataset(name: str, data_dir: str | Path | None = None, download: bool =
     """Load a dataset by name. ``data_dir`` holds the standard on-disk files (ignored for ``digits``)."""
     key = name.lower().replace("-", "").replace("_", "")
     if key not in DATASETS:
-        raise ConfigError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}")
+        raise unknown_name("dataset", name, DATASETS)
     if key == "digits":
         return _load_digits(None)
     root = Path(data_dir if data_dir is not None else "data").expanduser()

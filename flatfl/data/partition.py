@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 
 PARTITIONS = ("dirichlet", "fedml-dirichlet", "iid")
 FEDML_MIN_CLIENT_SIZE = 10
@@ -63,7 +63,7 @@ def make_partition(labels, num_clients: int, method: str = "dirichlet", alpha: f
     labels = np.asarray(labels, dtype=np.int64)
     n = len(labels)
     if method not in PARTITIONS:
-        raise ConfigError(f"unknown partition {method!r}: choose one of {', '.join(PARTITIONS)}")
+        raise unknown_name("partition", method, PARTITIONS)
     if num_clients < 1:
         raise ConfigError(f"--clients must be at least 1, got {num_clients}")
     if num_clients > n:

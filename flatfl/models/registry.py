@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch.nn as nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 from .cnn import MLP, CifarCNN, DigitsCNN, EmnistCNN, TinyImageNetCNN, hidden_sizes
 from .resnet import ResNet, set_stochastic_depth
 
@@ -100,7 +100,7 @@ def build_model(name: str, num_classes: int, in_channels: int, image_size: int, 
     The result has ``flatfl_spec`` (see the module docstring) and is in training mode.
     """
     if name not in _BUILDERS:
-        raise ConfigError(f"unknown model '{name}'; valid names: {', '.join(model_names())}")
+        raise unknown_name("model", name, model_names())
     builder = _BUILDERS[name]
     signature = inspect.signature(builder)
     options = [p for p in signature.parameters if p not in _REQUIRED]

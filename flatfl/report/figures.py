@@ -15,10 +15,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..utils.plots import COLORS, MARKERS, draw_density, draw_top_eigenvalues, format_number, wrap_titles
+
 __all__ = ["text_page", "table_page", "spectrum_pair_page", "accuracy_page", "surface_page", "PAGE_SIZE"]
 
 PAGE_SIZE = (11.69, 8.27)  # A4 landscape, inches
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 
 
 def _canvas(fig: Figure) -> Figure:
@@ -55,22 +56,6 @@ def text_page(title: str, sections: list[tuple[str, list[str]]], footer: str = "
     if footer:
         fig.text(0.05, 0.02, footer, fontsize=7.5, color="0.4")
     return fig
-
-
-def format_number(v, digits: int = 4) -> str:
-    """A table cell's number: ``digits`` significant digits, '-' for a missing or non-finite value."""
-    if v is None or (isinstance(v, float) and not np.isfinite(v)):
-        return "-"
-    if isinstance(v, (bool, np.bool_)):
-        return str(bool(v))
-    if isinstance(v, (int, np.integer)):
-        return str(v)
-    a = abs(v)
-    if a >= 1000:
-        return f"{v:,.0f}"
-    if a >= 1:
-        return f"{v:.{max(1, digits - len(str(int(a))))}f}"
-    return f"{v:.{digits}g}"
 
 
 def _wrapped(lines: list[str], width: int) -> list[str]:
@@ -173,8 +158,6 @@ def spectrum_source(rec) -> dict:
 
 
 # one (colour, marker) per method, dashed lines for "+regularizer"
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<")
-
 
 def _style(k: int, method: str) -> dict:
     return {"color": COLORS[k % len(COLORS)], "marker": MARKERS[k % len(MARKERS)],
@@ -207,31 +190,6 @@ def line_styles(methods: list[str]) -> dict[str, dict]:
     return out
 
 
-def density_curves(groups: dict[str, list[dict]], sigma_fraction: float = 0.01, points: int = 2000):
-    """Gaussian-smoothed spectral densities of each group (all SLQ starts of all its runs averaged) on one common
-    grid; sigma = ``sigma_fraction`` of the pooled eigenvalue range. Returns (grid, {name: density}, sigma)."""
-    pooled = {}
-    for name, dens in groups.items():
-        nodes = [np.asarray(t, float) for d in dens for t in d["nodes"]]
-        weights = [np.asarray(w, float) for d in dens for w in d["weights"]]
-        if nodes:
-            pooled[name] = (nodes, weights)
-    if not pooled:
-        return None, {}, None
-    lo = min(t.min() for nodes, _ in pooled.values() for t in nodes)
-    hi = max(t.max() for nodes, _ in pooled.values() for t in nodes)
-    sigma = sigma_fraction * max(hi - lo, 1e-12)
-    grid = np.linspace(lo - 3 * sigma, hi + 3 * sigma, points)
-    curves = {}
-    for name, (nodes, weights) in pooled.items():
-        dens = np.zeros(points)
-        for t, w in zip(nodes, weights):
-            dens += np.exp(-((grid[:, None] - t[None, :]) ** 2) / (2 * sigma * sigma)) @ w
-        dens /= len(nodes) * sigma * np.sqrt(2 * np.pi)
-        curves[name] = dens
-    return grid, curves, sigma
-
-
 def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
     """MAN Fig. 4 for one "X vs X+regularizer" pair, each side one run or a list of seeds: (a) the top-k eigenvalues
     (mean over seeds, the band their range), (b) the spectral densities, every SLQ start of every seed averaged,
@@ -242,60 +200,23 @@ def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
     fig.suptitle(title, fontsize=12, weight="bold", y=0.975)
     ax1 = fig.add_subplot(1, 2, 1)
     ax2 = fig.add_subplot(1, 2, 2)
-    ks, dens_groups, labels = [], {}, {}
+    series, styles, dens_groups, labels = {}, {}, {}, {}
     for k, recs in enumerate((ref, cmp_)):
         method = recs[0].method
-        style = _style(k, method)
         tops = [list(spectrum_source(r).get("top_eigenvalues") or []) for r in recs]
-        tops = [t for t in tops if len(t) >= 2]
         shown = sum(1 for r in recs if len(spectrum_source(r).get("top_eigenvalues") or []) >= 2
                     or (spectrum_source(r).get("density") or {}).get("nodes"))  # seeds that have a spectrum
-        label = f"{method} ({shown} seed{'s' if shown != 1 else ''})"
-        labels[method] = label
-        if len(tops) > 1:
-            label = f"{method} (mean of {len(tops)} seeds, band: their range)"
-        if tops:
-            n = min(len(t) for t in tops)
-            ks.append(n)
-            arr = np.array([t[:n] for t in tops])
-            idx = np.arange(1, n + 1)
-            ax1.plot(idx, arr.mean(0), color=style["color"], linestyle=style["linestyle"], marker=style["marker"],
-                     markevery=max(1, n // 12), markersize=4, linewidth=1.3, label=label)
-            if len(tops) > 1:
-                ax1.fill_between(idx, arr.min(0), arr.max(0), color=style["color"], alpha=0.15, linewidth=0)
+        labels[method] = f"{method} ({shown} seed{'s' if shown != 1 else ''})"
+        named = labels[method] if len([t for t in tops if len(t) >= 2]) <= 1 else method
+        series[named] = tops
+        styles[named] = styles[method] = _style(k, method)
         dens = [d for d in (spectrum_source(r).get("density") for r in recs) if d and d.get("nodes")]
         if dens:
             dens_groups[method] = dens
-    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax1.set_xlabel("eigenvalue index (largest first)")
-    ax1.set_ylabel("Hessian eigenvalue")
-    ax1.set_title(f"(a) top {'/'.join(map(str, sorted(set(ks)))) or '-'} eigenvalues (MAN Fig. 4a; the paper: "
-                  "top 200)", fontsize=9.5)
-    ax1.grid(alpha=0.3)
-    if ax1.lines:
-        ax1.legend(fontsize=8)
-    else:
-        ax1.text(0.5, 0.5, "fewer than 2 eigenvalues computed", ha="center", transform=ax1.transAxes)
-    grid, curves, sigma = density_curves(dens_groups)
-    if curves:
-        peak = max(c.max() for c in curves.values())
-        floor = 1e-4 * peak
-        for k, (method, curve) in enumerate(curves.items()):
-            style = _style(k, method)
-            shown = np.where(curve >= floor, curve, np.nan)  # below the axis: not drawn (no floor line)
-            starts = sum(len(d["nodes"]) for d in dens_groups[method])
-            ax2.semilogy(grid, shown, color=style["color"], linestyle=style["linestyle"], linewidth=1.2,
-                         label=f"{labels[method]}, {starts} SLQ starts")
-        ax2.set_ylim(floor, 2 * peak)
-        ax2.legend(fontsize=8)
-        ax2.set_title(f"(b) spectral density (SLQ), Gaussian smoothing σ = {format_number(sigma, 3)} (1% of the range)",
-                      fontsize=9.5)
-    else:
-        ax2.text(0.5, 0.5, "no spectral density computed", ha="center", transform=ax2.transAxes)
-        ax2.set_title("(b) spectral density (SLQ)", fontsize=9.5)
-    ax2.set_xlabel("eigenvalue")
-    ax2.set_ylabel("density (log scale, from 1e-4 of the peak)")
-    ax2.grid(alpha=0.3)
+    draw_top_eigenvalues(ax1, series, styles=styles, inset=True, panel="(a) ")
+    ax1.set_title(ax1.get_title() + " (MAN Fig. 4a; the paper: top 200)", fontsize=ax1.title.get_fontsize())
+    draw_density(ax2, dens_groups, labels=labels, styles=styles, panel="(b) ")
+    wrap_titles(fig)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig
 

@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 from ..paper_tables import GROUPS, TABLES, TableSpec
 from ..train.catalog import display_name
 from ..train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
@@ -186,7 +186,7 @@ class RunRecord:
         from ..runs import analysis_dir
 
         if model not in MODELS:
-            raise ConfigError(f"unknown model {model!r}: choose server or clients-average")
+            raise unknown_name("model", model, MODELS)
         self.model = model
         names = [n for n in self.candidates(model) if settings_ok is None or settings_ok(self.analyses[n])]
         # the table needs a top eigenvalue and a trace: prefer an analysis that has both
@@ -430,7 +430,7 @@ def model_for(spec: TableSpec, model: str | None) -> str:
     (global) model; with all clients joining every round, FedAvg's server model is that average anyway."""
     m = model or spec.default_model
     if m not in MODELS:
-        raise ConfigError(f"unknown model {m!r}: choose server or clients-average")
+        raise unknown_name("model", m, MODELS)
     return m
 
 
@@ -606,7 +606,7 @@ def tables_for(keys) -> list[TableSpec]:
     for k in keys:
         for kk in TABLE_ALIASES.get(k, (k,)):
             if kk not in TABLES:
-                raise ConfigError(f"unknown table {k!r}: choose from {', '.join(list(TABLES) + list(TABLE_ALIASES))}")
+                raise unknown_name("table", k, list(TABLES) + list(TABLE_ALIASES))
             if TABLES[kk] not in out:
                 out.append(TABLES[kk])
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class HParam:
         t = self.py_type
         value = coerce(value, t, f"--{self.key.replace('_', '-')} for {owner}")
         if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"--{self.key.replace('_', '-')} for {owner} must be one of {self.choices}, got {value!r}")
+            raise unknown_name(f"--{self.key.replace('_', '-')} value for {owner}", value, self.choices)
         bad = {
             "positive": lambda v: not v > 0,
             "nonnegative": lambda v: not v >= 0,
@@ -103,7 +103,7 @@ class Registry(dict):
     def get_class(self, name: str):
         key = (name or "").lower()
         if key not in self:
-            raise ConfigError(f"unknown {self.kind} {name!r}: choose one of {', '.join(sorted(self))}")
+            raise unknown_name(self.kind, name, sorted(self))
         return self[key]
 
 

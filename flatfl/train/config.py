@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 
 MAX_SEED = 2**32 - 1
 MAX_COUNT = 10**7  # rounds and clients
@@ -166,7 +166,9 @@ class RunConfig:
 
         known = all_hparams()
         for k in self.params:
-            need(k in known, f"unknown hyper-parameter {k!r}: see 'flatfl algos' for the valid names")
+            if k not in known:
+                raise unknown_name("hyper-parameter", k, sorted(known),
+                                   fallback=f"unknown hyper-parameter {k!r}: see 'flatfl algos' for the valid names")
         for reg, name in ((ALGORITHMS, self.algo), (LOCAL_OPTIMIZERS, self.local_opt), (REGULARIZERS, self.reg)):
             reg.get_class(name).resolve(self.params)  # raises ConfigError on bad names or values
         from .catalog import check_used_hparams
@@ -175,9 +177,10 @@ class RunConfig:
         from ..data.datasets import DATASETS
         from ..data.partition import PARTITIONS
 
-        need(self.dataset.lower().replace("-", "") in DATASETS,
-             f"unknown dataset {self.dataset!r}: choose one of {', '.join(DATASETS)}")
-        need(self.partition in PARTITIONS, f"unknown partition {self.partition!r}: choose one of {', '.join(PARTITIONS)}")
+        if self.dataset.lower().replace("-", "") not in DATASETS:
+            raise unknown_name("dataset", self.dataset, DATASETS)
+        if self.partition not in PARTITIONS:
+            raise unknown_name("partition", self.partition, PARTITIONS)
         return self
 
 
@@ -238,10 +241,12 @@ def normalize_settings(raw: dict, source: str = "settings") -> dict:
         elif key in known_hp:
             params[key] = v
         else:
-            raise ConfigError(f"unknown setting {k!r} in {source}")
+            raise unknown_name("setting", k, sorted(fields | set(known_hp)), where=f"in {source}",
+                               fallback=f"unknown setting {k!r} in {source}")
     for pk in params:
         if pk not in known_hp:
-            raise ConfigError(f"unknown hyper-parameter {pk!r} in {source}")
+            raise unknown_name("hyper-parameter", pk, sorted(known_hp), where=f"in {source}",
+                               fallback=f"unknown hyper-parameter {pk!r} in {source}")
     if params:
         out["params"] = params
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 from .settings import Settings, check_kinds
 from .values import check_seed
 
@@ -33,7 +33,7 @@ class ClientMetricsSettings(Settings):
     def validate(self) -> "ClientMetricsSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
         if self.protocol not in PROTOCOLS:
-            raise ConfigError(f"unknown cross-client protocol {self.protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+            raise unknown_name("cross-client protocol", self.protocol, PROTOCOLS)
         least = 4 if self.protocol == "default" else 2
         if isinstance(self.probes, bool) or not isinstance(self.probes, int) or self.probes < least:
             raise ConfigError(f"--probes must be at least {least} for the {self.protocol} protocol, got {self.probes}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 from .settings import Settings, check_kinds
 from .values import check_seed
 
@@ -46,7 +46,7 @@ class HessianSettings(Settings):
     trace_hvps: int = 100
     trace_rtol: float | None = 1e-2
     density_steps: int = 100
-    density_starts: int = 1
+    density_starts: int = 4  # SLQ starts averaged (one start's quadrature is a spiky, noisy density)
     exact_residuals: bool = False
     data_dir: str | None = None  # None: the folder the checkpoint recorded
     model_factory: str | None = None
@@ -57,11 +57,11 @@ class HessianSettings(Settings):
         if self.top < 0:
             raise ConfigError(f"--top must be a non-negative integer, got {self.top!r}")
         if self.method not in METHODS:
-            raise ConfigError(f"unknown eigenvalue method {self.method!r}; choose one of {', '.join(METHODS)}")
+            raise unknown_name("eigenvalue method", self.method, METHODS)
         if not 0 < self.tol < 1:
             raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {self.tol!r}")
         if self.trace_method is not None and self.trace_method not in TRACE_METHODS:
-            raise ConfigError(f"unknown trace method {self.trace_method!r}; choose one of {', '.join(TRACE_METHODS)}")
+            raise unknown_name("trace method", self.trace_method, TRACE_METHODS)
         if self.trace_hvps < 1:
             raise ConfigError(f"--trace-hvps must be >= 1, got {self.trace_hvps}")
         if self.trace_rtol is not None and not self.trace_rtol > 0:
@@ -69,7 +69,7 @@ class HessianSettings(Settings):
         if self.density_steps < 1 or self.density_starts < 1:
             raise ConfigError("--density-steps and --density-starts must be >= 1")
         if self.split not in SPLITS:
-            raise ConfigError(f"unknown split {self.split!r}; choose one of {', '.join(SPLITS)}")
+            raise unknown_name("split", self.split, SPLITS)
         if self.samples is not None and self.samples <= 0:
             raise ConfigError(f"--samples must be a positive integer, got {self.samples}")
         if self.batch_size <= 0:

@@ -10,7 +10,7 @@ import math
 import numbers
 from typing import Any, Mapping
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 
 __all__ = ["Settings", "is_kind", "check_kinds"]
 
@@ -28,6 +28,10 @@ class Settings:
     def check_keys(cls, mapping: Mapping[str, Any], source: str | None = None) -> None:
         """One ConfigError line naming the keys of ``mapping`` that are no setting, and the allowed ones."""
         unknown = sorted(str(k) for k in mapping if k not in cls.names())
+        if len(unknown) == 1:
+            raise unknown_name("option", unknown[0], sorted(cls.names()), where=f"in {source or cls.SOURCE}",
+                               fallback=f"unknown option {unknown[0]!r} in {source or cls.SOURCE}: use "
+                                        f"{', '.join(sorted(cls.names()))}")
         if unknown:
             raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
                               f"in {source or cls.SOURCE}: use {', '.join(sorted(cls.names()))}")

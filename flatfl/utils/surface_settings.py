@@ -7,7 +7,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown_name
 from .settings import Settings, check_kinds
 from .values import check_seed
 
@@ -59,7 +59,7 @@ class SurfaceSettings(Settings):
     def validate(self) -> "SurfaceSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
         if self.directions not in DIRECTION_KINDS:
-            raise ConfigError(f"unknown direction kind {self.directions!r}; choose one of {', '.join(DIRECTION_KINDS)}")
+            raise unknown_name("direction kind", self.directions, DIRECTION_KINDS)
         check_grid(self.grid, self.range)
         if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
                                          or self.samples <= 0):
@@ -68,7 +68,7 @@ class SurfaceSettings(Settings):
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size <= 0:
             raise ConfigError(f"--batch-size must be a positive integer, got {self.batch_size!r}")
         if self.split not in SPLITS:
-            raise ConfigError(f"unknown split {self.split!r}; choose one of {', '.join(SPLITS)}")
+            raise unknown_name("split", self.split, SPLITS)
         if self.eigenvectors is not None and self.directions != "hessian":
             raise ConfigError("--eigenvectors needs --directions hessian")
         check_seed(self.seed)
