@@ -301,7 +301,37 @@ def _partition_corrupt(c):
     return ["partition", "--run", str(run)]
 
 
+# ---- issue 29: data loss
+def _lock_link(kind):
+    """``--out``'s .flatfl.lock is a symbolic or hard link to a file outside: that file must not get a PID."""
+    def setup(c):
+        victim = c.write("victim.txt", "the user's precious file\n")
+        (c.ws / "out").mkdir()
+        (os.symlink if kind == "symlink" else os.link)(victim, c.ws / "out" / ".flatfl.lock")
+        return ["hessian", str(c.run / "final.pt"), "--samples", "16", "--top", "1", "--no-trace", "--quiet",
+                "--out", str(c.ws / "out")]
+
+    return setup
+
+
+def _force_user_hidden_tmp(c):
+    run = c.copy_run()
+    (run / ".notes.tmp").write_text("my notes, hidden")
+    return ["train", *FAST, "--rounds", "1", "--force", "--out", str(run)]
+
+
+def _force_sub_folder_locked(c):
+    run = c.copy_run()
+    c.hold_lock(run / "hessian")  # a running `hessian --out RUN/hessian`
+    return ["train", *FAST, "--rounds", "1", "--force", "--out", str(run)]
+
+
 CASES = {
+    # ---- issue 29: data loss (locks through links, --force on a user's temporaries or a folder being written)
+    "lock-symlink-outside": (_lock_link("symlink"), "symbolic link"),
+    "lock-hardlink-outside": (_lock_link("hardlink"), "hard link"),
+    "force-user-hidden-tmp": (_force_user_hidden_tmp, ".notes.tmp"),
+    "force-sub-folder-locked": (_force_sub_folder_locked, "another flatfl process"),
     # ---- train: flag values that parse but are out of range
     "seed-negative": (_train("--seed", "-1"), "--seed"),
     "seed-2^32": (_train("--seed", str(2**32)), "--seed"),

@@ -59,17 +59,30 @@ def _clear_run_dir(run_dir: Path) -> None:
     if not is_flatfl_run(run_dir):
         raise ConfigError(f"--force: {run_dir} is not a flatfl run directory (no flatfl config.json); "
                           "refusing to delete it")
+    import contextlib
+    import os
+
     foreign = foreign_files(run_dir, legacy_run=True)
     if foreign:
         raise ConfigError(f"--force: {run_dir} holds {len(foreign)} file(s) flatfl did not write "
                           f"(e.g. {foreign[0].relative_to(run_dir)}); refusing to delete it")
-    for p in run_dir.iterdir():
-        if p.name == LOCK_NAME:
-            continue
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
+    with contextlib.ExitStack() as held:
+        # a sub-folder another flatfl process is writing (hessian --out RUN/hessian) is never deleted under it:
+        # its lock is taken here for the deletion, and a held one refuses (nothing deleted)
+        for root, dirs, files in os.walk(run_dir):
+            dirs[:] = [d for d in dirs if not (Path(root) / d).is_symlink()]
+            if Path(root) != run_dir and LOCK_NAME in files:
+                try:
+                    held.enter_context(folder_lock(root))
+                except ConfigError as e:
+                    raise ConfigError(f"--force: {e}; refusing to delete {run_dir}") from None
+        for p in run_dir.iterdir():
+            if p.name == LOCK_NAME:
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
 
 
 def describe_partition(dataset, data_dir, method, alpha, clients, seed, run_dir=None) -> str:

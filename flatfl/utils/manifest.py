@@ -108,21 +108,22 @@ def is_flatfl_run(folder: str | os.PathLike) -> bool:
 
 
 def foreign_files(folder: str | os.PathLike, legacy_run: bool = False) -> list[Path]:
-    """Files under ``folder`` that flatfl did not write (not in their folder's manifest). With ``legacy_run``, the
-    fixed names of a run folder written before manifests existed count as flatfl's."""
+    """Files under ``folder`` that flatfl did not write (not in their folder's manifest; flatfl's own temporaries,
+    '.NAME.PID.XXXXXXXX.tmp' exactly, excepted, a user's '.notes.tmp' not). With ``legacy_run``, the fixed names of
+    a run folder written before manifests existed count as flatfl's."""
     import re
 
+    from .atomic import temporary_writer
     from .lock import LOCK_NAME
 
     folder = Path(folder)
-    tmp = re.compile(r"^\..+\.tmp$")
     out = []
     for root, dirs, files in os.walk(folder):
         here = Path(root)
         mine = owned_names(here)
         for name in files:
             rel = (here / name).relative_to(folder)
-            if name in mine or name in (MANIFEST, LOCK_NAME) or tmp.match(name):
+            if name in mine or name in (MANIFEST, LOCK_NAME) or temporary_writer(name) is not None:
                 continue
             if legacy_run and (str(rel) in LEGACY_RUN_FILES
                                or re.fullmatch(r"checkpoints/round_\d+\.pt", rel.as_posix())):
