@@ -18,11 +18,20 @@ def default_run_dir(cfg) -> Path:
     return Path("runs") / f"{cfg.dataset}-{cfg.algo}{opt}{reg}-{part}-s{cfg.seed}"
 
 
+# what --resume accepts beside it: how fast it runs (every other setting is the run's, in its config.json)
+RESUME_FLAGS = ("threads",)
+
+
 def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=False, opts=None) -> Path:
     opts = dict(opts or {})
     from ..utils.threads import apply_threads
 
     if resume_dir is not None:
+        given = sorted(f"--{k.replace('_', '-')}" for k, v in opts.items() if v is not None and k not in RESUME_FLAGS)
+        given = (["--config"] if config_file else []) + (["--force"] if force else []) + given
+        if given:
+            raise ConfigError(f"--resume continues {resume_dir} with the settings it started with; {', '.join(given)} "
+                              "would be ignored: leave them out (or start a new run with another --out)")
         cfg = read_run_config(resume_dir)
         apply_threads(opts.get("threads") if opts.get("threads") is not None else cfg.threads)
         with folder_lock(resume_dir):

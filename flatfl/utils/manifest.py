@@ -16,7 +16,7 @@ MANIFEST = ".flatfl-manifest.json"
 def _read(folder: Path) -> dict:
     try:
         data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {"format": "flatfl-manifest", "files": []}
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         return {"format": "flatfl-manifest", "files": []}
@@ -102,7 +102,7 @@ def is_flatfl_run(folder: str | os.PathLike) -> bool:
     """A folder whose config.json carries flatfl's header (``flatfl_version`` and a ``config`` table)."""
     try:
         data = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and "flatfl_version" in data and isinstance(data.get("config"), dict)
 
