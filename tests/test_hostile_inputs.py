@@ -832,3 +832,24 @@ def test_sweep_recomputes_a_result_of_other_weights(base, tmp_path):
     assert done["hessian"] == "computed"
     own = state_digest(torch.load(run / "final.pt", weights_only=True)["state_dict"])
     assert json.loads((run / "hessian" / "hessian.json").read_text())["weights_sha256"] == own
+
+
+def test_killed_worker_fails_only_its_task(tmp_path, monkeypatch):
+    """Issue 29: a worker killed with SIGKILL (as the out-of-memory killer does) breaks the process pool; only the
+    task that kills its worker fails, in one line, and every other task finishes with its result."""
+    from flatfl.executors import LocalExecutor
+
+    (tmp_path / "killer_i29.py").write_text(
+        "import os, signal\n\n"
+        "def work(x):\n"
+        "    if x == 1:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return 10 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import killer_i29
+
+    outcomes = {o.index: o for o in LocalExecutor(2).map(killer_i29.work, [0, 1, 2, 3])}
+    assert sorted(outcomes) == [0, 1, 2, 3]
+    assert {i: o.result for i, o in outcomes.items() if o.ok} == {0: 0, 2: 20, 3: 30}
+    assert not outcomes[1].ok and "worker process died" in outcomes[1].error and "\n" not in outcomes[1].error
+    assert outcomes[1].details is None
