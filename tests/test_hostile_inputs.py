@@ -691,6 +691,12 @@ def test_own_data_checked_before_training(tmp_path):
     huge = y.clone()
     huge[0] = 10**7
     _one_line_error(lambda: Trainer(cfg, run, dataset=TensorDataset(x, huge), quiet=True), "below 100,000")
+    # BatchNorm1d and a client whose last batch is one sample (iid: 2 clients of 25 of the 50 training items, 2 of
+    # each class's 12 held out; batch 24 leaves 1)
+    bn = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 5))
+    iid = RunConfig(rounds=1, clients=2, batch_size=24, partition="iid", threads=1).validate()
+    _one_line_error(lambda: Trainer(iid, run, dataset=TensorDataset(x, y), model=bn, quiet=True),
+                    "its last batch has 1 sample")
     assert not run.exists()
 
 
@@ -853,3 +859,37 @@ def test_killed_worker_fails_only_its_task(tmp_path, monkeypatch):
     assert {i: o.result for i, o in outcomes.items() if o.ok} == {0: 0, 2: 20, 3: 30}
     assert not outcomes[1].ok and "worker process died" in outcomes[1].error and "\n" not in outcomes[1].error
     assert outcomes[1].details is None
+
+
+def test_resume_keeps_the_versions_of_earlier_rounds_and_report_shows_them(tmp_path, monkeypatch):
+    """Issue 29: a run resumed under other library versions keeps, in config.json, the versions its earlier rounds
+    were trained with and adds the resumption's under 'resumed'; the report then says that versions differ."""
+    from flatfl.report import build_report
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+
+    real = Trainer._checkpoint
+
+    def stop_after_round_1(self, rnd, final):
+        real(self, rnd, final)
+        if rnd == 1:
+            raise KeyboardInterrupt  # killed after round 1's checkpoint
+
+    monkeypatch.setattr(Trainer, "_checkpoint", stop_after_round_1)
+    run = tmp_path / "run"
+    cfg = RunConfig(model="tiny", rounds=2, clients=4, participation=1.0, local_epochs=1, batch_size=64,
+                    checkpoint_every=1, threads=1).validate()
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg, run, quiet=True).run()
+    monkeypatch.undo()
+    old_env = dict(json.loads((run / "config.json").read_text())["environment"], flatfl="0.0.9", torch="1.13.0")
+    edit_json(run / "config.json", lambda d: d.update(environment=old_env, flatfl_version="0.0.9"))
+    r = CliRunner().invoke(main, ["train", "--resume", str(run), "--quiet"])
+    assert r.exit_code == 0, r.output
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["environment"] == old_env and saved["flatfl_version"] == "0.0.9"
+    assert [e["from_round"] for e in saved["resumed"]] == [1]
+    assert saved["resumed"][0]["environment"]["torch"] == torch.__version__
+    summary = build_report([run], tmp_path / "rep")
+    assert any("different flatfl / torch versions" in n and "torch 1.13.0" in n and "training from round 1" in n
+               for n in summary["notices"]), summary["notices"]

@@ -164,6 +164,7 @@ class Trainer:
 
             self.model_spec = {"name": "custom", "kwargs": {}, "custom": True, "class": describe_model_class(model),
                                "factory": None if model_factory is None else check_factory_name(model_factory)}
+        _check_no_batch_of_one(model, self.partition.sizes, cfg.batch_size)
         self.algo_cls = ALGORITHMS.get_class(cfg.algo)
         self.reg_cls = REGULARIZERS.get_class(cfg.reg)
         self.opt_cls = LOCAL_OPTIMIZERS.get_class(self.algo_cls.local_optimizer(cfg.local_opt))
@@ -617,6 +618,19 @@ def read_run_config(run_dir: str | Path) -> RunConfig:
     except Exception:
         raise ConfigError(f"--resume: {f} is corrupt") from None
     return cfg.validate()
+
+
+def _check_no_batch_of_one(model: torch.nn.Module, sizes, batch_size: int) -> None:
+    """BatchNorm1d (one value per channel and sample) cannot train on a batch of one sample: refuse, before
+    training, a client whose data leaves a last batch of 1 (n mod B == 1), naming the client and what to change.
+    (BatchNorm2d averages over the image too, so a batch of one image trains.)"""
+    if not any(isinstance(m, torch.nn.BatchNorm1d) for m in model.modules()):
+        return
+    for k, n in enumerate(int(x) for x in sizes):
+        if n % batch_size == 1:
+            raise ConfigError(f"client {k} holds {n} samples: with --batch-size {batch_size} its last batch has 1 "
+                              "sample, on which the network's BatchNorm cannot train; choose another --batch-size or "
+                              "--clients")
 
 
 def _check_model_fits_data(model: torch.nn.Module, ds) -> None:
