@@ -433,7 +433,6 @@ CASES = {
                                     "--density-starts must be at most 1000"),
     "hessian-density-steps-huge": (_on_run("hessian", "--density", "--density-steps", "10000000"),
                                    "--density-steps must be at most 10000"),
-    "hessian-top-huge": (_on_run("hessian", "--top", "100000000"), "--top must be at most 1000"),
     "clients-probes-huge": (_on_run("hessian-clients", "--probes", "1000000000"), "--probes must be at most"),
     "clients-groups-huge": (_on_run("hessian-clients", "--probes", "8", "--groups", "100000"),
                             "--groups must be at most 1000"),
