@@ -158,16 +158,17 @@ def read_checkpoint(path: str | Path) -> dict:
 
 
 def check_provenance(payload: dict, path) -> None:
-    """The checkpoint is what its record says: its model spec names the network the run trained (``config``'s
-    model), and where recorded (flatfl newer than issue 29), the digests of its spec and weights match its
-    contents. A spec edited to name another architecture with the same parameter shapes is refused here, before
+    """The checkpoint is what its record says: where recorded (flatfl newer than issue 29), the digests of its spec
+    and weights match its contents; in older files, the spec names the network the run's config asked for. A spec edited to name another architecture with the same parameter shapes is refused here, before
     the network is built from it."""
     spec, config = payload["model_spec"], payload["config"]
     name, trained = spec.get("name"), config.get("model")
-    if name != "custom" and isinstance(trained, str) and trained != "custom" and name != trained:
+    recorded = payload.get("model_spec_sha256")
+    # files without a spec digest (older flatfl): the spec must name the network the config asked for
+    if not isinstance(recorded, str) and name != "custom" and isinstance(trained, str) and trained != "custom" \
+            and name != trained:
         raise CheckpointError(f"{path}: its model_spec names {name!r} but the run trained {trained!r}; the spec "
                               "was edited, and the weights would be analysed as another network")
-    recorded = payload.get("model_spec_sha256")
     if isinstance(recorded, str) and recorded != json_digest(spec):
         raise CheckpointError(f"{path}: its model_spec was changed after training (sha256 {short(json_digest(spec))}, "
                               f"recorded {short(recorded)}); the weights would be analysed as another network")

@@ -366,7 +366,9 @@ def _spec_other_architecture(also_config):
             # 'mlp' with 32 hidden units has tiny's parameter shapes (relu instead of tanh)
             p["model_spec"] = {"name": "mlp", "kwargs": dict(p["model_spec"]["kwargs"], hidden=[32])}
             if also_config:
-                p["config"]["model"] = "mlp"
+                p["config"]["model"] = "mlp"  # the spec's digest still gives it away
+            else:
+                p.pop("model_spec_sha256")  # as an older flatfl wrote it: the run's config gives it away
 
         edit_checkpoint(run / "final.pt", f)
 
