@@ -190,8 +190,8 @@ def check_spec_size(spec: dict, state: dict, path) -> None:
         return
     need = sum(t.numel() for t in probe.state_dict().values())
     if need != have:
-        raise CheckpointError(f"{path}: its model_spec describes a network of {need:,} values but the checkpoint holds "
-                              f"{have:,} weights; the spec does not fit the weights (refused before building it)")
+        raise CheckpointError(f"{path}: weights do not fit model {spec.get('name')!r}: its model_spec describes "
+                              f"{need:,} values, the checkpoint holds {have:,} (refused before building it)")
 
 
 def resolve_checkpoint_path(path: str | Path) -> Path:
