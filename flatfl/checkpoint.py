@@ -24,6 +24,7 @@ from .errors import CheckpointError, ConfigError
 from .models.spec import model_from_spec
 from .utils.device import resolve_device
 from .utils.io import atomic_torch_save
+from .utils.provenance import json_digest, settings_digest, short, state_digest
 
 FORMAT = "flatfl-checkpoint"
 FORMAT_VERSION = 2
@@ -33,8 +34,12 @@ CLIENTS_AVERAGE_FILE = "final-clients-average.pt"  # the average of all clients'
 
 
 def save_checkpoint(path: str | Path, payload: dict) -> None:
-    """Write a model checkpoint atomically, with the format header."""
-    payload = dict(payload, format=FORMAT, format_version=FORMAT_VERSION)
+    """Write a model checkpoint atomically, with the format header and its provenance record: the digests of its
+    weights (``weights_sha256``), of its model spec (``model_spec_sha256``) and of the run's training settings
+    (``run_settings_sha256``), and the torch version (``flatfl_version`` is the writer's)."""
+    payload = dict(payload, format=FORMAT, format_version=FORMAT_VERSION,
+                   weights_sha256=state_digest(payload["state_dict"]), model_spec_sha256=json_digest(payload["model_spec"]),
+                   run_settings_sha256=settings_digest(payload.get("config") or {}), torch_version=str(torch.__version__))
     atomic_torch_save(payload, path)
 
 
@@ -119,8 +124,12 @@ def read_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"{path} is not a readable flatfl checkpoint (corrupt or truncated: {reason[:160]})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a flatfl checkpoint (no flatfl header)")
-    if payload.get("format_version", 0) > FORMAT_VERSION:
-        raise CheckpointError(f"{path} was written by a newer flatfl (format {payload['format_version']})")
+    version = payload.get("format_version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise CheckpointError(f"{path} is a damaged flatfl checkpoint (its format_version is {version!r}, "
+                              "not a whole number)")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{path} was written by a newer flatfl (format {version})")
     missing = [k for k in REQUIRED_KEYS if k not in payload]
     if missing:
         raise CheckpointError(f"{path} is an incomplete flatfl checkpoint (missing {', '.join(missing)})")
@@ -136,6 +145,7 @@ def read_checkpoint(path: str | Path) -> dict:
     if not isinstance(payload["config"], dict) or not isinstance(payload["model_spec"], dict) \
             or not isinstance(payload["dataset"], dict) or not isinstance(payload["round"], int):
         raise CheckpointError(f"{path} is an incomplete flatfl checkpoint (config, model_spec, dataset or round malformed)")
+    check_provenance(payload, path)
     if isinstance(payload.get("resolved"), dict):
         payload = dict(payload, resolved=current_setting_names(payload["resolved"]))
     if payload.get("format_version", 0) < 2:
@@ -145,6 +155,43 @@ def read_checkpoint(path: str | Path) -> dict:
             raise CheckpointError(f"{path} is a format-1 checkpoint with malformed algorithm or regularizer "
                                   "settings (config, resolved)") from None
     return payload
+
+
+def check_provenance(payload: dict, path) -> None:
+    """The checkpoint is what its record says: where recorded (flatfl newer than issue 29), the digests of its spec
+    and weights match its contents; in older files, the spec names the network the run's config asked for. A spec edited to name another architecture with the same parameter shapes is refused here, before
+    the network is built from it."""
+    spec, config = payload["model_spec"], payload["config"]
+    name, trained = spec.get("name"), config.get("model")
+    recorded = payload.get("model_spec_sha256")
+    # files without a spec digest (older flatfl): the spec must name the network the config asked for
+    if not isinstance(recorded, str) and name != "custom" and isinstance(trained, str) and trained != "custom" \
+            and name != trained:
+        raise CheckpointError(f"{path}: its model_spec names {name!r} but the run trained {trained!r}; the spec "
+                              "was edited, and the weights would be analysed as another network")
+    if isinstance(recorded, str) and recorded != json_digest(spec):
+        raise CheckpointError(f"{path}: its model_spec was changed after training (sha256 {short(json_digest(spec))}, "
+                              f"recorded {short(recorded)}); the weights would be analysed as another network")
+    recorded = payload.get("weights_sha256")
+    if isinstance(recorded, str) and recorded != state_digest(payload["state_dict"]):
+        raise CheckpointError(f"{path}: its weights were changed after training (sha256 "
+                              f"{short(state_digest(payload['state_dict']))}, recorded {short(recorded)})")
+
+
+def check_spec_size(spec: dict, state: dict, path) -> None:
+    """The network ``spec`` describes holds as many values as the checkpoint's weights: built on torch's 'meta'
+    device first (shapes, no memory), so a small file whose spec asks for huge layers is refused before anything is
+    allocated. A spec that does not build is left to the real build, which names the problem."""
+    have = sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor))
+    try:
+        with torch.device("meta"):
+            probe = model_from_spec(spec)
+    except Exception:
+        return
+    need = sum(t.numel() for t in probe.state_dict().values())
+    if need != have:
+        raise CheckpointError(f"{path}: weights do not fit model {spec.get('name')!r}: its model_spec describes "
+                              f"{need:,} values, the checkpoint holds {have:,} (refused before building it)")
 
 
 def resolve_checkpoint_path(path: str | Path) -> Path:
@@ -188,8 +235,14 @@ class Checkpoint:
         if model is None and (model_factory or (custom and self.model_spec.get("factory"))):
             from .models.factory import check_recorded_factory, model_from_factory
 
+            recorded = self.model_spec.get("factory")
             if not model_factory:  # named by the file, not by the user: only a module of the current directory
-                model_factory = check_recorded_factory(self.model_spec["factory"], str(path))
+                model_factory = check_recorded_factory(recorded, str(path))
+            elif recorded and recorded != model_factory:
+                import sys
+
+                print(f"notice: --model-factory {model_factory} is not the factory {path} recorded ({recorded}); its "
+                      "weights are loaded into your network", file=sys.stderr)
             model = model_from_factory(model_factory)
         if model is None and custom:
             raise CheckpointError(f"{path} holds a custom network ({self.model_spec.get('class', '?')}) and no model "
@@ -197,6 +250,8 @@ class Checkpoint:
                                   "--model-factory module:function")
         what = f"model {self.model_spec.get('name')!r}" if model is None else \
             (f"--model-factory {model_factory}" if model_factory else f"the given {type(model).__name__}")
+        if model is None:
+            check_spec_size(self.model_spec, payload[key], path)  # before any memory is taken for it
         try:
             model = model_from_spec(self.model_spec, model)
         except Exception as e:
@@ -281,6 +336,17 @@ class Checkpoint:
             raise CheckpointError(f"{f} is not a readable client-models file (corrupt or truncated)") from None
         if not isinstance(state, dict) or not isinstance(state.get("params"), torch.Tensor) or state["params"].dim() != 2:
             raise CheckpointError(f"{f} is not a flatfl client-models file (no 'params' table)")
+        mine = settings_digest(self.config)
+        theirs = state.get("run_settings_sha256")
+        if isinstance(theirs, str) and theirs != mine:
+            raise CheckpointError(f"{f} holds the client models of another run (run settings sha256 {short(theirs)}; "
+                                  f"{self.path} is of {short(mine)}); use the clients.pt its run wrote")
+        part = self.payload.get("partition")
+        indices = part.get("client_indices") if isinstance(part, dict) else None
+        clients = len(indices) if isinstance(indices, list) else None
+        if clients is not None and state["params"].shape[0] != clients:
+            raise CheckpointError(f"{f} holds {state['params'].shape[0]} client models, but {self.path}'s run has "
+                                  f"{clients} clients (run settings sha256 {short(mine)}): it belongs to another run")
         saved_round = state.get("round")
         if saved_round is not None and int(saved_round) != self.round:
             raise CheckpointError(f"{f} holds the client models of round {int(saved_round)}, but {self.path} is round "

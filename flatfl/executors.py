@@ -8,7 +8,9 @@ other tasks go on. Seeding is the task's business (each run seeds itself from it
 on the executor or on the order in which tasks finish.
 
 * :class:`LocalExecutor` ``(workers=1)``: serial in this process, or a ``spawn`` pool of ``workers``
-  (:func:`flatfl.utils.processes.worker_pool`, the pool the loss surface uses too).
+  (:func:`flatfl.utils.processes.worker_pool`, the pool the loss surface uses too). A worker killed mid-task
+  breaks the pool; the tasks lost with it run again in a fresh pool, then one pool each, so that only a task that
+  kills its worker every time fails (one line), and the others finish.
 * :class:`RayExecutor` ``(address=None, num_cpus=None, cpus_per_task=1, gpus_per_task=0)``: one Ray task per item,
   on a local Ray instance (``ray.init(num_cpus=...)``) or on the cluster at ``address`` / ``$RAY_ADDRESS``
   (``ray start --head`` on one machine, ``ray start --address=HEAD:6379`` on the others). Paths in the items must
@@ -86,15 +88,41 @@ class LocalExecutor:
                 except BaseException as e:  # noqa: BLE001 - one failed task must not stop the others
                     yield _failure(i, e)
             return
+        # A worker that dies (kill -9, the out-of-memory killer) breaks the whole pool: every task it had not
+        # finished is lost, not failed. Lost tasks run again in a fresh pool; tasks lost twice run one pool each,
+        # so that a task that kills its worker every time fails alone and the others finish.
+        pending, isolated = list(range(len(items))), False
+        lost_before: set[int] = set()
+        while pending:
+            groups = [[i] for i in pending] if isolated else [pending]
+            lost: list[int] = []
+            for group in groups:
+                for outcome in self._pool_pass(fn, items, group, lost):
+                    yield outcome
+            if isolated:
+                for i in lost:
+                    yield Outcome(i, error=f"its worker process died (killed, or out of memory) twice; run again "
+                                           "to retry it")
+                return
+            pending = sorted(lost)
+            isolated = bool(lost_before & set(lost))
+            lost_before |= set(lost)
+
+    def _pool_pass(self, fn, items, indices: list[int], lost: list[int]) -> Iterator[Outcome]:
+        """Run ``items[indices]`` in one pool; the indices lost with a dying worker are appended to ``lost``."""
+        from concurrent.futures.process import BrokenProcessPool
+
         from .utils.processes import worker_pool
 
-        with worker_pool(min(self.workers, len(items)), "spawn") as pool:
-            futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+        with worker_pool(min(self.workers, len(indices)), "spawn") as pool:
+            futures = {pool.submit(fn, items[i]): i for i in indices}
             try:
                 for fut in as_completed(futures):
                     i = futures[fut]
                     try:
                         yield Outcome(i, result=fut.result())
+                    except BrokenProcessPool:
+                        lost.append(i)
                     except BaseException as e:  # noqa: BLE001
                         yield _failure(i, e)
             except KeyboardInterrupt:

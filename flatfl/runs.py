@@ -70,8 +70,20 @@ def settings_match(saved: dict | None, wanted: dict) -> bool:
                if k not in ("device", "quiet", "data_dir") and (v is not None or k == "samples"))
 
 
-def _fresh(result: Path, final: Path) -> bool:
-    return result.is_file() and result.stat().st_mtime >= final.stat().st_mtime
+def _fresh(result: Path, final: Path, data: dict | None = None) -> bool:
+    """The result is newer than the checkpoint and (where it records one) measured the checkpoint's weights: a
+    result copied in from another run is computed again, never skipped."""
+    if not (result.is_file() and result.stat().st_mtime >= final.stat().st_mtime):
+        return False
+    recorded = (data or {}).get("weights_sha256")
+    return not isinstance(recorded, str) or recorded == _weights_digest(final)
+
+
+def _weights_digest(checkpoint: Path) -> str:
+    """sha256 of a checkpoint's weights (:func:`flatfl.utils.provenance.state_digest`)."""
+    from .utils.provenance import state_digest
+
+    return state_digest(read_checkpoint(checkpoint)["state_dict"])
 
 
 def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str = HESSIAN_DIR) -> str:
@@ -82,7 +94,7 @@ def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str 
 
     out = run_dir / folder
     report = _stored(read_hessian_file, out / "hessian.json")
-    if report and _fresh(out / "hessian.json", final) and report.get("top_eigenvalues") is not None \
+    if report and _fresh(out / "hessian.json", final, report) and report.get("top_eigenvalues") is not None \
             and Path(str(report.get("checkpoint", ""))).name == final.name \
             and settings_match(report.get("settings"), wanted):
         return "skipped"
@@ -97,7 +109,7 @@ def _clients(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
     out = run_dir / CLIENTS_DIR
     path = out / clients_file(wanted.get("protocol", "default"))
     section = _stored(read_clients_file, path) or {}
-    if section and _fresh(path, final) and settings_match(section.get("settings"), wanted):
+    if section and _fresh(path, final, section) and settings_match(section.get("settings"), wanted):
         return "skipped"
     run_client_metrics(str(final), str(out), quiet=quiet, replace=True, **wanted)  # the grid says what it holds
     return "computed"
@@ -109,7 +121,7 @@ def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str 
 
     out = run_dir / folder
     summary = _stored(read_surface_file, out / "surface.json")
-    if summary and _fresh(out / "surface.json", final):
+    if summary and _fresh(out / "surface.json", final, summary):
         s = summary.get("settings", {})
         if all(s.get(k) == v for k, v in wanted.items() if k in s and k not in ("device", "workers")):
             return "skipped"

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import sys
 import time
@@ -281,6 +282,9 @@ def _load_grid_file(path: Path) -> dict:
     return read_settings_file(path, "grid file")
 
 
+MAX_GRID_RUNS = 10_000  # runs one grid may expand to: counted before any is built (10^6 points took minutes)
+
+
 def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[RunTask]:
     """The run tasks of a parsed grid (see the module docstring for the layout)."""
     from .train.config import build_config, normalize_settings
@@ -308,6 +312,10 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
     if not isinstance(includes, list) or not all(isinstance(x, dict) for x in includes):
         raise ConfigError(f"'include' in {source} must be a list of tables ([[include]] in TOML)")
 
+    size = math.prod(len(v) for v in axes.values()) + len(includes)
+    if size > MAX_GRID_RUNS:
+        raise ConfigError(f"{source} asks for {size:,} runs; a sweep holds at most {MAX_GRID_RUNS:,} (split the grid "
+                          "into several)")
     points: list[dict] = []
     keys = list(axes)
     for combo in itertools.product(*(axes[k] for k in keys)):

@@ -184,13 +184,16 @@ def test_corrupt_and_foreign_checkpoints(tmp_path):
     text.write_text("hello")
     with pytest.raises(CheckpointError):
         flatfl.load_checkpoint(text)
-    # the right file with the wrong architecture
+    # the right file with the wrong architecture: its spec's digest gives it away (issue 29)
     payload = torch.load(out / "final.pt", weights_only=True)
     payload["model_spec"] = {"name": "mlp", "kwargs": {"num_classes": 10, "in_channels": 1, "image_size": 8}}
     wrong = tmp_path / "wrong.pt"
     torch.save(payload, wrong)
-    with pytest.raises(CheckpointError, match="do not fit"):
+    with pytest.raises(CheckpointError, match="model_spec was changed after training"):
         flatfl.load_checkpoint(wrong)
+    # and weights that do not fit the network given
+    with pytest.raises(CheckpointError, match="do not fit"):
+        flatfl.load_checkpoint(out / "final.pt", model=torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)))
 
 
 def test_resume_on_a_non_run_and_existing_out(tmp_path):

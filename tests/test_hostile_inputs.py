@@ -41,6 +41,14 @@ def base(tmp_path_factory):
     r = CliRunner().invoke(main, ["hessian", str(run / "checkpoints" / "round_0001.pt"), "--top", "2", "--no-trace",
                                   "--samples", "64", "--save-eigenvectors", "--quiet", "--out", str(root / "eig1")])
     assert r.exit_code == 0, r.output
+    # issue 29: another run (other lr and seed, same shapes and round count) and a Hessian of each final model
+    r = CliRunner().invoke(main, ["train", *FAST, "--rounds", "2", "--save-clients", "--lr", "0.05", "--seed", "1",
+                                  "--out", str(root / "other")])
+    assert r.exit_code == 0, r.output
+    for name, src in (("hess-final", run), ("hess-other", root / "other")):
+        r = CliRunner().invoke(main, ["hessian", str(src / "final.pt"), "--top", "1", "--no-trace", "--samples", "64",
+                                      "--quiet", "--out", str(root / name)])
+        assert r.exit_code == 0, r.output
     return root
 
 
@@ -301,7 +309,171 @@ def _partition_corrupt(c):
     return ["partition", "--run", str(run)]
 
 
+# ---- issue 29: data loss
+def _lock_link(kind):
+    """``--out``'s .flatfl.lock is a symbolic or hard link to a file outside: that file must not get a PID."""
+    def setup(c):
+        victim = c.write("victim.txt", "the user's precious file\n")
+        (c.ws / "out").mkdir()
+        (os.symlink if kind == "symlink" else os.link)(victim, c.ws / "out" / ".flatfl.lock")
+        return ["hessian", str(c.run / "final.pt"), "--samples", "16", "--top", "1", "--no-trace", "--quiet",
+                "--out", str(c.ws / "out")]
+
+    return setup
+
+
+def _force_user_hidden_tmp(c):
+    run = c.copy_run()
+    (run / ".notes.tmp").write_text("my notes, hidden")
+    return ["train", *FAST, "--rounds", "1", "--force", "--out", str(run)]
+
+
+def _force_sub_folder_locked(c):
+    run = c.copy_run()
+    c.hold_lock(run / "hessian")  # a running `hessian --out RUN/hessian`
+    return ["train", *FAST, "--rounds", "1", "--force", "--out", str(run)]
+
+
+# ---- issue 29: results from other weights, runs that do not belong together
+def _report_with(prepare, *runs):
+    """A report on copies of the base run (and others) after ``prepare(c, first_copy)``."""
+    def setup(c):
+        (c.ws / "runs").mkdir()
+        first = c.copy_run("runs/a")
+        for k, src in enumerate(runs):
+            shutil.copytree(c.base / src, c.ws / "runs" / f"b{k}")
+        prepare(c, first)
+        return ["report", str(c.ws / "runs"), "--out", str(c.ws / "rep")]
+
+    return setup
+
+
+def _hessian_of_other_run(c, run):
+    shutil.copytree(c.base / "hess-other", run / "hessian")  # round 2 as well, but of the other run's weights
+
+
+def _clients_pt_more_clients(c, run):
+    state = torch.load(run / "clients.pt", weights_only=True)
+    state["params"] = torch.cat([state["params"], state["params"]])  # 8 client models in a 4-client run
+    state["buffers"] = {k: torch.cat([v, v]) for k, v in state.get("buffers", {}).items()}
+    state.pop("run_settings_sha256", None)  # as an older flatfl wrote it: the count alone gives it away
+    torch.save(state, run / "clients.pt")
+
+
+def _spec_other_architecture(also_config):
+    def prepare(c, run):
+        def f(p):
+            # 'mlp' with 32 hidden units has tiny's parameter shapes (relu instead of tanh)
+            p["model_spec"] = {"name": "mlp", "kwargs": dict(p["model_spec"]["kwargs"], hidden=[32])}
+            if also_config:
+                p["config"]["model"] = "mlp"  # the spec's digest still gives it away
+            else:
+                p.pop("model_spec_sha256")  # as an older flatfl wrote it: the run's config gives it away
+
+        edit_checkpoint(run / "final.pt", f)
+
+    return prepare
+
+
+def _clients_pt(prepare):
+    return _on_run("hessian-clients", "--probes", "4", "--groups", "2", "--samples", "16", prepare=prepare)
+
+
+# ---- issue 29: sizes bounded before allocation, named failures
+def _huge_spec(c, run):
+    def f(p):
+        p["model_spec"] = {"name": "tiny", "kwargs": dict(p["model_spec"]["kwargs"], hidden=[100000, 100000])}
+        p.pop("model_spec_sha256", None)  # as an older flatfl wrote it: the size alone must refuse it
+
+    edit_checkpoint(run / "final.pt", f)
+
+
+def _custom_data_run(c, name="own") -> Path:
+    """A run on your own data (a registry network), its data saved as data.pt."""
+    from torch.utils.data import TensorDataset
+
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(60, 1, 8, 8, generator=g), torch.arange(60) % 3
+    cfg = RunConfig(model="tiny", rounds=1, clients=2, batch_size=20, threads=1).validate()
+    Trainer(cfg, c.ws / name, dataset=TensorDataset(x, y), quiet=True).run()
+    return c.ws / name
+
+
+def _data_pt_label_out_of_range(c):
+    run = _custom_data_run(c)
+    payload = torch.load(run / "data.pt", weights_only=True)
+    payload["train_y"][0] = 50  # 3 classes
+    torch.save(payload, run / "data.pt")
+    return ["hessian", str(run / "final.pt"), "--top", "1", "--no-trace", "--quiet", "--out", str(c.ws / "out")]
+
+
+def _factory_syntax_error(c):
+    c.write("bad_factory.py", "def net(:\n    pass\n")
+    return ["hessian", str(c.run / "final.pt"), "--model-factory", "bad_factory:net", "--top", "1", "--no-trace",
+            "--quiet", "--out", str(c.ws / "out")]
+
+
+def _big_grid(c):
+    lrs = ", ".join(f"{0.001 * (k + 1):g}" for k in range(200))
+    return ["sweep", str(c.write("g.toml", GOOD_GRID + f"lr = [{lrs}]\nseed = {list(range(600))}\n")), "--dry-run"]
+
+
+def _report_nested_json(c):
+    run = c.copy_run()
+    (run / "hessian").mkdir()
+    (run / "hessian" / "hessian.json").write_text("[" * 100000 + "]" * 100000)
+    return ["report", str(run), "--out", str(c.ws / "rep")]
+
+
 CASES = {
+    # ---- issue 29: sizes bounded before allocation (the limit named), failures named instead of 'internal error'
+    "sweep-grid-120000-points": (_big_grid, "at most 10,000"),
+    "hessian-density-starts-huge": (_on_run("hessian", "--density", "--density-starts", "10000000"),
+                                    "--density-starts must be at most 1000"),
+    "hessian-density-steps-huge": (_on_run("hessian", "--density", "--density-steps", "10000000"),
+                                   "--density-steps must be at most 10000"),
+    "clients-probes-huge": (_on_run("hessian-clients", "--probes", "1000000000"), "--probes must be at most"),
+    "clients-groups-huge": (_on_run("hessian-clients", "--probes", "8", "--groups", "100000"),
+                            "--groups must be at most 1000"),
+    "surface-grid-huge": (_on_run("surface", "--grid", "100000"), "--grid must be at most 1001"),
+    "surface-range-1e300": (_on_run("surface", "--range", "1e300"), "--range must be at most"),
+    "checkpoint-spec-huge-layers": (_on_run("hessian", "--top", "1", "--no-trace", prepare=_huge_spec),
+                                    "refused before building"),
+    "checkpoint-format-version-string": (_on_run("hessian", prepare=lambda c, r: edit_checkpoint(
+        r / "final.pt", lambda p: p.update(format_version="2"))), "format_version"),
+    "factory-syntax-error": (_factory_syntax_error, "syntax error"),
+    "data-pt-label-out-of-range": (_data_pt_label_out_of_range, "outside the data set's 3 classes"),
+    "report-hessian-json-nested": (_report_nested_json, "hessian.json"),
+    # ---- issue 29: results from other weights, runs that do not belong together
+    "report-hessian-of-other-weights": (_report_with(_hessian_of_other_run), "belongs to another run"),
+    "report-duplicate-runs": (_report_with(lambda c, r: None, "run"), "same final weights"),
+    "report-other-settings-same-row": (_report_with(lambda c, r: None, "other"), "other settings (lr"),
+    "report-config-edited-algo": (_report_with(lambda c, r: edit_json(
+        r / "config.json", lambda d: d["config"].update(algo="fedprox"))), "algo 'fedprox'"),
+    "report-truncated-metrics": (_report_with(lambda c, r: (
+        shutil.copytree(c.base / "hess-final", r / "hessian"),
+        (r / "metrics.csv").write_text("\n".join((r / "metrics.csv").read_text().splitlines()[:2]) + "\n"))),
+        "metrics.csv stops at round 1"),
+    "clients-pt-of-other-run": (_clients_pt(lambda c, r: shutil.copy(c.base / "other" / "clients.pt", r / "clients.pt")),
+                                "another run"),
+    "clients-pt-more-clients": (_clients_pt(_clients_pt_more_clients), "8 client models"),
+    "checkpoint-spec-other-architecture": (_on_run("hessian", "--top", "1", "--no-trace", "--samples", "16",
+                                                   prepare=_spec_other_architecture(False)), "names 'mlp'"),
+    "checkpoint-spec-and-config-edited": (_on_run("hessian", "--top", "1", "--no-trace", "--samples", "16",
+                                                  prepare=_spec_other_architecture(True)), "changed after training"),
+    "checkpoint-weights-edited": (_on_run("hessian", "--top", "1", "--no-trace", "--samples", "16",
+                                          prepare=lambda c, r: edit_checkpoint(r / "final.pt", lambda p: p["state_dict"][
+                                              next(iter(p["state_dict"]))].mul_(2))), "weights were changed"),
+    "resume-with-other-flags": (lambda c: ["train", "--resume", str(c.copy_run()), "--lr", "5", "--rounds", "3",
+                                           "--quiet"], "--lr, --rounds"),
+    # ---- issue 29: data loss (locks through links, --force on a user's temporaries or a folder being written)
+    "lock-symlink-outside": (_lock_link("symlink"), "symbolic link"),
+    "lock-hardlink-outside": (_lock_link("hardlink"), "hard link"),
+    "force-user-hidden-tmp": (_force_user_hidden_tmp, ".notes.tmp"),
+    "force-sub-folder-locked": (_force_sub_folder_locked, "another flatfl process"),
     # ---- train: flag values that parse but are out of range
     "seed-negative": (_train("--seed", "-1"), "--seed"),
     "seed-2^32": (_train("--seed", str(2**32)), "--seed"),
@@ -483,6 +655,52 @@ def test_enough_cases():
     assert len(CASES) >= 60
 
 
+def _one_line_error(fn, fragment: str) -> str:
+    from flatfl.errors import FlatflError
+
+    with pytest.raises(FlatflError) as info:
+        fn()
+    text = str(info.value)
+    assert "\n" not in text and fragment in text, text
+    return text
+
+
+def test_own_data_checked_before_training(tmp_path):
+    """Issue 29: your own data through the Python API is checked before any training, each problem one line and
+    no run folder: a label beyond the network's outputs (one forward pass on one item), ragged items, non-finite
+    inputs, a label too large to count, a network that cannot take the inputs."""
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+
+    cfg = RunConfig(rounds=1, clients=2, batch_size=20, threads=1).validate()
+    x, y = torch.rand(60, 1, 8, 8), torch.arange(60) % 5  # 5 classes
+    net3 = nn.Sequential(nn.Flatten(), nn.Linear(64, 3))
+    run = tmp_path / "r"
+    _one_line_error(lambda: Trainer(cfg, run, dataset=TensorDataset(x, y), model=net3, quiet=True),
+                    "labels go up to 4 (5 classes) but your network has 3 outputs")
+    _one_line_error(lambda: Trainer(cfg, run, dataset=TensorDataset(x, y), quiet=True,
+                                    model=nn.Sequential(nn.Flatten(), nn.Linear(49, 5))),
+                    "your network cannot take the data's inputs")
+    ragged = [(torch.rand(1, 8, 8), 0), (torch.rand(1, 8, 7), 1)] * 10
+    _one_line_error(lambda: Trainer(cfg, run, dataset=ragged, quiet=True), "item 1 is (1, 8, 7)")
+    bad = x.clone()
+    bad[3, 0, 0, 0] = float("nan")
+    _one_line_error(lambda: Trainer(cfg, run, dataset=TensorDataset(bad, y), quiet=True), "NaN or infinite")
+    huge = y.clone()
+    huge[0] = 10**7
+    _one_line_error(lambda: Trainer(cfg, run, dataset=TensorDataset(x, huge), quiet=True), "below 100,000")
+    # BatchNorm1d and a client whose last batch is one sample (iid: 2 clients of 25 of the 50 training items, 2 of
+    # each class's 12 held out; batch 24 leaves 1)
+    bn = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 5))
+    iid = RunConfig(rounds=1, clients=2, batch_size=24, partition="iid", threads=1).validate()
+    _one_line_error(lambda: Trainer(iid, run, dataset=TensorDataset(x, y), model=bn, quiet=True),
+                    "its last batch has 1 sample")
+    assert not run.exists()
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_hostile_case(name, base, tmp_path, monkeypatch):
     setup, fragment = CASES[name]
@@ -581,3 +799,98 @@ def test_ctrl_c_while_torch_imports_is_held_back(tmp_path):
         done = subprocess.run([sys.executable, "-c", script, mode], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=120, preexec_fn=_ctrl_c_as_in_a_terminal)
         assert done.returncode == 0 and done.stdout.strip() == expected and not done.stderr.strip(), (mode, done)
+
+
+def test_other_model_factory_gets_a_notice(tmp_path, monkeypatch):
+    """Issue 29: ``--model-factory`` other than the one the checkpoint recorded is said aloud (the weights still
+    load when they fit); the recorded one, given again, is not."""
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+
+    monkeypatch.chdir(tmp_path)
+    code = "from torch import nn\n\ndef net():\n    return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))\n"
+    (tmp_path / "fac_i29a.py").write_text(code)
+    (tmp_path / "fac_i29b.py").write_text(code)
+    cfg = RunConfig(rounds=1, clients=2, batch_size=64, threads=1).validate()
+    final = Trainer(cfg, tmp_path / "r", model_factory="fac_i29a:net", quiet=True).run()
+    seen = {}
+    for factory in ("fac_i29b:net", "fac_i29a:net"):
+        r = CliRunner().invoke(main, ["hessian", str(final), "--model-factory", factory, "--top", "1", "--no-trace",
+                                      "--samples", "16", "--quiet", "--out", str(tmp_path / factory.split(":")[0])])
+        assert r.exit_code == 0, r.output
+        seen[factory] = r.stderr
+    assert "notice: --model-factory fac_i29b:net is not the factory" in seen["fac_i29b:net"]
+    assert "(fac_i29a:net)" in seen["fac_i29b:net"] and "notice" not in seen["fac_i29a:net"]
+
+
+def test_sweep_recomputes_a_result_of_other_weights(base, tmp_path):
+    """Issue 29: ``flatfl.runs.analyse_run`` (sweeps, reproductions) does not skip a hessian.json that measured
+    other weights (copied in with its manifest, newer than final.pt): it computes it again, of this run's weights."""
+    from flatfl.runs import analyse_run
+    from flatfl.utils.provenance import state_digest
+
+    run = tmp_path / "run"
+    shutil.copytree(base / "run", run)
+    shutil.copytree(base / "hess-other", run / "hessian")
+    os.utime(run / "hessian" / "hessian.json")  # newer than final.pt, as a fresh result would be
+    wanted = json.loads((run / "hessian" / "hessian.json").read_text())["settings"]
+    wanted = {k: wanted[k] for k in ("top", "trace", "samples")}
+    done = analyse_run(run, hessian=wanted)
+    assert done["hessian"] == "computed"
+    own = state_digest(torch.load(run / "final.pt", weights_only=True)["state_dict"])
+    assert json.loads((run / "hessian" / "hessian.json").read_text())["weights_sha256"] == own
+
+
+def test_killed_worker_fails_only_its_task(tmp_path, monkeypatch):
+    """Issue 29: a worker killed with SIGKILL (as the out-of-memory killer does) breaks the process pool; only the
+    task that kills its worker fails, in one line, and every other task finishes with its result."""
+    from flatfl.executors import LocalExecutor
+
+    (tmp_path / "killer_i29.py").write_text(
+        "import os, signal\n\n"
+        "def work(x):\n"
+        "    if x == 1:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return 10 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import killer_i29
+
+    outcomes = {o.index: o for o in LocalExecutor(2).map(killer_i29.work, [0, 1, 2, 3])}
+    assert sorted(outcomes) == [0, 1, 2, 3]
+    assert {i: o.result for i, o in outcomes.items() if o.ok} == {0: 0, 2: 20, 3: 30}
+    assert not outcomes[1].ok and "worker process died" in outcomes[1].error and "\n" not in outcomes[1].error
+    assert outcomes[1].details is None
+
+
+def test_resume_keeps_the_versions_of_earlier_rounds_and_report_shows_them(tmp_path, monkeypatch):
+    """Issue 29: a run resumed under other library versions keeps, in config.json, the versions its earlier rounds
+    were trained with and adds the resumption's under 'resumed'; the report then says that versions differ."""
+    from flatfl.report import build_report
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+
+    real = Trainer._checkpoint
+
+    def stop_after_round_1(self, rnd, final):
+        real(self, rnd, final)
+        if rnd == 1:
+            raise KeyboardInterrupt  # killed after round 1's checkpoint
+
+    monkeypatch.setattr(Trainer, "_checkpoint", stop_after_round_1)
+    run = tmp_path / "run"
+    cfg = RunConfig(model="tiny", rounds=2, clients=4, participation=1.0, local_epochs=1, batch_size=64,
+                    checkpoint_every=1, threads=1).validate()
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg, run, quiet=True).run()
+    monkeypatch.undo()
+    old_env = dict(json.loads((run / "config.json").read_text())["environment"], flatfl="0.0.9", torch="1.13.0")
+    edit_json(run / "config.json", lambda d: d.update(environment=old_env, flatfl_version="0.0.9"))
+    r = CliRunner().invoke(main, ["train", "--resume", str(run), "--quiet"])
+    assert r.exit_code == 0, r.output
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["environment"] == old_env and saved["flatfl_version"] == "0.0.9"
+    assert [e["from_round"] for e in saved["resumed"]] == [1]
+    assert saved["resumed"][0]["environment"]["torch"] == torch.__version__
+    summary = build_report([run], tmp_path / "rep")
+    assert any("different flatfl / torch versions" in n and "torch 1.13.0" in n and "training from round 1" in n
+               for n in summary["notices"]), summary["notices"]

@@ -249,6 +249,9 @@ def test_a_checkpoint_cannot_name_code_outside_the_current_directory(run, tmp_pa
     shutil.copy(run / "final.pt", ckpt)
     payload = torch.load(ckpt, weights_only=True)
     payload["model_spec"] = dict(payload["model_spec"], name="custom", factory="evil_factory_mod:make")
+    from flatfl.utils.provenance import json_digest
+
+    payload["model_spec_sha256"] = json_digest(payload["model_spec"])  # a forger updates the spec's digest too
     torch.save(payload, ckpt)
     for argv in (["hessian", ckpt, "--out", work / "h"], ["surface", ckpt, "--out", work / "s"]):
         r = cli(*argv)

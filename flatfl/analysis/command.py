@@ -9,7 +9,6 @@ round, weights digest, network, dataset, parameter count) and :func:`versions` t
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from ..errors import ConfigError
 from ..utils.device import resolve_device
 from ..utils.io import atomic_write_many, json_safe
+from ..utils.provenance import settings_digest, state_digest
 
 __all__ = ["AnalysisCommand", "check_out_folder", "progress_bar", "versions", "weights_digest", "json_text",
            "write_result"]
@@ -34,13 +34,9 @@ def check_out_folder(out) -> Path:
 
 
 def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 of a model's parameters and buffers (names, shapes and values): what a derived result came from."""
-    h = hashlib.sha256()
-    for name, t in list(model.state_dict().items()):
-        t = t.detach().to("cpu").contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
-        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
-    return h.hexdigest()
+    """sha256 of a model's parameters and buffers (names, shapes and values): what a derived result came from
+    (:func:`flatfl.utils.provenance.state_digest` of its state dict)."""
+    return state_digest(model.state_dict())
 
 
 def versions() -> dict:
@@ -97,12 +93,14 @@ class AnalysisCommand:
         return f"{self.checkpoint.model_spec.get('name')}, round {self.checkpoint.round}"
 
     def header(self, *, digest: str | None = None, network_key: str = "model", num_params: int | None = None) -> dict:
-        """checkpoint, round, weights_sha256 (when ``digest`` is given), the network's name (under
-        ``network_key``), dataset and parameter count, in that order."""
+        """The provenance record every result file starts with: checkpoint, round, weights_sha256 (``digest``, else
+        computed), the run's settings digest (``run_settings_sha256``, :func:`flatfl.utils.provenance.settings_digest`
+        of the checkpoint's config), the network's name (under ``network_key``), dataset and parameter count, in
+        that order (:func:`versions` gives the flatfl and torch versions the file ends with)."""
         ckpt = self.checkpoint
-        head = {"checkpoint": str(ckpt.path), "round": ckpt.round}
-        if digest is not None:
-            head["weights_sha256"] = digest
+        head = {"checkpoint": str(ckpt.path), "round": ckpt.round,
+                "weights_sha256": digest if digest is not None else weights_digest(ckpt.model),
+                "run_settings_sha256": settings_digest(ckpt.config)}
         head[network_key] = ckpt.model_spec.get("name")
         head["dataset"] = ckpt.dataset_name
         head["num_params"] = ckpt.num_params if num_params is None else num_params

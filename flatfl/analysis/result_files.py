@@ -33,7 +33,12 @@ HESSIAN_FIELDS = {"checkpoint": (str,), "round": (int,), "weights_sha256": (str,
                   "density": (dict,), "settings": (dict,), "clients": (dict,)}
 CLIENTS_FIELDS = {"protocol": (str,), "H_N": _NUMBER, "H_D": _NUMBER, "H_N_stderr": _NUMBER, "H_D_stderr": _NUMBER,
                   "settings": (dict,), "round": (int,), "weights_sha256": (str,), "checkpoint": (str,)}
-SURFACE_FIELDS = {"settings": (dict,), "checkpoint": (str,), "round": (int,)}
+SURFACE_FIELDS = {"settings": (dict,), "checkpoint": (str,), "round": (int,), "weights_sha256": (str,)}
+# the provenance record of every result file (flatfl.analysis.command.AnalysisCommand.header, versions)
+PROVENANCE_FIELDS = {"weights_sha256": (str,), "run_settings_sha256": (str,), "round": (int,),
+                     "flatfl_version": (str,), "torch_version": (str,)}
+for _fields in (HESSIAN_FIELDS, CLIENTS_FIELDS, SURFACE_FIELDS):
+    _fields.update({k: v for k, v in PROVENANCE_FIELDS.items() if k not in _fields})
 
 
 def clients_file(protocol: str, kind: str = "json") -> str:
@@ -51,7 +56,7 @@ def read_result_file(path, what: str = "a flatfl result", fields: Mapping[str, t
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply
         raise ResultFileError(f"{path} is not readable JSON; {hint}") from None
     if not isinstance(data, dict):
         raise ResultFileError(f"{path} is not {what}; {hint}")

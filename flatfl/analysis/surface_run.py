@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import CheckpointError, ConfigError
 from ..utils.lock import locks_output
 from ..utils.surface_settings import SurfaceSettings
-from .command import AnalysisCommand, progress_bar, versions
+from .command import AnalysisCommand, progress_bar, versions, weights_digest
 from .directions import directions_from_eigenvector_file, hessian_directions, random_directions
 from .figures import surface_figures
 from .surface import grid_coordinates, loss_surface
@@ -64,6 +64,7 @@ def run_surface(
                                model_factory=model_factory, device_check=device_check)
     out, ckpt = cmd.out, cmd.checkpoint
     model = ckpt.model
+    digest = weights_digest(model)  # before the grid moves the weights
     batches = ckpt.eval_batches(split=split, samples=samples, batch_size=batch_size, seed=seed)
     fingerprint = {
         "checkpoint": str(ckpt.path.resolve()), "round": ckpt.round, "weights_sha1": weights_sha1(model),
@@ -107,7 +108,7 @@ def run_surface(
                               samples=sum(len(y) for _, y in batches), split=split)
     centre = len(result.xs) // 2 if len(result.xs) % 2 else None
     summary = {
-        **cmd.header(), "num_samples": sum(len(y) for _, y in batches),
+        **cmd.header(digest=digest), "num_samples": sum(len(y) for _, y in batches),
         "directions": info, "grid": int(grid), "range": float(radius),
         "loss_at_origin": float(result.loss[centre, centre]) if centre is not None else None,
         "accuracy_at_origin": float(result.accuracy[centre, centre]) if centre is not None else None,

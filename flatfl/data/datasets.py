@@ -21,6 +21,9 @@ __all__ = ["DATASETS", "ImageDataset", "as_image_dataset", "dataset_payload", "l
 CUSTOM_DATA_FORMAT = "flatfl-data"
 
 
+MAX_CLASSES = 100_000  # class indices a data set may use (each is a network output and a label-count column)
+
+
 def _stack(data, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, labels) of a TensorDataset, a pair of tensors/arrays, or any map-style dataset of (input, label)."""
     tensors = getattr(data, "tensors", None)
@@ -39,8 +42,21 @@ def _stack(data, what: str) -> tuple[torch.Tensor, torch.Tensor]:
             raise ConfigError(f"{what} is empty")
         if not all(isinstance(it, (tuple, list)) and len(it) >= 2 for it in items):
             raise ConfigError(f"{what}: every item must be an (image, label) pair")
-        x = torch.stack([torch.as_tensor(np.asarray(it[0]) if not torch.is_tensor(it[0]) else it[0]) for it in items])
-        y = torch.as_tensor([int(it[1]) for it in items])
+        try:
+            inputs = [torch.as_tensor(np.asarray(it[0]) if not torch.is_tensor(it[0]) else it[0]) for it in items]
+        except Exception as e:
+            raise ConfigError(f"{what}: an item's image is not an array of numbers ({type(e).__name__})") from None
+        shapes = {tuple(t.shape) for t in inputs}
+        if len(shapes) > 1:
+            first = tuple(inputs[0].shape)
+            k = next(i for i, t in enumerate(inputs) if tuple(t.shape) != first)
+            raise ConfigError(f"{what}: items have different shapes (item 0 is {first}, item {k} is "
+                              f"{tuple(inputs[k].shape)}); every image must have one shape")
+        x = torch.stack(inputs)
+        try:
+            y = torch.as_tensor([int(it[1]) for it in items])
+        except (TypeError, ValueError, OverflowError, RuntimeError):
+            raise ConfigError(f"{what}: every label must be one integer class index") from None
     x, y = torch.as_tensor(x), torch.as_tensor(y)
     if y.dim() != 1 or len(y) != len(x):
         raise ConfigError(f"{what}: need one integer label per input, got inputs {tuple(x.shape)} and labels "
@@ -50,6 +66,11 @@ def _stack(data, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     y = y.to(torch.int64)
     if len(y) and int(y.min()) < 0:
         raise ConfigError(f"{what}: labels must be class indices >= 0")
+    if len(y) and int(y.max()) >= MAX_CLASSES:
+        raise ConfigError(f"{what}: a label is {int(y.max())}; class indices must be below {MAX_CLASSES:,} (one "
+                          "output and one column of every client's label counts per class)")
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ConfigError(f"{what}: the inputs hold NaN or infinite values")
     if x.dim() == 3:  # (N, H, W) grey images
         x = x.unsqueeze(1)
     if x.dtype != torch.uint8:
@@ -80,6 +101,8 @@ def as_image_dataset(train, test=None, *, num_classes: int | None = None, name: 
         x, y, tx, ty = x[tr], y[tr], x[te], y[te]
     k = int(max(int(y.max()), int(ty.max()) if len(ty) else 0)) + 1
     if num_classes is not None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= MAX_CLASSES:
+            raise ConfigError(f"num_classes must be an integer from 1 to {MAX_CLASSES:,}, got {num_classes!r}")
         if num_classes < k:
             raise ConfigError(f"num_classes={num_classes} but a label is {k - 1}")
         k = int(num_classes)
@@ -116,6 +139,33 @@ def dataset_payload(ds: ImageDataset) -> dict:
             "std": list(ds.std), "max_value": float(ds.max_value), "class_names": list(ds.class_names)}
 
 
+def check_saved_dataset(d: dict, path) -> None:
+    """A data.pt's fields by type and range: the four tensors (inputs of one shape, integer labels), a class count
+    up to :data:`MAX_CLASSES` and every label below it; a DatasetError line naming the field otherwise."""
+    from ..errors import DatasetError
+
+    for key in ("train_x", "train_y", "test_x", "test_y"):
+        if not isinstance(d.get(key), torch.Tensor):
+            raise DatasetError(f"{path} is a damaged flatfl data file ({key} is not a tensor)")
+    k = d.get("num_classes")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_CLASSES:
+        raise DatasetError(f"{path} is a damaged flatfl data file (num_classes {k!r} is not an integer from 1 to "
+                           f"{MAX_CLASSES:,})")
+    for split in ("train", "test"):
+        x, y = d[f"{split}_x"], d[f"{split}_y"]
+        if y.dim() != 1 or y.is_floating_point() or y.is_complex() or len(y) != len(x):
+            raise DatasetError(f"{path} is a damaged flatfl data file ({split}_y is not one integer label per input)")
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= k):
+            raise DatasetError(f"{path}: a {split} label is {int(y.min()) if int(y.min()) < 0 else int(y.max())}, "
+                               f"outside the data set's {k} classes (0 to {k - 1})")
+    if tuple(d["train_x"].shape[1:]) != tuple(d["test_x"].shape[1:]):
+        raise DatasetError(f"{path} is a damaged flatfl data file (train and test inputs differ in shape)")
+    for key, kind in (("mean", (list, tuple)), ("std", (list, tuple)), ("max_value", (int, float)),
+                      ("class_names", (list, tuple)), ("name", (str,))):
+        if isinstance(d.get(key), bool) or not isinstance(d.get(key), kind):
+            raise DatasetError(f"{path} is a damaged flatfl data file ({key} is {type(d.get(key)).__name__})")
+
+
 def load_saved_dataset(path: str | Path) -> ImageDataset:
     """Read the ``data.pt`` a run on a custom dataset saved (tensors only, no code executed)."""
     from ..errors import DatasetError
@@ -129,6 +179,7 @@ def load_saved_dataset(path: str | Path) -> ImageDataset:
         raise DatasetError(f"{path} is not a readable flatfl data file (corrupt or truncated)") from None
     if not isinstance(d, dict) or d.get("format") != CUSTOM_DATA_FORMAT:
         raise DatasetError(f"{path} is not a flatfl data file")
+    check_saved_dataset(d, path)
     return ImageDataset(name=d["name"], train_x=d["train_x"], train_y=d["train_y"], test_x=d["test_x"],
                         test_y=d["test_y"], num_classes=int(d["num_classes"]), mean=tuple(d["mean"]),
                         std=tuple(d["std"]), max_value=float(d["max_value"]), class_names=list(d["class_names"]))

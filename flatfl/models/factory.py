@@ -38,6 +38,12 @@ def model_from_factory(spec: str) -> nn.Module:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigError(f"--model-factory {spec}: cannot import {module_name!r} ({e})") from None
+    except SyntaxError as e:
+        raise ConfigError(f"--model-factory {spec}: {module_name!r} has a syntax error ({os.path.basename(e.filename or '?')} "
+                          f"line {e.lineno}: {e.msg})") from None
+    except Exception as e:  # the module raised while it was imported
+        raise ConfigError(f"--model-factory {spec}: importing {module_name!r} failed: {type(e).__name__}: "
+                          f"{str(e)[:160]}") from None
     target = module
     for part in func_name.split("."):
         target = getattr(target, part, None)

@@ -44,6 +44,8 @@ from .tables import (
     find_run_dirs,
     incomparable_notes,
     load_run,
+    check_runs_belong_together,
+    version_notices,
     matching_tables,
     model_for,
     paper_values,
@@ -541,6 +543,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
         raise ConfigError(f"--out {out} exists and is not a directory")
     run_dirs = find_run_dirs(paths)
     records = [load_run(d) for d in run_dirs]
+    check_runs_belong_together(records)
     specs = tables_for(tables) if tables else [TABLES[k] for k in matching_tables(records)]
     settings_ok = _settings_ok(asked)
 
@@ -568,6 +571,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
                        + "; only analyses made with them are used")
     sample_notes = _sample_notices(records)
     notices += sample_notes
+    notices += version_notices(records)
     missing = []
     for rec in records:
         need = _needs(rec, specs)

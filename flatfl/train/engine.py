@@ -30,6 +30,7 @@ from ..errors import ConfigError, DivergenceError
 from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
 from ..utils.device import resolve_device
 from ..utils.environment import environment
+from ..utils.provenance import settings_digest
 from .algorithms.base import Algorithm, weighted_mean
 from ..checkpoint import FINAL_FILE, save_checkpoint, save_clients_average
 from .catalog import load_all
@@ -166,6 +167,7 @@ class Trainer:
                                 in_channels=self.ds.in_channels, image_size=self.ds.image_size, **cfg.model_args)
         else:
             model = copy.deepcopy(model)
+            _check_model_fits_data(model, self.ds)  # your network on your data: one item, before any training
         if getattr(model, "flatfl_spec", None):
             self.model_spec = dict(model.flatfl_spec)
         else:
@@ -173,6 +175,7 @@ class Trainer:
 
             self.model_spec = {"name": "custom", "kwargs": {}, "custom": True, "class": describe_model_class(model),
                                "factory": None if model_factory is None else check_factory_name(model_factory)}
+        _check_no_batch_of_one(model, self.partition.sizes, cfg.batch_size)
         self.algo_cls = ALGORITHMS.get_class(cfg.algo)
         self.reg_cls = REGULARIZERS.get_class(cfg.reg)
         self.opt_cls = LOCAL_OPTIMIZERS.get_class(self.algo_cls.local_optimizer(cfg.local_opt))
@@ -489,10 +492,16 @@ class Trainer:
         d.mkdir(parents=True, exist_ok=True)
         cfg = self.cfg.to_dict()
         cfg["out"] = str(d)
-        atomic_write_json(d / "config.json", {"flatfl_version": __version__, "config": cfg,
-                                              "model": self.model_spec, "resolved": self.resolved,
-                                              "dataset": self._dataset_info(), "environment": environment(),
-                                              **({"tracking": self.observer.settings} if self.observer else {})})
+        record = {"flatfl_version": __version__, "config": cfg, "model": self.model_spec, "resolved": self.resolved,
+                  "dataset": self._dataset_info(), "environment": environment(),
+                  **({"tracking": self.observer.settings} if self.observer else {})}
+        earlier = _saved_run_info(d) if self.start_round > 0 else {}
+        if isinstance(earlier.get("environment"), dict):
+            # a resumed run keeps the versions its earlier rounds were trained with; each resumption is added
+            resumed = earlier.get("resumed") if isinstance(earlier.get("resumed"), list) else []
+            record.update(flatfl_version=earlier.get("flatfl_version", __version__), environment=earlier["environment"],
+                          resumed=resumed + [{"from_round": self.start_round, "environment": environment()}])
+        atomic_write_json(d / "config.json", record)
         if self.custom_data and not (d / CUSTOM_DATA_FILE).is_file():
             from ..data.datasets import dataset_payload
 
@@ -554,7 +563,8 @@ class Trainer:
         (d / "checkpoints").mkdir(exist_ok=True)
         save_checkpoint(d / "checkpoints" / f"round_{rnd:04d}.pt", payload)
         if self.cfg.save_clients:
-            atomic_torch_save({"round": rnd, "params": self.latest.cpu(),
+            atomic_torch_save({"round": rnd, "run_settings_sha256": settings_digest(payload["config"]),
+                               "params": self.latest.cpu(),
                                "buffers": {k: v.cpu() for k, v in self.latest_buffers.items()},
                                "num_samples": torch.as_tensor(self.partition.sizes)}, d / "clients.pt")
         state = {
@@ -603,7 +613,7 @@ class Trainer:
 def _saved_run_info(run_dir: Path) -> dict:
     try:
         info = json.loads((run_dir / "config.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return info if isinstance(info, dict) else {}
 
@@ -633,6 +643,47 @@ def read_run_config(run_dir: str | Path) -> RunConfig:
     except Exception:
         raise ConfigError(f"--resume: {f} is corrupt") from None
     return cfg.validate()
+
+
+def _check_no_batch_of_one(model: torch.nn.Module, sizes, batch_size: int) -> None:
+    """BatchNorm1d (one value per channel and sample) cannot train on a batch of one sample: refuse, before
+    training, a client whose data leaves a last batch of 1 (n mod B == 1), naming the client and what to change.
+    (BatchNorm2d averages over the image too, so a batch of one image trains.)"""
+    if not any(isinstance(m, torch.nn.BatchNorm1d) for m in model.modules()):
+        return
+    for k, n in enumerate(int(x) for x in sizes):
+        if n % batch_size == 1:
+            raise ConfigError(f"client {k} holds {n} samples: with --batch-size {batch_size} its last batch has 1 "
+                              "sample, on which the network's BatchNorm cannot train; choose another --batch-size or "
+                              "--clients")
+
+
+def _check_model_fits_data(model: torch.nn.Module, ds) -> None:
+    """One forward pass of one training item through the user's network (eval mode, no gradient, the random
+    generators untouched): a network that cannot take the inputs, or has fewer outputs than the data has classes,
+    is one ConfigError line now instead of a torch error mid-training."""
+    param = next(iter(model.parameters()), None)
+    x = ds.normalize(ds.train_x[:1])
+    if param is not None:
+        x = x.to(device=param.device, dtype=param.dtype if param.is_floating_point() else x.dtype)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            out = model(x)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+        raise ConfigError(f"your network cannot take the data's inputs (one item of shape {tuple(x.shape[1:])}): "
+                          f"{type(e).__name__}: {reason}") from None
+    finally:
+        model.train(was_training)
+    if isinstance(out, torch.Tensor):
+        if out.dim() != 2 or out.shape[0] != 1:
+            raise ConfigError(f"your network returns shape {tuple(out.shape)} for one item; it must return one row "
+                              "of class scores per input (batch, classes)")
+        if out.shape[1] < ds.num_classes:
+            raise ConfigError(f"the data's labels go up to {ds.num_classes - 1} ({ds.num_classes} classes) but your "
+                              f"network has {out.shape[1]} outputs")
 
 
 def _check_spec_rebuilds(model, spec: dict, algo: str, reg: str) -> None:

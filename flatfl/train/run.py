@@ -18,6 +18,10 @@ def default_run_dir(cfg) -> Path:
     return Path("runs") / f"{cfg.dataset}-{cfg.algo}{opt}{reg}-{part}-s{cfg.seed}"
 
 
+# what --resume accepts beside it: how fast it runs (every other setting is the run's, in its config.json)
+RESUME_FLAGS = ("threads",)
+
+
 def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=False, opts=None,
                        observer_for=None) -> Path:
     """``observer_for(cfg)``: the run's observer (see :class:`~flatfl.train.engine.Trainer`) or None; the command
@@ -27,6 +31,11 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
     from ..utils.threads import apply_threads
 
     if resume_dir is not None:
+        given = sorted(f"--{k.replace('_', '-')}" for k, v in opts.items() if v is not None and k not in RESUME_FLAGS)
+        given = (["--config"] if config_file else []) + (["--force"] if force else []) + given
+        if given:
+            raise ConfigError(f"--resume continues {resume_dir} with the settings it started with; {', '.join(given)} "
+                              "would be ignored: leave them out (or start a new run with another --out)")
         cfg = read_run_config(resume_dir)
         apply_threads(opts.get("threads") if opts.get("threads") is not None else cfg.threads)
         with folder_lock(resume_dir):
@@ -63,17 +72,30 @@ def _clear_run_dir(run_dir: Path) -> None:
     if not is_flatfl_run(run_dir):
         raise ConfigError(f"--force: {run_dir} is not a flatfl run directory (no flatfl config.json); "
                           "refusing to delete it")
+    import contextlib
+    import os
+
     foreign = foreign_files(run_dir, legacy_run=True)
     if foreign:
         raise ConfigError(f"--force: {run_dir} holds {len(foreign)} file(s) flatfl did not write "
                           f"(e.g. {foreign[0].relative_to(run_dir)}); refusing to delete it")
-    for p in run_dir.iterdir():
-        if p.name == LOCK_NAME:
-            continue
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
+    with contextlib.ExitStack() as held:
+        # a sub-folder another flatfl process is writing (hessian --out RUN/hessian) is never deleted under it:
+        # its lock is taken here for the deletion, and a held one refuses (nothing deleted)
+        for root, dirs, files in os.walk(run_dir):
+            dirs[:] = [d for d in dirs if not (Path(root) / d).is_symlink()]
+            if Path(root) != run_dir and LOCK_NAME in files:
+                try:
+                    held.enter_context(folder_lock(root))
+                except ConfigError as e:
+                    raise ConfigError(f"--force: {e}; refusing to delete {run_dir}") from None
+        for p in run_dir.iterdir():
+            if p.name == LOCK_NAME:
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
 
 
 def describe_partition(dataset, data_dir, method, alpha, clients, seed, run_dir=None) -> str:

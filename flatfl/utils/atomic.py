@@ -5,9 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+
+# the names of the temporary files staged_file (and flatfl.utils.io) write: '.NAME.PID.XXXXXXXX.tmp', where
+# XXXXXXXX are tempfile.mkstemp's eight characters; nothing else is ever a flatfl temporary
+TEMPORARY_NAME = re.compile(r"^\..+\.(\d+)\.[a-z0-9_]{8}\.tmp$")
+
+
+def temporary_writer(name: str) -> int | None:
+    """The process id in a flatfl temporary's name ('.NAME.PID.XXXXXXXX.tmp'); None for any other name (a user's
+    '.notes.tmp' included)."""
+    m = TEMPORARY_NAME.match(name)
+    return int(m.group(1)) if m else None
 
 
 def file_mode() -> int:

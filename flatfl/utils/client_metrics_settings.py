@@ -12,6 +12,10 @@ from .values import check_seed
 PROTOCOLS = ("default", "fedalign")
 
 
+MAX_PROBES = 100_000  # probes per client (each one Hessian-vector product)
+MAX_GROUPS = 1000  # jackknife groups: one stored vector of the model's size per group and client
+
+
 @dataclass(frozen=True)
 class ClientMetricsSettings(Settings):
     """Every keyword of ``run_client_metrics`` but ``quiet`` and ``replace``; the field defaults are the defaults
@@ -37,8 +41,13 @@ class ClientMetricsSettings(Settings):
         least = 4 if self.protocol == "default" else 2
         if isinstance(self.probes, bool) or not isinstance(self.probes, int) or self.probes < least:
             raise ConfigError(f"--probes must be at least {least} for the {self.protocol} protocol, got {self.probes}")
+        if self.probes > MAX_PROBES:
+            raise ConfigError(f"--probes must be at most {MAX_PROBES}, got {self.probes}")
         if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 2:
             raise ConfigError(f"--groups must be an integer >= 2, got {self.groups}")
+        if self.groups > MAX_GROUPS:
+            raise ConfigError(f"--groups must be at most {MAX_GROUPS} (one stored vector of the model's size per "
+                              f"group), got {self.groups}")
         check_kinds(self, (("samples", int, True), ("batch_size", int, True), ("model_factory", str, True)))
         if self.samples is not None and self.samples <= 0:
             raise ConfigError(f"--samples must be a positive integer, got {self.samples}")

@@ -68,6 +68,11 @@ class HessianSettings(Settings):
             raise ConfigError(f"--trace-rtol must be positive, got {self.trace_rtol}")
         if self.density_steps < 1 or self.density_starts < 1:
             raise ConfigError("--density-steps and --density-starts must be >= 1")
+        if self.density_starts > MAX_DENSITY_STARTS:
+            raise ConfigError(f"--density-starts must be at most {MAX_DENSITY_STARTS}, got {self.density_starts}")
+        if self.density_steps > MAX_DENSITY_STEPS:
+            raise ConfigError(f"--density-steps must be at most {MAX_DENSITY_STEPS} (one stored Lanczos vector per "
+                              f"step), got {self.density_steps}")
         if self.split not in SPLITS:
             raise unknown_name("split", self.split, SPLITS)
         if self.samples is not None and self.samples <= 0:
@@ -80,6 +85,12 @@ class HessianSettings(Settings):
         if self.save_eigenvectors and self.top < 1:
             raise ConfigError("--save-eigenvectors needs --top >= 1")
         return self
+
+
+# bounds on the sizes a user sets, checked before anything is allocated (each stored vector has the model's size;
+# --top is bounded by the parameter count once the checkpoint is read)
+MAX_DENSITY_STEPS = 10_000
+MAX_DENSITY_STARTS = 1000
 
 
 # (field, type, None allowed); device and data_dir are checked where they are used (a torch.device, a Path)

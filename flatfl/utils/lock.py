@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import time
+import stat
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import ConfigError
+from .atomic import temporary_writer
 
 try:
     import fcntl
@@ -24,7 +24,6 @@ except ImportError:  # pragma: no cover - Windows
 
 LOCK_NAME = ".flatfl.lock"
 _held: dict[str, list] = {}  # resolved folder -> [fd, count]
-_TMP = re.compile(r"^\..+\.(\d+)\.[a-z0-9_]{8}\.tmp$")  # flatfl.utils.io's names: .NAME.PID.XXXXXXXX.tmp
 
 
 def pid_alive(pid: int) -> bool:
@@ -57,9 +56,8 @@ def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
         except OSError:
             continue
         for p in entries:
-            m = _TMP.match(p.name)
-            if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))) and p.is_file() \
-                    and not p.is_symlink():
+            pid = temporary_writer(p.name)
+            if pid is not None and pid != os.getpid() and not pid_alive(pid) and p.is_file() and not p.is_symlink():
                 with contextlib.suppress(OSError):
                     p.unlink()
                     removed.append(p)
@@ -74,11 +72,34 @@ def _holder(lock: Path) -> str:
     return f"pid {pid}" if pid.isdigit() else "another process"
 
 
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def _open_lock(lock: Path, extra: int = 0) -> int:
+    """Open (or create) the lock file without following a link and without truncating anything; refuse a lock
+    'file' that is a link, a device, a pipe or a hard link to another file (its PID would overwrite that file)."""
+    try:
+        fd = os.open(lock, _OPEN_FLAGS | extra, 0o666)
+    except OSError as e:
+        if lock.is_symlink():
+            raise ConfigError(f"{lock} is a symbolic link; flatfl does not follow it (it would write into the file "
+                              "it points to): remove it") from None
+        if isinstance(e, FileExistsError):
+            raise
+        raise ConfigError(f"cannot open the lock file {lock}: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        what = "a hard link to another file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+        raise ConfigError(f"{lock} is {what}; flatfl will not write its process id into it: remove it")
+    return fd
+
+
 def _acquire(folder: Path) -> int:
     lock = folder / LOCK_NAME
     for _ in range(20):
         if fcntl is not None:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = _open_lock(lock)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -94,7 +115,7 @@ def _acquire(folder: Path) -> int:
                 continue
         else:  # pragma: no cover - exercised on Windows only
             try:
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+                fd = _open_lock(lock, os.O_EXCL)
             except FileExistsError:
                 text = _holder(lock)
                 if text.startswith("pid ") and not pid_alive(int(text[4:])):
@@ -103,7 +124,7 @@ def _acquire(folder: Path) -> int:
                     continue
                 raise ConfigError(f"{folder} is being written by another flatfl process ({text}); "
                                   "wait for it to finish or choose another --out") from None
-        os.ftruncate(fd, 0)
+        os.ftruncate(fd, 0)  # only now, the lock held: the file is ours (no link, no other name)
         os.write(fd, f"{os.getpid()}\n".encode())
         return fd
     raise ConfigError(f"cannot lock {folder}: its lock file keeps changing")  # pragma: no cover

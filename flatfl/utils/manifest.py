@@ -16,7 +16,7 @@ MANIFEST = ".flatfl-manifest.json"
 def _read(folder: Path) -> dict:
     try:
         data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {"format": "flatfl-manifest", "files": []}
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         return {"format": "flatfl-manifest", "files": []}
@@ -102,27 +102,28 @@ def is_flatfl_run(folder: str | os.PathLike) -> bool:
     """A folder whose config.json carries flatfl's header (``flatfl_version`` and a ``config`` table)."""
     try:
         data = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and "flatfl_version" in data and isinstance(data.get("config"), dict)
 
 
 def foreign_files(folder: str | os.PathLike, legacy_run: bool = False) -> list[Path]:
-    """Files under ``folder`` that flatfl did not write (not in their folder's manifest). With ``legacy_run``, the
-    fixed names of a run folder written before manifests existed count as flatfl's."""
+    """Files under ``folder`` that flatfl did not write (not in their folder's manifest; flatfl's own temporaries,
+    '.NAME.PID.XXXXXXXX.tmp' exactly, excepted, a user's '.notes.tmp' not). With ``legacy_run``, the fixed names of
+    a run folder written before manifests existed count as flatfl's."""
     import re
 
+    from .atomic import temporary_writer
     from .lock import LOCK_NAME
 
     folder = Path(folder)
-    tmp = re.compile(r"^\..+\.tmp$")
     out = []
     for root, dirs, files in os.walk(folder):
         here = Path(root)
         mine = owned_names(here)
         for name in files:
             rel = (here / name).relative_to(folder)
-            if name in mine or name in (MANIFEST, LOCK_NAME) or tmp.match(name):
+            if name in mine or name in (MANIFEST, LOCK_NAME) or temporary_writer(name) is not None:
                 continue
             if legacy_run and (str(rel) in LEGACY_RUN_FILES
                                or re.fullmatch(r"checkpoints/round_\d+\.pt", rel.as_posix())):

@@ -15,12 +15,21 @@ DIRECTION_KINDS = ("random", "hessian")
 SPLITS = ("train", "test")
 
 
+MAX_GRID = 1001  # points per axis: about 10^6 losses
+MAX_RANGE = 1e4  # half-width of the square; beyond, the perturbed weights overflow float32
+
+
 def check_grid(grid, radius) -> None:
     """A ``grid x grid`` square of half-width ``radius``: an integer >= 2 and a positive finite number."""
     if isinstance(grid, bool) or not isinstance(grid, numbers.Integral) or grid < 2:
         raise ConfigError(f"--grid must be an integer >= 2 (points per axis), got {grid!r}")
+    if grid > MAX_GRID:
+        raise ConfigError(f"--grid must be at most {MAX_GRID} points per axis ({MAX_GRID ** 2:,} losses), got {grid}")
     if isinstance(radius, bool) or not (isinstance(radius, numbers.Real) and math.isfinite(radius) and radius > 0):
         raise ConfigError(f"--range must be a positive number, got {radius!r}")
+    if radius > MAX_RANGE:
+        raise ConfigError(f"--range must be at most {MAX_RANGE:g} (filter-normalised directions: 1 moves each "
+                          f"filter by its own norm), got {radius!r}")
 
 
 def check_workers(workers) -> None:
