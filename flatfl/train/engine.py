@@ -119,7 +119,7 @@ class Trainer:
             raise ConfigError(f"{self.run_dir} was trained on a custom dataset that was not saved with it: resume it "
                               "from Python, Trainer(cfg, run_dir, resume=True, dataset=...)")
         self.ds = as_image_dataset(dataset, test_dataset) if dataset is not None else \
-            load_dataset(cfg.dataset, cfg.data_dir)
+            load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
         self.custom_data = self.ds.name.lower().replace("-", "").replace("_", "") not in DATASETS
         self.augment = cfg.augment if cfg.augment is not None else self.ds.augment_default
         labels = self.ds.train_y.numpy()
