@@ -44,7 +44,7 @@ METRIC_COLUMNS = ["round", "lr", "clients", "local_loss", "train_loss", "train_a
                   "all_test_loss", "all_test_acc", "seconds"]
 CACHE_LIMIT_BYTES = 1 << 30  # normalised copies of a split are kept in memory below this size
 # settings that may differ between the start of a run and its resumption (they do not change what is computed)
-RESUME_FREE_SETTINGS = ("out", "device", "data_dir", "threads", "eval_batch_size", "parallel_clients")
+RESUME_FREE_SETTINGS = ("out", "device", "data_dir", "download", "threads", "eval_batch_size", "parallel_clients")
 
 
 def comparable_settings(cfg: RunConfig) -> dict:
