@@ -181,8 +181,11 @@ Examples:
 
 @main.command(cls=TrainCommand, epilog=TRAIN_EPILOG)
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML or YAML file of settings; command-line values win.")
-@click.option("--dataset", help="digits (embedded, default) | cifar10 | cifar100 | tinyimagenet | emnist")
-@click.option("--data-dir", help="folder holding the dataset files (default ./data)")
+@click.option("--dataset", help="digits (embedded, default) | cifar10 | cifar100 | tinyimagenet | emnist | fashion-mnist")
+@click.option("--data-dir", help="folder holding the dataset files (default ./data; Fashion-MNIST: then Debian's "
+              "/usr/share/datasets/fashion-mnist)")
+@click.option("--download/--no-download", default=None, help="fetch missing dataset files (default: yes, except "
+              "Fashion-MNIST, whose usual source is 'apt-get install dataset-fashion-mnist')")
 @click.option("--model", help="model name (default: the dataset's; see 'flatfl models')")
 @click.option("--augment/--no-augment", default=None, help="flip + padded-crop augmentation (default: on for CIFAR/Tiny-ImageNet)")
 @click.option("--partition", type=NameChoice(["dirichlet", "fedml-dirichlet", "iid"], kind="partition"), help="client split (default dirichlet)")
@@ -528,8 +531,8 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 
 @main.command(epilog=REPRODUCE_EPILOG)
 @click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"), metavar="TARGET")
-@click.option("--preset", type=NameChoice(["quick", "paper", "tiny"], kind="preset"), default="quick", show_default=True,
-              help="quick: digits on a CPU; paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
+@click.option("--preset", type=NameChoice(["quick", "fmnist", "paper", "tiny"], kind="preset"), default="quick", show_default=True,
+              help="quick: digits on a CPU; fmnist: Fashion-MNIST on a CPU (<= 1 h on 2 cores); paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None, help="run folder (default runs/reproduce-<preset>)")
 @click.option("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default: 0,1,2 for quick, 0 for paper and tiny)")

@@ -73,10 +73,10 @@ from .sweep import SECTION_SETTINGS, RunTask, run_tasks
 __all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method", "PaperTable",
            "tables_of"]
 
-PRESETS = ("tiny", "quick", "paper")
+PRESETS = ("tiny", "quick", "fmnist", "paper")
 #: seeds when ``--seeds`` is not given: the quick preset's tables show mean +- sd over three seeds; one paper run
 #: takes GPU-days; tiny is for tests
-DEFAULT_SEEDS = {"tiny": (0,), "quick": (0, 1, 2), "paper": (0,)}
+DEFAULT_SEEDS = {"tiny": (0,), "quick": (0, 1, 2), "fmnist": (0, 1, 2), "paper": (0,)}
 #: torch threads per run when ``--threads`` is not given: fixed, not taken from the machine's load, because the
 #: thread count changes the order of floating-point sums and so the numbers (see README, "Reproducing")
 REPRODUCE_THREADS = 1
@@ -134,6 +134,8 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
     tasks: list[RunTask] = []
     for key in keys:
         table = paper_tables.REPRODUCED[key]
+        if preset not in table.presets:
+            raise ConfigError(f"{key} has no preset {preset!r}: choose one of {', '.join(table.presets)}")
         cfg = table.presets[preset]
         for m in table.methods:
             for alpha in table.alphas or (None,):

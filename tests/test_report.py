@@ -98,8 +98,11 @@ def test_direction_checks_by_hand(runs, tmp_path):
     want = ("agree" if ours_lower else "disagree") if abs(d) > 2 * u else "inconclusive"
     assert c["verdict"] == want and math.isclose(float(c["ours_uncertainty"]), u)
     counts = summary["directions"]["man-table2"]["top_eigenvalue"]
-    assert counts == {"compared": 1, "agree": int(want == "agree"), "disagree": int(want == "disagree"),
-                      "inconclusive": int(want == "inconclusive"), "incomparable": 0}
+    verdicts = {"agree": int(want == "agree"), "disagree": int(want == "disagree"),
+                "inconclusive": int(want == "inconclusive"), "incomparable": 0}
+    # one seed a side: nothing to pair, the unpaired rule decides
+    assert counts == {"compared": 1, **verdicts, "paired": 0, "unpaired": verdicts}
+    assert c["verdict_from"].startswith("unpaired") and c["unpaired_verdict"] == c["verdict"]
     # trace: 'resolved' is |change| > 2 sqrt(se_a^2 + se_b^2)
     t = checks[("dirichlet-0.3", "trace")]
     change = man["trace"]["estimate"] - base["trace"]["estimate"]

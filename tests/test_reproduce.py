@@ -128,8 +128,8 @@ def test_quick_preset_defaults_to_three_seeds_and_pinned_threads():
 def test_two_seeds_give_mean_sd_and_inconclusive_where_seeds_disagree(tmp_path):
     """Issue 17.5: the tiny preset's FedAvg and FedAvg+MAN rows over seeds 0 and 1 (both deltas): every table value
     is the mean over the two seeds' hessian.json / metrics.csv values with their sample sd, shown as '±sd (n=2)';
-    every direction's verdict follows from the change and its standard error computed here; where the two seeds'
-    own changes point opposite ways the verdict is 'inconclusive' (and such a case occurs)."""
+    every direction's verdicts (paired by seed, and unpaired) follow from the per-seed values computed here; where
+    the two seeds' own changes point opposite ways both are 'inconclusive' (and such a case occurs)."""
     import math
     import statistics
     from pathlib import Path
@@ -174,10 +174,16 @@ def test_two_seeds_give_mean_sd_and_inconclusive_where_seeds_disagree(tmp_path):
         assert math.isclose(float(c["ours_uncertainty"]), se, rel_tol=1e-9)
         paper_lower = c["paper_direction"] == "lower"
         want = "inconclusive" if abs(change) <= 2 * se else ("agree" if (change < 0) == paper_lower else "disagree")
-        assert c["verdict"] == want, c
-        if (b0[m] - a0[m]) * (b1[m] - a1[m]) < 0:  # the seeds disagree on the direction
+        assert c["unpaired_verdict"] == want, c
+        # paired by seed, k = 2: d_s = b_s - a_s; se of the mean |d0 - d1| / 2; t(0.975, 1) = 12.7062
+        d0, d1 = b0[m] - a0[m], b1[m] - a1[m]
+        mean = (d0 + d1) / 2
+        paired = "inconclusive" if abs(mean) <= 12.7062047 * abs(d0 - d1) / 2 else \
+            ("agree" if (mean < 0) == paper_lower else "disagree")
+        assert c["verdict"] == paired and c["verdict_from"] == "paired, k=2", c
+        if d0 * d1 < 0:  # the seeds disagree on the direction
             disagreeing += 1
-            assert c["verdict"] == "inconclusive", c
+            assert c["verdict"] == c["unpaired_verdict"] == "inconclusive", c
     assert disagreeing >= 1
 
 
@@ -190,6 +196,18 @@ def test_bad_targets_presets_and_seeds():
         plan("man-table2", "tiny", seeds=())
     res = CliRunner().invoke(main, ["reproduce", "man-table6", "--preset", "tiny", "--seeds", "a,b"])
     assert res.exit_code == 2 and "flatfl: error: --seeds must be comma-separated integers" in res.output
+    with pytest.raises(ConfigError, match="fedalign-table1 has no preset 'fmnist'"):
+        plan("fedalign-table1", "fmnist")
+
+
+def test_fmnist_preset_plans_the_man_tables_on_fashion_mnist(tmp_path):
+    """72 runs (12 methods x 2 deltas x seeds 0, 1, 2) on Fashion-MNIST; the Fig. 4 spectrum for seed 0 only."""
+    tasks = plan("man-tables", "fmnist", runs_dir=tmp_path)
+    assert len(tasks) == 72 and {t.settings["seed"] for t in tasks} == {0, 1, 2}
+    assert {t.settings["dataset"] for t in tasks} == {"fashion-mnist"}
+    assert {t.settings["alpha"] for t in tasks} == {0.3, 0.6}
+    assert all(t.hessian["samples"] == 2000 for t in tasks)
+    assert {t.settings["seed"] for t in tasks if t.spectrum} == {0} and sum(bool(t.spectrum) for t in tasks) == 8
 
 
 def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path):

@@ -220,18 +220,28 @@ def _formats() -> dict[str, Callable[..., ImageDataset]]:
         "cifar100": formats.load_cifar100,
         "tinyimagenet": formats.load_tinyimagenet,
         "emnist": formats.load_emnist,
+        "fashionmnist": formats.load_fashion_mnist,
     }
 
 
-DATASETS = ("digits", "cifar10", "cifar100", "tinyimagenet", "emnist")
+#: the built-in datasets, as spelled without dashes or underscores ('fashion-mnist' is 'fashionmnist')
+DATASETS = ("digits", "cifar10", "cifar100", "tinyimagenet", "emnist", "fashionmnist")
+#: datasets fetched only when asked (``--download``): their usual source is a system package, not the network
+DOWNLOAD_ON_REQUEST = ("fashionmnist",)
 
 
-def load_dataset(name: str, data_dir: str | Path | None = None, download: bool = True, **kwargs: object) -> ImageDataset:
-    """Load a dataset by name. ``data_dir`` holds the standard on-disk files (ignored for ``digits``)."""
+def load_dataset(name: str, data_dir: str | Path | None = None, download: bool | None = None,
+                 **kwargs: object) -> ImageDataset:
+    """Load a dataset by name. ``data_dir`` holds the standard on-disk files (ignored for ``digits``).
+
+    ``download``: fetch missing files; None (default) does so for every dataset except those of
+    :data:`DOWNLOAD_ON_REQUEST` (Fashion-MNIST, read from Debian's package when ``data_dir`` lacks it)."""
     key = name.lower().replace("-", "").replace("_", "")
     if key not in DATASETS:
         raise unknown_name("dataset", name, DATASETS)
     if key == "digits":
         return _load_digits(None)
     root = Path(data_dir if data_dir is not None else "data").expanduser()
-    return _formats()[key](root, download=download, **kwargs)
+    if download is None:
+        download = key not in DOWNLOAD_ON_REQUEST
+    return _formats()[key](root, download=bool(download), **kwargs)

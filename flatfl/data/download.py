@@ -11,6 +11,8 @@ under one ``root`` folder::
                                 val/val_annotations.txt
       gzip/                     emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
                                 (EMNIST; the .gz files may also sit directly in root)
+      fashion-mnist/            {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz (Fashion-MNIST; also directly in
+                                root, or in Debian's /usr/share/datasets/fashion-mnist/: see ensure_fashion_mnist)
 
 ``root`` may also be the dataset folder itself (e.g. ``.../cifar-10-batches-py``).
 
@@ -37,6 +39,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ..errors import ConfigError, DatasetError
 
@@ -236,27 +239,31 @@ def _download(spec: Archive, root: Path, archive: Path) -> None:
     """Fetch ``spec.url`` into ``archive``: written under a temporary name, renamed only when complete."""
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(spec, root)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.filename}.{os.getpid()}.", suffix=".part", dir=root)
+    _fetch(spec.url, archive, spec.md5, lambda reason: _missing_message(spec, root, reason))
+
+
+def _fetch(url: str, dest: Path, md5: str, missing: Callable[[str], str]) -> None:
+    """Download ``url`` to ``dest`` under a temporary name in its folder; check its md5; rename it into place only
+    when complete. A failed request raises :class:`DatasetError` with ``missing(reason)``."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".part", dir=dest.parent)
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out:
             try:
-                with urllib.request.urlopen(spec.url, timeout=DOWNLOAD_TIMEOUT) as resp:
+                with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as resp:
                     total = resp.headers.get("Content-Length") if hasattr(resp, "headers") else None
-                    _copy_with_progress(resp, out, int(total) if total and total.isdigit() else None, spec.filename)
+                    _copy_with_progress(resp, out, int(total) if total and total.isdigit() else None, dest.name)
             except urllib.error.HTTPError as e:
-                raise DatasetError(_missing_message(spec, root, f"{spec.url}: HTTP {e.code} {e.reason}")) from None
+                raise DatasetError(missing(f"{url}: HTTP {e.code} {e.reason}")) from None
             except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
                 reason = getattr(e, "reason", None) or e
-                raise DatasetError(_missing_message(spec, root, f"{spec.url}: {reason}")) from None
+                raise DatasetError(missing(f"{url}: {reason}")) from None
             out.flush()
             os.fsync(out.fileno())
         got = md5_of(tmp)
-        if got != spec.md5:
-            raise DatasetError(
-                f"checksum mismatch for {spec.filename} downloaded from {spec.url}: expected {spec.md5}, got {got}"
-            )
-        os.replace(tmp, archive)
+        if got != md5:
+            raise DatasetError(f"checksum mismatch for {dest.name} downloaded from {url}: expected {md5}, got {got}")
+        os.replace(tmp, dest)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -323,3 +330,64 @@ def _extract_zip(archive: Path, dest: Path) -> None:
             if not _inside(base, name):
                 raise DatasetError(f"refusing to extract unsafe member {name!r} of {archive}")
         zf.extractall(dest)
+
+
+# ---------------------------------------------------------------------------------------------------- Fashion-MNIST
+#: Where Debian's ``dataset-fashion-mnist`` package puts the four files (module-level so tests can point it elsewhere)
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_PACKAGE = "dataset-fashion-mnist"
+FASHION_MNIST_FOLDER = "fashion-mnist"
+FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+
+
+@dataclass(frozen=True)
+class IdxFile:
+    """One Fashion-MNIST file: the md5 of upstream's .gz (checked after a download) and the sha256 of the
+    decompressed IDX bytes (checked on every load: Debian recompressed the .gz files, so their md5s differ)."""
+
+    name: str
+    gz_md5: str
+    sha256: str
+
+
+#: train images, train labels, test images, test labels (spec/ecosystem.md, "Datasets")
+FASHION_MNIST_FILES: tuple[IdxFile, ...] = (
+    IdxFile("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+            "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"),
+    IdxFile("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe",
+            "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"),
+    IdxFile("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79",
+            "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"),
+    IdxFile("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310",
+            "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
+)
+
+
+def _fashion_missing(root: Path, reason: str) -> str:
+    return (f"Fashion-MNIST not found in {root / FASHION_MNIST_FOLDER}/, {root}/ or {DEBIAN_FASHION_MNIST}/ "
+            f"({reason}): install the Debian package (apt-get install {FASHION_MNIST_PACKAGE}) or run with "
+            f"--download to fetch it from {FASHION_MNIST_URL}")
+
+
+def ensure_fashion_mnist(root: str | os.PathLike, download: bool = False) -> Path:
+    """The folder holding Fashion-MNIST's four ``.gz`` files: ``root/fashion-mnist/`` or ``root/`` (``--data-dir``),
+    else Debian's :data:`DEBIAN_FASHION_MNIST`, else (``download``) fetched from upstream into
+    ``root/fashion-mnist/`` file by file, each under a temporary name, md5-checked, then renamed into place.
+    Raises :class:`DatasetError` with one line naming the apt package and ``--download`` when none works."""
+    root = Path(root).expanduser()
+    names = [f.name for f in FASHION_MNIST_FILES]
+    for folder in (root / FASHION_MNIST_FOLDER, root, DEBIAN_FASHION_MNIST):
+        if folder.is_dir() and all((folder / n).is_file() for n in names):
+            return folder
+    if not download:
+        raise DatasetError(_fashion_missing(root, "not downloaded without --download"))
+    folder = root / FASHION_MNIST_FOLDER
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatasetError(_fashion_missing(root, f"cannot create {folder}: {e.strerror or e}")) from None
+    for f in FASHION_MNIST_FILES:
+        if not (folder / f.name).is_file():
+            _fetch(FASHION_MNIST_URL + f.name, folder / f.name, f.gz_md5,
+                   lambda reason: _fashion_missing(root, f"could not download it: {reason}"))
+    return folder

@@ -9,6 +9,8 @@ for the full layout)::
                                                      val/images/*.JPEG, val/val_annotations.txt}
     load_emnist(root)        root/gzip/emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
                              (or the same .gz files directly in root)
+    load_fashion_mnist(root) root/fashion-mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz (or in root, or
+                             Debian's /usr/share/datasets/fashion-mnist/)
 
 and returns an :class:`~flatfl.data.image.ImageDataset` with uint8 images (N, C, H, W) and int64 labels. Missing
 files are fetched (when ``download`` is true) by :func:`~flatfl.data.download.ensure_dataset`; unreadable or
@@ -281,13 +283,19 @@ EMNIST_SPLITS: dict[str, tuple[str, int]] = {
 _IDX_IMAGES_MAGIC, _IDX_LABELS_MAGIC = 0x00000803, 0x00000801  # uint8 data, 3 resp. 1 dimensions
 
 
-def read_idx(path: Path, magic: int) -> np.ndarray:
-    """Read a gzipped IDX file: big-endian uint32 magic (0, 0, type 0x08 = uint8, ndim), ndim uint32 sizes, data."""
+def read_idx(path: Path, magic: int, sha256: str | None = None) -> np.ndarray:
+    """Read a gzipped IDX file: big-endian uint32 magic (0, 0, type 0x08 = uint8, ndim), ndim uint32 sizes, data.
+    ``sha256``: the expected hash of the decompressed bytes (a mismatch raises :class:`DatasetError`)."""
     try:
         with gzip.open(path, "rb") as f:
             raw = f.read()
     except (OSError, EOFError, zlib.error) as e:
         raise DatasetError(f"cannot decompress IDX file {path}: {e}") from None
+    if sha256 is not None:
+        got_hash = hashlib.sha256(raw).hexdigest()
+        if got_hash != sha256:
+            raise DatasetError(f"checksum mismatch for {path}: the decompressed IDX bytes have sha256 {got_hash}, "
+                               f"expected {sha256}")
     ndim = magic & 0xFF
     header = 4 + 4 * ndim
     if len(raw) < header:
@@ -308,15 +316,22 @@ def emnist_files(split: str) -> tuple[str, str, str, str]:
                  ("train-images-idx3", "train-labels-idx1", "test-images-idx3", "test-labels-idx1"))
 
 
-def _emnist_part(images_path: Path, labels_path: Path, num_classes: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
-    images = read_idx(images_path, _IDX_IMAGES_MAGIC)
-    labels = read_idx(labels_path, _IDX_LABELS_MAGIC).astype(np.int64) - offset
+def _idx_pair(images_path: Path, labels_path: Path, num_classes: int, offset: int = 0,
+              sha256: tuple[str | None, str | None] = (None, None)) -> tuple[np.ndarray, np.ndarray]:
+    """One split's 28x28 images (N, 28, 28) as stored and its labels (minus ``offset``), checked for consistency."""
+    images = read_idx(images_path, _IDX_IMAGES_MAGIC, sha256[0])
+    labels = read_idx(labels_path, _IDX_LABELS_MAGIC, sha256[1]).astype(np.int64) - offset
     if images.shape[1:] != (28, 28):
         raise DatasetError(f"IDX file {images_path} holds {images.shape[1]}x{images.shape[2]} images, expected 28x28")
     if len(labels) != len(images):
         raise DatasetError(f"{labels_path} has {len(labels)} labels for the {len(images)} images of {images_path}")
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise DatasetError(f"{labels_path}: labels outside {offset}..{num_classes - 1 + offset}")
+    return images, labels
+
+
+def _emnist_part(images_path: Path, labels_path: Path, num_classes: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    images, labels = _idx_pair(images_path, labels_path, num_classes, offset)
     # The files store each image transposed (column-major) relative to MNIST: swap rows and columns.
     return np.ascontiguousarray(images.transpose(0, 2, 1))[:, None], labels
 
@@ -355,3 +370,32 @@ def load_emnist(root: str | os.PathLike, download: bool = True, split: str = "by
     test = _emnist_part(folder / files[2], folder / files[3], len(names), offset)
     mean, std = _mean_std_uint8(train[0])
     return _as_dataset("emnist", train, test, len(names), (mean,), (std,), list(names), augment=False)
+
+
+# ---------------------------------------------------------------------------------------------------- Fashion-MNIST
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                         "Ankle boot")
+
+
+def load_fashion_mnist(root: str | os.PathLike, download: bool = False) -> ImageDataset:
+    """Fashion-MNIST (Xiao et al. 2017; 60,000 train / 10,000 test 28x28 grey images of clothes, 10 classes).
+
+    Files: ``{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz`` in ``root/fashion-mnist/`` or ``root/``, else in
+    Debian's ``/usr/share/datasets/fashion-mnist/`` (``apt-get install dataset-fashion-mnist``), else downloaded
+    when ``download`` (:func:`~flatfl.data.download.ensure_fashion_mnist`). The sha256 of each file's decompressed
+    bytes is checked on every load (the same for Debian's recompressed files and upstream's). Images are stored
+    upright (not transposed as EMNIST's). Normalisation: the exact mean/std of the training images (0.2860, 0.3530).
+    No augmentation by default.
+    """
+    from .download import FASHION_MNIST_FILES, ensure_fashion_mnist
+
+    folder = ensure_fashion_mnist(root, download)
+    files = [folder / f.name for f in FASHION_MNIST_FILES]
+    hashes = [f.sha256 for f in FASHION_MNIST_FILES]
+    k = len(FASHION_MNIST_CLASSES)
+    train_x, train_y = _idx_pair(files[0], files[1], k, sha256=(hashes[0], hashes[1]))
+    test_x, test_y = _idx_pair(files[2], files[3], k, sha256=(hashes[2], hashes[3]))
+    train_x, test_x = train_x[:, None].copy(), test_x[:, None].copy()  # writable (N, 1, 28, 28)
+    mean, std = _mean_std_uint8(train_x)
+    return _as_dataset("fashion-mnist", (train_x, train_y), (test_x, test_y), k, (mean,), (std,),
+                       list(FASHION_MNIST_CLASSES), augment=False)

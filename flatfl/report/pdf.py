@@ -32,6 +32,7 @@ from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from ..utils.lock import locks_output
 from . import figures
 from .curvature import curvature_page, has_curvature
+from .paired import MAX_SEEDS
 from .tables import (
     METRIC_NAMES,
     MODEL_ACCURACY,
@@ -48,6 +49,7 @@ from .tables import (
     version_notices,
     matching_tables,
     model_for,
+    paper_differences,
     paper_values,
     scale_label,
     tables_for,
@@ -278,21 +280,34 @@ def _cell(row: dict, metric: str, newline: bool = False) -> str:
     return txt
 
 
+_VERDICT_NAMES = ("agree", "disagree", "inconclusive", "incomparable")
+
+
 def _summary_counts(checks: list[dict]) -> dict:
+    """Per metric: how many checks, the verdicts (paired by seed where possible), and the unpaired verdicts."""
     out = {}
     for metric in sorted({c["metric"] for c in checks}):
         cs = [c for c in checks if c["metric"] == metric]
-        out[metric] = {"compared": len(cs), **{v: sum(c["verdict"] == v for c in cs)
-                                               for v in ("agree", "disagree", "inconclusive", "incomparable")}}
+        out[metric] = {"compared": len(cs), **{v: sum(c["verdict"] == v for c in cs) for v in _VERDICT_NAMES},
+                       "paired": sum(c.get("verdict_from", "").startswith("paired") for c in cs),
+                       "unpaired": {v: sum(c.get("unpaired_verdict", c["verdict"]) == v for c in cs)
+                                    for v in _VERDICT_NAMES}}
     return out
 
 
 def counts_line(metric: str, c: dict) -> str:
+    n_paired = c.get("paired", 0)
+    how = ("paired by seed: 95% t interval of the per-seed differences" if n_paired == c["compared"] else
+           f"{n_paired} paired by seed (95% t interval of the per-seed differences), the others unpaired"
+           if n_paired else "unpaired: change within twice its standard error")
     line = (f"{METRIC_NAMES.get(metric, metric)}: of {c['compared']} comparisons, {c['agree']} agree with the "
-            f"paper's direction, {c['disagree']} disagree, {c['inconclusive']} inconclusive (change within twice "
-            "its standard error)")
+            f"paper's direction, {c['disagree']} disagree, {c['inconclusive']} inconclusive ({how})")
     if c.get("incomparable"):
         line += f", {c['incomparable']} incomparable (other settings)"
+    u = c.get("unpaired")
+    if n_paired and u:
+        line += (f"; unpaired (means +- 2 SE): {u['agree']} agree, {u['disagree']} disagree, "
+                 f"{u['inconclusive']} inconclusive")
     return line
 
 
@@ -311,6 +326,44 @@ CURATED_NOTES = {
 }
 
 
+def _needed_text(c: dict) -> str:
+    """', ~N seeds would resolve the paper's relative change' for an inconclusive paired check, else ''."""
+    if c.get("seeds_needed") is not None:
+        return f", {c['seeds_needed']} seeds would resolve a change of the paper's size"
+    if c.get("paper_size_change") is not None and c.get("paired_sd") is not None:
+        return f", more than {MAX_SEEDS:,} seeds needed for a change of the paper's size"
+    return ""
+
+
+def _ci_text(c: dict) -> str:
+    """'-0.43 [-0.9, 0.04] k=3' (paired mean difference and its 95% t interval), '-' without one."""
+    if c.get("paired_ci_low") is None:
+        return "-"
+    f = figures.format_number
+    return f"{f(c['paired_change'], 3)} [{f(c['paired_ci_low'], 2)}, {f(c['paired_ci_high'], 2)}] k={c['paired_seeds']}"
+
+
+def _directions_markdown(checks: list[dict]) -> list[str]:
+    """A Markdown table of the direction checks: our change, paired by seed and unpaired, beside the paper's."""
+    if not checks:
+        return []
+    head = ["comparison", "partition", "metric", "ours: reference → compared", "change", "paired: mean difference "
+            "[95% t interval] seeds", "unpaired ± 2 SE", "paper change", "verdict (paired)", "unpaired verdict",
+            "seeds for the paper's change"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    f = figures.format_number
+    for c in checks:
+        pct = "-" if c["ours_change_pct"] is None else f"{c['ours_change_pct']:+.1f}%"
+        ppct = "-" if c["paper_change_pct"] is None else f"{c['paper_change_pct']:+.1f}%"
+        two_se = "-" if c["ours_uncertainty"] is None else f"±{f(2 * c['ours_uncertainty'], 2)}"
+        need = "" if c["verdict"] != "inconclusive" else (str(c["seeds_needed"]) if c.get("seeds_needed") else "-")
+        lines.append("| " + " | ".join([
+            f"{c['compared']} vs {c['reference']}", c["partition"], METRIC_NAMES.get(c["metric"], c["metric"]),
+            f"{f(c['ours_reference'])} → {f(c['ours_compared'])}", pct, _ci_text(c), two_se, ppct, c["verdict"],
+            c.get("unpaired_verdict", c["verdict"]), need]) + " |")
+    return lines
+
+
 def findings(spec, rows, checks, records) -> list[str]:
     """What agrees with the paper, what does not, from the numbers: per metric the counts and which rows, the final
     training losses of disagreeing pairs (a measured hint), then curated notes, marked as such."""
@@ -327,7 +380,8 @@ def findings(spec, rows, checks, records) -> list[str]:
                 continue
             which = "; ".join(f"{c['compared']} vs {c['reference']} {c['partition']} "
                               f"({'-' if c['ours_change_pct'] is None else format(c['ours_change_pct'], '+.0f')}%"
-                              f"{'' if c['paper_change_pct'] is None else ', paper ' + format(c['paper_change_pct'], '+.0f') + '%'})"
+                              f"{'' if c['paper_change_pct'] is None else ', paper ' + format(c['paper_change_pct'], '+.0f') + '%'}"
+                              f"{_needed_text(c) if verdict == 'inconclusive' else ''})"
                               for c in sel)
             out.append(f"{name}: {len(sel)} of {len(cs)} {word}: {which}")
     loss_pairs = sorted({(c["reference"], c["compared"], c["partition"]) for c in checks if c["verdict"] == "disagree"})
@@ -361,12 +415,14 @@ def _contents(page_titles: list[str], width: int = 145) -> list[str]:
     return lines
 
 
-def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str], notices: list[str]) -> str:
+def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str], notices: list[str],
+              differences: dict | None = None) -> str:
     lines = ["# flatfl report", "", ours_scale, ""]
     if notices:
         lines += ["## Notices", ""] + [f"- {n}" for n in notices] + [""]
     for spec, rows, checks, found, model in specs_rows:
-        lines += [f"## {spec.title}", "", spec.paper_scale, "",
+        diff = (differences or {}).get(spec.key)
+        lines += [f"## {spec.title}", "", spec.paper_scale, ""] + ([ours_scale + "; " + diff, ""] if diff else []) + [
                   f"Every row measures one model: the {MODEL_NAMES[model]} (accuracy and Hessian alike). Ours: mean "
                   "±sd over seeds (n), or for one run ±the estimator's own error (est.).", ""]
         metrics = list(spec.metrics)
@@ -386,6 +442,10 @@ def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str], not
         lines.append("")
         for metric, c in counts.get(spec.key, {}).items():
             lines.append(f"- {counts_line(metric, c)}")
+        lines += ["", "Direction of each change (paired: compared - reference per seed, mean and 95% t interval with "
+                  "k - 1 degrees of freedom; seeds for the paper's change: the smallest n with "
+                  "t(0.975, n-1) * sd / sqrt(n) < |paper's relative change x our reference|):", ""]
+        lines += _directions_markdown(checks)
         lines += ["", "Findings:", ""] + [f"- {f}" for f in found]
         for n in list(spec.notes) + incomparable_notes(spec, rows):
             lines.append(f"- note: {n}")
@@ -429,7 +489,7 @@ def _setting_parts(metrics, setting_of) -> list[tuple[str, str]]:
     return parts
 
 
-def _table_figure(spec, rows, ours_scale, model, found):
+def _table_figure(spec, rows, ours_scale, model, found, difference=None):
     multi = len(spec.partitions) > 1
     header = ["method"]
     for part in spec.partitions:
@@ -445,7 +505,7 @@ def _table_figure(spec, rows, ours_scale, model, found):
             for m in spec.metrics:
                 line += [_cell(r, m, newline=True), r[f"paper_{m}"]]
         cells.append(line)
-    subtitle = [spec.paper_scale, ours_scale,
+    subtitle = [spec.paper_scale, ours_scale + (f"; {difference}" if difference else ""),
                 f"model: every row measures the {MODEL_NAMES[model]} (accuracy and Hessian); "
                 + "; ".join(f"{label}: {text}" for label, text in _setting_parts(
                     spec.metrics, lambda m: _used_settings(rows, m) if m in spec.metrics else None)),
@@ -457,7 +517,8 @@ def _table_figure(spec, rows, ours_scale, model, found):
 
 def _directions_figure(spec, checks, counts):
     header = ["partition", "comparison", "metric", "ours:\nreference → compared", "ours\nchange",
-              "± 2 SE\n(from)", "paper:\nreference → compared", "paper\nchange", "verdict"]
+              "paired: mean diff.\n[95% t interval] k", "unpaired\n± 2 SE (from)", "paper:\nreference → compared",
+              "paper\nchange", "verdict (paired)\n(unpaired)", "seeds for\npaper's change"]
     cells, colors = [], []
     for c in checks:
         def pct(v):
@@ -469,10 +530,12 @@ def _directions_figure(spec, checks, counts):
                       f"{figures.format_number(c['ours_reference'])} → {figures.format_number(c['ours_compared'])}",
                       pct(c["ours_change_pct"]), two_se,
                       f"{figures.format_number(c['paper_reference'])} → {figures.format_number(c['paper_compared'])}",
-                      pct(c["paper_change_pct"]), c["verdict"]])
+                      pct(c["paper_change_pct"]), f"{c['verdict']}\n({c.get('unpaired_verdict', c['verdict'])})",
+                      "" if c["verdict"] != "inconclusive" else (c.get("seeds_needed") or "-")])
+        cells[-1].insert(5, _ci_text(c).replace(" k=", "\nk="))
         col = {"agree": "#d9f2d9", "disagree": "#f8d7d7", "inconclusive": "#f2f2f2",
                "incomparable": "#fff2cc"}[c["verdict"]]
-        colors.append([None] * 8 + [col])
+        colors.append([None] * 9 + [col, None])
     subtitle = [counts_line(m, c) for m, c in counts.items()] or ["no comparison has values on both sides"]
     pages = []
     n_pages = max(1, -(-len(cells) // 16))  # at most 16 checks a page, spread evenly (no near-empty last page)
@@ -481,9 +544,12 @@ def _directions_figure(spec, checks, counts):
         part = "" if len(cells) <= per_page else f" ({k // per_page + 1}/{(len(cells) + per_page - 1) // per_page})"
         pages.append(figures.table_page(f"{spec.title.split(':')[0]}: direction of each change{part}", header,
                                         cells[k:k + per_page], subtitle=subtitle + [
-                                            "± 2 SE: twice the standard error of our change (n=k: sd / sqrt(k) "
-                                            "over k seeds per side; est.: the estimator's own error); inconclusive "
-                                            "when the change is within it"],
+                                            "paired: per seed, compared - reference (same partition, initial "
+                                            "weights, clients and batches); verdict from its 95% t interval (k-1 "
+                                            "dof): inconclusive when it holds 0. Unpaired: twice the standard error "
+                                            "of the change of the means (n=k: sd / sqrt(k) per side; est.: the "
+                                            "estimator's own error). Seeds for the paper's change: smallest n with "
+                                            "t(0.975, n-1) sd / sqrt(n) < |paper's relative change x our reference|"],
                                         highlight=colors[k:k + per_page]))
     return pages
 
@@ -588,13 +654,14 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
 
     values = paper_values()
     ours_scale = scale_label(records)
-    specs_rows, counts, all_checks = [], {}, []
+    specs_rows, counts, all_checks, differences = [], {}, [], {}
     for spec in specs:
         m = model_for(spec, model)
         spec_records = [r for r in records if r.method in spec.rows and r.partition in spec.partitions]
         rows = build_table(spec, spec_records, values)
         checks = direction_checks(spec, rows)
         counts[spec.key] = _summary_counts(checks)
+        differences[spec.key] = paper_differences(spec, spec_records)
         specs_rows.append((spec, rows, checks, findings(spec, rows, checks, spec_records), m))
         all_checks += checks
 
@@ -605,13 +672,14 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     atomic_write_text(out / "runs.csv", _csv(run_rows))
     written.append("runs.csv")
     for spec, rows, *_ in specs_rows:
-        atomic_write_text(out / f"{spec.key}.csv", _csv(rows))
+        atomic_write_text(out / f"{spec.key}.csv", _csv(rows, [k for k in rows[0] if not k.endswith("_by_seed")]
+                                                          if rows else None))
         written.append(f"{spec.key}.csv")
     if specs_rows:
         atomic_write_text(out / "directions.csv", _csv(all_checks, list(all_checks[0]) if all_checks else
                                                            ["table", "partition", "reference", "compared", "metric"]))
         written.append("directions.csv")
-    atomic_write_text(out / "report.md", _markdown(specs_rows, ours_scale, counts, missing, notices))
+    atomic_write_text(out / "report.md", _markdown(specs_rows, ours_scale, counts, missing, notices, differences))
     written.append("report.md")
 
     pages, page_titles = [], []
@@ -620,7 +688,8 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
         pages.append(fig)
         page_titles.append(name)
 
-    sections = [("Scale", list(dict.fromkeys(s.paper_scale for s, *_ in specs_rows)) + [ours_scale]),
+    sections = [("Scale", list(dict.fromkeys(s.paper_scale for s, *_ in specs_rows)) + [ours_scale]
+                 + [f"{k}: {d}" for k, d in differences.items() if d]),
                 ("Model", [f"{s.key}: every row measures the {MODEL_NAMES[m]} model (accuracy and Hessian)"
                            for s, _, _, _, m in specs_rows] or ["-"]),
                 ("Directions: does each change point the same way as the paper's?",
@@ -632,7 +701,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
                 ("Missing", missing or ["nothing"])]
     add(None, "summary")  # drawn last, when the contents are known
     for spec, rows, checks, found, m in specs_rows:
-        add(_table_figure(spec, rows, ours_scale, m, found), f"{spec.key}: table")
+        add(_table_figure(spec, rows, ours_scale, m, found, differences[spec.key]), f"{spec.key}: table")
         for k, fig in enumerate(_directions_figure(spec, checks, counts[spec.key])):
             add(fig, f"{spec.key}: directions" + (f" {k + 1}" if k else ""))
         spec_records = [r for r in records if r.method in spec.rows and r.partition in spec.partitions]
@@ -694,7 +763,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     summary = {"runs": len(records), "tables": [s.key for s in specs], "directions": counts,
                "models": {s.key: m for s, _, _, _, m in specs_rows}, "notices": notices,
                "missing": missing, "pages": page_titles, "files": written + ["summary.json"],
-               "ours_scale": ours_scale}
+               "ours_scale": ours_scale, "differences_from_paper": differences}
     atomic_write_json(out / "summary.json", summary)
     assert n_pages == len(page_titles)
     return summary

@@ -33,7 +33,8 @@ from ..train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 __all__ = ["RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_label", "partition_label",
            "TableSpec", "TABLES", "paper_values", "build_table", "direction_checks", "matching_tables",
            "scale_label", "METRIC_NAMES", "MODELS", "MODEL_NAMES", "model_for", "read_clients_metrics",
-           "analysis_model", "incomparable_notes", "VERDICTS", "check_runs_belong_together", "version_notices"]
+           "analysis_model", "incomparable_notes", "VERDICTS", "check_runs_belong_together", "version_notices",
+           "paper_differences"]
 
 METRIC_NAMES = {
     "accuracy": "accuracy (%)",
@@ -525,13 +526,59 @@ def scale_label(records: list[RunRecord]) -> str:
 
     from ..train.config import RunConfig
 
-    models = sorted({RunConfig.from_dict(r.config).resolved_model() for r in records})
+    models = sorted({RunConfig.from_dict(r.config).resolved_model()
+                     + (f" {r.config['model_args']}" if r.config.get("model_args") else "") for r in records})
     model = "/".join(models)
     part = one("participation", lambda p: f"{100 * float(p):g}%")
     seeds = sorted({r.seed for r in records})
     return (f"ours: {one('dataset')}, {model}, {one('clients')} clients, {part} participation "
             f"({one('sampling')}), {one('rounds')} rounds x {one('local_epochs')} local epochs, "
             f"{len(seeds)} seed(s)")
+
+
+_BOOKKEEPING = ("eval_every", "checkpoint_every", "save_clients", "device", "seed")
+_HESSIAN_COMPARED = ("method", "trace_method", "trace_hvps", "samples")
+
+
+def paper_differences(spec: TableSpec, records: list[RunRecord]) -> str | None:
+    """What differs between the runs of ``spec``'s layout and the paper's setting (its table's ``paper`` preset):
+    'differs from the paper: dataset fashion-mnist (paper cifar100); rounds 20 (paper 500); ...; Hessian samples
+    2000 (paper all)'. None when the table has no paper preset or no run; 'same setting as the paper' when
+    nothing differs."""
+    from ..paper_tables import REPRODUCED
+    from ..train.config import RunConfig
+
+    table = REPRODUCED.get(spec.key)
+    paper = (table.presets.get("paper") if table else None) or {}
+    runs = [r for r in records if r.method in spec.rows and r.partition in spec.partitions]
+    if not paper or not runs:
+        return None
+
+    def ours(values) -> str:
+        vals = sorted({"all" if v is None else str(v) for v in values}, key=str)
+        return "/".join(vals)
+
+    diffs = []
+    for key, want in paper.get("run", {}).items():
+        if key in _BOOKKEEPING:
+            continue
+        if key == "model":
+            got = ours(RunConfig.from_dict(r.config).resolved_model() for r in runs)
+            args = ours(str(r.config.get("model_args") or "") for r in runs)
+            if args:
+                got += f" {args}"
+        else:
+            got = ours(r.config.get(key) for r in runs)
+        if got != str(want):
+            diffs.append(f"{key.replace('_', ' ')} {got} (paper {want})")
+    analysed = [r.hessian for r in runs if r.hessian]
+    for key in _HESSIAN_COMPARED:
+        want = paper.get("hessian", {}).get(key, "-")
+        got = ours(((h.get("settings") or {}).get(key) if key != "samples" else h.get("num_samples"))
+                   for h in analysed) if analysed else None
+        if got is not None and key in paper.get("hessian", {}) and got != ("all" if want is None else str(want)):
+            diffs.append(f"Hessian {key.replace('_', ' ')} {got} (paper {'all' if want is None else want})")
+    return "differs from the paper: " + "; ".join(diffs) if diffs else "same setting as the paper"
 
 
 def model_for(spec: TableSpec, model: str | None) -> str:
@@ -588,6 +635,11 @@ def build_table(spec: TableSpec, records: list[RunRecord], values: list[dict] | 
                 else:
                     row[f"ours_{metric}_left_out"] = ""
                 got = [v for _, v in have]
+                by_seed: dict[int, list[float]] = {}
+                for r, v in have:
+                    by_seed.setdefault(int(r.seed), []).append(v)
+                # per seed (two runs of one seed: their mean), for the verdicts paired by seed
+                row[f"ours_{metric}_by_seed"] = {sd_: sum(vs) / len(vs) for sd_, vs in sorted(by_seed.items())}
                 mean, sd = _mean_sd(got)
                 row[f"ours_{metric}"] = mean
                 row[f"ours_{metric}_n"] = len(got)
@@ -680,15 +732,21 @@ VERDICTS = ("agree", "disagree", "inconclusive", "incomparable")
 
 def direction_checks(spec: TableSpec, table_rows: list[dict]) -> list[dict]:
     """For each (reference, compared) pair, partition and metric where we have both values: our change and the
-    paper's, and a verdict:
+    paper's, and a verdict, paired by seed where both sides share two or more seeds (:mod:`.paired`):
 
     * ``incomparable``: the two values were computed with different settings (model, method, samples, protocol);
-    * ``inconclusive``: our change is within twice its standard error, sqrt(se_a^2 + se_b^2), where each side's
-      se is sd / sqrt(n) over seeds (n >= 2) or, for one seed, the estimator's own error; also when no error is
-      known at all (one seed and no estimator error), or the paper gives no value;
-    * ``agree`` / ``disagree``: the change exceeds twice its standard error and points the paper's way or not.
+    * paired (``verdict_from`` 'paired, k=K'): ``agree`` / ``disagree`` when the 95% t interval (K - 1 degrees of
+      freedom) of the mean per-seed difference compared - reference excludes 0 and the mean points the paper's way
+      or not; else ``inconclusive`` (also when the paper gives no value);
+    * unpaired (fewer than two shared seeds): the change of the means against twice its standard error,
+      sqrt(se_a^2 + se_b^2), each side's se being sd / sqrt(n) over seeds (n >= 2) or, for one seed, the
+      estimator's own error; inconclusive within it or when no error is known.
 
-    ``agrees`` keeps the bare sign comparison (None without a paper value)."""
+    The unpaired verdict is kept beside the paired one (``unpaired_verdict``); ``seeds_needed``: for an
+    inconclusive paired check, the seeds that would resolve a change of the paper's relative size at the observed
+    spread (:func:`.paired.seeds_needed`). ``agrees`` keeps the bare sign comparison (None without a paper value)."""
+    from .paired import paired_differences, paired_stats, seeds_needed
+
     by = {(r["method"], r["partition"]): r for r in table_rows}
     checks = []
     for ref, cmp_ in spec.comparisons:
@@ -711,11 +769,26 @@ def direction_checks(spec: TableSpec, table_rows: list[dict]) -> list[dict]:
                     not str(a[f"ours_{metric}_setting"]).startswith("mixed")
                 resolved = None if unc is None else abs(ours) > 2 * unc
                 if not same_setting:
-                    verdict = "incomparable"
+                    unpaired = "incomparable"
                 elif agrees is None or not resolved:
-                    verdict = "inconclusive"
+                    unpaired = "inconclusive"
                 else:
-                    verdict = "agree" if agrees else "disagree"
+                    unpaired = "agree" if agrees else "disagree"
+                ps = paired_stats(paired_differences(a.get(f"ours_{metric}_by_seed") or {},
+                                                     b.get(f"ours_{metric}_by_seed") or {}).values())
+                if ps["k"] >= 2:
+                    verdict_from = f"paired, k={ps['k']}"
+                    p_agrees = None if s_paper is None else _sign(ps["mean"]) == s_paper
+                    if not same_setting:
+                        verdict = "incomparable"
+                    elif p_agrees is None or not ps["resolved"]:
+                        verdict = "inconclusive"
+                    else:
+                        verdict = "agree" if p_agrees else "disagree"
+                else:
+                    verdict_from, verdict = "unpaired (fewer than 2 shared seeds)", unpaired
+                target = None if paper is None or not pa else paper / abs(pa) * abs(oa)
+                needed = seeds_needed(ps["sd"], target) if verdict == "inconclusive" else None
                 checks.append({
                     "table": spec.key, "partition": part, "reference": ref, "compared": cmp_, "metric": metric,
                     "model": a["model"] if a["model"] == b["model"] else f"{a['model']} / {b['model']}",
@@ -727,7 +800,11 @@ def direction_checks(spec: TableSpec, table_rows: list[dict]) -> list[dict]:
                     "paper_change_pct": None if paper is None or not pa else 100.0 * paper / abs(pa),
                     "ours_direction": {1: "higher", -1: "lower", 0: "equal"}[s_ours],
                     "paper_direction": {1: "higher", -1: "lower", 0: "equal", None: None}[s_paper],
-                    "agrees": agrees, "verdict": verdict,
+                    "agrees": agrees, "verdict": verdict, "verdict_from": verdict_from,
+                    "paired_seeds": ps["k"], "paired_change": ps["mean"], "paired_sd": ps["sd"],
+                    "paired_se": ps["se"], "paired_t": ps["t"], "paired_ci_low": ps["low"],
+                    "paired_ci_high": ps["high"], "paired_resolved": ps["resolved"], "unpaired_verdict": unpaired,
+                    "paper_size_change": target, "seeds_needed": needed,
                 })
     return checks
 

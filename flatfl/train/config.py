@@ -25,6 +25,7 @@ DEFAULT_MODELS = {
     "cifar100": "cifar-cnn",
     "tinyimagenet": "tiny-cnn",
     "emnist": "emnist-cnn",
+    "fashionmnist": "emnist-cnn",
 }
 
 
@@ -48,6 +49,7 @@ class RunConfig:
     # data
     dataset: str = "digits"
     data_dir: str = "data"
+    download: bool | None = None  # fetch missing files; None: the dataset's default (all but Fashion-MNIST)
     model: str | None = None  # None: the dataset's default model (DEFAULT_MODELS)
     model_args: dict = field(default_factory=dict)
     augment: bool | None = None  # None: the dataset's default (flip + padded crop for CIFAR and Tiny-ImageNet)
@@ -107,7 +109,7 @@ class RunConfig:
         return self
 
     def resolved_model(self) -> str:
-        return self.model or DEFAULT_MODELS.get(self.dataset.lower().replace("-", ""), "digits-cnn")
+        return self.model or DEFAULT_MODELS.get(self.dataset.lower().replace("-", "").replace("_", ""), "digits-cnn")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -177,7 +179,7 @@ class RunConfig:
         from ..data.datasets import DATASETS
         from ..data.partition import PARTITIONS
 
-        if self.dataset.lower().replace("-", "") not in DATASETS:
+        if self.dataset.lower().replace("-", "").replace("_", "") not in DATASETS:
             raise unknown_name("dataset", self.dataset, DATASETS)
         if self.partition not in PARTITIONS:
             raise unknown_name("partition", self.partition, PARTITIONS)

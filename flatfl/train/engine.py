@@ -45,7 +45,7 @@ METRIC_COLUMNS = ["round", "lr", "clients", "local_loss", "train_loss", "train_a
                   "all_test_loss", "all_test_acc", "seconds"]
 CACHE_LIMIT_BYTES = 1 << 30  # normalised copies of a split are kept in memory below this size
 # settings that may differ between the start of a run and its resumption (they do not change what is computed)
-RESUME_FREE_SETTINGS = ("out", "device", "data_dir", "threads", "eval_batch_size", "parallel_clients")
+RESUME_FREE_SETTINGS = ("out", "device", "data_dir", "download", "threads", "eval_batch_size", "parallel_clients")
 
 
 def comparable_settings(cfg: RunConfig) -> dict:
@@ -131,7 +131,7 @@ class Trainer:
             raise ConfigError(f"{self.run_dir} was trained on a custom dataset that was not saved with it: resume it "
                               "from Python, Trainer(cfg, run_dir, resume=True, dataset=...)")
         self.ds = as_image_dataset(dataset, test_dataset) if dataset is not None else \
-            load_dataset(cfg.dataset, cfg.data_dir)
+            load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
         self.custom_data = self.ds.name.lower().replace("-", "").replace("_", "") not in DATASETS
         self.augment = cfg.augment if cfg.augment is not None else self.ds.augment_default
         labels = self.ds.train_y.numpy()
