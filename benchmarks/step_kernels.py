@@ -20,7 +20,7 @@ Host synchronisations: ``aten._local_scalar_dense`` (``.item()``, ``float()``, `
 the line of flatfl code that asked for each (the innermost frame under flatfl/). A device-to-host copy
 (``.cpu()``, ``.tolist()``) cannot be seen on a CPU run.
 
-    python benchmarks/step_kernels.py                        # the table of the README (MAN CIFAR CNN)
+    python benchmarks/step_kernels.py --batch 10             # the table of the README (MAN CIFAR CNN)
     python benchmarks/step_kernels.py --methods FedAvg --ops # and the operations of a step, most frequent first
 """
 from __future__ import annotations
@@ -55,8 +55,10 @@ METADATA_ONLY = {aten.detach, aten.alias, aten.lift_fresh, aten.empty, aten.empt
 #: operations that make the host wait for the device
 SYNCS = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten._unique2, aten.unique_consecutive,
          aten.unique_dim, aten.equal}
+#: the regularizers that change the network: on ResNet-20 (slimmable widths, residual blocks), the MAN CNN for the rest
 EXTRA_METHODS = [("FedAlign", "fedavg", "fedalign"), ("GradAug", "fedavg", "gradaug"),
                  ("StochDepth", "fedavg", "stochdepth")]
+RESNET_REGS = {"fedalign", "gradaug", "stochdepth"}
 ROOT = str(Path(__file__).resolve().parents[1] / "flatfl")
 
 
@@ -143,8 +145,9 @@ def main() -> None:
 
     def maker(algo: str, reg: str, own: bool = False):
         def make(epochs: int, parallel) -> Trainer:
-            cfg = RunConfig(dataset="digits", model="cifar-cnn", partition="iid", clients=args.clients,
-                            participation=1.0, sampling="fraction", rounds=10_000, local_epochs=epochs,
+            model = "resnet20" if reg in RESNET_REGS else "cifar-cnn"
+            cfg = RunConfig(dataset="digits", model=model, partition="iid", clients=args.clients, participation=1.0,
+                            sampling="fraction", rounds=10_000, local_epochs=epochs,
                             batch_size=args.batch, lr=0.1, weight_decay=1e-3, clip=10.0, algo=algo, reg=reg,
                             eval_every=10_000, checkpoint_every=10_000, seed=0, device="cpu",
                             parallel_clients=parallel).validate()
@@ -153,9 +156,9 @@ def main() -> None:
                            test_dataset=TensorDataset(ds.test_x, ds.test_y) if own else None)
         return make
 
-    print(f"torch {torch.__version__}; MAN CIFAR CNN, {args.clients} clients a round of {2 * args.batch} images, "
-          f"batch {args.batch} (2 local steps an epoch); kernels = dispatched ATen operations less views and "
-          f"metadata-only ones")
+    print(f"torch {torch.__version__}; MAN CIFAR CNN (ResNet-20 for FedAlign, GradAug, StochDepth), {args.clients} "
+          f"clients a round of {2 * args.batch} images, batch {args.batch} (2 local steps an epoch); kernels = "
+          f"dispatched ATen operations less views and metadata-only ones")
     rows = [(label, algo, reg, False) for label, algo, reg in METHODS + EXTRA_METHODS if label in args.methods]
     if "FedAvg" in args.methods:
         rows.append(("FedAvg, own data", "fedavg", "none", True))  # a TensorDataset: the README's own-data path
