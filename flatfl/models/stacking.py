@@ -47,7 +47,13 @@ class StackedConv2d(nn.Module):
 
 
 class StackedLinear(nn.Module):
-    """N linear layers as one batched product; weight (N, out, in), bias (N, out); input (B, N*in)."""
+    """N linear layers as one batched product; weight (N, out, in), bias (N, out); input (B, N*in) or (B, N, in),
+    output (B, N, out).
+
+    The output is a view of an (N, out, B) product (W_k x_k^T for each client): a following stacked linear layer
+    reads it as its (N, in, B) operand without a copy, the weight's gradient comes out in the weight's own layout
+    (no copy into ``.grad``), and the logits unstack to (N, B, K) without a copy. Element-wise layers between
+    linear layers keep that layout."""
 
     def __init__(self, linear: nn.Linear, n: int):
         super().__init__()
@@ -57,12 +63,12 @@ class StackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, b = self.weight.shape[0], x.shape[0]
-        xs = x.reshape(b, n, self.in_features).transpose(0, 1)  # (N, B, in)
+        xt = x.reshape(b, n, self.in_features).permute(1, 2, 0)  # (N, in, B)
         if self.bias is None:
-            out = torch.bmm(xs, self.weight.transpose(1, 2))
+            out = torch.bmm(self.weight, xt)
         else:
-            out = torch.baddbmm(self.bias.unsqueeze(1), xs, self.weight.transpose(1, 2))
-        return out.transpose(0, 1).reshape(b, n * self.out_features)
+            out = torch.baddbmm(self.bias.unsqueeze(2), self.weight, xt)
+        return out.permute(2, 0, 1)  # (B, N, out)
 
 
 class StackedGroupNorm(nn.Module):
@@ -149,15 +155,15 @@ def stack_inputs(x: torch.Tensor) -> torch.Tensor:
 
 
 def unstack_outputs(y: torch.Tensor, n: int) -> torch.Tensor:
-    """(B, N*K) -> (N, B, K): each client's outputs."""
-    if n == 1:
+    """(B, N*K) or (B, N, K) -> (N, B, K): each client's outputs."""
+    if n == 1 and y.dim() == 2:
         return y.unsqueeze(0)
     b = y.shape[0]
     return y.reshape(b, n, -1).transpose(0, 1)
 
 
 def client_blocks(a: torch.Tensor, n: int) -> torch.Tensor:
-    """A stacked activation (B, N*C, ...) as (B, N, C*...): client k's part in [:, k]."""
+    """A stacked activation (B, N*C, ...) or (B, N, C) as (B, N, C*...): client k's part in [:, k]."""
     return a.reshape(a.shape[0], n, -1)
 
 
@@ -243,8 +249,9 @@ class StackedLayout:
         """The 2-norm of each row across all (N, ...) tensors together: (N,), with no host synchronisation."""
         if self.n == 1:  # the one-model norm, as torch.nn.utils computes it
             return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors))).reshape(1)
-        per = torch.stack([torch.linalg.vector_norm(t.reshape(self.n, -1), dim=1) for t in tensors])
-        return torch.linalg.vector_norm(per, dim=0)
+        # the same per client: one foreach norm of every (client, tensor) block, (P, N), normed over P
+        per = torch.stack(torch._foreach_norm([row for t in tensors for row in t.unbind(0)]))
+        return torch.linalg.vector_norm(per.view(len(tensors), self.n), dim=0)
 
 
 def _gathered(t: torch.Tensor, n: int, rows: torch.Tensor) -> torch.Tensor:

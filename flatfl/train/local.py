@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from ..errors import DivergenceError
@@ -25,28 +26,46 @@ def local_steps(n: int, batch_size: int, epochs: int) -> int:
     return epochs * math.ceil(n / batch_size)
 
 
-def batch_schedule(cctx: ClientContext, *, epochs: int, batch_size: int, steps: int | None,
-                   augment: Callable | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Client ``cctx``'s local batches (x, y), one per step, drawn lazily from its own generator: ``epochs``
-    shuffled epochs, or exactly ``steps`` steps over as many freshly shuffled epochs as they need (the last one cut
-    short; the FedDyn code's SCAFFOLD loop). The draws depend on the client's stream alone, so training clients
-    together or one at a time gives every client the same batches."""
+def batch_schedule(cctx: ClientContext, *, epochs: int, batch_size: int, steps: int | None
+                   ) -> Iterator[torch.Tensor]:
+    """Client ``cctx``'s local batches, one per step, as indices into its data (a host tensor), drawn lazily from
+    its own generator: ``epochs`` shuffled epochs, or exactly ``steps`` steps over as many freshly shuffled epochs
+    as they need (the last one cut short; the FedDyn code's SCAFFOLD loop). The draws depend on the client's stream
+    alone, so training clients together or one at a time gives every client the same batches."""
     n = cctx.num_samples
     per_epoch = math.ceil(n / batch_size)
     total = epochs * per_epoch if steps is None else int(steps)
     gen = cctx.generator
     taken = 0
     for _ in range(math.ceil(total / per_epoch)):
-        perm = torch.randperm(n, generator=gen).to(cctx.x.device)
+        perm = torch.randperm(n, generator=gen)
         for s in range(0, n, batch_size):
             if taken == total:
                 return
-            idx = perm[s:s + batch_size]
-            x, y = cctx.x[idx], cctx.y[idx]
-            if augment is not None:
-                x = augment(x, gen)
             taken += 1
-            yield x, y
+            yield perm[s:s + batch_size]
+
+
+class CohortData:
+    """The training data of a cohort's clients as one tensor (their inputs side by side along the sample axis,
+    gathered once per cohort; with one client its own tensors), so that one step's batches of M clients are one
+    gather, (M, B, ...), however many clients train."""
+
+    def __init__(self, cohort: Cohort):
+        clients = cohort.clients
+        if len(clients) == 1:
+            self.x, self.y = clients[0].x, clients[0].y
+        else:
+            self.x = torch.cat([c.x for c in clients])
+            self.y = torch.cat([c.y for c in clients])
+        self.offsets = np.cumsum([0] + [c.num_samples for c in clients[:-1]])
+        self.device = self.x.device
+
+    def batches(self, group: list[int], picks: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batches (x, y), (M, B, ...) and (M, B), of the clients ``group`` whose indices are ``picks``."""
+        index = np.stack([picks[k].numpy() + self.offsets[k] for k in group])  # on the host, no kernel
+        index = torch.from_numpy(index).to(self.device)
+        return self.x[index], self.y[index]
 
 
 def train_cohort(cohort: Cohort, *, algo: Algorithm, reg: Regularizer, opt: LocalOptimizer, epochs: int,
@@ -60,23 +79,22 @@ def train_cohort(cohort: Cohort, *, algo: Algorithm, reg: Regularizer, opt: Loca
     cohort.network.train()
     n = cohort.n
     dev = cohort.device
-    schedules = [batch_schedule(c, epochs=epochs, batch_size=batch_size, steps=k, augment=augment)
+    data = CohortData(cohort)
+    schedules = [batch_schedule(c, epochs=epochs, batch_size=batch_size, steps=k)
                  for c, k in zip(cohort.clients, steps)]
     total = torch.zeros(n, device=dev, dtype=torch.float32)
     longest = max(steps) if steps else 0
     params = cohort.layout.params
     for s in range(longest):
-        batches = {k: next(schedules[k]) for k in range(n) if s < steps[k]}
+        picks = {k: next(schedules[k]) for k in range(n) if s < steps[k]}
         by_size: dict[int, list[int]] = {}
-        for k, (_, y) in batches.items():
-            by_size.setdefault(len(y), []).append(k)
+        for k, idx in picks.items():
+            by_size.setdefault(len(idx), []).append(k)
         for group in by_size.values():
             rows = None if len(group) == n else torch.tensor(group, device=dev)
-            if len(group) == 1:  # no copy
-                x, y = batches[group[0]][0].unsqueeze(0), batches[group[0]][1].unsqueeze(0)
-            else:
-                x = torch.stack([batches[k][0] for k in group])
-                y = torch.stack([batches[k][1] for k in group])
+            x, y = data.batches(group, picks)
+            if augment is not None:  # each client's draws from its own generator, right after its batch's
+                x = torch.stack([augment(x[j], cohort.clients[k].generator) for j, k in enumerate(group)])
             step = StepContext(cohort, x, y, rows)
             algo.prepare_batch(step)
 

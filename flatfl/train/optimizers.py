@@ -61,7 +61,9 @@ def per_row(coef: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 class RowSGD:
     """torch's SGD step (weight decay, momentum, Nesterov, in torch's order) applied to each client's row: a client
     decays at its own rate, and a step of some clients (``rows``) leaves the others' parameters and momentum as they
-    are. With N = 1 (or every client stepping at one decay rate) it is torch's foreach SGD operation for operation."""
+    are. With N = 1 (or every client stepping at one decay rate) it is torch's foreach SGD operation for operation;
+    otherwise each stage is one foreach operation over the stacked parameters with per-client coefficients, (N,)
+    tensors on the device (no loop over clients, no host synchronisation)."""
 
     def __init__(self, layout: StackedLayout, *, lr: float, momentum: float, weight_decay, nesterov: bool):
         self.layout = layout
@@ -69,9 +71,10 @@ class RowSGD:
         wd = weight_decay
         if isinstance(wd, torch.Tensor) and bool((wd == wd[0]).all()):
             wd = float(wd[0])
+        if isinstance(wd, torch.Tensor):  # per-client rates, cast once to the parameters' type
+            wd = wd.to(layout.params[0].device, layout.params[0].dtype)
         self.weight_decay = wd  # a number, or an (N,) tensor
         self.bufs: dict[int, torch.Tensor] = {}  # momentum per parameter index (stacked layout)
-        self.started = torch.zeros(layout.n, dtype=torch.bool)  # which clients have a momentum buffer
 
     @torch.no_grad()
     def step(self, rows: torch.Tensor | None = None) -> None:
@@ -109,32 +112,44 @@ class RowSGD:
                 torch._foreach_add_(grads, bufs, alpha=self.momentum)
             else:
                 grads = bufs
-            self.started[:] = True
         torch._foreach_add_(params, grads, alpha=-self.lr)
 
     def _rowwise(self, rows: torch.Tensor | None) -> None:
-        """Clients at their own decay rates, or only the clients ``rows`` stepping: row by row."""
+        """Clients at their own decay rates, or only the clients ``rows`` stepping: per-client coefficients over
+        the stacked tensors. A client that sits out gets coefficient 0 (its parameters and momentum stay exactly
+        as they are); a client's first momentum buffer is its first gradient (torch's rule)."""
         lay = self.layout
-        sel = torch.arange(lay.n) if rows is None else rows.cpu()
-        idx = sel.to(lay.params[0].device)
-        fresh = ~self.started[sel]
+        params, grads = lay.param_rows(), lay.grads()
+        dtype = params[0].dtype
         wd = self.weight_decay
-        for k, (p, g) in enumerate(zip(lay.param_rows(), lay.grads())):
-            ps, gs = p[idx], g[idx]
-            if isinstance(wd, torch.Tensor):
-                gs = gs + ps * per_row(wd[idx], ps)
-            elif wd != 0:
-                gs = gs.add(ps, alpha=wd)
-            if self.momentum != 0:
-                if k not in self.bufs:
-                    self.bufs[k] = torch.zeros_like(lay.params[k])
-                buf = lay.rows(self.bufs[k], lay.shapes[k])
-                b = torch.where(per_row(fresh.to(idx.device), gs).bool(), gs, buf[idx] * self.momentum + gs)
-                buf[idx] = b
-                gs = gs + self.momentum * b if self.nesterov else b
-            p[idx] = ps - self.lr * gs
+        if isinstance(wd, torch.Tensor):
+            d = torch._foreach_addcmul(grads, params, [per_row(wd, p) for p in params])
+        elif wd != 0:
+            d = torch._foreach_add(grads, params, alpha=wd)
+        else:
+            d = grads
+        on = None  # (N,) 1 for the clients that step, 0 for those that sit out
+        if rows is not None:
+            dev = params[0].device
+            on = torch.zeros(lay.n, device=dev, dtype=dtype).index_fill_(0, rows.to(dev), 1.0)
         if self.momentum != 0:
-            self.started[sel] = True
+            # a buffer not yet started is zero, so momentum * buf + g is torch's first buffer, g
+            if not self.bufs:
+                self.bufs = {k: torch.zeros_like(p) for k, p in enumerate(lay.params)}
+            bufs = [lay.rows(self.bufs[k], s) for k, s in enumerate(lay.shapes)]
+            if on is None:
+                torch._foreach_mul_(bufs, self.momentum)
+                torch._foreach_add_(bufs, d)
+            else:  # buf <- momentum * buf + g on the stepping rows, unchanged on the others
+                keep = on * self.momentum + (1.0 - on)
+                torch._foreach_mul_(bufs, [per_row(keep, b) for b in bufs])
+                torch._foreach_addcmul_(bufs, d, [per_row(on, b) for b in bufs])
+            d = torch._foreach_add(d, bufs, alpha=self.momentum) if self.nesterov else bufs
+        if on is None:
+            torch._foreach_add_(params, d, alpha=-self.lr)
+        else:
+            step = on * -self.lr
+            torch._foreach_addcmul_(params, d, [per_row(step, p) for p in params])
 
 
 @LOCAL_OPTIMIZERS.register
