@@ -143,6 +143,25 @@ def test_a_directory_holding_other_settings_is_refused(tmp_path):
     assert rec["error"] and "holds a run with other settings (batch_size: 50 there, 40 asked)" in rec["error"]
 
 
+def test_a_run_made_before_a_setting_existed_counts_as_that_setting_at_its_default(tmp_path):
+    """A run folder whose config.json predates a setting (here the curvature tracking) is the same run as one asked
+    with that setting at its default, and another run than one asked with it on."""
+    import json
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text(_grid_text(tmp_path / "runs", 1))
+    assert run_sweep(grid)[0]["train"] == "trained"
+    cfg_file = next(p for p in (tmp_path / "runs").iterdir() if p.is_dir()) / "config.json"
+    record = json.loads(cfg_file.read_text())
+    for key in ("track_hessian", "track_hessian_settings"):
+        del record["config"][key]
+    cfg_file.write_text(json.dumps(record))
+    assert run_sweep(grid)[0]["train"] == "skipped"
+    grid.write_text(_grid_text(tmp_path / "runs", 1).replace("[fixed]", "[fixed]\ntrack_hessian = 1"))
+    rec = run_sweep(grid)[0]
+    assert rec["error"] and "(track_hessian: 0 there, 1 asked" in rec["error"]
+
+
 def test_a_run_killed_just_before_final_pt_is_completed_from_its_last_checkpoint(tmp_path):
     from flatfl.sweep import run_task
 
