@@ -15,13 +15,7 @@ from flatfl.cli import main
 from flatfl.errors import ConfigError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread (and the test machine is shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def symmetric_with_diagonal(diag: np.ndarray, offdiag: float, rng) -> np.ndarray:

@@ -16,12 +16,7 @@ from flatfl.analysis.hessian_run import load_eigenvectors
 from flatfl.cli import main
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 2.4k-parameter model: two threads on a busy 2-core machine are much slower
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -33,13 +33,7 @@ from flatfl.errors import ConfigError
 N_SAMPLES = 48
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: one intra-op thread is ~10x faster than two on a busy 2-core machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ---------------------------------------------------------------------------------------------- models and truth

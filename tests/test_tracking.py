@@ -19,12 +19,7 @@ TRAIN = ["train", "--dataset", "digits", "--model", "tiny", "--clients", "3", "-
 TRACK = ["--track-hessian", "2", "--track-top", "2", "--track-samples", "64"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def train(*args):
