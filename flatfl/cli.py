@@ -530,7 +530,7 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 
 
 @main.command(epilog=REPRODUCE_EPILOG)
-@click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"), metavar="TARGET")
+@click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"))
 @click.option("--preset", type=NameChoice(["quick", "fmnist", "paper", "tiny"], kind="preset"), default="quick", show_default=True,
               help="quick: digits on a CPU; fmnist: Fashion-MNIST on a CPU (<= 1 h on 2 cores); paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")

@@ -591,6 +591,8 @@ class Trainer:
         saved = st.get("settings")
         if isinstance(saved, dict):
             now = comparable_settings(self.cfg)
+            # a setting added after the run started: the run had it at its default
+            saved = {**{k: v for k, v in comparable_settings(type(self.cfg)()).items() if k not in saved}, **saved}
             changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
             if changed:
                 shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:3])
