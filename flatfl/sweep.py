@@ -91,16 +91,9 @@ class RunTask:
 
 
 def _comparable_config(cfg: dict) -> dict:
-    from dataclasses import MISSING, fields
+    from .train.config import with_defaults
 
-    from .train.config import RunConfig
-
-    out = {k: v for k, v in cfg.items() if k not in _CONFIG_KEYS_IGNORED}
-    for f in fields(RunConfig):  # a setting added after the run was made: the run had it at its default
-        if f.name not in out and f.name not in _CONFIG_KEYS_IGNORED:
-            default = f.default_factory() if f.default_factory is not MISSING else f.default
-            if default is not MISSING:
-                out[f.name] = json.loads(json.dumps(default))
+    out = {k: v for k, v in with_defaults(cfg).items() if k not in _CONFIG_KEYS_IGNORED}
     if isinstance(out.get("params"), dict):  # settings no piece of the run reads (older runs kept them) change nothing
         from .train.config import RunConfig
         from .train.catalog import used_hparams

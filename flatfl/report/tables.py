@@ -663,7 +663,9 @@ def _check_same_settings(spec: TableSpec, method: str, part: str, runs) -> None:
     lr, round count, client count...) than the row's first, naming the settings and both settings digests."""
     from ..utils.provenance import differing_settings, settings_digest, short
 
-    configs = [(r, r.config) for r in runs if isinstance(getattr(r, "config", None), dict)]
+    from ..train.config import with_defaults
+
+    configs = [(r, with_defaults(r.config)) for r in runs if isinstance(getattr(r, "config", None), dict)]
     for r, cfg in configs[1:]:
         first, base = configs[0]
         changed = differing_settings(base, cfg, without=("seed",))

@@ -186,6 +186,20 @@ class RunConfig:
         return self
 
 
+def with_defaults(stored: dict) -> dict:
+    """A run's recorded settings (config.json's ``config``) with every RunConfig field it lacks at its default: a
+    run made before a setting existed ran with that setting at its default (curvature tracking off, say)."""
+    import json
+
+    out = dict(stored)
+    for f in dataclasses.fields(RunConfig):
+        if f.name not in out:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if default is not dataclasses.MISSING:
+                out[f.name] = json.loads(json.dumps(default))
+    return out
+
+
 def read_settings_file(path: str | Path, what: str = "config file") -> dict:
     """Parse a TOML (.toml) or YAML (.yaml/.yml) file holding a table; errors name ``what`` and the file."""
     path = Path(path)
