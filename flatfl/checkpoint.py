@@ -242,7 +242,7 @@ class Checkpoint:
                 import sys
 
                 print(f"notice: --model-factory {model_factory} is not the factory {path} recorded ({recorded}); its "
-                      "weights are loaded into your network", file=sys.stderr)
+                      "weights are loaded into your network", file=sys.stderr, flush=True)
             model = model_from_factory(model_factory)
         if model is None and custom:
             raise CheckpointError(f"{path} holds a custom network ({self.model_spec.get('class', '?')}) and no model "

@@ -114,7 +114,7 @@ class Trainer:
         self.observer_seconds = 0.0
         self.run_dir = Path(run_dir)
         self.quiet = quiet
-        self.log = log or (lambda s: print(s, file=sys.stderr))
+        self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self.device = resolve_device(cfg.device)
         if cfg.threads is not None:  # None: leave the process's setting (the CLI sets the default of utils.threads)
             from ..utils.threads import apply_threads
