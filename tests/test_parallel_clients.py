@@ -16,7 +16,9 @@ from torch import nn
 
 from flatfl.errors import ConfigError
 from flatfl.models import build_model
+from flatfl.models.resnet import ResNet
 from flatfl.models.params import ParamLayout
+from flatfl.models.slimmable import slim_channels
 from flatfl.models.stacking import StackedLayout, stack_inputs, stack_network, stacking_refusal, unstack_outputs
 from flatfl.train import local as local_module
 from flatfl.train.catalog import load_all
@@ -24,6 +26,7 @@ from flatfl.train.components import ALGORITHMS
 from flatfl.train.config import RunConfig, parallel_clients_value
 from flatfl.train.engine import Trainer
 from flatfl.train.optimizers import RowSGD
+from flatfl.train.regularizers import stochdepth
 
 load_all()
 ALL_ALGORITHMS = sorted(ALGORITHMS)
@@ -40,15 +43,17 @@ def float64():
         torch.set_default_dtype(old)
 
 
-def train(tmp_path, parallel, rounds=2, resume=False, log=None, **settings):
-    """A run of ``rounds`` rounds on digits: 10 clients of unequal sizes, 3 of them a round."""
+def train(tmp_path, parallel, rounds=2, resume=False, log=None, network=None, **settings):
+    """A run of ``rounds`` rounds on digits: 10 clients of unequal sizes, 3 of them a round (``network``: a model of
+    one's own instead of the config's)."""
     base = dict(dataset="digits", model="digits-cnn", clients=10, participation=0.3, sampling="fraction",
                 rounds=rounds, local_epochs=1, batch_size=48, partition="fedml-dirichlet", alpha=0.5, seed=3,
                 momentum=0.5, eval_every=rounds, checkpoint_every=rounds, parallel_clients=parallel)
     base.update(settings)
     cfg = RunConfig(**base).validate()
     with float64():
-        tr = Trainer(cfg, tmp_path / f"run-{parallel}", quiet=True, resume=resume, log=log or (lambda s: None))
+        tr = Trainer(cfg, tmp_path / f"run-{parallel}", quiet=True, resume=resume, log=log or (lambda s: None),
+                     model=None if network is None else network())
         for r in range(rounds):
             tr.run_round(r)
     assert tr.theta.dtype == torch.float64
@@ -101,86 +106,123 @@ def test_unequal_clients_take_unequal_steps_and_batches(tmp_path, monkeypatch):
     check_same(tmp_path / "mean", algo="scaffold", params={"steps_rule": "mean"}, local_epochs=2)
 
 
-@pytest.mark.parametrize("reg", ["mixup", "fedalign", "stochdepth"])
+@pytest.mark.parametrize("reg", ["mixup", "fedalign", "gradaug", "stochdepth"])
 def test_resnet20_regularizers(tmp_path, reg):
-    """ResNet-20 (BatchNorm: per-client running statistics). Mixup trains clients together; FedAlign and
-    StochDepth train one at a time with a notice, and still give the same numbers."""
+    """ResNet-20 (BatchNorm: per-client running statistics). Each of these trains the clients together, with no
+    notice, and gives the numbers of one client at a time: Mixup's per-client mixtures, FedAlign's slimmed last
+    stage, GradAug's per-client widths and resolutions, StochDepth's per-client block drops."""
     said = []
     one = train(tmp_path, 1, model="resnet20", reg=reg, local_epochs=1)
     together = train(tmp_path, "all", model="resnet20", reg=reg, local_epochs=1, log=said.append)
-    if reg == "mixup":
-        assert together.parallel == 10 and not said
-    else:
-        assert together.parallel == 1 and len(said) == 1 and f"--reg {reg}" in said[0], said
+    assert together.parallel == 10 and not said, said
     assert rel(together.theta, one.theta) < RTOL
+    assert rel(together.latest, one.latest) < RTOL
     for name, v in one.buffers.items():
         assert rel(together.buffers[name], v) < RTOL
 
 
-def test_a_chunk_of_clients_and_the_default_on_cpu(tmp_path):
-    default = train(tmp_path / "d", None, rounds=1)
-    assert default.parallel == 1  # CPU: one at a time unless asked
-    two = train(tmp_path / "two", 2, rounds=1)
-    assert two.parallel == 2
-    assert rel(two.theta, default.theta) < RTOL
+def tiny_resnet() -> ResNet:
+    """A two-stage ResNet (one BasicBlock a stage, 8 and 16 channels) for the digits: flatfl's ResNet class, small
+    enough to run every algorithm with the network-changing regularizers."""
+    torch.manual_seed(0)  # the same initial weights for every run
+    return ResNet("basic", (1, 1), (8, 16), num_classes=10, in_channels=1)
 
 
-def test_resume_after_a_kill_inside_a_batched_round_is_bit_identical(tmp_path, monkeypatch):
-    settings = dict(algo="scaffold", reg="man", local_opt="sam", rounds=3, checkpoint_every=1, eval_every=1)
-    cfg = RunConfig(dataset="digits", model="digits-cnn", clients=10, participation=0.5, sampling="fraction",
-                    local_epochs=1, batch_size=48, partition="fedml-dirichlet", alpha=0.5, seed=3,
-                    parallel_clients="all", **settings).validate()
-    Trainer(cfg, tmp_path / "whole", quiet=True).run()
-    calls = {"n": 0}
-    real = local_module.StepContext
-
-    def dying_step(cohort, *args, **kwargs):  # round 2's 4th batched step never finishes
-        if cohort.round.index == 1:
-            assert cohort.n == 5  # the round's participants, together
-            calls["n"] += 1
-            if calls["n"] == 4:
-                raise KeyboardInterrupt
-        return real(cohort, *args, **kwargs)
-
-    monkeypatch.setattr(local_module, "StepContext", dying_step)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(cfg, tmp_path / "killed", quiet=True).run()
-    monkeypatch.setattr(local_module, "StepContext", real)
-    assert (tmp_path / "killed" / "resume.pt").is_file() and not (tmp_path / "killed" / "final.pt").exists()
-    Trainer(cfg, tmp_path / "killed", quiet=True, resume=True).run()
-    whole = torch.load(tmp_path / "whole" / "final.pt", weights_only=True)
-    resumed = torch.load(tmp_path / "killed" / "final.pt", weights_only=True)
-    for key in ("state_dict", "all_state_dict"):
-        for name, v in whole[key].items():
-            assert torch.equal(resumed[key][name], v), name
+@pytest.mark.parametrize("algo", ALL_ALGORITHMS)
+def test_every_algorithm_with_fedalign_gradaug_and_stochdepth(tmp_path, algo):
+    """N = 1 vs all on unequal clients for the regularizers that change the network: FedAlign (its slimmed last
+    stage), GradAug (sub-networks at per-client widths and resolutions), StochDepth (per-client block drops, with
+    survival 0.5 so that most steps drop some clients' blocks and not others')."""
+    for reg in ("fedalign", "gradaug", "stochdepth"):
+        if algo == "moon" and reg == "gradaug":
+            continue  # GradAug slims the whole network; MOON's projection-head wrapper cannot be slimmed (ConfigError)
+        try:
+            RunConfig(algo=algo, reg=reg).validate()
+        except ConfigError:
+            continue  # an algorithm defined with a regularizer of its own
+        hp = {"survival_last": 0.5} if reg == "stochdepth" else {}
+        check_same(tmp_path / reg, algo=algo, reg=reg, network=tiny_resnet, rounds=1, params=hp)
 
 
-# ----- the pieces, against independent truths -----
-def test_stacked_network_is_each_clients_network(tmp_path):
-    """Each block of the stacked network's output is that client's own model's output (conv, linear, GroupNorm,
-    BatchNorm in training mode), and gradients of the summed losses are each model's own gradients."""
+def test_stochdepth_drops_differ_per_client_in_a_cohort_step(tmp_path, monkeypatch):
+    """The batched path is exercised: some cohort steps have a block that some clients keep and others drop."""
+    mixed = []
+    real = stochdepth.BlockGate
+
+    def spy(values, dropped, kept_by_all, dropped_by_all):
+        mixed.append(not kept_by_all and not dropped_by_all)
+        return real(values, dropped, kept_by_all, dropped_by_all)
+
+    monkeypatch.setattr(stochdepth, "BlockGate", spy)
+    train(tmp_path, "all", network=tiny_resnet, reg="stochdepth", params={"survival_last": 0.5}, rounds=1)
+    assert any(mixed) and not all(mixed)
+
+
+def test_gradaug_trains_one_client_at_a_time_where_per_client_widths_cannot_be_masked(tmp_path):
+    """GroupNorm networks and --width 1: the engine says why, in one line, and trains one client at a time."""
+    for name, settings, words in (("gn", dict(model="resnet18", model_args={"norm": "gn"}, params={"width": 0.5}), "GroupNorm"),
+                                  ("w1", dict(model="resnet20", params={"width": 1.0}), "--width 1")):
+        said = []
+        cfg = RunConfig(dataset="digits", clients=10, participation=0.3, rounds=1, reg="gradaug",
+                        parallel_clients="all", **settings).validate()
+        tr = Trainer(cfg, tmp_path / name, quiet=True, log=said.append)
+        assert tr.parallel == 1 and len(said) == 1 and words in said[0], said
+
+
+@pytest.mark.parametrize("name,kwargs,width", [("resnet20", {}, 0.8), ("resnet20", {}, 0.25),
+                                               ("resnet18", {"norm": "gn"}, 0.5)])
+def test_a_stacked_network_at_a_width_is_each_clients_slimmed_network(name, kwargs, width):
+    """``set_width`` on a stacked ResNet gives each client's slimmed network (conv, BatchNorm in both modes,
+    GroupNorm, classifier), outputs and gradients; and the per-client channel masks GradAug uses give each client's
+    network at its own width."""
     torch.manual_seed(0)
-    for name, size in (("digits-cnn", 8), ("resnet20", 8), ("tiny-cnn", 16), ("mlp", 8)):
-        with float64():
-            base = build_model(name, num_classes=10, in_channels=1, image_size=size)
-            models = [copy.deepcopy(base) for _ in range(3)]
-            for k, m in enumerate(models):
-                with torch.no_grad():
-                    for p in m.parameters():
-                        p.add_(0.01 * (k + 1) * torch.randn_like(p))
-            stacked = stack_network(base, 3)
-            layout = StackedLayout(stacked, 3, ParamLayout(base))
-            layout.set(torch.stack([ParamLayout(m).get() for m in models]))
-            x = torch.randn(3, 4, 1, size, size)
+    with float64():
+        base = build_model(name, num_classes=10, in_channels=1, image_size=8, **kwargs)
+        models = [copy.deepcopy(base) for _ in range(3)]
+        for k, m in enumerate(models):
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.add_(0.01 * (k + 1) * torch.randn_like(p))
+        stacked = stack_network(base, 3)
+        layout = StackedLayout(stacked, 3, ParamLayout(base))
+        layout.set(torch.stack([ParamLayout(m).get() for m in models]))
+        x = torch.randn(3, 4, 1, 8, 8)
+        for training in (True, False):
+            stacked.train(training)
+            stacked.set_width(width)
             out = unstack_outputs(stacked(stack_inputs(x)), 3)
-            out.square().sum().backward()
+            stacked.set_width(1.0)
             for k, m in enumerate(models):
-                ref = m(x[k])
-                assert rel(out[k].detach(), ref.detach()) < 1e-12, name
-                ref.square().sum().backward()
-                grads = torch.cat([p.grad.reshape(-1) for p in ParamLayout(m).params])
-                mine = torch.cat([g[k].reshape(-1) for g in layout.grads()])
-                assert rel(mine, grads) < 1e-10, name
+                m.train(training)
+                m.set_width(width)
+                assert rel(out[k].detach(), m(x[k]).detach()) < 1e-12, (name, width, training)
+                m.set_width(1.0)
+        if kwargs:
+            return  # GroupNorm: no per-client masks (GradAug trains such networks one client at a time)
+        widths = [width, 1.0 - (1.0 - width) / 2, 0.9]
+        stacked.train()
+        norms = [m for m in stacked.modules() if hasattr(m, "channel_mask")]
+        for bn in norms:
+            c = bn.per_client
+            bn.channel_mask = torch.tensor([[1.0 if i < slim_channels(c, w) else 0.0 for i in range(c)]
+                                            for w in widths]).reshape(-1)
+        stats = [b.clone() for b in layout.buffers]
+        out = unstack_outputs(stacked(stack_inputs(x)), 3)
+        for bn in norms:
+            bn.channel_mask = None
+        assert all(torch.equal(a, b) for a, b in zip(stats, layout.buffers))  # running statistics untouched
+        out.square().sum().backward()
+        for k, m in enumerate(models):
+            m.train()
+            m.set_width(widths[k])
+            ref = m(x[k])
+            ref.square().sum().backward()
+            m.set_width(1.0)
+            assert rel(out[k].detach(), ref.detach()) < 1e-12
+            grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                               for p in ParamLayout(m).params])
+            mine = torch.cat([g[k].reshape(-1) for g in layout.grads()])
+            assert rel(mine, grads) < 1e-10
 
 
 def test_row_sgd_is_torch_sgd_per_client():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils.data import TensorDataset
 
@@ -28,16 +29,21 @@ def test_the_counter_counts_kernels_and_not_views():
     assert sum(c.syncs.values()) == 1
 
 
-def test_a_cohort_step_of_ten_clients_costs_about_one_clients_kernels(tmp_path):
+@pytest.mark.parametrize("model,algo,reg,params", [
+    ("digits-cnn", "feddyn", "man", {}),
+    ("digits-cnn", "fedavg", "fedalign", {}),
+    ("resnet20", "fedavg", "stochdepth", {}),  # survival 1 -> 0.9: most steps, some clients drop a block
+])
+def test_a_cohort_step_of_ten_clients_costs_about_one_clients_kernels(tmp_path, model, algo, reg, params):
     clients, batch = 10, 4
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(clients * 2 * batch, 1, 8, 8, generator=g), torch.arange(clients * 2 * batch) % 10
     train, test = TensorDataset(x, y), TensorDataset(x[:20], y[:20])
 
     def make(epochs, parallel):
-        cfg = RunConfig(dataset="digits", model="digits-cnn", partition="iid", clients=clients, participation=1.0,
+        cfg = RunConfig(dataset="digits", model=model, partition="iid", clients=clients, participation=1.0,
                         sampling="fraction", rounds=10, local_epochs=epochs, batch_size=batch, lr=0.1,
-                        weight_decay=1e-3, clip=10.0, momentum=0.5, algo="feddyn", reg="man", seed=0,
+                        weight_decay=1e-3, clip=10.0, momentum=0.5, algo=algo, reg=reg, seed=0, params=params,
                         parallel_clients=parallel).validate()
         return Trainer(cfg, tmp_path / f"{epochs}-{parallel}", quiet=True, log=lambda s: None, dataset=train,
                        test_dataset=test)

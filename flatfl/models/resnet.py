@@ -61,6 +61,9 @@ class ResidualBlock(nn.Module):
     def __init__(self):
         super().__init__()
         self.survival: float = 1.0
+        #: in a channel-stacked network (several clients' copies side by side), where the per-client keep/drop
+        #: draws come from: a callable ``gate_source(block) -> BlockGate`` (StochDepth sets it); None otherwise
+        self.gate_source = None
 
     def branch(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -69,12 +72,45 @@ class ResidualBlock(nn.Module):
         shortcut = self.shortcut(x)
         if self.survival >= 1.0:
             total = shortcut + self.branch(x)
+        elif self.training and self.gate_source is not None:
+            total = self._gated(x, shortcut, self.gate_source(self))
         elif self.training:
             keep = bool(torch.rand(()) < self.survival)
             total = shortcut + self.branch(x) if keep else shortcut
         else:
             total = shortcut + self.survival * self.branch(x)
         return self.relu_out(total)
+
+    def _gated(self, x: torch.Tensor, shortcut: torch.Tensor, gate: "BlockGate") -> torch.Tensor:
+        """The clients of a stacked network, each keeping or dropping the branch by its own draw: the branch runs
+        for all of them and is multiplied by each client's 0/1 gate, and the branch's BatchNorm running statistics
+        of the clients that dropped it are put back, so each client gets what it gets alone (a dropped branch
+        neither contributes nor moves its statistics)."""
+        if gate.kept_by_all:
+            return shortcut + self.branch(x)
+        if gate.dropped_by_all:
+            return shortcut
+        m = gate.values.shape[0]
+        norms = [mod for name, mod in self.named_modules()
+                 if isinstance(mod, nn.BatchNorm2d) and mod.track_running_stats and not name.startswith("shortcut")]
+        saved = [(mod, [getattr(mod, k).view(m, -1)[gate.dropped] for k in ("running_mean", "running_var")])
+                 for mod in norms if mod.running_mean is not None]
+        out = self.branch(x)
+        for mod, (mean, var) in saved:  # through .data: the BatchNorm backward holds the statistics (unread)
+            mod.running_mean.data.view(m, -1)[gate.dropped] = mean
+            mod.running_var.data.view(m, -1)[gate.dropped] = var
+        gated = out.reshape(out.shape[0], m, -1) * gate.values.view(1, m, 1)
+        return shortcut + gated.view(out.shape)
+
+
+class BlockGate:
+    """One residual block's keep/drop draws for the M clients of a stacked network's forward pass: ``values`` a
+    (M,) 0/1 tensor on the device, ``dropped`` the indices of the clients that drop the branch (a device tensor),
+    and the two cases that need no masking, known on the host."""
+
+    def __init__(self, values: torch.Tensor, dropped: torch.Tensor, kept_by_all: bool, dropped_by_all: bool):
+        self.values, self.dropped = values, dropped
+        self.kept_by_all, self.dropped_by_all = kept_by_all, dropped_by_all
 
 
 def _shortcut(in_channels: int, out_channels: int, stride: int, norm: str, gn_groups: int) -> nn.Module:

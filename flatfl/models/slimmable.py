@@ -48,8 +48,9 @@ def check_width(width: float) -> float:
     return value
 
 
-class _Slimmable:
-    """Mixin holding the current width multiplier of one layer."""
+class Slimmable:
+    """Mixin holding the current width multiplier of one layer (also the channel-stacked layers of
+    :mod:`flatfl.models.stacking`)."""
 
     width: float = 1.0
 
@@ -57,7 +58,7 @@ class _Slimmable:
         self.width = check_width(width)
 
 
-class SlimConv2d(_Slimmable, nn.Conv2d):
+class SlimConv2d(Slimmable, nn.Conv2d):
     """A 2-D convolution (no groups) that can run on its leading input / output channels.
 
     ``slim_in`` / ``slim_out`` say which side follows the width multiplier.
@@ -86,7 +87,7 @@ class SlimConv2d(_Slimmable, nn.Conv2d):
         return F.conv2d(x, self.weight[:n_out, :n_in], bias, self.stride, self.padding, self.dilation, 1)
 
 
-class SlimLinear(_Slimmable, nn.Linear):
+class SlimLinear(Slimmable, nn.Linear):
     """A linear layer whose input (and optionally output) follows the width multiplier.
 
     It is an ``nn.Linear``, so code that looks for the final ``nn.Linear`` classifier finds it.
@@ -115,7 +116,7 @@ class SlimLinear(_Slimmable, nn.Linear):
         return F.linear(x, self.weight[:n_out, :n_in], bias)
 
 
-class SlimBatchNorm2d(_Slimmable, nn.BatchNorm2d):
+class SlimBatchNorm2d(Slimmable, nn.BatchNorm2d):
     """BatchNorm over the leading ceil(w * C) channels (see the module docstring for the statistics rule)."""
 
     def __init__(self, num_features: int):
@@ -137,7 +138,7 @@ class SlimBatchNorm2d(_Slimmable, nn.BatchNorm2d):
         return F.batch_norm(x, self.running_mean[:c], self.running_var[:c], weight, bias, False, 0.0, self.eps)
 
 
-class SlimGroupNorm(_Slimmable, nn.GroupNorm):
+class SlimGroupNorm(Slimmable, nn.GroupNorm):
     """GroupNorm over the leading ceil(w * C) channels with the same number of groups."""
 
     def __init__(self, num_groups: int, num_channels: int):
@@ -167,7 +168,7 @@ class SlimGroupNorm(_Slimmable, nn.GroupNorm):
         return F.group_norm(x, self.num_groups, self.weight[:c], self.bias[:c], self.eps)
 
 
-SLIMMABLE_TYPES = (SlimConv2d, SlimLinear, SlimBatchNorm2d, SlimGroupNorm)
+SLIMMABLE_TYPES = (Slimmable,)
 
 
 def set_module_width(module: nn.Module, width: float) -> None:
@@ -175,7 +176,7 @@ def set_module_width(module: nn.Module, width: float) -> None:
     width = check_width(width)
     layers = [m for m in module.modules() if isinstance(m, SLIMMABLE_TYPES)]
     for layer in layers:  # validate every layer first, so a failure leaves no half-set network
-        if isinstance(layer, SlimGroupNorm):
+        if callable(getattr(layer, "check_width", None)):
             layer.check_width(width)
     for layer in layers:
         layer.set_width(width)

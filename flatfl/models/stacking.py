@@ -25,14 +25,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from .params import ParamLayout
+from .slimmable import Slimmable, slim_channels
+from .resnet import ResidualBlock
 
 #: layers with no parameters that act on each channel block alone
 ELEMENTWISE = (nn.ReLU, nn.Tanh, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Identity,
                nn.Sequential)
 
 
-class StackedConv2d(nn.Module):
-    """N convolutions as one grouped convolution; weight (N*out, in/groups, kh, kw)."""
+def _slim_sides(layer: nn.Module) -> tuple[bool, bool]:
+    """(slim_in, slim_out) of a slimmable layer; (False, False) for a plain one (its width never changes)."""
+    if isinstance(layer, Slimmable):
+        return getattr(layer, "slim_in", True), getattr(layer, "slim_out", True)
+    return False, False
+
+
+class StackedConv2d(Slimmable, nn.Module):
+    """N convolutions as one grouped convolution; weight (N*out, in/groups, kh, kw). At width w < 1 (a slimmable
+    source layer) each client's convolution uses the leading ceil(w*C) of its channels, as the slimmable layer."""
 
     def __init__(self, conv: nn.Conv2d, n: int):
         super().__init__()
@@ -40,57 +50,92 @@ class StackedConv2d(nn.Module):
         self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
         self.weight = nn.Parameter(conv.weight.detach().repeat(n, 1, 1, 1))
         self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().repeat(n))
+        self.slim_in, self.slim_out = _slim_sides(conv)
+        self.width = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.weight.shape[0] // self.out_channels
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups * n)
+        if self.width == 1.0 or not (self.slim_in or self.slim_out):
+            return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups * n)
+        n_out = slim_channels(self.out_channels, self.width) if self.slim_out else self.out_channels
+        n_in = slim_channels(self.in_channels, self.width) if self.slim_in else self.in_channels
+        w = self.weight.view(n, self.out_channels, *self.weight.shape[1:])[:, :n_out, :n_in]
+        bias = None if self.bias is None else self.bias.view(n, -1)[:, :n_out].reshape(-1)
+        return F.conv2d(x, w.reshape(n * n_out, *w.shape[2:]), bias, self.stride, self.padding, self.dilation, n)
 
 
-class StackedLinear(nn.Module):
+class StackedLinear(Slimmable, nn.Module):
     """N linear layers as one batched product; weight (N, out, in), bias (N, out); input (B, N*in) or (B, N, in),
     output (B, N, out).
 
     The output is a view of an (N, out, B) product (W_k x_k^T for each client): a following stacked linear layer
     reads it as its (N, in, B) operand without a copy, the weight's gradient comes out in the weight's own layout
     (no copy into ``.grad``), and the logits unstack to (N, B, K) without a copy. Element-wise layers between
-    linear layers keep that layout."""
+    linear layers keep that layout. At width w < 1 (a slimmable source layer) each client uses the leading
+    ceil(w*in) inputs (and outputs when ``slim_out``)."""
 
     def __init__(self, linear: nn.Linear, n: int):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = nn.Parameter(linear.weight.detach().unsqueeze(0).repeat(n, 1, 1))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().unsqueeze(0).repeat(n, 1))
+        self.slim_in, self.slim_out = _slim_sides(linear)
+        self.width = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, b = self.weight.shape[0], x.shape[0]
-        xt = x.reshape(b, n, self.in_features).permute(1, 2, 0)  # (N, in, B)
-        if self.bias is None:
-            out = torch.bmm(self.weight, xt)
+        weight, bias, n_in = self.weight, self.bias, self.in_features
+        if self.width != 1.0 and (self.slim_in or self.slim_out):
+            n_in = slim_channels(self.in_features, self.width) if self.slim_in else self.in_features
+            n_out = slim_channels(self.out_features, self.width) if self.slim_out else self.out_features
+            weight = weight[:, :n_out, :n_in]
+            bias = None if bias is None else bias[:, :n_out]
+        xt = x.reshape(b, n, n_in).permute(1, 2, 0)  # (N, in, B)
+        if bias is None:
+            out = torch.bmm(weight, xt)
         else:
-            out = torch.baddbmm(self.bias.unsqueeze(2), self.weight, xt)
+            out = torch.baddbmm(bias.unsqueeze(2), weight, xt)
         return out.permute(2, 0, 1)  # (B, N, out)
 
 
-class StackedGroupNorm(nn.Module):
-    """N GroupNorms of G groups over C channels as one of N*G groups over N*C channels."""
+class StackedGroupNorm(Slimmable, nn.Module):
+    """N GroupNorms of G groups over C channels as one of N*G groups over N*C channels (at width w < 1: over each
+    client's leading ceil(w*C) channels, G groups still)."""
 
     def __init__(self, norm: nn.GroupNorm, n: int):
         super().__init__()
         self.num_groups, self.num_channels, self.eps = norm.num_groups, norm.num_channels, norm.eps
         self.weight = None if norm.weight is None else nn.Parameter(norm.weight.detach().repeat(n))
         self.bias = None if norm.bias is None else nn.Parameter(norm.bias.detach().repeat(n))
+        self.slim = isinstance(norm, Slimmable)
+        self.width = 1.0
+        if self.slim:
+            self.check_width = norm.check_width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[1] // self.num_channels
-        return F.group_norm(x, self.num_groups * n, self.weight, self.bias, self.eps)
+        c = slim_channels(self.num_channels, self.width) if self.slim else self.num_channels
+        n = x.shape[1] // c
+        weight, bias = self.weight, self.bias
+        if c != self.num_channels and weight is not None:
+            weight = weight.view(n, -1)[:, :c].reshape(-1)
+            bias = bias.view(n, -1)[:, :c].reshape(-1)
+        return F.group_norm(x, self.num_groups * n, weight, bias, self.eps)
 
 
-class StackedBatchNorm2d(nn.BatchNorm2d):
-    """N BatchNorms as one over N*C channels: batch statistics and running statistics per client."""
+class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
+    """N BatchNorms as one over N*C channels: batch statistics and running statistics per client. At width w < 1
+    (a slimmable source layer) each client's leading ceil(w*C) channels, normalised as the slimmable layer does
+    (batch statistics in training, running statistics untouched)."""
 
     def __init__(self, norm: nn.BatchNorm2d, n: int):
         super().__init__(norm.num_features * n, norm.eps, norm.momentum, norm.affine, norm.track_running_stats)
         self.per_client = norm.num_features
+        self.slim = isinstance(norm, Slimmable)
+        self.width = 1.0
+        #: per-client widths as a 0/1 mask over the N*C output channels (GradAug's sub-networks, each client at
+        #: its own width): batch statistics, running statistics untouched, output channels beyond each client's
+        #: leading ceil(w*C) set to zero; None otherwise
+        self.channel_mask: torch.Tensor | None = None
         with torch.no_grad():
             if norm.affine:
                 self.weight.copy_(norm.weight.repeat(n))
@@ -100,13 +145,29 @@ class StackedBatchNorm2d(nn.BatchNorm2d):
                 self.running_var.copy_(norm.running_var.repeat(n))
                 self.num_batches_tracked.copy_(norm.num_batches_tracked)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channel_mask is not None:
+            out = F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
+            return out * self.channel_mask.view(1, -1, *[1] * (x.dim() - 2))
+        if self.width == 1.0 or not self.slim:
+            return super().forward(x)
+        c = slim_channels(self.per_client, self.width)
+        n = x.shape[1] // c
+
+        def lead(t):
+            return None if t is None else t.view(n, -1)[:, :c].reshape(-1)
+
+        if self.training:
+            return F.batch_norm(x, None, None, lead(self.weight), lead(self.bias), True, 0.0, self.eps)
+        return F.batch_norm(x, lead(self.running_mean), lead(self.running_var), lead(self.weight), lead(self.bias),
+                            False, 0.0, self.eps)
+
 
 def stacking_refusal(model: nn.Module) -> str | None:
     """Why ``model`` cannot be channel-stacked (a layer or model class whose forward pass is not known to act per
-    channel block, a narrowed slimmable layer, a stochastic-depth block), or None when it can."""
+    channel block, a narrowed slimmable layer), or None when it can."""
     from .base import FeatureClassifier
     from .projection import ProjectionHeadModel
-    from .resnet import ResidualBlock
 
     known = (FeatureClassifier, ProjectionHeadModel, ResidualBlock)
     for name, module in model.named_modules():
@@ -117,8 +178,6 @@ def stacking_refusal(model: nn.Module) -> str | None:
             if isinstance(module, nn.Conv2d) and (module.padding_mode != "zeros" or isinstance(module.padding, str)):
                 return f"{where} uses padding {module.padding!r} / {module.padding_mode}"
             continue
-        if isinstance(module, ResidualBlock) and module.survival < 1.0:
-            return f"{where} has stochastic depth (one random draw per client and forward)"
         if isinstance(module, ELEMENTWISE) or isinstance(module, known):
             if type(module).__module__.startswith(("torch.", "flatfl.")):
                 continue
@@ -143,7 +202,22 @@ def stack_network(model: nn.Module, n: int) -> nn.Module:
                 if isinstance(child, kind):
                     setattr(parent, name, cls(child, n))
                     break
-    return stacked
+    for block in stacked.modules():  # stochastic depth needs one draw per client: StochDepth.attach supplies them
+        if isinstance(block, ResidualBlock) and block.survival < 1.0:
+            block.gate_source = _no_gate_source
+    stacked.flatfl_stacked = n
+    return stacked.train(model.training)  # the new layers start in training mode: the model's mode throughout
+
+
+def stacked_clients(network: nn.Module) -> int:
+    """How many clients' copies ``network`` holds side by side (1 for a network that :func:`stack_network` did not
+    stack)."""
+    return getattr(network, "flatfl_stacked", 1)
+
+
+def _no_gate_source(block: nn.Module):
+    raise RuntimeError("a stacked network's stochastic-depth block ran in training mode without per-client draws "
+                       "(only --reg stochdepth supplies them)")
 
 
 def stack_inputs(x: torch.Tensor) -> torch.Tensor:
@@ -185,6 +259,11 @@ class StackedLayout:
         buffers = {k: b for k, b in network.named_buffers() if b.is_floating_point()}
         self.buffer_names = list(buffers)
         self.buffers = list(buffers.values())
+        #: parameter index -> (N,) 0/1, 0 for the clients whose row of it got no gradient in this step's backward
+        #: pass (a stochastic-depth branch the client dropped): a client alone would have left that parameter
+        #: without a gradient and its SGD step would skip it; cleared by :meth:`grads` when a caller adds to every
+        #: gradient. A parameter not named has a gradient in every row.
+        self.live: dict[int, torch.Tensor] = {}
 
     def rows(self, t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """A stacked tensor as (N, *shape) (a view)."""
@@ -220,8 +299,12 @@ class StackedLayout:
         """Each float buffer as (N, *the model's shape) rows (copies)."""
         return {name: b.detach().view(self.n, -1).clone() for name, b in zip(self.buffer_names, self.buffers)}
 
-    def grads(self) -> list[torch.Tensor]:
-        """Each parameter's gradient as (N, *shape) rows, created as zeros where backward left none."""
+    def grads(self, touch: bool = True) -> list[torch.Tensor]:
+        """Each parameter's gradient as (N, *shape) rows, created as zeros where backward left none. ``touch``: the
+        caller writes every gradient (a correction term; one client alone then has a gradient for every parameter,
+        so every row has one); False to read or scale them (clipping, the SGD step)."""
+        if touch:
+            self.live.clear()
         out = []
         for p, s in zip(self.params, self.shapes):
             if p.grad is None:

@@ -35,7 +35,7 @@ from .algorithms.base import Algorithm, weighted_mean
 from ..checkpoint import FINAL_FILE, save_checkpoint, save_clients_average
 from .catalog import load_all
 from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
-from .context import ClientContext, Cohort, RoundContext, frozen_copy
+from .context import ClientContext, Cohort, RoundContext, client_rng, frozen_copy
 from .evaluate import evaluate
 from .local import train_cohort
 from .resume import load_resume_state, rng_state, save_resume_state
@@ -375,8 +375,9 @@ class Trainer:
         from ..models.stacking import stacking_refusal
 
         refusal = None
-        if not self.reg_cls.batchable:
-            refusal = f"--reg {self.reg_cls.name} trains one client at a time"
+        why = self.reg.cohort_refusal(self.model)
+        if why is not None:
+            refusal = f"--reg {self.reg_cls.name} trains one client at a time: {why}"
         else:
             why = stacking_refusal(self.model)
             if why is not None:
@@ -440,9 +441,12 @@ class Trainer:
             cctx = ClientContext(  # gen's fresh state doubles as the seed of the client's in-model stream
                 client_id=i, round=rctx, x=x, y=y, num_samples=n_i, weight=float(self.algo.weights[i]),
                 label_counts=self.label_counts[i], steps=k_i, lr=lr, generator=gen, rng_state=gen.get_state())
-            starts.append(self.algo.client_start(cctx))
+            with client_rng(cctx):  # in-model draws of client_start (MimeLite's pass through stochastic depth)
+                starts.append(self.algo.client_start(cctx))
             contexts.append(cctx)
             taken_steps.append(taken)
+        if len(ids) == 1:  # one client: its in-model draws go on from torch's global generator, in its stream
+            torch.set_rng_state(contexts[0].rng_state)
         network, layout = self._network(len(ids))
         layout.set(torch.stack(starts))
         layout.set_buffers(self.buffers)

@@ -43,7 +43,7 @@ class LocalOptimizer(Component):
         if self.layout.n == 1:  # torch's own: parameters without a gradient keep none, so SGD skips them
             torch.nn.utils.clip_grad_norm_(self.params, self.clip, foreach=True)
             return
-        grads = self.layout.grads()
+        grads = self.layout.grads(touch=False)
         coef = torch.clamp(self.clip / (self.layout.row_norms(grads) + 1e-6), max=1.0)
         torch._foreach_mul_(grads, [per_row(coef, g) for g in grads])
 
@@ -83,7 +83,7 @@ class RowSGD:
         live = [k for k, p in enumerate(self.layout.params) if p.grad is not None]
         if not live:
             return
-        if rows is None and not isinstance(self.weight_decay, torch.Tensor):
+        if rows is None and not isinstance(self.weight_decay, torch.Tensor) and not self.layout.live:
             self._plain(live)
         else:
             self._rowwise(rows)
@@ -115,11 +115,12 @@ class RowSGD:
         torch._foreach_add_(params, grads, alpha=-self.lr)
 
     def _rowwise(self, rows: torch.Tensor | None) -> None:
-        """Clients at their own decay rates, or only the clients ``rows`` stepping: per-client coefficients over
-        the stacked tensors. A client that sits out gets coefficient 0 (its parameters and momentum stay exactly
-        as they are); a client's first momentum buffer is its first gradient (torch's rule)."""
+        """Clients at their own decay rates, only the clients ``rows`` stepping, or rows without a gradient
+        (``layout.live``): per-client coefficients over the stacked tensors. A client that sits out, or a row that
+        got no gradient, gets coefficient 0 (parameters and momentum stay exactly as they are, as torch's SGD skips
+        a parameter without a gradient); a client's first momentum buffer is its first gradient (torch's rule)."""
         lay = self.layout
-        params, grads = lay.param_rows(), lay.grads()
+        params, grads = lay.param_rows(), lay.grads(touch=False)
         dtype = params[0].dtype
         wd = self.weight_decay
         if isinstance(wd, torch.Tensor):
@@ -129,27 +130,41 @@ class RowSGD:
         else:
             d = grads
         on = None  # (N,) 1 for the clients that step, 0 for those that sit out
+        dev = params[0].device
         if rows is not None:
-            dev = params[0].device
             on = torch.zeros(lay.n, device=dev, dtype=dtype).index_fill_(0, rows.to(dev), 1.0)
+        masked = on is not None or bool(lay.live)
+        ons = [on] * len(params)  # per parameter: the stepping clients less the rows it has no gradient in
+        if masked:
+            ones = torch.ones(lay.n, device=dev, dtype=dtype) if on is None else on
+            both: dict[int, torch.Tensor] = {}  # one per live mask (a block's parameters share theirs)
+            for k in range(len(params)):
+                live = lay.live.get(k)
+                if live is None:
+                    ons[k] = ones
+                else:
+                    if id(live) not in both:
+                        both[id(live)] = live.to(dev, dtype) if on is None else live.to(dev, dtype) * on
+                    ons[k] = both[id(live)]
+        distinct = list({id(o): o for o in ons}.values())
         if self.momentum != 0:
             # a buffer not yet started is zero, so momentum * buf + g is torch's first buffer, g
             if not self.bufs:
                 self.bufs = {k: torch.zeros_like(p) for k, p in enumerate(lay.params)}
             bufs = [lay.rows(self.bufs[k], s) for k, s in enumerate(lay.shapes)]
-            if on is None:
+            if not masked:
                 torch._foreach_mul_(bufs, self.momentum)
                 torch._foreach_add_(bufs, d)
             else:  # buf <- momentum * buf + g on the stepping rows, unchanged on the others
-                keep = on * self.momentum + (1.0 - on)
-                torch._foreach_mul_(bufs, [per_row(keep, b) for b in bufs])
-                torch._foreach_addcmul_(bufs, d, [per_row(on, b) for b in bufs])
+                keeps = {id(o): o * self.momentum + (1.0 - o) for o in distinct}
+                torch._foreach_mul_(bufs, [per_row(keeps[id(o)], b) for o, b in zip(ons, bufs)])
+                torch._foreach_addcmul_(bufs, d, [per_row(o, b) for o, b in zip(ons, bufs)])
             d = torch._foreach_add(d, bufs, alpha=self.momentum) if self.nesterov else bufs
-        if on is None:
+        if not masked:
             torch._foreach_add_(params, d, alpha=-self.lr)
         else:
-            step = on * -self.lr
-            torch._foreach_addcmul_(params, d, [per_row(step, p) for p in params])
+            steps = {id(o): o * -self.lr for o in distinct}
+            torch._foreach_addcmul_(params, d, [per_row(steps[id(o)], p) for o, p in zip(ons, params)])
 
 
 @LOCAL_OPTIMIZERS.register

@@ -14,8 +14,8 @@ Lifecycle: ``attach(network)`` on each working network (the model, and each stac
 hooks, switch modes); ``start_cohort(cohort)`` / ``end_cohort(cohort)`` around a cohort's local training (build a
 teacher, read label frequencies).
 
-``batchable`` says whether the regularizer trains clients together; one that cannot (GradAug's random widths
-differ per client) trains one client at a time, with a notice.
+:meth:`Regularizer.cohort_refusal` says why the regularizer cannot train the clients of a model together (None when
+it can); the engine then trains one client at a time, with a notice.
 """
 from __future__ import annotations
 
@@ -39,8 +39,6 @@ def per_client_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Ten
 
 class Regularizer(Component):
     kind: ClassVar[str] = "regularizer"
-    #: whether clients can train together under this regularizer (see the module docstring)
-    batchable: ClassVar[bool] = True
 
     def __init__(self, hp: dict[str, Any], *, num_classes: int, config: Any = None):
         self.hp = dict(hp)
@@ -53,6 +51,10 @@ class Regularizer(Component):
     def prepare_model(cls, model: nn.Module, hp: dict[str, Any]) -> nn.Module:
         """Change the architecture before training if needed (StochDepth sets block survival). Default: no-op."""
         return model
+
+    def cohort_refusal(self, model: nn.Module) -> str | None:
+        """Why the clients of ``model`` cannot train together under this regularizer (channel-stacked), or None."""
+        return None
 
     def attach(self, model: nn.Module) -> None:
         """Called once with each working network (the model; a stacked network) before it trains."""

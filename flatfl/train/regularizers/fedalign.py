@@ -37,6 +37,7 @@ the formula is the code's. When L_lip is exactly 0 the term is 0.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -45,9 +46,10 @@ from torch import nn
 
 from ...errors import ConfigError
 from ...models.slimmable import check_width, slim_channels
+from ...models.stacking import StackedLinear, run_rows
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext
-from .base import Regularizer
+from .base import Regularizer, per_client_cross_entropy
 from .man import NONLINEARITIES
 
 POWER_ITERATIONS = 10
@@ -106,6 +108,27 @@ def lipschitz_loss(student: tuple[torch.Tensor, torch.Tensor],
     return F.mse_loss(sigma_s, sigma_t)
 
 
+def client_samples(t: torch.Tensor, m: int) -> torch.Tensor:
+    """A feature of M stacked clients, (B, M*C, H, W), (B, M*C) or (B, M, C), as (B*M, C, ...): one 'sample' per
+    (sample, client), client k's at rows k, M + k, ..."""
+    b = t.shape[0]
+    if t.dim() == 4:
+        return t.reshape(b * m, t.shape[1] // m, *t.shape[2:])
+    return t.reshape(b * m, -1)
+
+
+def clients_lipschitz_loss(student: tuple[torch.Tensor, torch.Tensor], teacher: tuple[torch.Tensor, torch.Tensor],
+                           m: int) -> torch.Tensor:
+    """:func:`lipschitz_loss` of each of M stacked clients, (M,): each pair holds stacked features."""
+    sigma_s = spectral_norm(*(client_samples(t, m) for t in student))
+    with torch.no_grad():
+        sigma_t = spectral_norm(*(client_samples(t, m) for t in teacher))
+    return (sigma_s - sigma_t).view(-1, m).pow(2).mean(0)
+
+
+LINEAR_LAYERS = (nn.Linear, StackedLinear)
+
+
 class _FinalBlock:
     """Captures, during the model's ordinary forward pass, the input f_{L-1} and output f_L of the final block, and
     runs the block at reduced width. Hooks are closures (a deep copy of the model shares them but never records:
@@ -138,10 +161,27 @@ class _FinalBlock:
         seen, self.seen = self.seen, {}
         return (*self.check(seen), logits)
 
+    def capture_clients(self, step: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(f_prev, f_last, logits) of the step's M clients from one forward pass of the stacked network: the
+        features stacked, the logits (M, B, K)."""
+        self.seen = {}
+        self.recording = True
+        try:
+            logits = step.model(step.x)
+        finally:
+            self.recording = False
+        seen, self.seen = self.seen, {}
+        return (*self.check(seen), logits)
+
     def check(self, seen: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
         raise NotImplementedError
 
     def student(self, f_prev: torch.Tensor, width: float) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        raise NotImplementedError
+
+    def clients_student(self, f_prev: torch.Tensor, width: float, step: StepContext
+                        ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        """:meth:`student` of each of the step's clients on the stacked f_prev: (student input, output), stacked."""
         raise NotImplementedError
 
 
@@ -170,6 +210,20 @@ class _ResNetStage(_FinalBlock):
         finally:
             net.set_width(prev_width, stages=prev_stages)
 
+    def clients_student(self, f_prev, width, step):
+        net, m = self.backbone, step.m
+        b, channels, h, w = f_prev.shape
+        needed = slim_channels(net.last_stage[0].conv1.in_channels, width)  # each client's slice of its f_prev
+        xs = f_prev.detach().view(b, m, channels // m, h, w)[:, :, :needed].reshape(b, m * needed, h, w)
+        prev_width, prev_stages = net.width, net.width_stages
+        net.set_width(width, stages="last")
+        try:
+            if step.rows is None:
+                return xs, net.last_stage(xs)
+            return xs, run_rows(net, step.cohort.layout, step.rows, xs, "last_stage")
+        finally:
+            net.set_width(prev_width, stages=prev_stages)
+
 
 class _DenseLayer(_FinalBlock):
     """The last hidden Linear + non-linearity of a plain CNN / MLP, feeding the classifier directly."""
@@ -179,11 +233,11 @@ class _DenseLayer(_FinalBlock):
         name = type(model).__name__
         head = getattr(model, "classifier", None)
         modules = list(model.modules())
-        if not isinstance(head, nn.Linear) or not any(m is head for m in modules):
+        if not isinstance(head, LINEAR_LAYERS) or not any(m is head for m in modules):
             raise ConfigError(f"fedalign needs a ResNet or a model with a final nn.Linear 'classifier'; "
                               f"{name} has none")
         end = next(i for i, m in enumerate(modules) if m is head)
-        linears = [m for m in modules[:end] if isinstance(m, nn.Linear)]
+        linears = [m for m in modules[:end] if isinstance(m, LINEAR_LAYERS)]
         acts = getattr(model, "activation_modules", None)
         acts = list(acts()) if callable(acts) else [m for m in modules[:end] if isinstance(m, NONLINEARITIES)]
         if not linears or not acts or not isinstance(acts[-1], NONLINEARITIES):
@@ -210,6 +264,18 @@ class _DenseLayer(_FinalBlock):
         # .forward skips the module's hooks (MAN's, this block's): the student is no activation of the model
         return x, self.act.forward(F.linear(x, self.linear.weight[:n_out, :n_in], bias))
 
+    def clients_student(self, f_prev, width, step):
+        n_in = slim_channels(self.linear.in_features, width)
+        n_out = slim_channels(self.linear.out_features, width)
+        weight, bias = self.linear.weight, self.linear.bias  # (N, out, in), (N, out)
+        if step.rows is not None:
+            weight = weight[step.rows]
+            bias = None if bias is None else bias[step.rows]
+        x = f_prev.detach().reshape(f_prev.shape[0], step.m, -1)[:, :, :n_in].transpose(0, 1)  # (M, B, n_in)
+        w = weight[:, :n_out, :n_in].transpose(1, 2)
+        out = torch.bmm(x, w) if bias is None else torch.baddbmm(bias[:, None, :n_out], x, w)
+        return x.transpose(0, 1), self.act.forward(out).transpose(0, 1)  # (B, M, n_in), (B, M, n_out)
+
 
 def find_final_block(model: nn.Module, width: float) -> _FinalBlock:
     """The ResNet last stage when the model is or contains a flatfl ResNet, else the dense final layer."""
@@ -230,29 +296,46 @@ class FedAlign(Regularizer):
         HParam("width", 0.25, WIDTH_HELP, check="unit"),
     )
 
-    #: its student re-runs the last stage on a channel slice at width omega, one client's network at a time
-    batchable = False
-
     def __init__(self, hp: dict[str, Any], *, num_classes: int, config: Any = None):
         super().__init__(hp, num_classes=num_classes, config=config)
-        self._block: _FinalBlock | None = None
+        self._blocks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # working network -> its block
 
     def attach(self, model: nn.Module) -> None:
         check_width(self.width)
-        self._block = find_final_block(model, self.width)
+        self._blocks[model] = find_final_block(model, self.width)
 
     def forward(self, step: StepContext) -> torch.Tensor:
-        return self.client_loss(step).reshape(1)
+        if step.cohort.n == 1:
+            return self.client_loss(step).reshape(1)
+        return self.clients_loss(step)
+
+    def clients_loss(self, step: StepContext) -> torch.Tensor:
+        """Each of the step's M clients' loss, (M,), from one pass of the stacked network and one of its stacked
+        last block at width omega; the rescaling coefficient mu * CE / L_lip of each client is a detached (M,)
+        tensor (no host synchronisation), the value of the one-client ``.item()`` rescaling."""
+        block = self._blocks[step.cohort.network]
+        f_prev, f_last, logits = block.capture_clients(step)
+        step.logits = logits
+        ce = per_client_cross_entropy(logits, step.y)
+        if not self.mu:
+            return ce
+        s_in, s_out = block.clients_student(f_prev, self.width, step)
+        lip = clients_lipschitz_loss((s_in, s_out), (f_prev.detach(), f_last.detach()), step.m)
+        with torch.no_grad():
+            coef = torch.where(lip != 0, self.mu * ce / lip, torch.zeros_like(lip))
+        step.scratch["fedalign_lip"] = lip.detach()
+        return ce + coef * lip
 
     def client_loss(self, step: StepContext) -> torch.Tensor:
-        """The one client's loss (FedAlign trains one client at a time: ``batchable`` is False)."""
+        """The loss of a cohort of one client: the FedAlign code's formulas, ``.item()`` rescaling included."""
         model, x, y = step.single()
-        f_prev, f_last, logits = self._block.capture(model, x)
+        block = self._blocks[model]
+        f_prev, f_last, logits = block.capture(model, x)
         step.logits = logits.unsqueeze(0)
         ce = F.cross_entropy(logits, y)
         if not self.mu:
             return ce
-        s_in, s_out = self._block.student(f_prev, self.width)
+        s_in, s_out = block.student(f_prev, self.width)
         lip = lipschitz_loss((s_in, s_out), (f_prev.detach(), f_last.detach()))
         lip_value = lip.item()  # the code's .item() rescaling: value mu * CE, direction of L_lip's gradient
         step.scratch["fedalign_lip"] = lip_value
