@@ -160,13 +160,19 @@ def test_stochdepth_drops_differ_per_client_in_a_cohort_step(tmp_path, monkeypat
 
 def test_gradaug_trains_one_client_at_a_time_where_per_client_widths_cannot_be_masked(tmp_path):
     """GroupNorm networks and --width 1: the engine says why, in one line, and trains one client at a time."""
-    for name, settings, words in (("gn", dict(model="resnet18", model_args={"norm": "gn"}, params={"width": 0.5}), "GroupNorm"),
-                                  ("w1", dict(model="resnet20", params={"width": 1.0}), "--width 1")):
+    gn = dict(model="resnet18", model_args={"norm": "gn", "gn_groups": 1})
+    for name, settings, words in (("gn", gn, "GroupNorm"), ("w1", dict(model="resnet20", params={"width": 1.0}),
+                                                             "--width 1")):
         said = []
         cfg = RunConfig(dataset="digits", clients=10, participation=0.3, rounds=1, reg="gradaug",
                         parallel_clients="all", **settings).validate()
         tr = Trainer(cfg, tmp_path / name, quiet=True, log=said.append)
         assert tr.parallel == 1 and len(said) == 1 and words in said[0], said
+    # GroupNorm of 2 groups cannot split most random widths (one at a time either): refused before training
+    cfg = RunConfig(dataset="digits", clients=10, model="resnet18", model_args={"norm": "gn"}, reg="gradaug",
+                    params={"width": 0.5}).validate()
+    with pytest.raises(ConfigError, match="GroupNorm with 2 groups cannot split"):
+        Trainer(cfg, tmp_path / "gn2", quiet=True)
 
 
 @pytest.mark.parametrize("name,kwargs,width", [("resnet20", {}, 0.8), ("resnet20", {}, 0.25),

@@ -28,9 +28,10 @@ leading ceil(w*C), so every convolution and the classifier see exactly the slimm
 channels are zeros). The clients' sub-networks are grouped into passes by resolution (a client with two
 sub-networks at one resolution takes two passes); a client without a sub-network in a pass runs with every channel
 zeroed and its KL term weighted 0. So a step costs one full pass plus one pass per (resolution, repeat) drawn (about
-6 for 10 clients, 2 sub-networks and 4 resolutions, against 2 for one client). GroupNorm networks (groups span the
-active channels) and ``--width 1`` (every sub-network is the full network, whose BatchNorm statistics move) train
-one client at a time.
+6 for 10 clients, 2 sub-networks and 4 resolutions, against 2 for one client). GroupNorm networks of one group
+(its statistics would span the masked channels) and ``--width 1`` (every sub-network is the full network, whose
+BatchNorm statistics move) train one client at a time. GroupNorm of more groups is refused at ``attach``: most
+random widths leave channel counts it cannot split (one client at a time fails on them too).
 """
 from __future__ import annotations
 
@@ -105,6 +106,10 @@ class GradAug(Regularizer):
                               f"{type(model).__name__} cannot run at reduced width")
         model.set_width(self.width, stages="all")  # raises ConfigError when e.g. GroupNorm cannot split
         model.set_width(1.0)
+        split = [m.num_groups for m in model.modules() if isinstance(m, nn.GroupNorm) and m.num_groups > 1]
+        if split and self.mu and self.width < 1.0:
+            raise ConfigError(f"gradaug draws sub-network widths uniformly in [{self.width:g}, 1], and GroupNorm with "
+                              f"{split[0]} groups cannot split most of them (use BatchNorm, or GroupNorm with 1 group)")
         if stacked_clients(model) > 1:
             self._norms[model] = [m for m in model.modules() if isinstance(m, StackedBatchNorm2d)]
 
