@@ -57,6 +57,22 @@ class Slimmable:
     def set_width(self, width: float) -> None:
         self.width = check_width(width)
 
+    def leading(self, channels: int, follows: bool = True) -> int:
+        """How many of ``channels`` run at the current width: the leading ceil(width * channels) when this side
+        follows the width multiplier, else all of them."""
+        return slim_channels(channels, self.width) if follows else channels
+
+
+def check_group_width(width: float, channels: int, groups: int) -> float:
+    """Return the validated width, or raise :class:`ConfigError` if the leading channels it leaves do not split
+    into ``groups`` GroupNorm groups."""
+    width = check_width(width)
+    c = slim_channels(channels, width)
+    if c % groups:
+        raise ConfigError(f"width {width:g} leaves {c} of {channels} channels, which GroupNorm cannot "
+                          f"split into {groups} groups")
+    return width
+
 
 class SlimConv2d(Slimmable, nn.Conv2d):
     """A 2-D convolution (no groups) that can run on its leading input / output channels.
@@ -73,11 +89,11 @@ class SlimConv2d(Slimmable, nn.Conv2d):
 
     @property
     def active_in(self) -> int:
-        return slim_channels(self.in_channels, self.width) if self.slim_in else self.in_channels
+        return self.leading(self.in_channels, self.slim_in)
 
     @property
     def active_out(self) -> int:
-        return slim_channels(self.out_channels, self.width) if self.slim_out else self.out_channels
+        return self.leading(self.out_channels, self.slim_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.width == 1.0:
@@ -102,11 +118,11 @@ class SlimLinear(Slimmable, nn.Linear):
 
     @property
     def active_in(self) -> int:
-        return slim_channels(self.in_features, self.width) if self.slim_in else self.in_features
+        return self.leading(self.in_features, self.slim_in)
 
     @property
     def active_out(self) -> int:
-        return slim_channels(self.out_features, self.width) if self.slim_out else self.out_features
+        return self.leading(self.out_features, self.slim_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.width == 1.0:
@@ -125,7 +141,7 @@ class SlimBatchNorm2d(Slimmable, nn.BatchNorm2d):
 
     @property
     def active(self) -> int:
-        return slim_channels(self.num_features, self.width)
+        return self.leading(self.num_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.width == 1.0:
@@ -147,16 +163,11 @@ class SlimGroupNorm(Slimmable, nn.GroupNorm):
 
     @property
     def active(self) -> int:
-        return slim_channels(self.num_channels, self.width)
+        return self.leading(self.num_channels)
 
     def check_width(self, width: float) -> float:
         """Return the validated width, or raise :class:`ConfigError` if its channels do not split into groups."""
-        width = check_width(width)
-        c = slim_channels(self.num_channels, width)
-        if c % self.num_groups:
-            raise ConfigError(f"width {width:g} leaves {c} of {self.num_channels} channels, which GroupNorm cannot "
-                              f"split into {self.num_groups} groups")
-        return width
+        return check_group_width(width, self.num_channels, self.num_groups)
 
     def set_width(self, width: float) -> None:
         self.width = self.check_width(width)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .params import ParamLayout
-from .slimmable import Slimmable, slim_channels
+from .slimmable import Slimmable, check_group_width, check_width
 from .resnet import ResidualBlock
 
 #: layers with no parameters that act on each channel block alone
@@ -57,8 +57,7 @@ class StackedConv2d(Slimmable, nn.Module):
         n = self.weight.shape[0] // self.out_channels
         if self.width == 1.0 or not (self.slim_in or self.slim_out):
             return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups * n)
-        n_out = slim_channels(self.out_channels, self.width) if self.slim_out else self.out_channels
-        n_in = slim_channels(self.in_channels, self.width) if self.slim_in else self.in_channels
+        n_out, n_in = self.leading(self.out_channels, self.slim_out), self.leading(self.in_channels, self.slim_in)
         w = self.weight.view(n, self.out_channels, *self.weight.shape[1:])[:, :n_out, :n_in]
         bias = None if self.bias is None else self.bias.view(n, -1)[:, :n_out].reshape(-1)
         return F.conv2d(x, w.reshape(n * n_out, *w.shape[2:]), bias, self.stride, self.padding, self.dilation, n)
@@ -86,8 +85,7 @@ class StackedLinear(Slimmable, nn.Module):
         n, b = self.weight.shape[0], x.shape[0]
         weight, bias, n_in = self.weight, self.bias, self.in_features
         if self.width != 1.0 and (self.slim_in or self.slim_out):
-            n_in = slim_channels(self.in_features, self.width) if self.slim_in else self.in_features
-            n_out = slim_channels(self.out_features, self.width) if self.slim_out else self.out_features
+            n_in, n_out = self.leading(self.in_features, self.slim_in), self.leading(self.out_features, self.slim_out)
             weight = weight[:, :n_out, :n_in]
             bias = None if bias is None else bias[:, :n_out]
         xt = x.reshape(b, n, n_in).permute(1, 2, 0)  # (N, in, B)
@@ -109,11 +107,16 @@ class StackedGroupNorm(Slimmable, nn.Module):
         self.bias = None if norm.bias is None else nn.Parameter(norm.bias.detach().repeat(n))
         self.slim = isinstance(norm, Slimmable)
         self.width = 1.0
-        if self.slim:
-            self.check_width = norm.check_width
+
+    def check_width(self, width: float) -> float:
+        """Validate ``width`` as the slimmable GroupNorm does (its channels must split into groups)."""
+        return check_group_width(width, self.num_channels, self.num_groups) if self.slim else check_width(width)
+
+    def set_width(self, width: float) -> None:
+        self.width = self.check_width(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = slim_channels(self.num_channels, self.width) if self.slim else self.num_channels
+        c = self.leading(self.num_channels, self.slim)
         n = x.shape[1] // c
         weight, bias = self.weight, self.bias
         if c != self.num_channels and weight is not None:
@@ -151,7 +154,7 @@ class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
             return out * self.channel_mask.view(1, -1, *[1] * (x.dim() - 2))
         if self.width == 1.0 or not self.slim:
             return super().forward(x)
-        c = slim_channels(self.per_client, self.width)
+        c = self.leading(self.per_client)
         n = x.shape[1] // c
 
         def lead(t):

@@ -432,8 +432,8 @@ class Trainer:
         contexts, starts, taken_steps = [], [], []
         for i in ids:
             s = client_seed(cfg.seed, rctx.index, i)
-            if len(ids) == 1:  # in-model draws of pieces that train one client at a time come from its stream
-                torch.manual_seed(s)
+            if len(ids) == 1:  # torch's generators (CUDA's too) at the client's seed; the CPU one is set to its
+                torch.manual_seed(s)  # in-model stream once its client_start has drawn (below)
             x, y = self.client_data(i)
             n_i = len(y)
             taken, k_i = self.algo.local_step_counts(n_i, cfg.batch_size, cfg.local_epochs)

@@ -136,16 +136,13 @@ class RowSGD:
         masked = on is not None or bool(lay.live)
         ons = [on] * len(params)  # per parameter: the stepping clients less the rows it has no gradient in
         if masked:
-            ones = torch.ones(lay.n, device=dev, dtype=dtype) if on is None else on
-            both: dict[int, torch.Tensor] = {}  # one per live mask (a block's parameters share theirs)
-            for k in range(len(params)):
-                live = lay.live.get(k)
-                if live is None:
-                    ons[k] = ones
-                else:
-                    if id(live) not in both:
-                        both[id(live)] = live.to(dev, dtype) if on is None else live.to(dev, dtype) * on
-                    ons[k] = both[id(live)]
+            ons = [torch.ones(lay.n, device=dev, dtype=dtype) if on is None else on] * len(params)
+            stepping: dict[int, torch.Tensor] = {}  # one per live mask (a block's parameters share theirs)
+            for k, live in lay.live.items():
+                if id(live) not in stepping:
+                    mask = live.to(dev, dtype)
+                    stepping[id(live)] = mask if on is None else mask * on
+                ons[k] = stepping[id(live)]
         distinct = list({id(o): o for o in ons}.values())
         if self.momentum != 0:
             # a buffer not yet started is zero, so momentum * buf + g is torch's first buffer, g

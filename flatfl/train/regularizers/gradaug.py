@@ -138,11 +138,10 @@ class GradAug(Regularizer):
             with client_rng(c):  # the widths, then one resolution per sub-network: a client's own order
                 widths = self.sample_widths()
                 picks = torch.randint(len(sizes), (len(widths),)).tolist()
-            repeats: dict[int, int] = {}
+            repeats: dict[int, int] = {}  # resolution -> this client's sub-networks at it so far
             for w, i in zip(widths, picks):
-                r = sizes[i]
-                passes.setdefault((r, repeats.get(r, 0)), {})[k] = w
-                repeats[r] = repeats.get(r, 0) + 1
+                repeat = repeats[sizes[i]] = repeats.get(sizes[i], -1) + 1
+                passes.setdefault((sizes[i], repeat), {})[k] = w
         norms = self._norms[step.cohort.network]
         counts = sorted({bn.per_client for bn in norms})
         # every pass's channel masks (per channel count, (M, C)) and client weights (M,): one copy to the device
