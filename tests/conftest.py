@@ -1,6 +1,8 @@
 """Fixtures shared by the test modules."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -42,3 +44,25 @@ def received_settings(monkeypatch):
         return received
 
     return run
+
+
+@pytest.fixture
+def crash_in_round():
+    """``with crash_in_round(r): ...``: inside the block the trainer raises ``RuntimeError("simulated crash")`` when it
+    starts round ``r`` (0-based), as a process killed there would stop; after it, training runs as usual."""
+    from flatfl.train import engine
+
+    @contextlib.contextmanager
+    def crashing_at(index: int):
+        orig = engine.Trainer.run_round
+
+        def crashing(self, r):
+            if r == index:
+                raise RuntimeError("simulated crash")
+            return orig(self, r)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(engine.Trainer, "run_round", crashing)
+            yield
+
+    return crashing_at

@@ -530,22 +530,13 @@ def test_learns_digits(tmp_path, algo):
 
 # -------------------------------------------------------------------------------------------------------- resume
 @pytest.mark.parametrize("algo", ["feddyn", "scaffold", "fedrobust", "moon"])
-def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, algo):
+def test_resume_after_crash_equals_uninterrupted(tmp_path, crash_in_round, algo):
     cfg = _digits_config(algo, clients=6, participation=0.5, rounds=5, checkpoint_every=2)
     ref = Trainer(cfg, tmp_path / "ref", quiet=True)
     ref.run()
-
-    orig = Trainer.run_round
-
-    def crashing(self, r):
-        if r == 3:  # after the round-2 checkpoint, with round 3 done but not checkpointed
-            raise RuntimeError("simulated crash")
-        return orig(self, r)
-
-    monkeypatch.setattr(Trainer, "run_round", crashing)
-    with pytest.raises(RuntimeError, match="simulated crash"):
+    # after the round-2 checkpoint, with round 3 done but not checkpointed
+    with crash_in_round(3), pytest.raises(RuntimeError, match="simulated crash"):
         Trainer(cfg, tmp_path / "crashed", quiet=True).run()
-    monkeypatch.setattr(Trainer, "run_round", orig)
     resumed = Trainer(cfg, tmp_path / "crashed", resume=True, quiet=True)
     assert resumed.start_round == 2
     resumed.run()

@@ -159,7 +159,7 @@ def _as_before_the_rename(resolved: dict) -> dict:
     return dict(resolved, algorithm=algo)
 
 
-def test_a_fedspeed_run_written_with_alpha_loads_and_resumes(tmp_path, monkeypatch):
+def test_a_fedspeed_run_written_with_alpha_loads_and_resumes(tmp_path, crash_in_round):
     """FedSpeed's lambda was recorded as 'alpha' in the checkpoints' and config.json's resolved settings: such a
     checkpoint reads as 'lam' (one way), and such a run resumes to the uninterrupted run's weights."""
     import json
@@ -171,18 +171,9 @@ def test_a_fedspeed_run_written_with_alpha_loads_and_resumes(tmp_path, monkeypat
                     checkpoint_every=1, seed=0, params={"fedspeed_lambda": 0.02}).validate()
     ref = Trainer(cfg, tmp_path / "ref", quiet=True)
     ref.run()
-    orig = Trainer.run_round
-
-    def crashing(self, r):
-        if r == 2:
-            raise RuntimeError("simulated crash")
-        return orig(self, r)
-
-    monkeypatch.setattr(Trainer, "run_round", crashing)
     old = tmp_path / "old"
-    with pytest.raises(RuntimeError, match="simulated crash"):
+    with crash_in_round(2), pytest.raises(RuntimeError, match="simulated crash"):
         Trainer(cfg, old, quiet=True).run()
-    monkeypatch.setattr(Trainer, "run_round", orig)
     info = json.loads((old / "config.json").read_text())
     assert info["resolved"]["algorithm"] == {"name": "fedspeed", "lam": 0.02, "rho": 0.1}
     (old / "config.json").write_text(json.dumps(dict(info, resolved=_as_before_the_rename(info["resolved"]))))

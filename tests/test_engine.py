@@ -65,24 +65,13 @@ def test_train_writes_run_and_checkpoint_round_trips(tmp_path):
     assert abs(acc - float(_metrics_wo_time(out)[-1]["test_acc"])) < 1e-6
 
 
-def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch):
+def test_resume_after_crash_equals_uninterrupted(tmp_path, crash_in_round):
     ref = tmp_path / "ref"
     assert _train(tmp_path, "--rounds", "6", "--checkpoint-every", "2", "--out", str(ref)).exit_code == 0
-    # crash in round 5, after the round-4 checkpoint
-    from flatfl.train import engine
-
-    orig = engine.Trainer.run_round
-
-    def crashing(self, r):
-        if r == 4:
-            raise RuntimeError("simulated crash")
-        return orig(self, r)
-
     crashed = tmp_path / "crashed"
-    monkeypatch.setattr(engine.Trainer, "run_round", crashing)
-    r = _train(tmp_path, "--rounds", "6", "--checkpoint-every", "2", "--out", str(crashed))
+    with crash_in_round(4):  # round 5, after the round-4 checkpoint
+        r = _train(tmp_path, "--rounds", "6", "--checkpoint-every", "2", "--out", str(crashed))
     assert r.exit_code == 1 and "internal error RuntimeError: simulated crash" in r.output  # one line, no traceback
-    monkeypatch.setattr(engine.Trainer, "run_round", orig)
     assert not (crashed / "final.pt").exists()
     r = CliRunner().invoke(main, ["train", "--resume", str(crashed), "--quiet"], catch_exceptions=False)
     assert r.exit_code == 0, r.output

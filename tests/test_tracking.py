@@ -84,22 +84,12 @@ def test_last_row_equals_flatfl_hessian_on_final_pt(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_resume_continues_the_series(tmp_path, monkeypatch):
+def test_resume_continues_the_series(tmp_path, crash_in_round):
     ref = tmp_path / "ref"
     assert train("--rounds", "4", "--checkpoint-every", "2", *TRACK, "--out", str(ref)).exit_code == 0
-    from flatfl.train import engine
-
-    orig = engine.Trainer.run_round
-
-    def crashing(self, r):
-        if r == 2:
-            raise RuntimeError("simulated crash")
-        return orig(self, r)
-
     crashed = tmp_path / "crashed"
-    monkeypatch.setattr(engine.Trainer, "run_round", crashing)
-    assert train("--rounds", "4", "--checkpoint-every", "2", *TRACK, "--out", str(crashed)).exit_code == 1
-    monkeypatch.setattr(engine.Trainer, "run_round", orig)
+    with crash_in_round(2):
+        assert train("--rounds", "4", "--checkpoint-every", "2", *TRACK, "--out", str(crashed)).exit_code == 1
     r = CliRunner().invoke(main, ["train", "--resume", str(crashed), "--quiet", "--threads", "1"],
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
