@@ -39,6 +39,10 @@ METHODS = [  # (label, algo, reg)
     ("FedSpeed + MAN", "fedspeed", "man"),
     ("FedAvg + ASD", "fedavg", "asd"),
 ]
+#: the regularizers that change the network, on ResNet-20 (slimmable widths, residual blocks): run when named in
+#: ``--methods``; their "x FedAvg" columns are left empty (FedAvg's row is the CNN)
+RESNET_METHODS = [("FedAlign", "fedavg", "fedalign"), ("GradAug", "fedavg", "gradaug"),
+                  ("StochDepth", "fedavg", "stochdepth")]
 
 
 def synthetic(clients: int, per_client: int, classes: int, seed: int = 0) -> ImageDataset:
@@ -54,7 +58,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per mode (median printed)")
     ap.add_argument("--small", action="store_true", help="a tiny shape for a CPU smoke run")
-    ap.add_argument("--methods", nargs="*", default=[m[0] for m in METHODS])
+    ap.add_argument("--methods", nargs="*", default=[m[0] for m in METHODS],
+                    help=f"labels of METHODS (default: all of them) and of RESNET_METHODS "
+                         f"({', '.join(m[0] for m in RESNET_METHODS)})")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
     if args.threads:
@@ -70,8 +76,8 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def trainer(algo: str, reg: str, parallel) -> Trainer:
-        cfg = RunConfig(dataset="digits", model="cifar-cnn", partition="iid", clients=clients,
+    def trainer(algo: str, reg: str, parallel, model: str = "cifar-cnn") -> Trainer:
+        cfg = RunConfig(dataset="digits", model=model, partition="iid", clients=clients,
                         participation=per_round / clients, sampling="fraction", rounds=10_000, local_epochs=epochs,
                         batch_size=batch, lr=0.1, lr_decay=0.998, weight_decay=1e-3, clip=10.0, algo=algo, reg=reg,
                         eval_every=10_000, checkpoint_every=10_000, seed=0, device=str(device),
@@ -100,14 +106,17 @@ def main() -> None:
     bare_round()
     bare = statistics.median(bare_round() for _ in range(args.rounds))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"{name}, torch {torch.__version__}; MAN CIFAR CNN, {clients} clients of {per_client} images, {per_round} a "
+    print(f"{name}, torch {torch.__version__}; MAN CIFAR CNN (ResNet-20 for {', '.join(m[0] for m in RESNET_METHODS)}), "
+          f"{clients} clients of {per_client} images, {per_round} a "
           f"round, {epochs} local epochs of batch {batch}; median of {args.rounds} rounds"
           + (" (SMALL smoke shape, not the paper's)" if args.small else ""))
     rows = {}
-    for label, algo, reg in METHODS:
+    resnet = {m[0] for m in RESNET_METHODS}
+    for label, algo, reg in METHODS + RESNET_METHODS:
         if label not in args.methods:
             continue
-        seq, bat = trainer(algo, reg, 1), trainer(algo, reg, "all")
+        model = "resnet20" if label in resnet else "cifar-cnn"
+        seq, bat = trainer(algo, reg, 1, model), trainer(algo, reg, "all", model)
         timed(seq, 0)
         timed(bat, 0)
         ts, tb = [], []
@@ -123,8 +132,9 @@ def main() -> None:
           f"{'x FedAvg (seq)':>15} {'x FedAvg (bat)':>15} {'500 rounds, batched':>20}")
     print(f"{'bare eager loop':<16} {bare:>19.3f}")
     for label, (s, b) in rows.items():
-        print(f"{label:<16} {s:>19.3f} {b:>16.3f} {s / b:>8.2f}x {s / base_s:>15.2f} {b / base_b:>15.2f} "
-              f"{500 * b / 60:>16.1f} min")
+        versus = f"{'':>15} {'':>15}" if label in resnet else f"{s / base_s:>15.2f} {b / base_b:>15.2f}"
+        print(f"{label + (' (ResNet-20)' if label in resnet else ''):<16} {s:>19.3f} {b:>16.3f} {s / b:>8.2f}x "
+              f"{versus} {500 * b / 60:>16.1f} min")
     print("speed-up = sequential / batched s/round; x FedAvg = the method's s/round over FedAvg's in the same mode")
 
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flatfl.train.config import RunConfig  # noqa: E402
 from flatfl.train.engine import Trainer  # noqa: E402
-from gpu_round_time import METHODS, synthetic  # noqa: E402
+from gpu_round_time import METHODS, RESNET_METHODS, synthetic  # noqa: E402
 
 aten = torch.ops.aten
 #: operations that launch no kernel although they are not views
@@ -55,10 +55,8 @@ METADATA_ONLY = {aten.detach, aten.alias, aten.lift_fresh, aten.empty, aten.empt
 #: operations that make the host wait for the device
 SYNCS = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten._unique2, aten.unique_consecutive,
          aten.unique_dim, aten.equal}
-#: the regularizers that change the network: on ResNet-20 (slimmable widths, residual blocks), the MAN CNN for the rest
-EXTRA_METHODS = [("FedAlign", "fedavg", "fedalign"), ("GradAug", "fedavg", "gradaug"),
-                 ("StochDepth", "fedavg", "stochdepth")]
-RESNET_REGS = {"fedalign", "gradaug", "stochdepth"}
+#: the regularizers that change the network run on ResNet-20 (slimmable widths, residual blocks), the rest on the MAN CNN
+RESNET_REGS = {reg for _, _, reg in RESNET_METHODS}
 ROOT = str(Path(__file__).resolve().parents[1] / "flatfl")
 
 
@@ -133,7 +131,7 @@ def step_counts(make: Callable, clients: int, where: bool = False) -> StepCounts
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--methods", nargs="*", default=[m[0] for m in METHODS + EXTRA_METHODS])
+    ap.add_argument("--methods", nargs="*", default=[m[0] for m in METHODS + RESNET_METHODS])
     ap.add_argument("--clients", type=int, default=10, help="clients a round (all of them take part)")
     ap.add_argument("--batch", type=int, default=50)
     ap.add_argument("--ops", action="store_true", help="print the operations of one cohort step and of one client "
@@ -159,7 +157,7 @@ def main() -> None:
     print(f"torch {torch.__version__}; MAN CIFAR CNN (ResNet-20 for FedAlign, GradAug, StochDepth), {args.clients} "
           f"clients a round of {2 * args.batch} images, batch {args.batch} (2 local steps an epoch); kernels = "
           f"dispatched ATen operations less views and metadata-only ones")
-    rows = [(label, algo, reg, False) for label, algo, reg in METHODS + EXTRA_METHODS if label in args.methods]
+    rows = [(label, algo, reg, False) for label, algo, reg in METHODS + RESNET_METHODS if label in args.methods]
     if "FedAvg" in args.methods:
         rows.append(("FedAvg, own data", "fedavg", "none", True))  # a TensorDataset: the README's own-data path
     print(f"{'method':<18} {'kernels/client step (1 at a time)':>34} {'kernels/cohort step':>20} "

@@ -33,6 +33,7 @@ def test_the_counter_counts_kernels_and_not_views():
     ("digits-cnn", "feddyn", "man", {}),
     ("digits-cnn", "fedavg", "fedalign", {}),
     ("resnet20", "fedavg", "stochdepth", {}),  # survival 1 -> 0.9: most steps, some clients drop a block
+    ("resnet20", "fedavg", "gradaug", {}),  # every client's sub-networks in one canvas pass
 ])
 def test_a_cohort_step_of_ten_clients_costs_about_one_clients_kernels(tmp_path, model, algo, reg, params):
     clients, batch = 10, 4

@@ -19,6 +19,7 @@ Only flatfl's own layer types and model classes are stacked (their forward passe
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,14 @@ def _slim_sides(layer: nn.Module) -> tuple[bool, bool]:
     return False, False
 
 
+def _repeated(t: torch.Tensor | None, repeats: int, width: float = 1.0) -> torch.Tensor | None:
+    """A stacked weight (N*out, ...) or (N, ...) as ``repeats`` copies of all N clients' blocks, one after another
+    (the layout of repeats * N clients whose block t * N + k is client k's)."""
+    if width != 1.0:
+        raise RuntimeError("a stacked layer repeats its clients' weights at full width only")
+    return None if t is None else t.repeat(repeats, *[1] * (t.dim() - 1))
+
+
 class StackedConv2d(Slimmable, nn.Module):
     """N convolutions as one grouped convolution; weight (N*out, in/groups, kh, kw). At width w < 1 (a slimmable
     source layer) each client's convolution uses the leading ceil(w*C) of its channels, as the slimmable layer."""
@@ -52,9 +61,13 @@ class StackedConv2d(Slimmable, nn.Module):
         self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().repeat(n))
         self.slim_in, self.slim_out = _slim_sides(conv)
         self.width = 1.0
+        self.repeats = 1  # each client's weights run this many times side by side (flatfl.models.canvas)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.weight.shape[0] // self.out_channels
+        if self.repeats != 1:
+            weight, bias = _repeated(self.weight, self.repeats, self.width), _repeated(self.bias, self.repeats)
+            return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups * n * self.repeats)
         if self.width == 1.0 or not (self.slim_in or self.slim_out):
             return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups * n)
         n_out, n_in = self.leading(self.out_channels, self.slim_out), self.leading(self.in_channels, self.slim_in)
@@ -80,10 +93,13 @@ class StackedLinear(Slimmable, nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().unsqueeze(0).repeat(n, 1))
         self.slim_in, self.slim_out = _slim_sides(linear)
         self.width = 1.0
+        self.repeats = 1  # each client's weights run this many times side by side (flatfl.models.canvas)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, b = self.weight.shape[0], x.shape[0]
         weight, bias, n_in = self.weight, self.bias, self.in_features
+        if self.repeats != 1:
+            weight, bias = _repeated(weight, self.repeats, self.width), _repeated(bias, self.repeats)
+        n, b = weight.shape[0], x.shape[0]
         if self.width != 1.0 and (self.slim_in or self.slim_out):
             n_in, n_out = self.leading(self.in_features, self.slim_in), self.leading(self.out_features, self.slim_out)
             weight = weight[:, :n_out, :n_in]
@@ -125,20 +141,37 @@ class StackedGroupNorm(Slimmable, nn.Module):
         return F.group_norm(x, self.num_groups * n, weight, bias, self.eps)
 
 
+@dataclasses.dataclass
+class NormRegion:
+    """Where a stacked BatchNorm's input holds data in a pass of J slots (:mod:`flatfl.models.canvas`): slot j's
+    valid corner of the (H, W) map and its active channels. Masks broadcast over (B, J, C, H, W) or (B, J*C, H, W).
+    """
+    inside: torch.Tensor  # (1, J, 1, H, W): sqrt(rho_j) inside slot j's corner, 0 outside
+    outside: torch.Tensor  # (1, J, 1, H, W): 1 outside the corner, 0 inside
+    rho: torch.Tensor  # (J, 1): canvas area / corner area
+    root: torch.Tensor  # (J, 1): sqrt(rho)
+    keep: torch.Tensor  # (1, J*C, H, W): 1 on a slot's active channels inside its corner, 0 elsewhere
+
+
 class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
     """N BatchNorms as one over N*C channels: batch statistics and running statistics per client. At width w < 1
     (a slimmable source layer) each client's leading ceil(w*C) channels, normalised as the slimmable layer does
-    (batch statistics in training, running statistics untouched)."""
+    (batch statistics in training, running statistics untouched).
+
+    With a :class:`NormRegion` set (``region``; several sub-networks per client at their own widths and input sizes
+    in one pass, :mod:`flatfl.models.canvas`), each slot is normalised with the batch statistics of its valid corner
+    alone, running statistics untouched, and its output is zero outside that corner and beyond its width. With
+    rho the canvas area over the corner's, the input z = sqrt(rho) x inside the corner and sqrt(rho) times the
+    corner's mean outside has canvas mean sqrt(rho) mean(x) and canvas variance var(x) (over the corner), so torch's
+    batch norm of z with weight gamma / sqrt(rho) is the corner's own normalisation, eps included. The fill value is
+    computed from x, so autograd differentiates the corner's normalisation exactly."""
 
     def __init__(self, norm: nn.BatchNorm2d, n: int):
         super().__init__(norm.num_features * n, norm.eps, norm.momentum, norm.affine, norm.track_running_stats)
         self.per_client = norm.num_features
         self.slim = isinstance(norm, Slimmable)
         self.width = 1.0
-        #: per-client widths as a 0/1 mask over the N*C output channels (GradAug's sub-networks, each client at
-        #: its own width): batch statistics, running statistics untouched, output channels beyond each client's
-        #: leading ceil(w*C) set to zero; None otherwise
-        self.channel_mask: torch.Tensor | None = None
+        self.region: NormRegion | None = None  # see the class docstring
         with torch.no_grad():
             if norm.affine:
                 self.weight.copy_(norm.weight.repeat(n))
@@ -149,9 +182,8 @@ class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
                 self.num_batches_tracked.copy_(norm.num_batches_tracked)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.channel_mask is not None:
-            out = F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
-            return out * self.channel_mask.view(1, -1, *[1] * (x.dim() - 2))
+        if self.region is not None:
+            return self._in_region(x, self.region)
         if self.width == 1.0 or not self.slim:
             return super().forward(x)
         c = self.leading(self.per_client)
@@ -164,6 +196,21 @@ class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
             return F.batch_norm(x, None, None, lead(self.weight), lead(self.bias), True, 0.0, self.eps)
         return F.batch_norm(x, lead(self.running_mean), lead(self.running_var), lead(self.weight), lead(self.bias),
                             False, 0.0, self.eps)
+
+
+    def _in_region(self, x: torch.Tensor, region: NormRegion) -> torch.Tensor:
+        b, _, h, w = x.shape
+        c, j = self.per_client, region.rho.shape[0]
+        a = x.view(b, j, c, h, w) * region.inside
+        fill = a.mean((0, 3, 4)) * region.rho  # sqrt(rho) * the corner's mean, (J, C)
+        z = torch.addcmul(a, fill.view(1, j, c, 1, 1), region.outside).view(b, j * c, h, w)
+        if self.affine:
+            m = self.weight.shape[0] // c  # clients; J = repeats * m slots
+            weight = (self.weight.view(1, m, c) / region.root.view(j // m, m, 1)).reshape(-1)
+            bias = self.bias.view(1, m, c).expand(j // m, m, c).reshape(-1)
+        else:
+            weight, bias = (1.0 / region.root).expand(j, c).reshape(-1), None
+        return F.batch_norm(z, None, None, weight, bias, True, 0.0, self.eps) * region.keep
 
 
 def stacking_refusal(model: nn.Module) -> str | None:

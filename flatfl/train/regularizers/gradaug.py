@@ -21,17 +21,16 @@ The network must be slimmable as a whole (``set_width(w, stages="all")``): flatf
 resolutions come from torch's global generator, which the engine seeds per client and round.
 
 Clients trained together (a channel-stacked network, ``--parallel-clients``): each client draws its widths and
-resolutions from its own stream (:func:`client_rng`), in the order it draws them alone. A sub-network pass runs
-every client at once at one resolution, each at its own width: the stacked BatchNorms normalise with batch
-statistics (running statistics untouched, as a slimmed BatchNorm does) and zero each client's channels beyond its
-leading ceil(w*C), so every convolution and the classifier see exactly the slimmed network's inputs (the extra
-channels are zeros). The clients' sub-networks are grouped into passes by resolution (a client with two
-sub-networks at one resolution takes two passes); a client without a sub-network in a pass runs with every channel
-zeroed and its KL term weighted 0. So a step costs one full pass plus one pass per (resolution, repeat) drawn (about
-6 for 10 clients, 2 sub-networks and 4 resolutions, against 2 for one client). GroupNorm networks of one group
-(its statistics would span the masked channels) and ``--width 1`` (every sub-network is the full network, whose
-BatchNorm statistics move) train one client at a time. GroupNorm of more groups is refused at ``attach``: most
-random widths leave channel counts it cannot split (one client at a time fails on them too).
+resolutions from its own stream (:func:`client_rng`), in the order it draws them alone. Then one pass runs every
+client's sub-networks at once (:class:`~flatfl.models.canvas.Canvas`): client k's t-th sub-network is slot
+t * M + k of the stacked network, at its own width (channels beyond it zeroed after each BatchNorm), on its own
+resized batch in the top-left corner of a full-size canvas (BatchNorm statistics and the global pool over that
+corner). Each slot computes its client's slimmed sub-network on its resized batch, BatchNorm running statistics
+untouched, as a slimmed BatchNorm leaves them. So a step costs one full pass and one canvas pass (one client alone:
+one full pass and n sub-network passes). GroupNorm networks (their group statistics would span the canvas and the
+masked channels) and ``--width 1`` (every sub-network is the full network, whose BatchNorm statistics move) train
+one client at a time. GroupNorm of more than one group is refused at ``attach``: most random widths leave channel
+counts it cannot split (one client at a time fails on them too).
 """
 from __future__ import annotations
 
@@ -43,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ConfigError
-from ...models.slimmable import check_width, slim_channels
-from ...models.stacking import StackedBatchNorm2d, stacked_clients
+from ...models.canvas import Canvas, canvas_refusal
+from ...models.slimmable import check_width
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext, client_rng
 from .base import Regularizer, per_client_cross_entropy
@@ -71,9 +70,10 @@ def batch_kl(target_logits: torch.Tensor, student_logits: torch.Tensor) -> torch
 
 
 def clients_kl(log_target: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
-    """:func:`batch_kl` of each client: log-softmaxed targets and student logits (M, B, K) -> (M,)."""
-    log_s = F.log_softmax(student_logits, dim=2)
-    return (log_target.exp() * (log_target - log_s)).sum(2).mean(1)
+    """:func:`batch_kl` of each client: log-softmaxed targets (M, B, K) and student logits (..., M, B, K) ->
+    (..., M)."""
+    log_s = F.log_softmax(student_logits, dim=-1)
+    return (log_target.exp() * (log_target - log_s)).sum(-1).mean(-1)
 
 
 @REGULARIZERS.register
@@ -90,14 +90,15 @@ class GradAug(Regularizer):
 
     def __init__(self, hp: dict[str, Any], *, num_classes: int, config: Any = None):
         super().__init__(hp, num_classes=num_classes, config=config)
-        self._norms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # stacked network -> its BatchNorms
+        self._canvases: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # stacked network -> its Canvas
 
     def cohort_refusal(self, model: nn.Module) -> str | None:
         if self.mu and check_width(self.width) == 1.0:
             return "at --width 1 every sub-network is the full network, whose BatchNorm statistics move with each"
         if any(isinstance(m, nn.GroupNorm) for m in model.modules()):
             return "GroupNorm's groups span each client's active channels, which differ per client"
-        return None
+        why = canvas_refusal(model)
+        return None if why is None else f"its sub-networks cannot share one pass: {why}"
 
     def attach(self, model: nn.Module) -> None:
         check_width(self.width)
@@ -110,8 +111,6 @@ class GradAug(Regularizer):
         if split and self.mu and self.width < 1.0:
             raise ConfigError(f"gradaug draws sub-network widths uniformly in [{self.width:g}, 1], and GroupNorm with "
                               f"{split[0]} groups cannot split most of them (use BatchNorm, or GroupNorm with 1 group)")
-        if stacked_clients(model) > 1:
-            self._norms[model] = [m for m in model.modules() if isinstance(m, StackedBatchNorm2d)]
 
     def sample_widths(self) -> list[float]:
         """[omega] + (n - 1) draws from U[omega, 1], sorted widest first."""
@@ -124,7 +123,8 @@ class GradAug(Regularizer):
         return self.clients_loss(step)
 
     def clients_loss(self, step: StepContext) -> torch.Tensor:
-        """Each of the step's M clients' loss, (M,): one full pass, then the sub-network passes (module docstring)."""
+        """Each of the step's M clients' loss, (M,): one full pass, then one canvas pass of every client's
+        sub-networks (module docstring)."""
         m = step.m
         logits = step.model(step.x)
         step.logits = logits
@@ -133,50 +133,21 @@ class GradAug(Regularizer):
             return loss
         size = step.x.shape[-1]
         sizes = resolutions(size)
-        passes: dict[tuple[int, int], dict[int, float]] = {}  # (resolution, repeat) -> {client: width}
-        for k, c in enumerate(step.clients):
+        draws = []
+        for c in step.clients:
             with client_rng(c):  # the widths, then one resolution per sub-network: a client's own order
                 widths = self.sample_widths()
-                picks = torch.randint(len(sizes), (len(widths),)).tolist()
-            repeats: dict[int, int] = {}  # resolution -> this client's sub-networks at it so far
-            for w, i in zip(widths, picks):
-                repeat = repeats[sizes[i]] = repeats.get(sizes[i], -1) + 1
-                passes.setdefault((sizes[i], repeat), {})[k] = w
-        norms = self._norms[step.cohort.network]
-        counts = sorted({bn.per_client for bn in norms})
-        # every pass's channel masks (per channel count, (M, C)) and client weights (M,): one copy to the device
-        host: list[float] = []
-        for chosen in passes.values():
-            for c in counts:
-                for k in range(m):
-                    on = slim_channels(c, chosen[k]) if k in chosen else 0
-                    host += [1.0] * on + [0.0] * (c - on)
-            host += [1.0 if k in chosen else 0.0 for k in range(m)]
-        flat = torch.tensor(host, dtype=logits.dtype).to(logits.device)
-        log_target = F.log_softmax(logits.detach(), dim=2)
-        resized: dict[int, torch.Tensor] = {}
-        kl_total = None
-        start = 0
-        try:
-            for (r, _), chosen in passes.items():
-                masks = {}
-                for c in counts:
-                    masks[c] = flat[start:start + m * c]
-                    start += m * c
-                present = flat[start:start + m]
-                start += m
-                for bn in norms:
-                    bn.channel_mask = masks[bn.per_client]
-                if r not in resized:
-                    x = step.x
-                    resized[r] = x if r == size else F.interpolate(
-                        x.reshape(-1, *x.shape[2:]), size=(r, r), mode="bilinear", align_corners=True
-                    ).view(*x.shape[:3], r, r)
-                term = clients_kl(log_target, step.model(resized[r])) * present
-                kl_total = term if kl_total is None else kl_total + term
-        finally:
-            for bn in norms:
-                bn.channel_mask = None
+                draws.append((widths, torch.randint(len(sizes), (len(widths),)).tolist()))
+        n = len(draws[0][0])  # slot t * M + k: client k's t-th sub-network
+        widths = [draws[k][0][t] for t in range(n) for k in range(m)]
+        picks = [draws[k][1][t] for t in range(n) for k in range(m)]
+        network = step.cohort.network
+        canvas = self._canvases.get(network)
+        if canvas is None or canvas.size != size:
+            canvas = self._canvases[network] = Canvas(network, size, sizes)
+        with canvas.slots(step.x, widths, picks) as inputs:
+            student = step.model(inputs)
+        kl_total = clients_kl(F.log_softmax(logits.detach(), dim=2), student.view(n, m, *student.shape[1:])).sum(0)
         step.scratch["gradaug_kl"] = kl_total.detach()
         return loss + self.mu * kl_total
 
