@@ -106,12 +106,12 @@ def main() -> None:
     bare_round()
     bare = statistics.median(bare_round() for _ in range(args.rounds))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"{name}, torch {torch.__version__}; MAN CIFAR CNN (ResNet-20 for {', '.join(m[0] for m in RESNET_METHODS)}), "
+    resnet = {m[0] for m in RESNET_METHODS}
+    print(f"{name}, torch {torch.__version__}; MAN CIFAR CNN (ResNet-20 for {', '.join(sorted(resnet))}), "
           f"{clients} clients of {per_client} images, {per_round} a "
           f"round, {epochs} local epochs of batch {batch}; median of {args.rounds} rounds"
           + (" (SMALL smoke shape, not the paper's)" if args.small else ""))
     rows = {}
-    resnet = {m[0] for m in RESNET_METHODS}
     for label, algo, reg in METHODS + RESNET_METHODS:
         if label not in args.methods:
             continue

@@ -55,7 +55,7 @@ METADATA_ONLY = {aten.detach, aten.alias, aten.lift_fresh, aten.empty, aten.empt
 #: operations that make the host wait for the device
 SYNCS = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten._unique2, aten.unique_consecutive,
          aten.unique_dim, aten.equal}
-#: the regularizers that change the network run on ResNet-20 (slimmable widths, residual blocks), the rest on the MAN CNN
+#: regularizers that change the network run on ResNet-20 (slimmable widths, residual blocks), the rest on the MAN CNN
 RESNET_REGS = {reg for _, _, reg in RESNET_METHODS}
 ROOT = str(Path(__file__).resolve().parents[1] / "flatfl")
 

@@ -188,7 +188,8 @@ class Canvas:
             masks, scales = corners[geo]
             if (geo, c) not in keeps:  # channel within the slot's width and position inside its corner
                 keeps[geo, c] = ((t.arange[c].view(1, c, 1, 1) < on[c]) * masks[:, 2:3]).view(1, j * c, *geo[0])
-            bn.region = NormRegion(inside=masks[:, 0].view(1, j, 1, *geo[0]), outside=masks[:, 1].view(1, j, 1, *geo[0]),
+            per_slot = (1, j, 1, *geo[0])
+            bn.region = NormRegion(inside=masks[:, 0].view(per_slot), outside=masks[:, 1].view(per_slot),
                                    rho=scales[:, 0:1], root=scales[:, 1:2], keep=keeps[geo, c])
 
         def pooled(module, args, out):  # canvas mean -> corner mean
