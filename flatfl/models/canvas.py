@@ -60,18 +60,18 @@ def canvas_refusal(model: nn.Module) -> str | None:
     """Why ``model``'s sub-networks cannot share a canvas (see the module docstring), or None when they can."""
     if not isinstance(model, ResNet):
         return f"{type(model).__name__} is not one of flatfl's ResNets"
+    known = (ResNet, ResidualBlock, nn.Conv2d, nn.BatchNorm2d, nn.Linear, nn.ReLU, nn.MaxPool2d, nn.AdaptiveAvgPool2d,
+             nn.Flatten, nn.Identity, nn.Sequential, StackedConv2d, StackedLinear)
     for name, module in model.named_modules():
         if isinstance(module, (nn.GroupNorm, StackedGroupNorm)):
-            return f"{name} is a GroupNorm, whose statistics would span the whole canvas"
+            return (f"{name} is a GroupNorm, whose group statistics would span the whole canvas and each client's "
+                    f"masked channels")
         if isinstance(module, nn.Conv2d) and module.padding_mode != "zeros":
             return f"{name} pads with {module.padding_mode!r}"
         if isinstance(module, nn.MaxPool2d) and name != "stem_pool":
             return f"{name} is a max-pool that does not follow a ReLU"
         if isinstance(module, nn.AdaptiveAvgPool2d) and module.output_size not in (1, (1, 1)):
             return f"{name} pools to {module.output_size}, not globally"
-        known = (ResNet, ResidualBlock, nn.Conv2d, nn.BatchNorm2d, nn.Linear, nn.ReLU, nn.MaxPool2d,
-                 nn.AdaptiveAvgPool2d, nn.Flatten, nn.Identity, nn.Sequential,
-                 StackedConv2d, StackedLinear)
         if not isinstance(module, known):
             return f"{name} is a {type(module).__name__}"
     return None

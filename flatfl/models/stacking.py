@@ -197,7 +197,6 @@ class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
         return F.batch_norm(x, lead(self.running_mean), lead(self.running_var), lead(self.weight), lead(self.bias),
                             False, 0.0, self.eps)
 
-
     def _in_region(self, x: torch.Tensor, region: NormRegion) -> torch.Tensor:
         b, _, h, w = x.shape
         c, j = self.per_client, region.rho.shape[0]

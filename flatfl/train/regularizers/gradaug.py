@@ -95,8 +95,6 @@ class GradAug(Regularizer):
     def cohort_refusal(self, model: nn.Module) -> str | None:
         if self.mu and check_width(self.width) == 1.0:
             return "at --width 1 every sub-network is the full network, whose BatchNorm statistics move with each"
-        if any(isinstance(m, nn.GroupNorm) for m in model.modules()):
-            return "GroupNorm's groups span each client's active channels, which differ per client"
         why = canvas_refusal(model)
         return None if why is None else f"its sub-networks cannot share one pass: {why}"
 
