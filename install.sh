@@ -10,14 +10,23 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 if [ "${1:-}" = "data" ]; then
-  dir=/usr/share/datasets/fashion-mnist
-  if [ -f "$dir/train-images-idx3-ubyte.gz" ] && [ -f "$dir/t10k-labels-idx1-ubyte.gz" ]; then
+  dir=${FLATFL_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}  # where the package puts them (tests: elsewhere)
+  missing_files() {
+    local f out=""
+    for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+      [ -f "$dir/$f" ] || out="$out${out:+, }$f"
+    done
+    echo "$out"
+  }
+  missing=$(missing_files)
+  if [ -z "$missing" ]; then
     echo "Fashion-MNIST already installed in $dir"
     exit 0
   fi
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "install.sh data: no apt-get here; get Fashion-MNIST with 'flatfl train --dataset fashion-mnist --download'" \
-         "(fetched into <data-dir>/fashion-mnist/, checksums checked) or put its four .gz files in that folder" >&2
+    echo "install.sh data: $dir lacks $missing and there is no apt-get here; get Fashion-MNIST with" \
+         "'flatfl train --dataset fashion-mnist --download' (fetched into <data-dir>/fashion-mnist/, checksums" \
+         "checked) or put its four .gz files in that folder" >&2
     exit 1
   fi
   sudo=""
@@ -29,6 +38,12 @@ if [ "${1:-}" = "data" ]; then
   fi
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq dataset-fashion-mnist >/dev/null
+  missing=$(missing_files)
+  if [ -n "$missing" ]; then
+    echo "install.sh data: after installing dataset-fashion-mnist, $dir still lacks $missing; reinstall the package" \
+         "(${sudo:+$sudo }apt-get install --reinstall dataset-fashion-mnist) or use --download" >&2
+    exit 1
+  fi
   echo "Fashion-MNIST installed in $dir"
   exit 0
 fi

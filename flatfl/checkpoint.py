@@ -194,6 +194,37 @@ def check_spec_size(spec: dict, state: dict, path) -> None:
                               f"{need:,} values, the checkpoint holds {have:,} (refused before building it)")
 
 
+def same_network(recorded, model: nn.Module, what: str, path):
+    """Whether your network is the one the checkpoint trained, as far as its recorded structure tells (checkpoints
+    of older flatfl record none and pass): None, or a function that says it, to call once the weights are loaded
+    (other modules or settings: a CheckpointError; changed code of your classes: a notice on stderr, as a comment
+    or a refactoring changes it too). A network already wrapped in its projection head is not compared (the
+    structure is taken before the wrapping)."""
+    from .models.factory import code_changes, structure_difference
+    from .models.projection import ProjectionHeadModel
+
+    if recorded is None or isinstance(model, ProjectionHeadModel):
+        return None
+    differs = structure_difference(recorded, model)
+    if differs:
+        def refuse():
+            raise CheckpointError(f"{path}: {what} builds another network than the one trained ({differs}); the "
+                                  "weights would be analysed as another network: use the network the run was "
+                                  "trained with")
+
+        return refuse
+    changed = code_changes(recorded, model)
+    if changed:
+        def notice():
+            import sys
+
+            print(f"notice: the code of {', '.join(changed)} changed since {path} was trained; its weights are "
+                  "analysed with the code as it is now", file=sys.stderr, flush=True)
+
+        return notice
+    return None
+
+
 def resolve_checkpoint_path(path: str | Path) -> Path:
     """A checkpoint file, or a run directory (its final.pt, else its latest round checkpoint)."""
     p = Path(path)
@@ -232,12 +263,14 @@ class Checkpoint:
         if key is None or key not in payload:
             raise CheckpointError(f"{path} has no {which!r} model (choose 'server' or 'all')")
         custom = self.model_spec.get("name") == "custom"
+        by_file = False  # the factory is the one the checkpoint recorded, not one the caller named
         if model is None and (model_factory or (custom and self.model_spec.get("factory"))):
             from .models.factory import check_recorded_factory, model_from_factory
 
             recorded = self.model_spec.get("factory")
             if not model_factory:  # named by the file, not by the user: only a module of the current directory
                 model_factory = check_recorded_factory(recorded, str(path))
+                by_file = True
             elif recorded and recorded != model_factory:
                 import sys
 
@@ -249,7 +282,12 @@ class Checkpoint:
                                   "factory: pass the network, flatfl.load_checkpoint(path, model=net), or "
                                   "--model-factory module:function")
         what = f"model {self.model_spec.get('name')!r}" if model is None else \
-            (f"--model-factory {model_factory}" if model_factory else f"the given {type(model).__name__}")
+            (f"{'the recorded model factory ' if by_file else '--model-factory '}{model_factory}" if model_factory
+             else f"the given {type(model).__name__}")
+        # your network against the recorded structure, taken before the spec wraps it; said once the weights fit
+        # (a network whose shapes differ gets the weights' message)
+        verdict = same_network(self.model_spec.get("structure"), model, what, path) \
+            if model is not None and custom else None
         if model is None:
             check_spec_size(self.model_spec, payload[key], path)  # before any memory is taken for it
         try:
@@ -262,6 +300,8 @@ class Checkpoint:
             first = str(e).strip().splitlines()
             raise CheckpointError(f"{path}: weights do not fit {what} "
                                   f"({first[1].strip() if len(first) > 1 else first[0]})") from None
+        if verdict is not None:
+            verdict()
         self.model: nn.Module = model.to(self.device).eval()
         self._dataset = None
 

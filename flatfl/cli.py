@@ -10,14 +10,14 @@ import os
 import sys
 from pathlib import Path
 
-from .utils.startup import import_torch_uninterruptibly, install_interrupt_hook
+from .utils.startup import import_torch_uninterruptibly, install_interrupt_hook, settle_source_date_epoch
 
 if os.path.basename(sys.argv[0] or "") == "flatfl":  # the console script: Ctrl-C while starting gives one line
     install_interrupt_hook()
 
 import click  # noqa: E402
 
-from .errors import FlatflError, unknown_name  # noqa: E402
+from .errors import FlatflError, error_line, unknown_name  # noqa: E402
 from .utils.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # noqa: E402  (no torch: the defaults)
 from .utils.hessian_settings import METHODS, TRACE_METHODS, HessianSettings, tracking_settings  # noqa: E402
 from .utils.surface_settings import DIRECTION_KINDS, SurfaceSettings  # noqa: E402
@@ -32,7 +32,7 @@ def friendly_errors(fn):
         try:
             return fn(*args, **kwargs)
         except FlatflError as e:
-            click.echo(f"flatfl: error: {e}", err=True)
+            click.echo(f"flatfl: error: {error_line(e)}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
             click.echo("flatfl: interrupted", err=True)
@@ -40,7 +40,7 @@ def friendly_errors(fn):
         except Exception as e:  # no traceback for the user: one line, exit 1 (FLATFL_DEBUG=1 shows it)
             if os.environ.get("FLATFL_DEBUG"):
                 raise
-            click.echo(f"flatfl: error: {describe_failure(e)}", err=True)
+            click.echo(f"flatfl: error: {error_line(describe_failure(e))}", err=True)
             sys.exit(2 if isinstance(e, (OSError, UnicodeDecodeError, ValueError)) else 1)
 
     return wrapper
@@ -72,6 +72,10 @@ class FlatflGroup(click.Group):
         argv = sys.argv[1:] if args is None else list(args)
         try:
             if argv and not {"-h", "--help", "--version"} & set(argv):
+                problem = settle_source_date_epoch()  # before numpy's f2py (read by scipy's import) sees it
+                if problem:
+                    click.echo(f"flatfl: error: {problem}", err=True)
+                    sys.exit(2)
                 import_torch_uninterruptibly()  # a command will run: torch first, Ctrl-C held back meanwhile
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except (click.exceptions.Abort, KeyboardInterrupt):
@@ -80,7 +84,7 @@ class FlatflGroup(click.Group):
         except click.ClickException as e:
             where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "flatfl"
             hint = f" (see '{where} --help')" if isinstance(e, click.UsageError) else ""
-            click.echo(f"flatfl: error: {' '.join(e.format_message().split())}{hint}", err=True)
+            click.echo(f"flatfl: error: {error_line(' '.join(e.format_message().split()))}{hint}", err=True)
             sys.exit(e.exit_code)
         sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -209,6 +213,9 @@ Examples:
 @click.option("--device", help="cpu | cuda | cuda:N | mps (default cpu)")
 @click.option("--parallel-clients", help="train up to N of a round's participants at once as one batched computation, "
               "N an integer or 'all' (default: all on CUDA, 1 on CPU; the same numbers up to float rounding)")
+@click.option("--float32-matmul", type=NameChoice(["full", "tf32"], kind="float32 mode"), help="float32 matrix "
+              "products and convolutions on CUDA: full (IEEE float32, the default) or tf32 (TensorFloat-32: faster, "
+              "about 1e-3 relative per product); recorded in config.json")
 @click.option("--eval-every", type=int, help="evaluate every k rounds (default 1)")
 @click.option("--checkpoint-every", type=int, help="write a checkpoint every k rounds (default 10)")
 @click.option("--save-clients/--no-save-clients", default=None, help="also write each client's latest local model (clients.pt)")
@@ -325,7 +332,7 @@ Examples:
 @click.option("--device", default=HESSIAN_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=HESSIAN_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--save-eigenvectors", is_flag=True, default=HESSIAN_DEFAULTS.save_eigenvectors, help="also write eigenvectors.pt (parameter layout included)")
-@click.option("--model-factory", default=HESSIAN_DEFAULTS.model_factory, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
+@click.option("--model-factory", default=HESSIAN_DEFAULTS.model_factory, help="module:function or path/to/file.py:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--exact-residuals", is_flag=True, default=HESSIAN_DEFAULTS.exact_residuals,
               help="recompute each residual ||Hv - lambda v|| with one more HVP (without it, Lanczos reports the "
               "residual of its recurrence: an estimate that can understate the true one by orders of magnitude)")
@@ -388,7 +395,7 @@ is refused (choose another --out). The run must have been trained with --save-cl
 @click.option("--seed", type=int, default=CLIENTS_DEFAULTS.seed, show_default=True, help="seed of the sample draws and the probes")
 @click.option("--device", default=CLIENTS_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=CLIENTS_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
-@click.option("--model-factory", default=CLIENTS_DEFAULTS.model_factory, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
+@click.option("--model-factory", default=CLIENTS_DEFAULTS.model_factory, help="module:function or path/to/file.py:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_threads_option
 @friendly_errors
@@ -438,7 +445,7 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 @click.option("--device", default=SURFACE_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=SURFACE_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--force", is_flag=True, default=SURFACE_DEFAULTS.force, help="start over instead of resuming surface.npz in --out")
-@click.option("--model-factory", default=SURFACE_DEFAULTS.model_factory, help="module:function building your own network (default: the one the run recorded); only its weights are loaded")
+@click.option("--model-factory", default=SURFACE_DEFAULTS.model_factory, help="module:function or path/to/file.py:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_threads_option
 @friendly_errors
@@ -516,6 +523,7 @@ Examples:
   flatfl reproduce man-tables --preset quick                  # MAN Tables 2 and 6 on digits (minutes, 2 cores)
   flatfl reproduce man-table2 --preset paper --data-dir ~/data --device cuda --executor ray
   flatfl reproduce fedalign-table1 --preset quick --out reports/fedalign
+  flatfl reproduce man-table2 --preset quick --methods FedAvg,FedAvg+MAN --seeds 0,1   # two rows only
 Re-running the same command skips finished runs and analyses and resumes interrupted runs.
 """
 
@@ -529,24 +537,27 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
     return fn
 
 
-@main.command(epilog=REPRODUCE_EPILOG)
-@click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"))
+@main.command(epilog=REPRODUCE_EPILOG, help="Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign "
+              "Table 1.\n\n\b\nTARGET: " + ", ".join(TARGETS))  # a name per target, none broken at its hyphens
+@click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"), metavar="TARGET")
 @click.option("--preset", type=NameChoice(["quick", "fmnist", "paper", "tiny"], kind="preset"), default="quick", show_default=True,
               help="quick: digits on a CPU; fmnist: Fashion-MNIST on a CPU (<= 1 h on 2 cores); paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None, help="run folder (default runs/reproduce-<preset>)")
-@click.option("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default: 0,1,2 for quick, 0 for paper and tiny)")
+@click.option("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default: 0,1,2 for quick and fmnist, 0 for paper and tiny)")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (paper preset: CIFAR-100)")
 @click.option("--model", type=NameChoice(["server", "clients-average"], kind="model"), default=None,
               help="the model the Hessian and the table measure; default: clients-average for the MAN tables, server for FedAlign's")
 @click.option("--track-hessian", type=int, default=None, help="curvature during training every K rounds (flatfl train "
               "--track-hessian; drawn against rounds in the report); 0 = off; default: the preset's (quick: 10)")
+@click.option("--methods", default=None, help="comma-separated rows of the table to run, e.g. FedAvg,FedAvg+MAN "
+              "(default: every row)")
 @functools.partial(_executor_options, threads_help="torch threads per run, an integer >= 1 (default: 1 whatever the "
                    "machine, since the thread count changes the numbers; recorded in each run's config.json)")
 @friendly_errors
-def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, track_hessian, executor, workers, threads,
-              ray_address, gpus_per_task):
+def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, track_hessian, methods, executor, workers,
+              threads, ray_address, gpus_per_task):
     """Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign Table 1."""
     from .errors import ConfigError
     from .executors import make_executor
@@ -562,7 +573,7 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, tra
     ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
     summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
                                device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model,
-                               track_hessian=track_hessian)
+                               track_hessian=track_hessian, methods=methods, progress_bar=sys.stderr.isatty())
     report_dir = out or f"reports/{target}-{preset}"
     _echo_summary(summary, report_dir)
     tasks = summary.get("tasks") or []
@@ -570,7 +581,8 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, tra
     click.echo(f"{target} ({preset}): {len(tasks) - n_failed} of {len(tasks)} runs done, "
                f"{len(summary.get('tables') or [])} tables in {summary['seconds']:.0f} s -> {report_dir}/report.pdf")
     if summary["failed"]:
-        click.echo(f"flatfl: error: {len(summary['failed'])} run(s) failed: " + "; ".join(summary["failed"][:3]), err=True)
+        click.echo("flatfl: error: " + error_line(f"{len(summary['failed'])} run(s) failed: "
+                                                  + "; ".join(summary["failed"][:3])), err=True)
         sys.exit(1)
 
 
@@ -617,5 +629,6 @@ def sweep(grid_file, out, dry_run, executor, workers, threads, ray_address, gpus
     root = Path(records[0]["run_dir"]).parent if records else out
     click.echo(f"{len(records) - len(failed)} of {len(records)} runs done -> {root}/sweep.csv")
     if failed:
-        click.echo(f"flatfl: error: {len(failed)} run(s) failed: " + "; ".join(f"{r['name']}: {r['error']}" for r in failed[:3]), err=True)
+        click.echo("flatfl: error: " + error_line(f"{len(failed)} run(s) failed: "
+                                                  + "; ".join(f"{r['name']}: {r['error']}" for r in failed[:3])), err=True)
         sys.exit(1)

@@ -35,9 +35,42 @@ def unknown_name(kind: str, name, choices, where: str = "", fallback: str | None
 
     choices = [str(c) for c in choices]
     place = f" {where}" if where else ""
+    short = [c for c in choices if isinstance(name, str) and abbreviates(name, c)]
+    if len(short) == 1:  # 'fmnist' for 'fashion-mnist': a shortening of each word, closer than any typo
+        return ConfigError(f"unknown {kind} {name!r}{place}. Did you mean {short[0]!r}?")
     close = difflib.get_close_matches(str(name).lower(), [c.lower() for c in choices], n=1, cutoff=0.6) \
         if isinstance(name, str) else []
     if close:
         match = next(c for c in choices if c.lower() == close[0])
         return ConfigError(f"unknown {kind} {name!r}{place}. Did you mean {match!r}?")
     return ConfigError(fallback or f"unknown {kind} {name!r}{place}: choose one of {', '.join(choices)}")
+
+
+def abbreviates(name: str, choice: str) -> bool:
+    """Whether ``name`` shortens a name of several words (split at '-', '_', spaces) by keeping the start of each
+    word, in order: 'fmnist' and 'fashmnist' shorten 'fashion-mnist'; a one-word name has no such shortening."""
+    import re
+
+    words = [w for w in re.split(r"[-_ ]+", choice.lower()) if w]
+    text = re.sub(r"[-_ ]+", "", name.lower())
+    if len(words) < 2 or not text or len(text) > len("".join(words)) or text == "".join(words):
+        return False
+
+    def match(i: int, k: int) -> bool:
+        if k == len(words):
+            return i == len(text)
+        return any(text.startswith(words[k][:j], i) and match(i + j, k + 1) for j in range(len(words[k]), 0, -1))
+
+    return match(0, 0)
+
+
+#: the longest error line the command line prints (a value quoted from a file can be any length)
+MAX_ERROR_LINE = 600
+
+
+def error_line(text: str, limit: int = MAX_ERROR_LINE) -> str:
+    """``text`` on one line, cut to ``limit`` characters (saying how much was left out)."""
+    text = " ".join(str(text).splitlines())
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters)"

@@ -54,6 +54,9 @@ FedAlign Table 1 follows the FedAlign code (FedML-based): its partition, optimis
 the ``fedalign`` protocol of H_N / H_D. It has no SCAFFOLD or FedDC run, so ``--cv-lr`` / ``--steps-rule`` do not
 arise; SCAFFOLD used elsewhere (``flatfl train``) keeps flatfl's defaults unless asked.
 
+``methods``: any subset of a table's rows by name (``--methods FedAvg,FedAvg+MAN``), for a reduced reproduction in
+one command; the report then fills only those rows.
+
 Layout: the runs in ``RUNS_DIR/<method>-<partition>-s<seed>/`` (default ``runs/reproduce-<preset>``), the report in
 ``OUT`` (default ``reports/<target>-<preset>``). Re-running skips finished runs and analyses and resumes unfinished
 runs, so an interrupted reproduction continues where it stopped.
@@ -71,7 +74,7 @@ from .paper_tables.spec import Method, PaperTable
 from .sweep import SECTION_SETTINGS, RunTask, run_tasks
 
 __all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method", "PaperTable",
-           "tables_of"]
+           "tables_of", "methods_of", "Progress"]
 
 PRESETS = ("tiny", "quick", "fmnist", "paper")
 #: seeds when ``--seeds`` is not given: the quick preset's tables show mean +- sd over three seeds; one paper run
@@ -93,6 +96,26 @@ def tables_of(target: str) -> tuple[str, ...]:
     return paper_tables.GROUPS.get(target, (target,))
 
 
+def methods_of(target: str) -> tuple[str, ...]:
+    """The row names (methods) of the tables ``target`` names, in table order."""
+    return tuple(dict.fromkeys(m.label for key in tables_of(target) for m in paper_tables.REPRODUCED[key].methods))
+
+
+def _chosen_methods(target: str, methods) -> set[str] | None:
+    """The methods asked for (a comma-separated string or a list; names matched ignoring case), None for all; an
+    unknown name is one ConfigError line listing the valid ones."""
+    if methods is None:
+        return None
+    names = [n.strip() for n in (methods.split(",") if isinstance(methods, str) else methods) if str(n).strip()]
+    valid = methods_of(target)
+    lookup = {v.lower(): v for v in valid}
+    unknown = [n for n in names if str(n).lower() not in lookup]
+    if unknown or not names:
+        what = f"unknown method(s) {', '.join(map(repr, unknown))}" if unknown else "no method named"
+        raise ConfigError(f"--methods: {what} for {target}; choose from {', '.join(valid)}")
+    return {lookup[str(n).lower()] for n in names}
+
+
 def _slug(label: str) -> str:
     return label.lower().replace("+", "-")
 
@@ -105,8 +128,9 @@ def _run_name(label: str, settings: dict, seed: int) -> str:
 
 def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = None, seeds=None,
          device: str = "cpu", data_dir: str | None = None, threads: int | None = None,
-         model: str | None = None, track_hessian: int | None = None) -> list[RunTask]:
-    """The run tasks of ``target`` at ``preset``: one per (method, partition, seed), with its analyses.
+         model: str | None = None, track_hessian: int | None = None, methods=None) -> list[RunTask]:
+    """The run tasks of ``target`` at ``preset``: one per (method, partition, seed), with its analyses; with
+    ``methods`` (names of the tables' rows, see :func:`methods_of`) only those rows' runs.
 
     ``model``: the model the Hessian analyses measure, 'server' or 'clients-average'; default the one the table
     reports (:func:`flatfl.report.tables.model_for`: the all-clients average for the MAN tables, the server model
@@ -116,6 +140,7 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
         raise unknown_name("reproduction target", target, TARGETS)
     if preset not in PRESETS:
         raise unknown_name("preset", preset, PRESETS)
+    chosen = _chosen_methods(target, methods)
     seeds = DEFAULT_SEEDS[preset] if seeds is None else tuple(seeds)
     if not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise ConfigError(f"--seeds must be non-negative integers, got {seeds!r}")
@@ -138,6 +163,8 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
             raise ConfigError(f"{key} has no preset {preset!r}: choose one of {', '.join(table.presets)}")
         cfg = table.presets[preset]
         for m in table.methods:
+            if chosen is not None and m.label not in chosen:
+                continue
             for alpha in table.alphas or (None,):
                 for seed in seeds:
                     settings = dict(cfg["run"], **({} if alpha is None else {"alpha": alpha}), seed=seed)
@@ -170,9 +197,13 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
               runs_dir: str | Path | None = None, executor=None, seeds=None, device: str = "cpu",
               data_dir: str | None = None, threads: int | None = None,
               echo: Callable[[str], None] | None = None, model: str | None = None,
-              track_hessian: int | None = None) -> dict:
+              track_hessian: int | None = None, methods=None, progress_bar: bool = False) -> dict:
     """Train and analyse every run of ``target`` at ``preset`` (skipping finished work), then write the report
     into ``out``. Returns the report's summary plus 'tasks' (what each run did) and 'seconds'.
+
+    ``methods``: only these rows of the tables (:func:`plan`). Progress: one line per run ending, with the time
+    elapsed and an estimate of the time left across the runs (:class:`Progress`); ``progress_bar``: a tqdm bar
+    instead (on a terminal), the lines printed above it.
 
     ``seeds``: default :data:`DEFAULT_SEEDS` of the preset. ``threads``: torch threads per run, default
     :data:`REPRODUCE_THREADS` (pinned, whatever the machine's load; recorded in each run's config.json)."""
@@ -187,11 +218,16 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     if threads is None:
         threads = REPRODUCE_THREADS
     tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads,
-                 model=model, track_hessian=track_hessian)
+                 model=model, track_hessian=track_hessian, methods=methods)
     out = Path(out or Path("reports") / f"{target}-{preset}")
     if echo:
         echo(f"{target} ({preset}): {len(tasks)} runs in {Path(tasks[0].run_dir).parent}, report in {out}")
-    records = run_tasks(tasks, executor, echo=echo)
+    progress = Progress(tasks, echo, bar=progress_bar) if echo else None
+    try:
+        records = run_tasks(tasks, executor, echo=echo, on_done=progress.done if progress else None)
+    finally:
+        if progress:
+            progress.close()
     failed = [r for r in records if r.get("error")]
     tables = tables_of(target)
     done = [t.run_dir for t in tasks if Path(t.run_dir, "config.json").is_file()]
@@ -203,3 +239,68 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     summary["failed"] = [f"{r['name']}: {r['error']}" for r in failed]
     summary["seconds"] = round(time.perf_counter() - start, 1)
     return summary
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 120:
+        return f"{s} s"
+    return f"{s // 60} min {s % 60:02d} s" if s < 7200 else f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class Progress:
+    """One progress report across the runs of a reproduction: each run's line (from :func:`flatfl.sweep.run_tasks`)
+    with the time elapsed and the time left, estimated from the wall time per run so far. Runs already finished
+    when the reproduction starts (their training is skipped) count neither in the rate nor in what is left. With
+    ``bar`` (a terminal), a tqdm bar on stderr carries the estimate and the lines are printed above it; else the
+    estimate ends each line, as a log wants it. ``clock``: seconds, monotonic."""
+
+    def __init__(self, tasks, echo: Callable[[str], None], bar: bool = False,
+                 clock: Callable[[], float] = time.perf_counter):
+        from .sweep import run_state
+
+        self.echo, self.total, self.clock = echo, len(tasks), clock
+        self.start = clock()
+
+        def finished(t) -> bool:
+            try:
+                return run_state(t.run_dir) == "finished"
+            except ConfigError:  # reported by the run itself
+                return False
+
+        self.ready = {t.name for t in tasks if finished(t)}
+        self.left = self.total - len(self.ready)  # runs to train
+        self.trained = 0
+        self.bar = None
+        if bar:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.left, unit="run", desc="runs to train", dynamic_ncols=True, leave=False)
+
+    def eta(self, elapsed: float) -> float | None:
+        """Seconds left after ``elapsed``: the wall time per run trained so far times the runs left to train (None
+        before one)."""
+        return elapsed / self.trained * self.left if self.trained else None
+
+    def done(self, task, record: dict, line: str) -> None:
+        """Called by :func:`flatfl.sweep.run_tasks` as each run ends, with its line."""
+        trained = task.name not in self.ready
+        if trained:
+            self.trained += 1
+            self.left -= 1
+        if self.bar is not None:
+            self.bar.write(line)
+            if trained:
+                self.bar.update(1)
+            return
+        elapsed = self.clock() - self.start
+        eta = self.eta(elapsed)
+        when = f"{_duration(elapsed)} elapsed, " + (
+            "no run left to train" if self.left <= 0 else f"about {_duration(eta)} left" if eta is not None else
+            "time left known after the first run trained")
+        first, _, rest = line.partition("\n")
+        self.echo(f"{first} | {when}" + (f"\n{rest}" if rest else ""))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -212,9 +212,11 @@ def preflight(tasks: list[RunTask]) -> None:
             checked.add(data)
 
 
-def run_tasks(tasks: list[RunTask], executor=None, *, echo: Callable[[str], None] | None = None) -> list[dict]:
+def run_tasks(tasks: list[RunTask], executor=None, *, echo: Callable[[str], None] | None = None,
+              on_done: Callable[[RunTask, dict, str], None] | None = None) -> list[dict]:
     """Run every task on ``executor`` (default: serial); returns one record per task, in the tasks' order, with
-    ``error`` set for the failed ones (the others still run)."""
+    ``error`` set for the failed ones (the others still run). ``on_done(task, record, line)``, when given, is called
+    as each task ends, with the line ``echo`` would print, instead of ``echo``."""
     from .executors import LocalExecutor
 
     executor = executor or LocalExecutor(1)
@@ -244,7 +246,9 @@ def run_tasks(tasks: list[RunTask], executor=None, *, echo: Callable[[str], None
                 msg += "\n" + outcome.details.rstrip()
             last_error = outcome.error
         records[outcome.index] = rec
-        if echo:
+        if on_done:
+            on_done(task, rec, msg)
+        elif echo:
             echo(msg)
     return [r for r in records if r is not None]
 

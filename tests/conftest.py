@@ -66,3 +66,20 @@ def crash_in_round():
             yield
 
     return crashing_at
+
+
+@pytest.fixture
+def pdf_pages(monkeypatch):
+    """The figures every report written during the test puts in its PDF, in order (the PDF is still written)."""
+    import flatfl.report.pdf as report_pdf
+
+    captured = []
+    real = report_pdf.write_pdf
+
+    def keep(pages, path):
+        pages = list(pages)
+        captured.extend(pages)
+        return real(pages, path)
+
+    monkeypatch.setattr(report_pdf, "write_pdf", keep)
+    return captured

@@ -416,6 +416,18 @@ def _factory_syntax_error(c):
             "--quiet", "--out", str(c.ws / "out")]
 
 
+def _factory_exits(command, module, code, at_import=False, *extra):
+    """A --model-factory whose module or function calls sys.exit(code): an error, never flatfl's exit status."""
+    def setup(c):
+        c.monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no __pycache__ in the work folder
+        body = f"import sys\nsys.exit({code})\n" if at_import else f"import sys\n\ndef net():\n    sys.exit({code})\n"
+        c.write(f"{module}.py", body)
+        return [command, str(c.run / "final.pt"), "--model-factory", f"{module}:net", "--samples", "16", "--quiet",
+                "--out", str(c.ws / "out"), *extra]
+
+    return setup
+
+
 def _big_grid(c):
     lrs = ", ".join(f"{0.001 * (k + 1):g}" for k in range(200))
     return ["sweep", str(c.write("g.toml", GOOD_GRID + f"lr = [{lrs}]\nseed = {list(range(600))}\n")), "--dry-run"]
@@ -445,6 +457,16 @@ CASES = {
     "checkpoint-format-version-string": (_on_run("hessian", prepare=lambda c, r: edit_checkpoint(
         r / "final.pt", lambda p: p.update(format_version="2"))), "format_version"),
     "factory-syntax-error": (_factory_syntax_error, "syntax error"),
+    # ---- a factory that exits, an abbreviated data set name
+    "factory-exits-0-hessian": (_factory_exits("hessian", "exit_i41a", 0, False, "--top", "1", "--no-trace"),
+                                "net() called sys.exit(0) instead of returning a network"),
+    "factory-exits-3-clients": (_factory_exits("hessian-clients", "exit_i41b", 3, False, "--probes", "4"),
+                                "net() called sys.exit(3)"),
+    "factory-exits-0-surface": (_factory_exits("surface", "exit_i41c", 0, False, "--grid", "3"),
+                                "net() called sys.exit(0)"),
+    "factory-exits-on-import": (_factory_exits("hessian", "exit_i41d", 0, True, "--top", "1"),
+                                "importing 'exit_i41d' called sys.exit(0)"),
+    "dataset-abbreviated": (_train("--dataset", "fmnist"), "unknown dataset 'fmnist'. Did you mean 'fashion-mnist'?"),
     "data-pt-label-out-of-range": (_data_pt_label_out_of_range, "outside the data set's 3 classes"),
     "report-hessian-json-nested": (_report_nested_json, "hessian.json"),
     # ---- issue 29: results from other weights, runs that do not belong together
@@ -894,3 +916,348 @@ def test_resume_keeps_the_versions_of_earlier_rounds_and_report_shows_them(tmp_p
     summary = build_report([run], tmp_path / "rep")
     assert any("different flatfl / torch versions" in n and "torch 1.13.0" in n and "training from round 1" in n
                for n in summary["notices"]), summary["notices"]
+
+
+# ------------------------------------------------------------------------------------------- own networks, bounds
+def test_edited_model_factory_is_refused_and_old_checkpoints_still_load(tmp_path, monkeypatch):
+    """Your network's structure is recorded with the checkpoint: once ``my_models.py`` builds another network
+    (a ReLU now a Tanh), ``flatfl hessian``, ``flatfl.load_checkpoint(path, model=net)`` and ``--resume`` refuse it
+    in one line, where only parameter shapes were compared before; changed code of your own class is a notice,
+    a comment is nothing; a checkpoint recorded without the structure (older flatfl) still loads."""
+    import importlib
+
+    import flatfl
+    from flatfl.errors import CheckpointError
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+    from flatfl.utils.provenance import json_digest
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seq = ("from torch import nn\n\ndef net():\n"
+           "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.{}(), nn.Linear(8, 10))\n")
+    (tmp_path / "fac_i41_seq.py").write_text(seq.format("ReLU"))
+    cls = ("import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+           "        super().__init__()\n        self.a, self.b = nn.Linear(64, 8), nn.Linear(8, 10)\n\n"
+           "    def forward(self, x):\n        return self.b(torch.{}(self.a(x.flatten(1))))\n\n\ndef net():\n"
+           "    return Net()\n")
+    (tmp_path / "fac_i41_cls.py").write_text(cls.format("relu"))
+    cfg = RunConfig(rounds=1, clients=2, batch_size=64, threads=1).validate()
+    seq_final = Trainer(cfg, tmp_path / "seq", model_factory="fac_i41_seq:net", quiet=True).run()
+    cls_final = Trainer(cfg, tmp_path / "cls", model_factory="fac_i41_cls:net", quiet=True).run()
+
+    def hessian(final, out):
+        return CliRunner().invoke(main, ["hessian", str(final), "--top", "1", "--no-trace", "--samples", "16",
+                                         "--quiet", "--out", str(tmp_path / out)])
+
+    (tmp_path / "fac_i41_seq.py").write_text(seq.format("Tanh"))  # same parameter shapes, another network
+    importlib.invalidate_caches()
+    sys.modules.pop("fac_i41_seq", None)
+    r = hessian(seq_final, "h-seq")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "builds another network than the one trained (module '2' is Tanh(), trained as ReLU())" in lines[0]
+    assert not (tmp_path / "h-seq").exists()
+    import fac_i41_seq
+
+    with pytest.raises(CheckpointError, match=r"module '2' is Tanh\(\), trained as ReLU\(\)"):
+        flatfl.load_checkpoint(seq_final, model=fac_i41_seq.net())
+    r = CliRunner().invoke(main, ["train", "--resume", str(tmp_path / "seq"), "--quiet"])
+    assert r.exit_code == 2 and "your network is not the one the run trained" in r.stderr, r.output
+
+    # your own class: a comment is no change; another activation in forward is said aloud
+    commented = cls.format("relu").replace("    def forward", "    # edited\n    def forward")
+    (tmp_path / "fac_i41_cls.py").write_text(commented)
+    sys.modules.pop("fac_i41_cls", None)
+    r = hessian(cls_final, "h-cls-comment")
+    assert r.exit_code == 0 and "notice" not in r.stderr, r.output
+    (tmp_path / "fac_i41_cls.py").write_text(cls.format("tanh"))
+    sys.modules.pop("fac_i41_cls", None)
+    r = hessian(cls_final, "h-cls-code")
+    assert r.exit_code == 0 and "notice: the code of fac_i41_cls.Net changed since" in r.stderr, r.output
+
+    # a checkpoint of a flatfl that recorded no structure: loads as before
+    def drop_structure(p):
+        p["model_spec"] = {k: v for k, v in p["model_spec"].items() if k != "structure"}
+        p["model_spec_sha256"] = json_digest(p["model_spec"])
+
+    edit_checkpoint(seq_final, drop_structure)
+    assert flatfl.load_checkpoint(seq_final, model=fac_i41_seq.net()).num_params == 64 * 8 + 8 + 8 * 10 + 10
+
+
+LIMITED = r"""
+import resource, sys
+from flatfl.cli import main
+import flatfl.data.formats, yaml  # loaded before the limit: the commands' own code
+
+def size():
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmSize:"))
+
+limit = size() + int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+for argv in sys.argv[2:]:
+    try:
+        main(argv.split("\t"))
+    except SystemExit as e:
+        print("exit", e.code, flush=True)
+    except MemoryError:
+        print("exit MemoryError", flush=True)
+"""
+
+
+def _gzip_bomb(path: Path, declared=(60_000, 28, 28), inflated_mib: int = 1024) -> None:
+    """An IDX images file whose header declares ``declared`` and whose gzip data inflates to ``inflated_mib`` MiB
+    (gzip members of 16 MiB of zeros, concatenated: a few hundred kB on disk)."""
+    import gzip
+
+    header = (0x803).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in declared)
+    zeros = gzip.compress(bytes(16 << 20), compresslevel=9, mtime=0)
+    with open(path, "wb") as f:
+        f.write(gzip.compress(header, mtime=0))
+        for _ in range(inflated_mib // 16):
+            f.write(zeros)
+
+
+def test_gzip_and_yaml_bombs_under_a_memory_limit(tmp_path):
+    """Under an address-space limit of 300 MiB above what flatfl itself takes, a Fashion-MNIST ``.gz`` that
+    inflates to 1 GiB (its header declaring the real 60,000 images) and a YAML config of a few hundred bytes whose
+    aliases stand for 387 million values each end in one named line, fast: the IDX file is streamed and not
+    inflated past its declared size, the aliases are counted, not expanded."""
+    folder = tmp_path / "data" / "fashion-mnist"
+    folder.mkdir(parents=True)
+    _gzip_bomb(folder / "train-images-idx3-ubyte.gz")
+    for name in ("train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        (folder / name).write_bytes(b"unused: the first file already fails")
+    levels = ['&a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, name in zip("abcdefg", "bcdefgh"):
+        levels.append(f"&{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    bomb = "model: tiny\nlr: [" + ", ".join(levels + ["[" + ",".join(["*h"] * 9) + "]"]) + "]\n"
+    (tmp_path / "bomb.yaml").write_text(bomb)
+    assert len(bomb) < 700
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = ["train\t--dataset\tfashion-mnist\t--data-dir\t" + str(tmp_path / "data") + "\t--threads\t1\t--out\t"
+            + str(tmp_path / "r1"),
+            "train\t--config\t" + str(tmp_path / "bomb.yaml") + "\t--threads\t1\t--out\t" + str(tmp_path / "r2")]
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", LIMITED, str(300 << 20), *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - start
+    assert done.stdout.split("\n")[:2] == ["exit 2", "exit 2"], (done.stdout, done.stderr[-2000:])
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 2 and all(ln.startswith("flatfl: error: ") and len(ln) < 700 for ln in lines), lines
+    assert "train-images-idx3-ubyte.gz holds more than the 47,040,016 bytes its header (60000, 28, 28) declares" \
+        in lines[0], lines[0]
+    assert "bomb.yaml holds" in lines[1] and "values once its YAML aliases are expanded" in lines[1], lines[1]
+    assert took < 120 and not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+
+def test_idx_header_declaring_more_than_the_file_is_refused_before_inflating(tmp_path):
+    """A header declaring more than the known file size (or, for files of unknown size, more than any data set
+    read here) is refused from the header alone."""
+    from flatfl.data import formats
+    from flatfl.errors import DatasetError
+
+    _gzip_bomb(tmp_path / "big.gz", declared=(10**6, 28, 28), inflated_mib=16)
+    with pytest.raises(DatasetError, match=r"declares \(1000000, 28, 28\) \(784,000,016 bytes\), more than the "
+                                           r"47,040,016 bytes this file may hold: refused before inflating"):
+        formats.read_idx(tmp_path / "big.gz", 0x803, size=47_040_016)
+    _gzip_bomb(tmp_path / "huge.gz", declared=(2**31, 2**16, 2**16), inflated_mib=16)
+    with pytest.raises(DatasetError, match="refused before inflating"):
+        formats.read_idx(tmp_path / "huge.gz", 0x803)
+
+
+def test_yaml_aliases_and_long_values_give_short_lines(tmp_path):
+    """A recursive alias and a value quoted in an error (a list of 5,000 copies of a 200-character string, within
+    the bound) give one line of a few hundred characters, not megabytes."""
+    (tmp_path / "rec.yaml").write_text("model: &m [[*m]]\n")
+    (tmp_path / "long.yaml").write_text('lr: [&a ["' + "y" * 200 + '"], ' + ",".join(["*a"] * 5000) + "]\n")
+    for name, fragment in (("rec.yaml", "contains itself (a recursive YAML alias)"),
+                           ("long.yaml", "--lr must be a number")):
+        r = CliRunner().invoke(main, ["train", "--config", str(tmp_path / name), "--out", str(tmp_path / "r")])
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.exit_code == 2 and len(lines) == 1 and fragment in lines[0], r.stderr[:500]
+        assert len(lines[0]) < 700, len(lines[0])
+
+
+class _Server:
+    """An HTTP server on 127.0.0.1 (a thread) answering every request with ``respond(handler)``."""
+
+    def __init__(self, respond):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                try:
+                    respond(self)
+                except OSError:  # the client went away
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}/"
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+def _endless(h, announce=None):
+    """Zeros without end (stops at 64 MiB, so that a client without a cap ends too)."""
+    h.send_response(200)
+    if announce is not None:
+        h.send_header("Content-Length", str(announce))
+    h.end_headers()
+    block = bytes(1 << 20)
+    for _ in range(64):
+        h.wfile.write(block)
+
+
+def _trickle(h, seconds=8.0, headers_too=False):
+    """A byte of data every 0.1 s (with ``headers_too``, a header line), for ``seconds``."""
+    h.wfile.write(b"HTTP/1.1 200 OK\r\n" if headers_too else b"HTTP/1.1 200 OK\r\n\r\n")
+    h.wfile.flush()
+    ends = time.monotonic() + seconds
+    while time.monotonic() < ends:
+        h.wfile.write(b"X-Slow: 1\r\n" if headers_too else b"\0")
+        h.wfile.flush()
+        time.sleep(0.1)
+
+
+def test_download_is_bounded_in_size_and_time(tmp_path, monkeypatch):
+    """``--download`` against a local server: an endless stream stops at the archive's known size, a server that
+    announces more is not read at all, a trickle of data or of headers stops at the overall deadline; each is one
+    DatasetError line, and no ``.part`` file is left."""
+    import dataclasses
+
+    from flatfl.data import download
+    from flatfl.errors import DatasetError
+
+    monkeypatch.setattr(download, "DOWNLOAD_TIMEOUT", 5.0)
+    monkeypatch.setattr(download, "DOWNLOAD_DEADLINE", 1.0)
+    cases = [(_endless, r"sent more than the 1,048,576 bytes of cifar-10-python.tar.gz; stopped"),
+             (lambda h: _endless(h, announce=1 << 30), r"announces 1,073,741,824 bytes, more than the 1,048,576"),
+             (_trickle, r"not finished within 1 s \(\d+ bytes received\); stopped"),
+             (lambda h: _trickle(h, headers_too=True), r"not finished within 1 s")]
+    for k, (respond, message) in enumerate(cases):
+        root = tmp_path / f"root{k}"
+        with _Server(respond) as base:
+            spec = dataclasses.replace(download.ARCHIVES["cifar10"], url=base + "cifar-10-python.tar.gz",
+                                       size=1 << 20)
+            monkeypatch.setitem(download.ARCHIVES, "cifar10", spec)
+            start = time.monotonic()
+            with pytest.raises(DatasetError, match=message) as info:
+                download.ensure_dataset("cifar10", root)
+            assert time.monotonic() - start < 4.0 and "\n" not in str(info.value)
+        assert list(root.iterdir()) == [], (k, list(root.iterdir()))
+
+
+KILLED_DOWNLOAD = r"""
+import sys
+from pathlib import Path
+from flatfl.data import download
+download.FASHION_MNIST_URL, download.DEBIAN_FASHION_MNIST = sys.argv[1], Path(sys.argv[2]) / "no-debian"
+download.ensure_fashion_mnist(Path(sys.argv[2]) / "data", download=True)
+"""
+
+
+def test_download_killed_with_sigterm_leaves_no_part_file(tmp_path):
+    """SIGTERM (``kill``, ``timeout``) in the middle of a download: the ``.part`` file is removed and the process
+    still ends by SIGTERM."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    folder = tmp_path / "data" / "fashion-mnist"
+    with _Server(lambda h: _trickle(h, seconds=60)) as base:
+        proc = subprocess.Popen([sys.executable, "-c", KILLED_DOWNLOAD, base, str(tmp_path)], cwd=tmp_path,
+                                env=env, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not list(folder.glob(".*.part")) if folder.is_dir() else True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr.read()
+    assert list(folder.iterdir()) == []
+
+
+def test_fashion_mnist_download_removes_a_dead_downloads_part_file(tmp_path, monkeypatch):
+    """A Fashion-MNIST download killed midway (its process gone) left a ``.part``: the next download removes it."""
+    import dataclasses
+    import gzip
+    import hashlib
+
+    import numpy as np
+
+    from flatfl.data import download, load_dataset
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    files = []
+    for f, (magic, shape) in zip(download.FASHION_MNIST_FILES, ((0x803, (20, 28, 28)), (0x801, (20,)),
+                                                                (0x803, (10, 28, 28)), (0x801, (10,)))):
+        raw = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in shape) + bytes(int(np.prod(shape)))
+        (mirror / f.name).write_bytes(gzip.compress(raw, mtime=0))
+        files.append(dataclasses.replace(f, sha256=hashlib.sha256(raw).hexdigest(),
+                                         gz_md5=hashlib.md5((mirror / f.name).read_bytes()).hexdigest()))
+    monkeypatch.setattr(download, "FASHION_MNIST_FILES", tuple(files))
+    monkeypatch.setattr(download, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian")
+    monkeypatch.setattr(download, "FASHION_MNIST_URL", mirror.as_uri() + "/")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = tmp_path / "data" / "fashion-mnist"
+    folder.mkdir(parents=True)
+    stale = folder / f".train-images-idx3-ubyte.gz.{dead.pid}.abcd1234.part"
+    stale.write_bytes(b"half a download")
+    assert len(load_dataset("fashion-mnist", tmp_path / "data", download=True).train_y) == 20
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f.name for f in files)
+
+
+def test_install_data_names_missing_files(tmp_path):
+    """``install.sh data`` says "installed" only when all four files are there; else it names the missing ones
+    and exits non-zero (an apt-get that installed nothing stands in for the package manager)."""
+    fm, bin_dir = tmp_path / "fm", tmp_path / "bin"
+    fm.mkdir()
+    bin_dir.mkdir()
+    for tool in ("dirname", "id"):
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    for fake in ("apt-get", "sudo"):
+        (bin_dir / fake).write_text('#!/bin/sh\n[ "$0" = "${0%sudo}" ] || exec "$@"\nexit 0\n')
+        (bin_dir / fake).chmod(0o755)
+    names = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+             "t10k-labels-idx1-ubyte.gz"]
+    (fm / names[0]).write_bytes(b"x")
+    (fm / names[3]).write_bytes(b"x")
+    env = {"PATH": str(bin_dir), "FLATFL_FASHION_MNIST_DIR": str(fm), "HOME": str(tmp_path)}
+    bash = shutil.which("bash")
+    done = subprocess.run([bash, str(ROOT / "install.sh"), "data"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode != 0 and "installed" not in done.stdout, (done.stdout, done.stderr)
+    assert f"still lacks {names[1]}, {names[2]}" in done.stderr, done.stderr
+    for name in names:
+        (fm / name).write_bytes(b"x")
+    done = subprocess.run([bash, str(ROOT / "install.sh"), "data"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"Fashion-MNIST already installed in {fm}", done
+
+
+def test_empty_source_date_epoch_is_ignored(monkeypatch):
+    """An empty ``SOURCE_DATE_EPOCH`` is taken as unset: removed before the command runs (numpy's f2py, imported
+    with scipy by report and hessian, reads it as a number and failed: ``invalid literal for int()``); one that is
+    no number of seconds is one line naming it."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "")
+    r = CliRunner().invoke(main, ["partition", "--clients", "2"])
+    assert r.exit_code == 0 and "SOURCE_DATE_EPOCH" not in os.environ, r.output
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "soon")
+    r = CliRunner().invoke(main, ["partition", "--clients", "2"])
+    assert r.exit_code == 2 and r.stderr == ("flatfl: error: SOURCE_DATE_EPOCH must be a non-negative integer (seconds "
+                                             "since 1970), got 'soon'; unset it or leave it empty to use the current "
+                                             "time\n"), r.output

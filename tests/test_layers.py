@@ -170,7 +170,7 @@ def private_uses(files: dict[str, Path], modules: dict[str, Path], top: str = "f
 # ------------------------------------------------------------------------------------------------------ the rules
 def test_every_module_has_a_layer():
     loose = [m for m in module_files(PACKAGE) if unit_of(m) is None]
-    assert not loose, f"modules in no layer (add them to LAYERS and to the README's drawing): {loose}"
+    assert not loose, f"modules in no layer (add them to LAYERS and to the drawing in docs/development.md): {loose}"
 
 
 def test_no_import_from_a_higher_layer_or_a_unit_beside():

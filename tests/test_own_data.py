@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from click.testing import CliRunner
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from dense import dense_hessian
 import flatfl
 from flatfl.cli import main
 from flatfl.train.config import RunConfig
@@ -45,17 +45,39 @@ def env():
     return e
 
 
-@pytest.fixture(scope="module")
-def readme_run(tmp_path_factory):
-    """Run the README's two Python blocks as written, in an empty folder."""
-    folder = tmp_path_factory.mktemp("own")
+def run_readme_blocks(folder: Path) -> str:
+    """Run the README's two Python blocks as written, in ``folder`` (empty); returns what the snippet printed."""
     (folder / "my_models.py").write_text(block_starting("python", "# my_models.py"))
     snippet = block_starting("python", "# training from Python, on your own data")
     (folder / "snippet.py").write_text(snippet + "\nprint('FINAL', final)\nprint('ACC', ckpt.model is not None)\n")
     r = subprocess.run([sys.executable, "snippet.py"], cwd=folder, env=env(), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    return folder, r.stdout
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def readme_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("own")
+    return folder, run_readme_blocks(folder)
+
+
+def test_readme_snippet_run_twice_prints_the_same_numbers(readme_run, tmp_path):
+    # the network's initial weights come from the run's seed: a second execution (another process, another
+    # folder) trains the same model and prints the same test accuracy; every metric but the timing is equal
+    folder, first = readme_run
+    second = run_readme_blocks(tmp_path)
+    printed = [ln for ln in first.splitlines() if ln.startswith("test accuracy")]
+    assert len(printed) == 1 and printed == [ln for ln in second.splitlines() if ln.startswith("test accuracy")]
+
+    def metrics(run):
+        rows = list(csv.DictReader((run / "runs" / "own" / "metrics.csv").open()))
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+
+    assert len(metrics(folder)) == 20 and metrics(folder) == metrics(tmp_path)
+    a = torch.load(folder / "runs/own/final.pt", weights_only=True)["state_dict"]
+    b = torch.load(tmp_path / "runs/own/final.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_readme_snippet_trains_and_loads_the_custom_network(readme_run):
@@ -105,23 +127,10 @@ def test_flatfl_hessian_on_the_custom_checkpoint_matches_a_dense_hessian(readme_
     y = (x[:, 0, :4].mean((1, 2)) > x[:, 0, 4:].mean((1, 2))).long()
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 2))
     flatfl.load_checkpoint(folder / "runs" / "own", model=net)
-    names = [n for n, _ in net.named_parameters()]
-    shapes = [p.shape for p in net.parameters()]
-    theta = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).double()
-    net = net.double()
-
-    def loss(flat):
-        params, i = {}, 0
-        for n, s in zip(names, shapes):
-            k = int(np.prod(s))
-            params[n] = flat[i:i + k].view(s)
-            i += k
-        return F.cross_entropy(torch.func.functional_call(net, params, (x[:800].double(),)), y[:800])
-
-    dense = torch.autograd.functional.hessian(loss, theta).numpy()
-    top = np.linalg.eigvalsh((dense + dense.T) / 2)[::-1]
+    dense = dense_hessian(net.double(), x[:800].double(), y[:800])
+    top = np.linalg.eigvalsh(dense)[::-1]
     for rep in results:
-        assert rep["num_samples"] == 800 and rep["num_params"] == theta.numel() == 2146
+        assert rep["num_samples"] == 800 and rep["num_params"] == dense.shape[0] == 2146
     assert results[0]["top_eigenvalues"] == pytest.approx(top[:5], rel=1e-3)
     assert results[1]["top_eigenvalues"][0] == pytest.approx(top[0], rel=1e-3)
 
@@ -206,3 +215,64 @@ def test_surface_and_resume_of_the_custom_run_use_the_recorded_factory_and_data(
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "already finished" in r.stderr and r.stdout.strip().endswith("runs/own/final.pt")
+
+
+NETDEF = "from torch import nn\n\n\ndef cnn():\n    return nn.Sequential(nn.Flatten(), nn.Linear(64, 3))\n"
+
+
+def test_a_factory_in_another_folder_is_named_by_its_file(tmp_path, monkeypatch):
+    """From a folder that does not hold the factory's module, the refusal and the import error both say how to
+    name its file (``--model-factory PATH/netdef.py:cnn``), and that form loads it; a file named by the run itself
+    is imported only inside the current directory."""
+    names = ("netdef_i40", "netdef_i40b")
+    saved_path = list(sys.path)
+
+    def forget():  # each command as in a fresh process: no module of the factory cached, sys.path as it was
+        for n in names:
+            sys.modules.pop(n, None)
+        sys.path[:] = saved_path
+
+    def hessian(*argv):
+        forget()
+        r = CliRunner().invoke(main, ["hessian", *argv, "--top", "1", "--no-trace", "--quiet"])
+        forget()
+        return r
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "nets").mkdir(parents=True)
+    b.mkdir()
+    (a / "netdef_i40.py").write_text(NETDEF)
+    (a / "nets" / "netdef_i40b.py").write_text(NETDEF)
+    cfg = RunConfig(rounds=1, clients=2).validate()
+    data = TensorDataset(torch.rand(60, 1, 8, 8), torch.arange(60) % 3)
+    monkeypatch.chdir(a)
+    try:
+        Trainer(cfg, "runs/r", dataset=data, quiet=True, model_factory="netdef_i40:cnn").run()
+        forget()
+        Trainer(cfg, "runs/f", dataset=data, quiet=True, model_factory="nets/netdef_i40b.py:cnn").run()
+        forget()
+        r = hessian("runs/r", "--out", "h")  # the recorded factory, from its own folder
+        assert r.exit_code == 0, r.output
+        top = json.loads((a / "h" / "hessian.json").read_text())["top_eigenvalues"]
+        r = hessian("runs/f", "--out", "hf")  # a recorded file inside the current directory
+        assert r.exit_code == 0, r.output
+
+        monkeypatch.chdir(b)
+        r = hessian("../a/runs/r", "--out", "h")
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+        assert "--model-factory netdef_i40:cnn" in r.output and "--model-factory PATH/netdef_i40.py:cnn" in r.output
+        r = hessian("../a/runs/r", "--model-factory", "netdef_i40:cnn", "--out", "h")
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+        assert "cannot import 'netdef_i40'" in r.output and "--model-factory PATH/netdef_i40.py:cnn" in r.output
+        r = hessian("../a/runs/r", "--model-factory", "../a/netdef_i40.py:cnn", "--out", "h")
+        assert r.exit_code == 0, r.output
+        assert json.loads((b / "h" / "hessian.json").read_text())["top_eigenvalues"] == top
+        r = hessian("../a/runs/r", "--model-factory", "../a/missing.py:cnn", "--out", "h2")
+        assert r.exit_code == 2 and "no file ../a/missing.py" in r.output
+        # a file the run recorded, outside the current directory: refused, never imported
+        r = hessian("../a/runs/f", "--out", "hf")
+        assert r.exit_code == 2 and "not in the current directory" in r.output
+        assert "--model-factory nets/netdef_i40b.py:cnn" in r.output and "netdef_i40b" not in sys.modules
+        assert not (b / "hf").exists() and not (b / "h2").exists()
+    finally:
+        forget()

@@ -21,14 +21,12 @@ from flatfl.models.params import ParamLayout
 from flatfl.models.stacking import StackedLayout, stack_inputs, stack_network, stacking_refusal, unstack_outputs
 from flatfl.train import local as local_module
 from flatfl.train.catalog import load_all
-from flatfl.train.components import ALGORITHMS
 from flatfl.train.config import RunConfig, parallel_clients_value
 from flatfl.train.engine import Trainer
 from flatfl.train.optimizers import RowSGD
 from flatfl.train.regularizers import stochdepth
 
 load_all()
-ALL_ALGORITHMS = sorted(ALGORITHMS)
 RTOL = 1e-9
 
 
@@ -75,15 +73,9 @@ def check_same(tmp_path, **settings):
         assert rel(together.algo.clients[name], v) < RTOL or torch.equal(together.algo.clients[name], v)
 
 
-@pytest.mark.parametrize("algo", ALL_ALGORITHMS)
-def test_every_algorithm_with_and_without_man_and_asd_under_sgd_and_sam(tmp_path, algo):
-    for reg in ("none", "man", "asd"):
-        for opt in ("sgd", "sam"):
-            try:
-                RunConfig(algo=algo, reg=reg, local_opt=opt).validate()
-            except ConfigError:
-                continue  # an algorithm defined with another local optimizer
-            check_same(tmp_path / f"{reg}-{opt}", algo=algo, reg=reg, local_opt=opt)
+# Every model, regularizer, algorithm and optimizer, N = 1 against N = all and N = 2: tests/test_every_path.py (its
+# cases are generated from the registries). The tests below check what that matrix does not: that the batched path
+# is really exercised (unequal steps, per-client drops), and the pieces one by one.
 
 
 def test_unequal_clients_take_unequal_steps_and_batches(tmp_path, monkeypatch):
@@ -105,42 +97,11 @@ def test_unequal_clients_take_unequal_steps_and_batches(tmp_path, monkeypatch):
     check_same(tmp_path / "mean", algo="scaffold", params={"steps_rule": "mean"}, local_epochs=2)
 
 
-@pytest.mark.parametrize("reg", ["mixup", "fedalign", "gradaug", "stochdepth"])
-def test_resnet20_regularizers(tmp_path, reg):
-    """ResNet-20 (BatchNorm: per-client running statistics). Each of these trains the clients together, with no
-    notice, and gives the numbers of one client at a time: Mixup's per-client mixtures, FedAlign's slimmed last
-    stage, GradAug's per-client widths and resolutions, StochDepth's per-client block drops."""
-    said = []
-    one = train(tmp_path, 1, model="resnet20", reg=reg, local_epochs=1)
-    together = train(tmp_path, "all", model="resnet20", reg=reg, local_epochs=1, log=said.append)
-    assert together.parallel == 10 and not said, said
-    assert rel(together.theta, one.theta) < RTOL
-    assert rel(together.latest, one.latest) < RTOL
-    for name, v in one.buffers.items():
-        assert rel(together.buffers[name], v) < RTOL
-
-
 def tiny_resnet() -> ResNet:
     """A two-stage ResNet (one BasicBlock a stage, 8 and 16 channels) for the digits: flatfl's ResNet class, small
     enough to run every algorithm with the network-changing regularizers."""
     torch.manual_seed(0)  # the same initial weights for every run
     return ResNet("basic", (1, 1), (8, 16), num_classes=10, in_channels=1)
-
-
-@pytest.mark.parametrize("algo", ALL_ALGORITHMS)
-def test_every_algorithm_with_fedalign_gradaug_and_stochdepth(tmp_path, algo):
-    """N = 1 vs all on unequal clients for the regularizers that change the network: FedAlign (its slimmed last
-    stage), GradAug (sub-networks at per-client widths and resolutions), StochDepth (per-client block drops, with
-    survival 0.5 so that most steps drop some clients' blocks and not others')."""
-    for reg in ("fedalign", "gradaug", "stochdepth"):
-        if algo == "moon" and reg == "gradaug":
-            continue  # GradAug slims the whole network; MOON's projection-head wrapper cannot be slimmed (ConfigError)
-        try:
-            RunConfig(algo=algo, reg=reg).validate()
-        except ConfigError:
-            continue  # an algorithm defined with a regularizer of its own
-        hp = {"survival_last": 0.5} if reg == "stochdepth" else {}
-        check_same(tmp_path / reg, algo=algo, reg=reg, network=tiny_resnet, rounds=1, params=hp)
 
 
 def test_stochdepth_drops_differ_per_client_in_a_cohort_step(tmp_path, monkeypatch):

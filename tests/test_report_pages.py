@@ -202,16 +202,8 @@ def _text_leaks(fig) -> list[str]:
 
 
 @pytest.mark.parametrize("which", ["man", "fedalign"])
-def test_every_page_keeps_its_text_inside(which, man_runs, fedalign_runs, tmp_path, monkeypatch):
-    captured = []
-    real = report_pdf.write_pdf
-
-    def keep(pages, path):
-        pages = list(pages)
-        captured.extend(pages)
-        return real(pages, path)
-
-    monkeypatch.setattr(report_pdf, "write_pdf", keep)
+def test_every_page_keeps_its_text_inside(which, man_runs, fedalign_runs, tmp_path, pdf_pages):
+    captured = pdf_pages
     runs = man_runs if which == "man" else fedalign_runs
     summary = build_report([runs], tmp_path / "rep", tables=["man-table2"] if which == "man" else None)
     names = summary["pages"]

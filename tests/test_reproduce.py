@@ -255,3 +255,75 @@ def test_missing_cuda_is_one_line_not_one_per_run(tmp_path, monkeypatch):
     errors = [ln for ln in res.output.splitlines() if "CUDA" in ln]
     assert errors == ["flatfl: error: device 'cuda' asked for, but CUDA is not available on this machine"]
     assert "FAILED" not in res.output and not (tmp_path / "runs").exists()
+
+
+def test_reproduce_help_states_every_presets_default_seeds_and_keeps_target_names_whole():
+    from flatfl.reproduce import DEFAULT_SEEDS, PRESETS, TARGETS
+
+    for width in (60, 80, 120):
+        out = CliRunner().invoke(main, ["reproduce", "--help"], terminal_width=width).output
+        head = out.split("Options")[0]
+        assert "TARGET" in head.splitlines()[0] or "TARGET" in head.splitlines()[1]  # the usage line
+        for target in TARGETS:  # never broken across lines at a hyphen
+            assert re.search(rf"(?<![\w-]){re.escape(target)}(?![\w-])", head), (width, target, head)
+    text = " ".join(out.split())
+    clause = re.search(r"comma-separated seeds, e\.g\. 0,1,2 \(default: (.*?)\)", text).group(1)
+    stated = {}
+    for seeds, presets in re.findall(r"(\d+(?:,\d+)*) for ([a-z]+(?:(?:, | and )[a-z]+)*)", clause):
+        for preset in re.split(r", | and ", presets):
+            stated[preset] = tuple(int(s) for s in seeds.split(","))
+    assert stated == {p: DEFAULT_SEEDS[p] for p in PRESETS}
+
+
+def test_methods_runs_only_the_named_rows(tmp_path):
+    """--methods: the runs of the named rows only (names matched ignoring case), each planned exactly as in the full
+    reproduction; an unknown name is one line listing the table's rows, before any run folder exists."""
+    from flatfl.report.tables import method_label
+
+    every = plan("man-tables", "tiny", runs_dir=tmp_path)
+    some = plan("man-tables", "tiny", runs_dir=tmp_path, methods="fedavg, FedSpeed+MAN")
+    assert {method_label(_cfg(t).to_dict()) for t in some} == {"FedAvg", "FedSpeed+MAN"}
+    assert len(some) == 4  # 2 rows x 2 deltas x seed 0
+    full = _by_name(every)
+    assert all(t.settings == full[t.name].settings and t.hessian == full[t.name].hessian for t in some)
+
+    out, runs = tmp_path / "report", tmp_path / "runs"
+    args = ["reproduce", "man-table6", "--preset", "tiny", "--out", str(out), "--runs-dir", str(runs), "--threads",
+            "1", "--workers", "1"]
+    bad = CliRunner().invoke(main, args + ["--methods", "FedAvg,fedspeed"])
+    assert bad.exit_code == 2 and bad.output.strip() == (
+        "flatfl: error: --methods: unknown method(s) 'FedAvg' for man-table6; choose from FedASAM, FedASAM+MAN, "
+        "FedSpeed, FedSpeed+MAN")
+    assert not runs.exists()
+    res = CliRunner().invoke(main, args + ["--methods", "FedSpeed"])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in runs.iterdir()) == ["fedspeed-dirichlet0.3-s0", "fedspeed-dirichlet0.6-s0"]
+    rows = {(r["method"], r["partition"]): r["n_runs"] for r in csv.DictReader((out / "man-table6.csv").open())}
+    assert {k for k, n in rows.items() if n != "0"} == {("FedSpeed", "dirichlet-0.3"), ("FedSpeed", "dirichlet-0.6")}
+    # one line per run, with the time elapsed and the time left across the runs
+    progress = [ln for ln in res.output.splitlines() if ln.startswith("[")]
+    assert len(progress) == 2
+    assert re.fullmatch(r"\[1/2\] fedspeed-dirichlet0\.\d-s0: train trained, hessian computed \(\d+\.\d s\) \| "
+                        r"\d+ s elapsed, about \d+ s left", progress[0]), progress[0]
+    assert progress[1].endswith("elapsed, no run left to train"), progress[1]
+
+
+def test_progress_estimates_the_time_left_from_the_runs_trained(tmp_path):
+    """The estimate: wall time per run trained so far x runs left to train; a run finished before the start
+    (skipped) counts in neither."""
+    import flatfl.reproduce as rep
+    from flatfl.sweep import RunTask
+
+    tasks = [RunTask(f"r{k}", str(tmp_path / f"r{k}"), {}) for k in range(4)]
+    (tmp_path / "r0").mkdir()  # r0 finished before: skipped
+    (tmp_path / "r0" / "config.json").write_text(json.dumps({"config": {}}))
+    (tmp_path / "r0" / "final.pt").write_bytes(b"")
+    clock = iter([100.0, 101.0, 111.0, 131.0, 161.0])
+    lines = []
+    progress = rep.Progress(tasks, lines.append, clock=lambda: next(clock))
+    for t in tasks:
+        progress.done(t, {}, f"{t.name}: done")
+    assert lines == ["r0: done | 1 s elapsed, time left known after the first run trained",
+                     "r1: done | 11 s elapsed, about 22 s left",  # 11 s for 1 run trained, 2 left
+                     "r2: done | 31 s elapsed, about 16 s left",  # 31 / 2 x 1 = 15.5
+                     "r3: done | 61 s elapsed, no run left to train"]

@@ -50,7 +50,8 @@ def test_last_row_equals_flatfl_hessian_on_final_pt(tmp_path):
     # the same numbers from `flatfl hessian final.pt` with the recorded settings
     args = ["hessian", str(run / "final.pt"), "--out", str(tmp_path / "h"), "--quiet", "--threads", "1",
             "--top", "2", "--samples", "64", "--batch-size", str(settings["batch_size"]), "--tol", str(settings["tol"]),
-            "--trace-hvps", str(settings["trace_hvps"]), "--seed", str(settings["seed"])]
+            "--trace-hvps", str(settings["trace_hvps"]), "--trace-method", settings["trace_method"],
+            "--trace-rtol", str(settings["trace_rtol"]), "--seed", str(settings["seed"])]
     h = CliRunner().invoke(main, args, catch_exceptions=False)
     assert h.exit_code == 0, h.output
     report = json.loads((tmp_path / "h" / "hessian.json").read_text())
@@ -100,7 +101,9 @@ def test_resume_continues_the_series(tmp_path, crash_in_round):
 
 @pytest.mark.parametrize("args, message", [
     (["--track-hessian", "-1"], "--track-hessian must be an integer >= 0"),
-    (["--track-hessian", "2", "--track-samples", "0"], "--samples must be a positive integer"),
+    (["--track-hessian", "2", "--track-samples", "0"], "--track-samples must be a positive integer"),
+    (["--track-hessian", "2", "--track-top", "-1"], "--track-top must be a non-negative integer"),
+    (["--track-hessian", "1", "--track-top", "100000"], "--track-top 100000 is larger than the number of parameters"),
     (["--track-top", "2"], "curvature-tracking settings given without --track-hessian"),
 ])
 def test_bad_tracking_settings_are_one_line(tmp_path, args, message):
@@ -163,3 +166,106 @@ def test_reproduce_passes_the_tracking_through():
                                                       track_hessian=0)} == {0}
     with pytest.raises(ConfigError, match="--track-hessian must be an integer >= 0"):
         plan("man-table2", "quick", seeds=(0,), runs_dir="/tmp/x", track_hessian=-2)
+
+
+def test_tracked_trace_meets_its_target_or_is_marked_unresolved(tmp_path):
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+    from flatfl.analysis.tracking import curvature_observer
+
+    def run(name, **tracking):
+        cfg = RunConfig(dataset="digits", model="tiny", clients=3, local_epochs=1, batch_size=64, rounds=2,
+                        eval_every=2, track_hessian=1, threads=1,
+                        track_hessian_settings={"samples": 64, "top": 1, **tracking}).validate()
+        Trainer(cfg, tmp_path / name, quiet=True, observer=curvature_observer(cfg)).run()
+        return rows(tmp_path / name), json.loads((tmp_path / name / "config.json").read_text())["tracking"]
+
+    table, settings = run("default")
+    assert settings["trace_rtol"] == 0.1 and settings["trace_hvps"] == 300  # the defaults, recorded
+    for row in table:
+        trace, se = float(row["hessian_trace"]), float(row["hessian_trace_se"])
+        assert float(row["hessian_trace_target"]) == 0.1 and int(row["hessian_trace_budget"]) == 300
+        assert (row["hessian_status"] == "ok") == (se <= 0.1 * abs(trace))
+        assert row["hessian_status"] in ("ok", "unresolved")
+    assert any(r["hessian_status"] == "ok" for r in table)  # the defaults resolve this small network's trace
+    # a target the budget cannot reach: every point is marked unresolved, its interval recorded
+    table, settings = run("strict", trace_rtol=1e-4, trace_hvps=12)
+    assert settings["trace_rtol"] == 1e-4 and settings["trace_hvps"] == 12
+    for row in table:
+        assert row["hessian_status"] == "unresolved"
+        assert float(row["hessian_trace_se"]) > 1e-4 * abs(float(row["hessian_trace"]))
+        assert int(row["hessian_hvps"]) >= 12
+
+
+def test_track_top_is_checked_before_the_first_round(tmp_path):
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, [*TRAIN, "--rounds", "3", "--track-hessian", "2", "--track-top", "100000",
+                                  "--out", str(out)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--track-top 100000" in lines[0] and "--top " not in lines[0]
+    assert not out.exists()  # nothing trained, nothing left behind: the same command can simply be run again
+
+
+def test_a_tracking_failure_is_named_and_training_goes_on(tmp_path, monkeypatch):
+    import numpy as np
+
+    import flatfl.analysis.tracking as tracking
+
+    real, calls = tracking.analyse, []
+
+    def failing_at_round_2(op, **kw):  # what the eigen solver does on non-finite products
+        calls.append(1)
+        if len(calls) == 2:
+            raise np.linalg.LinAlgError("Eigenvalues did not converge")
+        return real(op, **kw)
+
+    monkeypatch.setattr(tracking, "analyse", failing_at_round_2)
+    run = tmp_path / "run"
+    r = CliRunner().invoke(main, [*TRAIN, "--rounds", "3", "--track-hessian", "1", "--track-top", "1",
+                                  "--track-samples", "64", "--out", str(run)])
+    assert r.exit_code == 0, r.output
+    notice = [ln for ln in r.output.splitlines() if "curvature tracking failed" in ln]
+    assert len(notice) == 1 and "round 2" in notice[0] and "Eigenvalues did not converge" in notice[0]
+    table = rows(run)
+    assert [t["round"] for t in table] == ["1", "2", "3"] and (run / "final.pt").is_file()
+    assert table[1]["hessian_status"] == "failed"
+    assert table[0]["hessian_status"] in ("ok", "unresolved") and table[2]["hessian_status"] in ("ok", "unresolved")
+    assert table[1]["hessian_top"] == "" and table[1]["hessian_trace"] == ""
+    assert table[0]["hessian_top"] and table[2]["hessian_top"]
+    # the training is the untracked run's
+    plain = tmp_path / "plain"
+    assert train("--rounds", "3", "--out", str(plain)).exit_code == 0
+    from flatfl.checkpoint import read_checkpoint
+
+    a, b = (read_checkpoint(d / "final.pt")["state_dict"] for d in (run, plain))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_curvature_page_draws_the_trace_interval_and_marks_unresolved_points():
+    from types import SimpleNamespace
+
+    from matplotlib.container import ErrorbarContainer
+
+    from flatfl.report.curvature import TRACE_INTERVAL_SE, curvature_page
+
+    def record(seed, traces, ses):
+        curve = [{"round": float(r), "hessian_top": 1.0 + r, "hessian_trace": t, "hessian_trace_se": e,
+                  "hessian_trace_target": 0.1, "hessian_loss": 1.0 / r} for r, t, e in zip((5, 10, 15), traces, ses)]
+        return SimpleNamespace(method="FedAvg", partition="iid", seed=seed, curve=curve, tracking={"trace_rtol": 0.1})
+
+    # round 10: se 6 > 10% of 40 (unresolved); rounds 5 and 15 resolved
+    fig = curvature_page("t", [record(0, [20.0, 40.0, 50.0], [1.0, 6.0, 2.0])], ["FedAvg"])
+    trace_axis = fig.axes[1]
+    bars = [c for c in trace_axis.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 1
+    segments = bars[0].lines[2][0].get_segments()
+    half = [abs(seg[1][1] - seg[0][1]) / 2 for seg in segments]
+    assert half == pytest.approx([TRACE_INTERVAL_SE * e for e in (1.0, 6.0, 2.0)])
+    rings = [ln for ln in trace_axis.lines if ln.get_label() == "_unresolved"]
+    assert len(rings) == 1 and list(rings[0].get_xdata()) == [10] and list(rings[0].get_ydata()) == [40.0]
+    assert rings[0].get_markerfacecolor() == "none"
+    # every point resolved: bars, no ring
+    fig = curvature_page("t", [record(0, [20.0, 40.0, 50.0], [1.0, 2.0, 2.0])], ["FedAvg"])
+    assert not [ln for ln in fig.axes[1].lines if ln.get_label() == "_unresolved"]
+    assert [c for c in fig.axes[1].containers if isinstance(c, ErrorbarContainer)]

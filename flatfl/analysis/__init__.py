@@ -13,8 +13,19 @@ Python API (the ``flatfl hessian`` command is a thin layer over it)::
     esd = spectral_density(op, steps=100, starts=1, seed=0)                  # esd.nodes, esd.weights
     grid, density = smoothed_density(esd.nodes, esd.weights)
 
+Your own model, the way PyHessian is called (:mod:`flatfl.analysis.model_hessian`)::
+
+    from flatfl.analysis import hessian
+    h = hessian(model, criterion, data=(x, y))    # or data=[(x, y), ...], or dataloader=loader
+    h.eigenvalues(top_n=5).eigenvalues             # descending; .residuals, .hvps
+    tr = h.trace(); tr.estimate, tr.stderr         # Hutch++ with its standard error
+    h.density(); h.save_density("density.png")     # SLQ; the figure (.png, .pdf) or its curve (.csv)
+
+* :func:`hessian` ``(model, criterion=cross_entropy, data=None, *, dataloader=None, mode="eval", seed=0) ->
+  ModelHessian`` (``eigenvalues(top_n)``, ``trace()``, ``density()``, ``save_density(path)``, ``operator``).
 * :class:`HessianOperator` ``(model, batches, loss_fn=cross_entropy, params=None, mode="eval",
-  cache_graph="auto", products="auto", block_size=None)``: Hessian of the sample-weighted mean loss over a fixed evaluation set; ``matvec(v)``,
+  cache_graph="auto", products="auto", block_size=None)``: Hessian of the sample-weighted mean loss over a fixed
+  evaluation set (``batches``: one ``(x, y)`` batch, a list of them or a DataLoader: :func:`as_batches`); ``matvec(v)``,
   ``matmat(V)`` on flat vectors, ``dim``, ``device``, ``dtype``, ``hvps`` (products so far), ``unflatten(v)``
   (parameter-shaped views by name), ``gradient()``, ``loss()``. :class:`MatrixOperator` wraps an explicit matrix.
   Every estimator below accepts any object with ``matvec``, ``dim``, ``device``, ``dtype``.
@@ -53,13 +64,17 @@ from .client_metrics import ClientMetrics, cross_client_metrics, pairwise_metric
 from .density import DensityResult, smoothed_density, spectral_density
 from .eigen import EigenResult, power_iteration, top_eigenvalues
 from .estimators import estimate_eigenvalues, estimate_trace
-from .operator import HessianOperator, MatrixOperator
+from .model_hessian import ModelHessian, hessian
+from .operator import HessianOperator, MatrixOperator, as_batches
 from .surface import SurfaceEvaluator, SurfaceResult, loss_surface
 from .trace import TraceResult, hutchinson_diagonal, hutchinson_trace, hutchpp_trace, pyhessian_trace
 
 __all__ = [
+    "hessian",
+    "ModelHessian",
     "HessianOperator",
     "MatrixOperator",
+    "as_batches",
     "EigenResult",
     "top_eigenvalues",
     "power_iteration",

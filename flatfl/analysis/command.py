@@ -19,9 +19,14 @@ import torch
 from ..errors import ConfigError
 from ..utils.device import resolve_device
 from ..utils.io import atomic_write_many, json_safe
+from ..utils.precision import float32_matmul_now, set_float32_matmul
 from ..utils.provenance import settings_digest, state_digest
 
-__all__ = ["AnalysisCommand", "check_out_folder", "progress_bar", "versions", "weights_digest", "json_text",
+#: how analyses compute float32 products on CUDA: IEEE float32, never TF32 (flatfl.utils.precision); recorded in
+#: every result file's header
+ANALYSIS_FLOAT32 = "full"
+
+__all__ = ["ANALYSIS_FLOAT32", "AnalysisCommand", "check_out_folder", "progress_bar", "versions", "weights_digest", "json_text",
            "write_result"]
 
 
@@ -78,6 +83,7 @@ class AnalysisCommand:
         that flatfl did not write, and load ``checkpoint``."""
         out = check_out_folder(out)
         dev = resolve_device(device)
+        set_float32_matmul(ANALYSIS_FLOAT32)
         if device_check is not None:
             device_check(dev)
         from ..utils.manifest import refuse_foreign
@@ -96,7 +102,8 @@ class AnalysisCommand:
         """The provenance record every result file starts with: checkpoint, round, weights_sha256 (``digest``, else
         computed), the run's settings digest (``run_settings_sha256``, :func:`flatfl.utils.provenance.settings_digest`
         of the checkpoint's config), the network's name (under ``network_key``), dataset and parameter count, in
-        that order (:func:`versions` gives the flatfl and torch versions the file ends with)."""
+        that order, then how float32 products ran (``float32_matmul``, :mod:`flatfl.utils.precision`); :func:`versions`
+        gives the flatfl and torch versions the file ends with."""
         ckpt = self.checkpoint
         head = {"checkpoint": str(ckpt.path), "round": ckpt.round,
                 "weights_sha256": digest if digest is not None else weights_digest(ckpt.model),
@@ -104,6 +111,7 @@ class AnalysisCommand:
         head[network_key] = ckpt.model_spec.get("name")
         head["dataset"] = ckpt.dataset_name
         head["num_params"] = ckpt.num_params if num_params is None else num_params
+        head["float32_matmul"] = float32_matmul_now()
         return head
 
     def write(self, files: Mapping[str, bytes | str], result_name: str, result: Mapping) -> dict:

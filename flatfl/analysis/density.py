@@ -21,7 +21,7 @@ import torch
 from scipy.linalg import eigh_tridiagonal
 
 from ..errors import ConfigError
-from .operator import apply_block, random_block
+from .operator import apply_block, random_block, seeded_generator
 
 __all__ = ["DensityResult", "spectral_density", "smoothed_density"]
 
@@ -53,7 +53,7 @@ def spectral_density(op, *, steps: int = 100, starts: int = 1, seed: int = 0) ->
     n = int(op.dim)
     steps = min(int(steps), n)
     eps = torch.finfo(op.dtype).eps
-    gen = torch.Generator().manual_seed(int(seed))
+    gen = seeded_generator(seed, op.device)
     start_hvps = int(getattr(op, "hvps", 0))
 
     Z = random_block("rademacher", n, starts, gen, op.dtype, op.device)
@@ -68,18 +68,22 @@ def spectral_density(op, *, steps: int = 100, starts: int = 1, seed: int = 0) ->
             break
         block = torch.stack([bases[r][j] for r in active], dim=1)
         W = apply_block(op, block).T
-        still = []
-        for row, r in zip(W, active):
-            scale = float(row.norm())
+        rows, numbers = [], []
+        for row, r in zip(W, active):  # on the device; the host reads the step's numbers once, below
+            scale = row.norm()
             basis = bases[r][:j + 1]
             coef = basis @ row
             row = row - coef @ basis
             coef2 = basis @ row
             row = row - coef2 @ basis
-            alphas[r].append(float(coef[j] + coef2[j]))
+            rows.append(row)
+            numbers.append(torch.stack([scale, coef[j] + coef2[j], row.norm()]))
+        still = []
+        read = torch.stack(numbers).to(torch.float64).numpy(force=True)  # one read per step (block of products)
+        for (scale, alpha, beta), row, r in zip(read.tolist(), rows, active):
+            alphas[r].append(alpha)
             if j + 1 == steps:
                 continue
-            beta = float(row.norm())
             if beta <= 100 * eps * scale or beta == 0.0:  # invariant Krylov space: the quadrature is exact
                 continue
             betas[r].append(beta)

@@ -14,7 +14,7 @@ import numpy as np
 from ..utils.plots import (COLORS, LEGEND_SIZE, NOTE_SIZE, TITLE_SIZE, context_title, draw_density,
                            draw_top_eigenvalues, finish, format_number, label_axes, new_figure, saved)
 
-__all__ = ["hessian_figures", "clients_heatmap", "surface_figures", "figure_bytes"]
+__all__ = ["hessian_figures", "density_figure", "clients_heatmap", "surface_figures", "figure_bytes"]
 
 
 def figure_bytes(draw, fmt: str, size=(5.0, 3.6), projection=None, title: str | None = None) -> bytes:
@@ -57,15 +57,22 @@ def hessian_figures(report: dict, title: str) -> dict[str, bytes]:
             files[f"eigenvalues.{fmt}"] = saved(fig, fmt)
     dens = report.get("density")
     if dens and dens.get("nodes"):
-        starts, steps = len(dens["nodes"]), dens.get("steps")
-        method = f"SLQ, {starts} start{'s' if starts != 1 else ''}" + (f" × {steps} Lanczos steps" if steps else "")
         for fmt in ("png", "pdf"):
-            fig = new_figure((7.0, 4.6))
-            draw_density(fig.add_subplot(1, 1, 1), {"": [dens]}, labels={"": ""}, marks=values,
-                         marks_label=f"top {len(values)} eigenvalues (Lanczos)" if values else "")
-            finish(fig, context_title(**context, method=method))
-            files[f"density.{fmt}"] = saved(fig, fmt)
+            files[f"density.{fmt}"] = density_figure(dens, fmt, marks=values, **context)
     return files
+
+
+def density_figure(dens: dict, fmt: str, marks=(), **context) -> bytes:
+    """The spectral density of one SLQ result (``nodes``, ``weights``, one list per start; ``steps``, ``dim``) as
+    ``fmt`` bytes: every start averaged, Gaussian width stated, log axis from 1e-4 of the peak (:func:`draw_density`),
+    ``marks`` (the top eigenvalues) ticked; ``context`` (model, samples, split...) goes into the title."""
+    starts, steps = len(dens["nodes"]), dens.get("steps")
+    method = f"SLQ, {starts} start{'s' if starts != 1 else ''}" + (f" × {steps} Lanczos steps" if steps else "")
+    fig = new_figure((7.0, 4.6))
+    draw_density(fig.add_subplot(1, 1, 1), {"": [dens]}, labels={"": ""}, marks=list(marks),
+                 marks_label=f"top {len(marks)} eigenvalues (Lanczos)" if len(marks) else "")
+    finish(fig, context_title(**context, method=method))
+    return saved(fig, fmt)
 
 
 def spectrum_note(values, trace=None) -> str:

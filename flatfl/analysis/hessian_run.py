@@ -101,6 +101,8 @@ def analyse(
     else:
         report["density"] = None
     report["hvps_total"] = int(getattr(op, "hvps", 0))
+    # where the random vectors were drawn (a generator on the operator's device, seeded from seed, seed + 1, seed + 2)
+    report["random_draws"] = {"seed": int(seed), "device": torch.device(op.device).type}
     report["seconds"] = time.perf_counter() - start
     return report, eig, dens
 

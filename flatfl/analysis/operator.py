@@ -44,7 +44,8 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 
-__all__ = ["HessianOperator", "MatrixOperator", "apply_block", "block_size_for", "free_memory", "random_block"]
+__all__ = ["HessianOperator", "MatrixOperator", "as_batches", "apply_block", "block_size_for", "free_memory",
+           "random_block", "seeded_generator"]
 
 _MODES = ("eval", "train")
 PRODUCTS = ("auto", "double-backward", "forward-over-reverse")
@@ -61,8 +62,9 @@ class HessianOperator:
     Parameters
     ----------
     model: any ``nn.Module``; its parameters stay untouched.
-    batches: an iterable of ``(inputs, targets)`` pairs (a list, a DataLoader...). It is read once and kept (moved to
-        the model's device), so the operator is deterministic. ``model(inputs)`` gives the outputs and
+    batches: the evaluation set: one ``(inputs, targets)`` batch, a list of them, or a DataLoader (any iterable)
+        yielding them (:func:`as_batches`). It is read once and kept (moved to the model's device), so the operator
+        is deterministic. ``model(inputs)`` gives the outputs and
         ``loss_fn(outputs, targets)`` must be the **mean** loss over the batch; the batch size is ``len(targets)``.
     loss_fn: defaults to cross-entropy.
     params: the parameters to differentiate (default: every parameter with ``requires_grad``), all of one floating
@@ -116,18 +118,8 @@ class HessianOperator:
             self._offsets.append(self._offsets[-1] + n)
         self.dim: int = self._offsets[-1]
 
-        self.batches = []
-        for batch in batches:
-            try:
-                inputs, targets = batch
-            except (TypeError, ValueError):
-                raise ConfigError("every batch must be an (inputs, targets) pair") from None
-            self.batches.append((_to_device(inputs, self.device), _to_device(targets, self.device)))
-        if not self.batches:
-            raise ConfigError("the evaluation set is empty: give at least one batch")
+        self.batches = as_batches(batches, self.device)
         sizes = [len(t) for _, t in self.batches]
-        if min(sizes) <= 0:
-            raise ConfigError("the evaluation set contains an empty batch")
         self.num_samples: int = int(sum(sizes))
         self._weights = [n / self.num_samples for n in sizes]
 
@@ -495,6 +487,67 @@ def free_memory(device: torch.device) -> int:
         return 4 * 2**30
 
 
+#: what an evaluation set may be, as error messages name it
+ACCEPTED_DATA = "one (inputs, targets) batch, a list of such batches, or a DataLoader that yields them"
+
+
+def as_batches(data, device: torch.device | str | None = None) -> list[tuple]:
+    """The evaluation set ``data`` as a list of ``(inputs, targets)`` batches (moved to ``device`` when given).
+
+    ``data`` is one batch ``(x, y)`` (PyHessian's ``data=``), a list of batches, or any iterable of them (a
+    ``DataLoader``, PyHessian's ``dataloader=``; read once). A batch is a pair whose targets hold one entry per input
+    (``len(targets)`` is the batch size); the inputs are a tensor or anything the model takes (a tuple or dict of
+    tensors). Anything else is a :class:`ConfigError` line naming what was given and the accepted forms.
+    """
+    if _is_single_batch(data):
+        items = [data]
+    elif isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset):
+        raise ConfigError(f"the data must be {ACCEPTED_DATA}; got a {type(data).__name__} (a dataset of single "
+                          "samples): wrap it in a DataLoader, e.g. DataLoader(dataset, batch_size=128)")
+    elif data is None or isinstance(data, (torch.Tensor, str, bytes, dict)) or not hasattr(data, "__iter__"):
+        raise ConfigError(f"the data must be {ACCEPTED_DATA}; got {_describe(data)}")
+    else:
+        items = data
+    batches = []
+    for i, batch in enumerate(items):
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise ConfigError(f"batch {i} is {_describe(batch)}, not an (inputs, targets) pair; the data must be "
+                              f"{ACCEPTED_DATA}")
+        inputs, targets = batch
+        if isinstance(targets, torch.Tensor) and targets.dim() == 0 or not hasattr(targets, "__len__"):
+            raise ConfigError(f"batch {i}: the targets are {_describe(targets)}, not one entry per input; the data "
+                              f"must be {ACCEPTED_DATA}")
+        if len(targets) == 0:
+            raise ConfigError(f"batch {i} is empty: every batch needs at least one sample")
+        if isinstance(inputs, torch.Tensor) and (inputs.dim() == 0 or inputs.shape[0] != len(targets)):
+            raise ConfigError(f"batch {i} has {_describe(inputs)} but {len(targets)} targets: the inputs' first "
+                              "dimension is the batch")
+        if device is not None:
+            inputs, targets = _to_device(inputs, device), _to_device(targets, device)
+        batches.append((inputs, targets))
+    if not batches:
+        raise ConfigError(f"the data is empty (no batch); give {ACCEPTED_DATA}")
+    return batches
+
+
+def _is_single_batch(data) -> bool:
+    """``(x, y)`` with tensor targets: one batch (a list of batches never has a tensor as its second item)."""
+    return isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], torch.Tensor)
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)} item{'s' if len(x) != 1 else ''}"
+    if isinstance(x, dict):
+        return f"a dict with keys {', '.join(map(repr, list(x)[:4]))}"
+    if x is None:
+        return "None"
+    name = type(x).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def _to_device(x, device):
     if isinstance(x, torch.Tensor):
         return x.to(device)
@@ -505,15 +558,28 @@ def _to_device(x, device):
     return x
 
 
+def seeded_generator(seed: int, device) -> torch.Generator:
+    """A random generator on ``device`` seeded with ``seed``: estimators draw their random vectors where they are
+    used (no host-to-device copy per block). The same seed gives the same vectors on every CPU; a CUDA generator
+    gives another stream than the CPU's, so hessian.json records where the vectors were drawn."""
+    device = torch.device(device)
+    try:
+        return torch.Generator(device=device).manual_seed(int(seed))
+    except RuntimeError:  # pragma: no cover - a device without its own generator: draw on the CPU
+        return torch.Generator().manual_seed(int(seed))
+
+
 def random_block(kind: str, dim: int, k: int, generator: torch.Generator, dtype, device) -> torch.Tensor:
     """k random vectors as rows, shape (k, dim): ``"rademacher"`` (+-1) or ``"gaussian"`` (standard normal).
 
-    Drawn on the CPU from ``generator`` and then moved, so a seed gives the same vectors on every device.
+    Drawn on the generator's device (see :func:`seeded_generator`) and moved only if that is not ``device``.
     """
+    where = generator.device
     if kind == "rademacher":
-        block = torch.randint(0, 2, (k, dim), generator=generator).mul_(2).sub_(1)
+        block = torch.randint(0, 2, (k, dim), generator=generator, device=where).mul_(2).sub_(1)
     elif kind == "gaussian":
-        block = torch.randn(k, dim, generator=generator, dtype=torch.float64)
+        block = torch.randn(k, dim, generator=generator, dtype=torch.float64, device=where)
     else:  # pragma: no cover - internal misuse
         raise ValueError(kind)
-    return block.to(dtype=dtype).to(device)
+    block = block.to(dtype=dtype)
+    return block if block.device == torch.device(device) else block.to(device)

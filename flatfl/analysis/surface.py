@@ -45,6 +45,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..utils.surface_settings import DIRECTION_KINDS, check_grid, check_save_every, check_workers
 from .directions import direction_params
+from .operator import as_batches
 from .surface_files import GridFile
 
 __all__ = ["SurfaceEvaluator", "SurfaceResult", "loss_surface", "grid_coordinates", "DIRECTION_KINDS"]
@@ -54,7 +55,7 @@ __all__ = ["SurfaceEvaluator", "SurfaceResult", "loss_surface", "grid_coordinate
 class SurfaceEvaluator:
     """Loss and accuracy of ``model`` at ``theta + x d1 + y d2``, perturbing its parameters in place.
 
-    ``batches``: ``(inputs, targets)`` pairs; ``loss_fn(outputs, targets)`` is the mean loss of a batch (default
+    ``batches``: one ``(inputs, targets)`` batch, a list of them or a DataLoader (:func:`~.operator.as_batches`); ``loss_fn(outputs, targets)`` is the mean loss of a batch (default
     cross-entropy); the loss is the sample-weighted mean over batches. The accuracy is the fraction of argmax hits
     when the outputs are (batch, classes) scores and the targets integer labels, else NaN.
     """
@@ -72,19 +73,9 @@ class SurfaceEvaluator:
             self.directions.append([t.detach().to(dtype=p.dtype, device=p.device) for t, p in zip(d, self.params)])
         self.theta = [p.detach().clone() for p in self.params]
         self.loss_fn = loss_fn if loss_fn is not None else F.cross_entropy
-        self.batches = []
-        for batch in batches:
-            try:
-                inputs, targets = batch
-            except (TypeError, ValueError):
-                raise ConfigError("every batch must be an (inputs, targets) pair") from None
-            self.batches.append((_to(inputs, device), _to(targets, device)))
-        if not self.batches:
-            raise ConfigError("the evaluation set is empty: give at least one batch")
+        self.batches = as_batches(batches, device)  # one (x, y) batch, a list of them or a DataLoader
         sizes = [len(t) for _, t in self.batches]
         self.num_samples = int(sum(sizes))
-        if min(sizes) <= 0:
-            raise ConfigError("the evaluation set contains an empty batch")
         self.weights = [n / self.num_samples for n in sizes]
         self.evaluations = 0
 
@@ -123,14 +114,6 @@ class SurfaceEvaluator:
                 m.training = mode
         self.evaluations += 1
         return total, (correct / self.num_samples if classify else math.nan)
-
-
-def _to(x, device):
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to(t, device) for t in x)
-    return x
 
 
 def grid_coordinates(grid: int, radius: float) -> np.ndarray:

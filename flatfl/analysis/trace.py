@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .operator import apply_block, block_size_for, random_block
+from .operator import apply_block, block_size_for, random_block, seeded_generator
 
 __all__ = ["TraceResult", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "hutchinson_diagonal"]
 
@@ -75,7 +75,7 @@ def _hutchinson_samples(op, rows_fn, gen, rtol, max_hvps, min_samples, block, sa
             count = block
         Z = rows_fn(random_block("rademacher", op.dim, count, gen, op.dtype, op.device))
         HZ = apply_block(op, Z.T).T
-        samples.extend((Z * HZ).sum(dim=1).double().cpu().tolist())
+        samples.extend((Z * HZ).sum(dim=1).to(torch.float64).numpy(force=True).tolist())  # one read per block
         used += count
         if rtol is not None and len(samples) >= min_samples:
             if _stderr(samples) <= rtol * abs(float(np.mean(samples))):
@@ -94,7 +94,7 @@ def hutchinson_trace(
 ) -> TraceResult:
     """Hutchinson's estimator; stops when ``stderr <= rtol * |estimate|`` (after ``min_samples``) or at the budget."""
     _check_budget(max_hvps, rtol, min_samples)
-    gen = torch.Generator().manual_seed(int(seed))
+    gen = seeded_generator(seed, op.device)
     samples: list[float] = []
     used = _hutchinson_samples(op, lambda Z: Z, gen, rtol, max_hvps, min_samples, block_size_for(op, block_size),
                                samples)
@@ -120,7 +120,7 @@ def hutchpp_trace(
     s = min(s, op.dim)
     if s < 0 or 2 * s + 2 > max_hvps:
         raise ConfigError(f"a sketch of {s} vectors needs a budget of at least {2 * s + 2} products, got {max_hvps}")
-    gen = torch.Generator().manual_seed(int(seed))
+    gen = seeded_generator(seed, op.device)
     block = block_size_for(op, block_size)
     low_rank = 0.0
     Q = None
@@ -196,7 +196,7 @@ def hutchinson_diagonal(
     """
     if samples < 2:
         raise ConfigError(f"the diagonal estimator needs at least 2 samples, got {samples}")
-    gen = torch.Generator().manual_seed(int(seed))
+    gen = seeded_generator(seed, op.device)
     block = block_size_for(op, block_size)
     acc_dtype = torch.float64 if op.device.type == "cpu" else op.dtype
     mean = torch.zeros(op.dim, dtype=acc_dtype, device=op.device)

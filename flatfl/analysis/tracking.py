@@ -10,20 +10,32 @@ in (:func:`curvature_observer`).
 
 Columns: ``hessian_top`` (largest algebraic eigenvalue with Lanczos, largest in magnitude with power iteration),
 ``hessian_eig2`` .. ``hessian_eig<k>`` with ``top = k``, ``hessian_trace`` and ``hessian_trace_se``,
-``hessian_loss`` (training loss of the server model on the evaluation set, eval mode), ``hessian_all_loss`` (the
-same for the average of all clients' latest models), ``hessian_hvps``; and ``observer_seconds`` (cumulative
-seconds spent here, written by the engine).
+``hessian_trace_target`` (the relative standard error the trace stops at) and ``hessian_trace_budget`` (the most
+products it may spend), ``hessian_loss`` (training loss of the server model on the evaluation set, eval mode),
+``hessian_all_loss`` (the same for the average of all clients' latest models), ``hessian_hvps``, ``hessian_status``;
+and ``observer_seconds`` (cumulative seconds spent here, written by the engine).
+
+``hessian_status``: ``ok``; ``unresolved`` when the trace's standard error is still above its target times
+``|trace|`` at the budget (the point is drawn hollow, with its interval, in the report: the value is not known to
+the target); ``failed`` when the analysis of that round failed (e.g. non-finite weights after a divergent step):
+one line names it, the curvature columns stay blank and training goes on.
+
+The settings are checked against the network before the first round (:meth:`CurvatureTracker.check_model`), so
+an impossible one (more eigenvalues than parameters) stops the run before anything is trained or written.
 """
 from __future__ import annotations
 
+import math
+import sys
 from pathlib import Path
 
 from ..checkpoint import FINAL_FILE, Checkpoint
+from ..errors import ConfigError
 from ..utils.hessian_settings import HessianSettings, tracking_settings
 from .hessian_run import analyse
 from .operator import HessianOperator
 
-__all__ = ["CurvatureTracker", "curvature_observer", "tracking_columns"]
+__all__ = ["CurvatureTracker", "curvature_observer", "tracking_columns", "trace_resolved"]
 
 
 def tracking_columns(settings: HessianSettings) -> list[str]:
@@ -32,8 +44,15 @@ def tracking_columns(settings: HessianSettings) -> list[str]:
     if settings.top:
         cols += ["hessian_top"] + [f"hessian_eig{i}" for i in range(2, settings.top + 1)]
     if settings.trace:
-        cols += ["hessian_trace", "hessian_trace_se"]
-    return cols + ["hessian_loss", "hessian_all_loss", "hessian_hvps"]
+        cols += ["hessian_trace", "hessian_trace_se", "hessian_trace_target", "hessian_trace_budget"]
+    return cols + ["hessian_loss", "hessian_all_loss", "hessian_hvps", "hessian_status"]
+
+
+def trace_resolved(trace: float, stderr: float, target: float | None) -> bool:
+    """Whether a trace estimate meets its target: ``stderr <= target * |trace|`` (no target: always)."""
+    if target is None:
+        return True
+    return math.isfinite(trace) and math.isfinite(stderr) and stderr <= target * abs(trace)
 
 
 class CurvatureTracker:
@@ -41,7 +60,8 @@ class CurvatureTracker:
 
     name = "curvature tracking"
 
-    def __init__(self, every: int, settings: HessianSettings) -> None:
+    def __init__(self, every: int, settings: HessianSettings, log=None) -> None:
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.every = int(every)
         self.hessian = settings
         self.columns = tracking_columns(settings)
@@ -58,7 +78,32 @@ class CurvatureTracker:
     def wants(self, rnd: int, rounds: int) -> bool:
         return rnd % self.every == 0 or rnd == rounds
 
+    def check_model(self, model) -> None:
+        """The settings against the network to be trained, before the first round: ConfigError naming the option."""
+        dim = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if self.hessian.top > dim:
+            raise ConfigError(f"--track-top {self.hessian.top} is larger than the number of parameters of the model "
+                              f"({dim})")
+
     def __call__(self, payload: dict, run_dir) -> dict:
+        """The row of a tracked round; a failure is one line and a ``failed`` row (training goes on)."""
+        try:
+            row = self._measure(payload, run_dir)
+        except Exception as e:  # noqa: BLE001 - any failure of the analysis is reported, not fatal to training
+            row = {}
+            reason = " ".join(str(e).split()) or type(e).__name__
+            self.log(f"curvature tracking failed at round {payload.get('round', '?')}: {reason[:300]}; the point is "
+                     "marked failed in metrics.csv and training goes on")
+        else:
+            values = [v for k, v in row.items() if k.startswith("hessian_") and isinstance(v, float)]
+            if all(math.isfinite(v) for v in values):
+                return row
+            self.log(f"curvature tracking failed at round {payload.get('round', '?')}: non-finite values (the "
+                     "weights or the loss are not finite); the point is marked failed in metrics.csv and training "
+                     "goes on")
+        return {"hessian_status": "failed"}
+
+    def _measure(self, payload: dict, run_dir) -> dict:
         s = self.hessian
         path = Path(run_dir) / FINAL_FILE  # where a custom dataset's data.pt is looked for
         ckpt = Checkpoint(payload, path, device=s.device)
@@ -72,9 +117,14 @@ class CurvatureTracker:
         op.release()
         for i, value in enumerate(report["top_eigenvalues"], 1):
             row["hessian_top" if i == 1 else f"hessian_eig{i}"] = float(value)
+        row["hessian_status"] = "ok"
         if report["trace"] is not None:
             row["hessian_trace"] = float(report["trace"]["estimate"])
             row["hessian_trace_se"] = float(report["trace"]["stderr"])
+            row["hessian_trace_target"] = s.trace_rtol
+            row["hessian_trace_budget"] = s.trace_hvps
+            if not trace_resolved(row["hessian_trace"], row["hessian_trace_se"], s.trace_rtol):
+                row["hessian_status"] = "unresolved"
         average = HessianOperator(Checkpoint(payload, path, device=s.device, which="all").model, self._batches,
                                   mode="eval")
         row["hessian_all_loss"] = average.loss()

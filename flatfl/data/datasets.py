@@ -226,6 +226,8 @@ def _formats() -> dict[str, Callable[..., ImageDataset]]:
 
 #: the built-in datasets, as spelled without dashes or underscores ('fashion-mnist' is 'fashionmnist')
 DATASETS = ("digits", "cifar10", "cifar100", "tinyimagenet", "emnist", "fashionmnist")
+#: the same, as written in messages ('fashion-mnist')
+DATASET_NAMES = ("digits", "cifar10", "cifar100", "tinyimagenet", "emnist", "fashion-mnist")
 #: datasets fetched only when asked (``--download``): their usual source is a system package, not the network
 DOWNLOAD_ON_REQUEST = ("fashionmnist",)
 
@@ -238,7 +240,7 @@ def load_dataset(name: str, data_dir: str | Path | None = None, download: bool |
     :data:`DOWNLOAD_ON_REQUEST` (Fashion-MNIST, read from Debian's package when ``data_dir`` lacks it)."""
     key = name.lower().replace("-", "").replace("_", "")
     if key not in DATASETS:
-        raise unknown_name("dataset", name, DATASETS)
+        raise unknown_name("dataset", name, DATASET_NAMES)
     if key == "digits":
         return _load_digits(None)
     root = Path(data_dir if data_dir is not None else "data").expanduser()

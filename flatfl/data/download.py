@@ -22,7 +22,13 @@ under one ``root`` folder::
 half-downloaded archive or a half-extracted folder. Known per-file md5s (the CIFAR batch files) are checked on
 every load.
 
-:data:`ARCHIVES` and :data:`DOWNLOAD_TIMEOUT` are module-level so tests (or a mirror) can replace URLs and checksums.
+A download is bounded: by the file's known size (a server announcing or sending more is stopped), by
+:data:`DOWNLOAD_DEADLINE` for the whole file (a server trickling bytes cannot hold it for ever) and by
+:data:`DOWNLOAD_TIMEOUT` for each wait; its ``.part`` file is removed on every way out (errors, the deadline,
+Ctrl-C, SIGTERM).
+
+:data:`ARCHIVES`, :data:`DOWNLOAD_TIMEOUT` and :data:`DOWNLOAD_DEADLINE` are module-level so tests (or a mirror) can
+replace URLs, checksums and limits.
 """
 from __future__ import annotations
 
@@ -57,6 +63,7 @@ class Archive:
     layout: str  # human-readable description of folder's content, for error messages
     file_md5: dict[str, str] = field(default_factory=dict)  # known md5s of files inside folder
     loose_files_ok: bool = False  # the required files may also sit directly in root (EMNIST's .gz files)
+    size: int | None = None  # the archive's size in bytes: a download stops (refused) beyond it
 
 
 _CIFAR10_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
@@ -67,6 +74,7 @@ ARCHIVES: dict[str, Archive] = {
         url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
         filename="cifar-10-python.tar.gz",
         md5="c58f30108f718f92721af3b95e74349a",
+        size=170_498_071,
         folder="cifar-10-batches-py",
         required=_CIFAR10_BATCHES,
         layout="data_batch_1..5, test_batch, batches.meta (python pickles)",
@@ -86,6 +94,7 @@ ARCHIVES: dict[str, Archive] = {
         url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
         filename="cifar-100-python.tar.gz",
         md5="eb9058c3a382ffc7106e4002c42a8d85",
+        size=169_001_437,
         folder="cifar-100-python",
         required=("train", "test", "meta"),
         layout="train, test, meta (python pickles)",
@@ -100,6 +109,7 @@ ARCHIVES: dict[str, Archive] = {
         url="http://cs231n.stanford.edu/tiny-imagenet-200.zip",
         filename="tiny-imagenet-200.zip",
         md5="90528d7ca1a48142e341f4ef8d21d0de",
+        size=248_100_043,
         folder="tiny-imagenet-200",
         required=("wnids.txt", "train", "val/images", "val/val_annotations.txt"),
         layout="wnids.txt, train/<wnid>/images/*.JPEG, val/images/*.JPEG, val/val_annotations.txt",
@@ -109,6 +119,7 @@ ARCHIVES: dict[str, Archive] = {
         url="https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip",
         filename="gzip.zip",
         md5="58c8d27c78d21e728a6bc7b3cc06412e",
+        size=561_753_746,
         folder="gzip",
         required=(),  # depends on the split: passed by the loader
         layout="emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte.gz",
@@ -117,6 +128,7 @@ ARCHIVES: dict[str, Archive] = {
 }
 
 DOWNLOAD_TIMEOUT = 15.0  # seconds: connect timeout and the longest wait for one read
+DOWNLOAD_DEADLINE = 3600.0  # seconds: the longest one file's download may take, however the server trickles
 _CHUNK = 1 << 20
 
 # md5s already checked in this process, keyed by (path, size, mtime): a file is hashed once per process.
@@ -214,14 +226,20 @@ def _missing_message(spec: Archive, root: Path, reason: str) -> str:
 def _remove_stale_temporaries(spec: Archive, root: Path) -> None:
     """A download or extraction killed midway leaves ``.NAME.PID.XXXXXXXX.part`` / ``.extracting``: removed here
     once the process that named it is gone (only these names; a live download's temporaries are kept)."""
+    remove_stale_temporaries(root, (spec.filename, spec.folder))
+
+
+def remove_stale_temporaries(folder: Path, names) -> None:
+    """Remove ``folder``'s ``.NAME.PID.XXXXXXXX.part`` / ``.extracting`` temporaries of the given ``names`` whose
+    process is gone (a download or extraction killed midway); nothing else."""
     import re
 
     from ..utils.lock import pid_alive
 
-    pattern = re.compile(rf"^\.(?:{re.escape(spec.filename)}|{re.escape(spec.folder)})\.(\d+)\.[a-z0-9_]{{8}}"
-                         r"\.(?:part|extracting)$")
+    alternatives = "|".join(re.escape(n) for n in names)
+    pattern = re.compile(rf"^\.(?:{alternatives})\.(\d+)\.[a-z0-9_]{{8}}\.(?:part|extracting)$")
     try:
-        entries = list(root.iterdir())
+        entries = list(folder.iterdir())
     except OSError:
         return
     for p in entries:
@@ -239,44 +257,170 @@ def _download(spec: Archive, root: Path, archive: Path) -> None:
     """Fetch ``spec.url`` into ``archive``: written under a temporary name, renamed only when complete."""
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(spec, root)
-    _fetch(spec.url, archive, spec.md5, lambda reason: _missing_message(spec, root, reason))
+    _fetch(spec.url, archive, spec.md5, lambda reason: _missing_message(spec, root, reason), size=spec.size)
 
 
-def _fetch(url: str, dest: Path, md5: str, missing: Callable[[str], str]) -> None:
-    """Download ``url`` to ``dest`` under a temporary name in its folder; check its md5; rename it into place only
-    when complete. A failed request raises :class:`DatasetError` with ``missing(reason)``."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
+class _Terminated(BaseException):
+    """SIGTERM arrived during a download (raised so that its temporary file is removed on the way out)."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """While a download runs in the main thread, SIGTERM (``kill``, ``timeout``) unwinds it like Ctrl-C does, so its
+    ``.part`` file is removed; then the signal is delivered again, to end the process as it would have. A handler
+    installed by someone else is left alone."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def unwind(signum, frame):
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, unwind)
+    terminated = False
     try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as resp:
-                    total = resp.headers.get("Content-Length") if hasattr(resp, "headers") else None
-                    _copy_with_progress(resp, out, int(total) if total and total.isdigit() else None, dest.name)
-            except urllib.error.HTTPError as e:
-                raise DatasetError(missing(f"{url}: HTTP {e.code} {e.reason}")) from None
-            except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
-                reason = getattr(e, "reason", None) or e
-                raise DatasetError(missing(f"{url}: {reason}")) from None
-            out.flush()
-            os.fsync(out.fileno())
-        got = md5_of(tmp)
-        if got != md5:
-            raise DatasetError(f"checksum mismatch for {dest.name} downloaded from {url}: expected {md5}, got {got}")
-        os.replace(tmp, dest)
+        yield
+    except _Terminated:
+        terminated = True
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if terminated:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _copy_with_progress(src, dst, total: int | None, label: str) -> None:
+class _Deadline:
+    """The overall deadline of one download: when it passes, the connection's sockets are shut, so that a server
+    that trickles (headers or data, a byte at a time) cannot keep a read going for ever."""
+
+    def __init__(self, seconds: float):
+        import threading
+
+        self.seconds, self.expired, self._sockets = float(seconds), False, []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(self.seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self):
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._timer.cancel()
+        return False
+
+    def watch(self, sock) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                self._shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                self._shut(sock)
+
+    @staticmethod
+    def _shut(sock) -> None:
+        import socket
+
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def opener(self):
+        """A urllib opener whose HTTP(S) connections this deadline watches."""
+        deadline = self
+
+        def watched(http_class):
+            class Watched(http_class):
+                def connect(self):
+                    super().connect()
+                    deadline.watch(self.sock)
+
+            return Watched
+
+        class HTTP(urllib.request.HTTPHandler):
+            def do_open(self, http_class, req, **kwargs):
+                return super().do_open(watched(http_class), req, **kwargs)
+
+        class HTTPS(urllib.request.HTTPSHandler):
+            def do_open(self, http_class, req, **kwargs):
+                return super().do_open(watched(http_class), req, **kwargs)
+
+        return urllib.request.build_opener(HTTP, HTTPS)
+
+
+def _fetch(url: str, dest: Path, md5: str, missing: Callable[[str], str], size: int | None = None) -> None:
+    """Download ``url`` to ``dest`` under a temporary name in its folder; check its md5; rename it into place only
+    when complete. A failed request raises :class:`DatasetError` with ``missing(reason)``.
+
+    Bounded: ``size`` (the file's known size) caps what is accepted (a server announcing or sending more is
+    stopped), :data:`DOWNLOAD_DEADLINE` caps the time the whole download takes, :data:`DOWNLOAD_TIMEOUT` each wait.
+    The temporary ``.part`` file is removed on every way out (an error, the deadline, Ctrl-C, SIGTERM)."""
+    with _sigterm_unwinds():
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".part", dir=dest.parent)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out, _Deadline(DOWNLOAD_DEADLINE) as deadline:
+                late = lambda got: DatasetError(missing(  # noqa: E731
+                    f"{url}: not finished within {deadline.seconds:g} s ({got:,} bytes received); stopped"))
+                try:
+                    with deadline.opener().open(url, timeout=DOWNLOAD_TIMEOUT) as resp:
+                        total = resp.headers.get("Content-Length") if hasattr(resp, "headers") else None
+                        total = int(total) if total and total.isdigit() else None
+                        if size is not None and total is not None and total > size:
+                            raise DatasetError(missing(f"{url}: the server announces {total:,} bytes, more than the "
+                                                       f"{size:,} of {dest.name}; not downloaded"))
+                        got = _copy_with_progress(resp, out, total or size, dest.name, size, deadline, url, missing)
+                except urllib.error.HTTPError as e:
+                    raise DatasetError(missing(f"{url}: HTTP {e.code} {e.reason}")) from None
+                except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+                    if deadline.expired:
+                        raise late(out.tell()) from None
+                    reason = getattr(e, "reason", None) or e
+                    raise DatasetError(missing(f"{url}: {reason}")) from None
+                if deadline.expired:  # the shut socket may read as the end of the data
+                    raise late(got)
+                out.flush()
+                os.fsync(out.fileno())
+            got = md5_of(tmp)
+            if got != md5:
+                raise DatasetError(f"checksum mismatch for {dest.name} downloaded from {url}: expected {md5}, "
+                                   f"got {got}")
+            os.replace(tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+
+def _copy_with_progress(src, dst, total: int | None, label: str, limit: int | None = None,
+                        deadline: _Deadline | None = None, url: str = "", missing=str) -> int:
+    """Copy ``src`` to ``dst`` (what arrives, as it arrives: ``read1``), at most ``limit`` bytes and not past the
+    ``deadline``; returns the bytes copied."""
+    import time
+
     from tqdm import tqdm
 
+    read = getattr(src, "read1", None) or src.read
+    ends = time.monotonic() + deadline.seconds if deadline is not None else None
+    received = 0
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {label}",
               disable=not sys.stderr.isatty(), leave=False) as bar:
-        for chunk in iter(lambda: src.read(_CHUNK), b""):
+        for chunk in iter(lambda: read(_CHUNK), b""):
+            received += len(chunk)
+            if limit is not None and received > limit:
+                raise DatasetError(missing(f"{url}: the server sent more than the {limit:,} bytes of {label}; "
+                                           "stopped"))
             dst.write(chunk)
             bar.update(len(chunk))
+            if ends is not None and (deadline.expired or time.monotonic() > ends):
+                raise DatasetError(missing(f"{url}: not finished within {deadline.seconds:g} s ({received:,} bytes "
+                                           "received); stopped"))
+    return received
 
 
 def _extract(spec: Archive, archive: Path, root: Path, needed: tuple[str, ...]) -> None:
@@ -348,18 +492,20 @@ class IdxFile:
     name: str
     gz_md5: str
     sha256: str
+    size: int | None = None  # bytes of the decompressed IDX file: a header declaring more is refused
+    gz_size: int | None = None  # bytes of upstream's .gz: a download stops beyond it
 
 
 #: train images, train labels, test images, test labels (spec/ecosystem.md, "Datasets")
 FASHION_MNIST_FILES: tuple[IdxFile, ...] = (
     IdxFile("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
-            "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"),
+            "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888", 16 + 60_000 * 28 * 28, 26_421_880),
     IdxFile("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe",
-            "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"),
+            "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9", 8 + 60_000, 29_515),
     IdxFile("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79",
-            "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"),
+            "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b", 16 + 10_000 * 28 * 28, 4_422_102),
     IdxFile("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310",
-            "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
+            "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34", 8 + 10_000, 5_148),
 )
 
 
@@ -386,8 +532,9 @@ def ensure_fashion_mnist(root: str | os.PathLike, download: bool = False) -> Pat
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DatasetError(_fashion_missing(root, f"cannot create {folder}: {e.strerror or e}")) from None
+    remove_stale_temporaries(folder, names)  # of a download killed midway
     for f in FASHION_MNIST_FILES:
         if not (folder / f.name).is_file():
             _fetch(FASHION_MNIST_URL + f.name, folder / f.name, f.gz_md5,
-                   lambda reason: _fashion_missing(root, f"could not download it: {reason}"))
+                   lambda reason: _fashion_missing(root, f"could not download it: {reason}"), size=f.gz_size)
     return folder

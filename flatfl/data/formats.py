@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
 import os
 import pickle
 import sys
@@ -283,31 +284,62 @@ EMNIST_SPLITS: dict[str, tuple[str, int]] = {
 _IDX_IMAGES_MAGIC, _IDX_LABELS_MAGIC = 0x00000803, 0x00000801  # uint8 data, 3 resp. 1 dimensions
 
 
-def read_idx(path: Path, magic: int, sha256: str | None = None) -> np.ndarray:
+#: the most an IDX file's header may declare when its real size is not known (EMNIST): above the largest file of the
+#: data sets read here (EMNIST byclass's training images, 697,932 x 28 x 28 + 16 = 547,178,704 bytes)
+MAX_IDX_BYTES = 1 << 30
+_IDX_CHUNK = 1 << 22
+
+
+def read_idx(path: Path, magic: int, sha256: str | None = None, size: int | None = None) -> np.ndarray:
     """Read a gzipped IDX file: big-endian uint32 magic (0, 0, type 0x08 = uint8, ndim), ndim uint32 sizes, data.
-    ``sha256``: the expected hash of the decompressed bytes (a mismatch raises :class:`DatasetError`)."""
+
+    Streamed, never inflated beyond what its header declares: the header is read first, and a declared size above
+    ``size`` (the file's known size, when known) or :data:`MAX_IDX_BYTES` is refused before anything else is
+    inflated; then exactly the declared bytes are read, and a file holding more (a gzip bomb behind a plausible
+    header) is refused without reading on. ``sha256``: the expected hash of the decompressed bytes (a mismatch
+    raises :class:`DatasetError`)."""
+    ndim = magic & 0xFF
+    header_len = 4 + 4 * ndim
+    limit = MAX_IDX_BYTES if size is None else int(size)
     try:
         with gzip.open(path, "rb") as f:
-            raw = f.read()
+            header = f.read(header_len)
+            if len(header) < header_len:
+                raise DatasetError(f"IDX file {path} is truncated: {len(header)} bytes, shorter than its header")
+            got = int.from_bytes(header[:4], "big")
+            if got != magic:
+                raise DatasetError(f"IDX file {path} has magic number 0x{got:08x}, expected 0x{magic:08x}")
+            dims = tuple(int.from_bytes(header[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+            expected = header_len + math.prod(dims)
+            if expected > limit:
+                raise DatasetError(f"IDX file {path} declares {dims} ({expected:,} bytes), more than the "
+                                   f"{limit:,} bytes this file may hold: refused before inflating it")
+            try:
+                data = np.empty(expected - header_len, dtype=np.uint8)
+            except MemoryError:
+                raise DatasetError(f"IDX file {path} declares {dims} ({expected:,} bytes): not enough memory "
+                                   "to hold it") from None
+            view, filled = memoryview(data), 0
+            while filled < data.size:
+                n = f.readinto(view[filled:filled + _IDX_CHUNK])
+                if not n:
+                    break
+                filled += n
+            if filled < data.size:
+                raise DatasetError(f"IDX file {path} has {header_len + filled} bytes, its header {dims} implies "
+                                   f"{expected}")
+            if f.read(1):
+                raise DatasetError(f"IDX file {path} holds more than the {expected:,} bytes its header {dims} "
+                                   "declares (the rest was not inflated)")
     except (OSError, EOFError, zlib.error) as e:
         raise DatasetError(f"cannot decompress IDX file {path}: {e}") from None
     if sha256 is not None:
-        got_hash = hashlib.sha256(raw).hexdigest()
-        if got_hash != sha256:
-            raise DatasetError(f"checksum mismatch for {path}: the decompressed IDX bytes have sha256 {got_hash}, "
-                               f"expected {sha256}")
-    ndim = magic & 0xFF
-    header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise DatasetError(f"IDX file {path} is truncated: {len(raw)} bytes, shorter than its header")
-    got = int.from_bytes(raw[:4], "big")
-    if got != magic:
-        raise DatasetError(f"IDX file {path} has magic number 0x{got:08x}, expected 0x{magic:08x}")
-    dims = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    expected = header + int(np.prod(dims, dtype=np.int64))
-    if len(raw) != expected:
-        raise DatasetError(f"IDX file {path} has {len(raw)} bytes, its header {dims} implies {expected}")
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+        digest = hashlib.sha256(header)
+        digest.update(view)
+        if digest.hexdigest() != sha256:
+            raise DatasetError(f"checksum mismatch for {path}: the decompressed IDX bytes have sha256 "
+                               f"{digest.hexdigest()}, expected {sha256}")
+    return data.reshape(dims)
 
 
 def emnist_files(split: str) -> tuple[str, str, str, str]:
@@ -317,10 +349,11 @@ def emnist_files(split: str) -> tuple[str, str, str, str]:
 
 
 def _idx_pair(images_path: Path, labels_path: Path, num_classes: int, offset: int = 0,
-              sha256: tuple[str | None, str | None] = (None, None)) -> tuple[np.ndarray, np.ndarray]:
+              sha256: tuple[str | None, str | None] = (None, None),
+              sizes: tuple[int | None, int | None] = (None, None)) -> tuple[np.ndarray, np.ndarray]:
     """One split's 28x28 images (N, 28, 28) as stored and its labels (minus ``offset``), checked for consistency."""
-    images = read_idx(images_path, _IDX_IMAGES_MAGIC, sha256[0])
-    labels = read_idx(labels_path, _IDX_LABELS_MAGIC, sha256[1]).astype(np.int64) - offset
+    images = read_idx(images_path, _IDX_IMAGES_MAGIC, sha256[0], sizes[0])
+    labels = read_idx(labels_path, _IDX_LABELS_MAGIC, sha256[1], sizes[1]).astype(np.int64) - offset
     if images.shape[1:] != (28, 28):
         raise DatasetError(f"IDX file {images_path} holds {images.shape[1]}x{images.shape[2]} images, expected 28x28")
     if len(labels) != len(images):
@@ -392,9 +425,10 @@ def load_fashion_mnist(root: str | os.PathLike, download: bool = False) -> Image
     folder = ensure_fashion_mnist(root, download)
     files = [folder / f.name for f in FASHION_MNIST_FILES]
     hashes = [f.sha256 for f in FASHION_MNIST_FILES]
+    sizes = [f.size for f in FASHION_MNIST_FILES]  # known: a header declaring more is refused before inflating
     k = len(FASHION_MNIST_CLASSES)
-    train_x, train_y = _idx_pair(files[0], files[1], k, sha256=(hashes[0], hashes[1]))
-    test_x, test_y = _idx_pair(files[2], files[3], k, sha256=(hashes[2], hashes[3]))
+    train_x, train_y = _idx_pair(files[0], files[1], k, sha256=(hashes[0], hashes[1]), sizes=(sizes[0], sizes[1]))
+    test_x, test_y = _idx_pair(files[2], files[3], k, sha256=(hashes[2], hashes[3]), sizes=(sizes[2], sizes[3]))
     train_x, test_x = train_x[:, None].copy(), test_x[:, None].copy()  # writable (N, 1, 28, 28)
     mean, std = _mean_std_uint8(train_x)
     return _as_dataset("fashion-mnist", (train_x, train_y), (test_x, test_y), k, (mean,), (std,),

@@ -1,41 +1,93 @@
-"""Your own network, named as ``module:function`` (``--model-factory my_models:my_net``).
+"""Your own network, named as ``module:function`` (``--model-factory my_models:my_net``) or by its file,
+``path/to/file.py:function`` (``--model-factory ../nets/my_models.py:my_net``, from any folder).
 
-The function is imported (the current directory is searched first, as ``python -m`` does) and called with no
+The function is imported (a module name: the current directory is searched first, as ``python -m`` does, then
+``sys.path``; a file: its folder is put first on ``sys.path`` and the module imported by its name) and called with no
 arguments; it must return an ``nn.Module`` of the architecture the checkpoint was trained with. Only the weights come
-from the checkpoint (``torch.load(weights_only=True)``): the model object itself is never unpickled.
+from the checkpoint (``torch.load(weights_only=True)``): the model object itself is never unpickled. A factory that a
+checkpoint or ``config.json`` names, rather than the user, is imported only from the current directory
+(:func:`check_recorded_factory`).
 """
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from torch import nn
 
 from ..errors import ConfigError
 
-__all__ = ["check_factory_name", "model_from_factory", "describe_model_class"]
+__all__ = ["check_factory_name", "model_from_factory", "describe_model_class", "network_structure",
+           "structure_difference", "code_changes"]
+
+
+_FORMS = "'module:function' or 'path/to/file.py:function' (e.g. my_models:my_net)"
+
+
+def split_factory(spec) -> tuple[str, str, str | None]:
+    """``(module, function, file)`` of a factory name: ``module:function`` (dotted module path, dotted attribute
+    path; file None) or ``path/to/file.py:function`` (the module is the file's name), else a :class:`ConfigError`."""
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ConfigError(f"--model-factory must be {_FORMS}, got {spec!r}")
+    where, func = spec.rsplit(":", 1)
+    file = None
+    if where.endswith(".py"):
+        file = where
+        module = os.path.basename(where)[:-3]
+        parts = [module] + func.split(".")
+    else:
+        module = where
+        parts = module.split(".") + func.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise ConfigError(f"--model-factory must be {_FORMS}, got {spec!r}")
+    return module, func, file
 
 
 def check_factory_name(spec) -> str:
-    """``module:function`` (dotted module path, dotted attribute path), else a :class:`ConfigError`."""
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ConfigError(f"--model-factory must be 'module:function' (e.g. my_models:my_net), got {spec!r}")
-    module, func = spec.split(":")
-    parts = module.split(".") + func.split(".")
-    if not all(p.isidentifier() for p in parts):
-        raise ConfigError(f"--model-factory must be 'module:function' (e.g. my_models:my_net), got {spec!r}")
+    """``module:function`` or ``path/to/file.py:function``, else a :class:`ConfigError`."""
+    split_factory(spec)
     return spec
 
 
+def _import_file(spec: str, module_name: str, file: str):
+    """The module of ``file``: its folder first on ``sys.path`` (worker processes unpickling the model import it
+    the same way), then imported by its name; a different module of that name already imported is refused."""
+    path = Path(file).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"--model-factory {spec}: no file {file} (from {os.getcwd()})")
+    loaded = sys.modules.get(module_name)
+    if loaded is not None:
+        origin = getattr(loaded, "__file__", None)
+        if origin is None or Path(origin).resolve() != path:
+            raise ConfigError(f"--model-factory {spec}: another module named {module_name!r} is already imported "
+                              f"(from {origin or 'a built-in'}); rename {path.name}")
+        return loaded
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    return importlib.import_module(module_name)
+
+
 def model_from_factory(spec: str) -> nn.Module:
-    """Import ``module:function``, call it with no arguments and check that it returns an ``nn.Module``."""
-    module_name, func_name = check_factory_name(spec).split(":")
+    """Import ``module:function`` (or ``path/to/file.py:function``), call it with no arguments and check that it
+    returns an ``nn.Module``."""
+    module_name, func_name, file = split_factory(spec)
+    top = module_name.split(".")[0]
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:  # kept: worker processes unpickling the model import it too
         sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name) if file is None else _import_file(spec, module_name, file)
+    except ModuleNotFoundError as e:
+        if file is None and e.name == top:
+            raise ConfigError(f"--model-factory {spec}: cannot import {module_name!r}: no {top}.py in the current "
+                              f"directory ({cwd}) nor on PYTHONPATH; run flatfl from the folder that holds it, or "
+                              f"name its file: --model-factory PATH/{top}.py:{func_name}") from None
+        raise ConfigError(f"--model-factory {spec}: cannot import {module_name!r} ({e})") from None
+    except SystemExit as e:  # sys.exit() while imported: an error, not flatfl's own exit status
+        raise ConfigError(f"--model-factory {spec}: importing {module_name!r} called sys.exit({e.code!r}); the "
+                          "module must define the factory, not exit") from None
     except ImportError as e:
         raise ConfigError(f"--model-factory {spec}: cannot import {module_name!r} ({e})") from None
     except SyntaxError as e:
@@ -53,8 +105,12 @@ def model_from_factory(spec: str) -> nn.Module:
         raise ConfigError(f"--model-factory {spec}: {func_name!r} is not callable")
     try:
         model = target()
+    except SystemExit as e:
+        raise ConfigError(f"--model-factory {spec}: {func_name}() called sys.exit({e.code!r}) instead of returning "
+                          "a network") from None
     except Exception as e:
-        raise ConfigError(f"--model-factory {spec}: calling {func_name}() failed: {type(e).__name__}: {e}") from None
+        raise ConfigError(f"--model-factory {spec}: calling {func_name}() failed: {type(e).__name__}: "
+                          f"{str(e)[:200]}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"--model-factory {spec}: {func_name}() returned a {type(model).__name__}, "
                           "not a torch.nn.Module")
@@ -65,24 +121,104 @@ def check_recorded_factory(spec, source: str) -> str:
     """A factory named *inside a file* (a checkpoint's model spec) is imported only when its module lies in the
     current directory, where the user's own ``my_models.py`` is: a checkpoint from someone else cannot make flatfl
     import and call an installed module (``os:fork``). Anything else needs ``--model-factory`` given explicitly."""
-    from pathlib import Path
-
-    name = check_factory_name(spec).split(":")[0]
+    name, func, file = split_factory(spec)
     top = name.split(".")[0]
     cwd = Path.cwd().resolve()
     found = None
-    for cand in (cwd / top, cwd / f"{top}.py"):
-        if cand.is_dir() and (cand / "__init__.py").is_file() or cand.is_file():
-            found = cand
+    if file is not None:  # a file the run named: inside the current directory, links resolved
+        cand = (cwd / Path(file).expanduser()).resolve()
+        found = cand if cand.is_file() and cand.is_relative_to(cwd) else None
+    else:
+        for cand in (cwd / top, cwd / f"{top}.py"):
+            if cand.is_dir() and (cand / "__init__.py").is_file() or cand.is_file():
+                found = cand
     loaded = sys.modules.get(top)
     origin = getattr(loaded, "__file__", None) if loaded is not None else found
     if found is None or origin is None or not Path(origin).resolve().is_relative_to(cwd):
+        hint = "" if file is not None else \
+            f" (run from the folder that holds {top}.py, or put it on PYTHONPATH), or --model-factory PATH/{top}.py:{func}"
         raise ConfigError(f"{source} names the model factory {spec!r}, whose module is not in the current "
-                          "directory; flatfl imports it only when you pass --model-factory "
-                          f"{spec} yourself")
+                          f"directory; flatfl imports it only when you name it yourself: --model-factory {spec}{hint}")
     return spec
 
 
 def describe_model_class(model: nn.Module) -> str:
     cls = type(model)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# ------------------------------------------------------------------------------------------ the network's structure
+def network_structure(model: nn.Module) -> dict:
+    """What identifies your network beyond its parameter shapes, as plain data (recorded in a custom network's model
+    spec, ``structure``): ``modules``, one ``[name, class, settings]`` per module in ``named_modules()`` order (the
+    settings as its ``extra_repr()`` shows them: sizes, ``eps``, ``p``, ``inplace``...), so that a ReLU that became
+    a Tanh, or a Dropout whose ``p`` changed, tells; and ``code``, for each class of yours (not torch's) the sha256
+    of its source's syntax tree (comments, blank lines and docstrings left out), or None where Python cannot show
+    the source (a class typed at the prompt), so that an activation called in ``forward`` tells too."""
+    modules, code = [], {}
+    for name, module in model.named_modules():
+        cls = type(module)
+        ours = cls.__module__.split(".")[0] != "torch"  # torch's own classes by name alone (they move between files)
+        qualified = f"{cls.__module__}.{cls.__qualname__}" if ours else f"torch.{cls.__qualname__}"
+        try:
+            settings = " ".join(str(module.extra_repr()).split())[:500]
+        except Exception:  # an extra_repr of the user's that fails: the class still counts
+            settings = "?"
+        modules.append([name, qualified, settings])
+        if ours and qualified not in code:
+            code[qualified] = _source_digest(cls)
+    return {"modules": modules, "code": code}
+
+
+def _source_digest(cls) -> str | None:
+    import ast
+    import hashlib
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):  # docstrings are no code
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def _module_text(entry) -> str:
+    name, qualified, settings = entry
+    where = f"module {name!r}" if name else "the network itself"
+    return f"{where} is {qualified.rsplit('.', 1)[-1]}({settings})"
+
+
+def structure_difference(recorded, model: nn.Module) -> str | None:
+    """How ``model`` differs in its modules from the ``recorded`` :func:`network_structure` (one phrase naming the
+    first difference), or None when they match or nothing usable was recorded (files of older flatfl)."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("modules"), list):
+        return None
+    want = [list(e) for e in recorded["modules"] if isinstance(e, (list, tuple)) and len(e) == 3]
+    have = network_structure(model)["modules"]
+    for old, new in zip(want, have):
+        if old != new:
+            if old[0] != new[0]:
+                return f"the trained network's {_module_text(old)}, the network now has {_module_text(new)}"
+            return f"{_module_text(new)}, trained as {old[1].rsplit('.', 1)[-1]}({old[2]})"
+    if len(want) != len(have):
+        extra = (have if len(have) > len(want) else want)[min(len(want), len(have))]
+        return (f"it has {len(have)} modules, the trained network had {len(want)} (first "
+                f"{'new' if len(have) > len(want) else 'missing'}: {_module_text(extra)})")
+    return None
+
+
+def code_changes(recorded, model: nn.Module) -> list[str]:
+    """The classes of ``model`` whose source changed since the ``recorded`` :func:`network_structure` was taken
+    (where both sources were readable)."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("code"), dict):
+        return []
+    now = network_structure(model)["code"]
+    then = recorded["code"]
+    return [name for name, digest in now.items()
+            if isinstance(digest, str) and isinstance(then.get(name), str) and then[name] != digest]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -255,6 +256,7 @@ def stack_network(model: nn.Module, n: int) -> nn.Module:
         if isinstance(block, ResidualBlock) and block.survival < 1.0:
             block.gate_source = _no_gate_source
     stacked.flatfl_stacked = n
+    stacked.flatfl_source = weakref.ref(model)  # not a submodule: the plain network the copies were made from
     return stacked.train(model.training)  # the new layers start in training mode: the model's mode throughout
 
 
@@ -262,6 +264,32 @@ def stacked_clients(network: nn.Module) -> int:
     """How many clients' copies ``network`` holds side by side (1 for a network that :func:`stack_network` did not
     stack)."""
     return getattr(network, "flatfl_stacked", 1)
+
+
+def source_network(network: nn.Module) -> nn.Module:
+    """The plain network a stacked network was built from (``network`` itself when it is not stacked).
+
+    What a regularizer or algorithm hooks is decided on this network and found in the stacked one by module name
+    (:func:`counterparts`): stacking replaces layers by classes of its own (``nn.Linear`` by
+    :class:`StackedLinear`, ...), so a choice made by layer class on the stacked network would differ."""
+    ref = getattr(network, "flatfl_source", None)
+    source = ref() if ref is not None else None
+    if stacked_clients(network) > 1 and source is None:
+        raise RuntimeError("a stacked network outlived the network it was built from")
+    return network if source is None else source
+
+
+def counterparts(network: nn.Module, modules: list[nn.Module]) -> list[nn.Module]:
+    """The modules of ``network`` that are, by name, ``modules`` of its :func:`source_network` (``modules`` itself
+    when ``network`` is not stacked). Raise ValueError for a module that is not a registered submodule of it."""
+    source = source_network(network)
+    if source is network:
+        return list(modules)
+    names = {id(m): name for name, m in source.named_modules()}
+    missing = [type(m).__name__ for m in modules if id(m) not in names]
+    if missing:
+        raise ValueError(f"{missing[0]} is not a registered submodule of the network")
+    return [network.get_submodule(names[id(m)]) for m in modules]
 
 
 def _no_gate_source(block: nn.Module):

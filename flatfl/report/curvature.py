@@ -4,6 +4,12 @@
 eigenvalue, the trace and the loss on the fixed evaluation sample against the round (metrics.csv's ``hessian_*``
 columns); one column of panels per partition, one line per method: the mean over its seeds, the band their range.
 The styles are :func:`flatfl.report.figures.line_styles` (a method solid, its "+MAN" variant dashed, same colour).
+
+The trace is an estimate with a standard error (metrics.csv's ``hessian_trace_se``): every point carries its
+interval (+-2 standard errors; with several seeds the root-mean-square of theirs over the square root of their
+number, the standard error of the mean), drawn as error bars, and a point whose standard error misses the run's
+target (``hessian_trace_target``, ``se > target * |trace|``: ``hessian_status`` ``unresolved``) is circled (a
+large open ring around it), so a reader sees which values are not known to the target.
 """
 from __future__ import annotations
 
@@ -14,6 +20,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from .figures import PAGE_SIZE, line_styles
+
+#: the interval drawn around a tracked trace: this many standard errors either side
+TRACE_INTERVAL_SE = 2.0
 
 __all__ = ["SERIES", "has_curvature", "curvature_page"]
 
@@ -32,6 +41,27 @@ def _series(rec, column: str) -> dict:
             if row.get(column) is not None and row.get("round") is not None}
 
 
+def _target(rec, row) -> float | None:
+    """The relative standard error a tracked trace was asked to reach (the row's, else the run's settings)."""
+    target = row.get("hessian_trace_target")
+    if target is None:
+        target = (getattr(rec, "tracking", None) or {}).get("trace_rtol")
+    return float(target) if isinstance(target, (int, float)) and not isinstance(target, bool) else None
+
+
+def _trace_errors(rec) -> dict:
+    """round -> (standard error, resolved) of a run's tracked trace."""
+    out = {}
+    for row in rec.curve:
+        if row.get("round") is None or row.get("hessian_trace") is None:
+            continue
+        se, trace, target = row.get("hessian_trace_se"), row["hessian_trace"], _target(rec, row)
+        se = float(se) if se is not None and np.isfinite(se) else float("nan")
+        resolved = target is None or (np.isfinite(se) and se <= target * abs(trace))
+        out[int(row["round"])] = (se, bool(resolved))
+    return out
+
+
 def curvature_page(title: str, records, methods: list[str], subtitle: str = "") -> Figure:
     """The page (see the module docstring); ``methods`` in legend order, runs of other methods left out."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -45,7 +75,11 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
     parts = sorted({r.partition for r in records})
     styles = line_styles(methods)
     several = any(sum(r.method == m and r.partition == p for r in records) > 1 for m in methods for p in parts)
-    subtitle = "; ".join(s for s in (subtitle, "lines: mean over seeds, bands: their range" if several else "") if s)
+    traced = any(_trace_errors(r) for r in records)
+    notes = ("lines: mean over seeds, bands: their range" if several else "",
+             f"trace: bars +-{TRACE_INTERVAL_SE:g} standard errors, circled points: standard error above the "
+             "run's target (unresolved)" if traced else "")
+    subtitle = "; ".join(s for s in (subtitle, *notes) if s)
     for k, line in enumerate(textwrap.wrap(subtitle, 170)[:2]):
         fig.text(0.5, 0.935 - 0.022 * k, line, ha="center", fontsize=8.5)
     handles = {}
@@ -65,6 +99,10 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
                 (h,) = ax.plot(xs, arr.mean(0), color=st["color"], linestyle=st["linestyle"], marker=st["marker"],
                                markerfacecolor=st["markerfacecolor"], markersize=5, linewidth=1.3,
                                label=f"{method} (n={len(curves)})")
+                if column == "hessian_trace":
+                    _draw_trace_errors(ax, xs, arr.mean(0), [_trace_errors(r) for r in records
+                                                            if r.method == method and r.partition == part
+                                                            and _series(r, column)], st)
                 if len(curves) > 1:
                     ax.fill_between(xs, arr.min(0), arr.max(0), color=st["color"], alpha=0.15, linewidth=0)
                 handles[method] = h
@@ -81,3 +119,18 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
                    ncol=min(4, len(handles)), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 0.91))
     return fig
+
+
+def _draw_trace_errors(ax, xs, means, errors: list[dict], st: dict) -> None:
+    """Error bars (+-TRACE_INTERVAL_SE standard errors of the mean over the seeds) at every drawn trace point, and
+    a ring around the points where a seed's estimate missed its target."""
+    se = np.array([[e.get(x, (float("nan"), False))[0] for x in xs] for e in errors])
+    resolved = np.array([[e.get(x, (float("nan"), False))[1] for x in xs] for e in errors])
+    mean_se = np.sqrt(np.mean(se ** 2, axis=0) / se.shape[0])  # nan where a seed has no standard error
+    ax.errorbar(xs, means, yerr=TRACE_INTERVAL_SE * np.where(np.isfinite(mean_se), mean_se, 0.0), fmt="none",
+                ecolor=st["color"], elinewidth=1.0, capsize=3, alpha=0.8, label="_trace interval")
+    open_ = ~resolved.all(axis=0)
+    if open_.any():
+        ax.plot(np.asarray(xs)[open_], np.asarray(means)[open_], linestyle="none", marker="o", markersize=12,
+                markerfacecolor="none", markeredgecolor=st["color"], markeredgewidth=1.2, label="_unresolved",
+                zorder=5)

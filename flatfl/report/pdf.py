@@ -38,6 +38,7 @@ from .tables import (
     MODEL_ACCURACY,
     MODEL_NAMES,
     TABLES,
+    TOO_FEW_SEEDS,
     RunRecord,
     build_table,
     choose_clients_protocol,
@@ -151,9 +152,7 @@ def _compute_missing(records, specs, hessian: dict, asked: dict, clients: dict, 
         need = _needs(rec, specs)
         if not need:
             continue
-        if not rec.finished:
-            problems.append(f"{rec.name}: not finished ({rec.rounds_done}/{rec.config.get('rounds')} rounds); "
-                            "resume it with flatfl train --resume")
+        if not rec.finished:  # listed by build_report as not finished
             continue
         if "clients" in need and not (rec.run_dir / "clients.pt").is_file():
             problems.append(f"{rec.name}: H_N / H_D need the clients' models; train with --save-clients")
@@ -280,7 +279,7 @@ def _cell(row: dict, metric: str, newline: bool = False) -> str:
     return txt
 
 
-_VERDICT_NAMES = ("agree", "disagree", "inconclusive", "incomparable")
+_VERDICT_NAMES = ("agree", "disagree", "inconclusive", "incomparable", TOO_FEW_SEEDS)
 
 
 def _summary_counts(checks: list[dict]) -> dict:
@@ -300,10 +299,15 @@ def counts_line(metric: str, c: dict) -> str:
     how = ("paired by seed: 95% t interval of the per-seed differences" if n_paired == c["compared"] else
            f"{n_paired} paired by seed (95% t interval of the per-seed differences), the others unpaired"
            if n_paired else "unpaired: change within twice its standard error")
+    judged = c["compared"] - c.get(TOO_FEW_SEEDS, 0) - c.get("incomparable", 0)
     line = (f"{METRIC_NAMES.get(metric, metric)}: of {c['compared']} comparisons, {c['agree']} agree with the "
-            f"paper's direction, {c['disagree']} disagree, {c['inconclusive']} inconclusive ({how})")
+            f"paper's direction, {c['disagree']} disagree, {c['inconclusive']} inconclusive"
+            + (f" ({how})" if judged else ""))
     if c.get("incomparable"):
-        line += f", {c['incomparable']} incomparable (other settings)"
+        line += f", {c['incomparable']} incomparable (trained or measured with other settings)"
+    if c.get(TOO_FEW_SEEDS):
+        line += (f", {c[TOO_FEW_SEEDS]} without a verdict (fewer than 2 seeds a side: the only error bar would be "
+                 "the estimator's own, not the spread between seeds)")
     u = c.get("unpaired")
     if n_paired and u:
         line += (f"; unpaired (means +- 2 SE): {u['agree']} agree, {u['disagree']} disagree, "
@@ -328,11 +332,26 @@ CURATED_NOTES = {
 
 def _needed_text(c: dict) -> str:
     """', ~N seeds would resolve the paper's relative change' for an inconclusive paired check, else ''."""
+    if c["verdict"] == TOO_FEW_SEEDS:
+        if c.get("seeds_needed"):
+            return (f", about {c['seeds_needed']} seeds a side would resolve a change of the paper's size (guessed "
+                    "from the spread of the side with seeds)")
+        return ", at least 2 seeds a side are needed to judge it"
     if c.get("seeds_needed") is not None:
         return f", {c['seeds_needed']} seeds would resolve a change of the paper's size"
     if c.get("paper_size_change") is not None and c.get("paired_sd") is not None:
         return f", more than {MAX_SEEDS:,} seeds needed for a change of the paper's size"
     return ""
+
+
+def _seeds_cell(c: dict) -> str:
+    """The 'seeds for the paper's change' cell: the count for an inconclusive check; for one without a verdict
+    (fewer than 2 seeds a side) the count guessed from the other side's spread ('~N'), else '>= 2'."""
+    if c["verdict"] == TOO_FEW_SEEDS:
+        return f"~{c['seeds_needed']}" if c.get("seeds_needed") else ">= 2"
+    if c["verdict"] != "inconclusive":
+        return ""
+    return str(c["seeds_needed"]) if c.get("seeds_needed") else "-"
 
 
 def _ci_text(c: dict) -> str:
@@ -356,7 +375,7 @@ def _directions_markdown(checks: list[dict]) -> list[str]:
         pct = "-" if c["ours_change_pct"] is None else f"{c['ours_change_pct']:+.1f}%"
         ppct = "-" if c["paper_change_pct"] is None else f"{c['paper_change_pct']:+.1f}%"
         two_se = "-" if c["ours_uncertainty"] is None else f"±{f(2 * c['ours_uncertainty'], 2)}"
-        need = "" if c["verdict"] != "inconclusive" else (str(c["seeds_needed"]) if c.get("seeds_needed") else "-")
+        need = _seeds_cell(c)
         lines.append("| " + " | ".join([
             f"{c['compared']} vs {c['reference']}", c["partition"], METRIC_NAMES.get(c["metric"], c["metric"]),
             f"{f(c['ours_reference'])} → {f(c['ours_compared'])}", pct, _ci_text(c), two_se, ppct, c["verdict"],
@@ -374,14 +393,17 @@ def findings(spec, rows, checks, records) -> list[str]:
     for metric, cs in by_metric.items():
         name = METRIC_NAMES.get(metric, metric)
         for verdict, word in (("agree", "agree with the paper"), ("disagree", "DISAGREE with the paper"),
-                              ("inconclusive", "inconclusive"), ("incomparable", "incomparable (other settings)")):
+                              ("inconclusive", "inconclusive"),
+                              ("incomparable", "incomparable (trained or measured with other settings)"),
+                              (TOO_FEW_SEEDS, "without a verdict (fewer than 2 seeds a side)")):
             sel = [c for c in cs if c["verdict"] == verdict]
             if not sel:
                 continue
             which = "; ".join(f"{c['compared']} vs {c['reference']} {c['partition']} "
                               f"({'-' if c['ours_change_pct'] is None else format(c['ours_change_pct'], '+.0f')}%"
                               f"{'' if c['paper_change_pct'] is None else ', paper ' + format(c['paper_change_pct'], '+.0f') + '%'}"
-                              f"{_needed_text(c) if verdict == 'inconclusive' else ''})"
+                              f"{_needed_text(c) if verdict in ('inconclusive', TOO_FEW_SEEDS) else ''}"
+                              f"{'; ' + c['incomparable_because'] if c.get('incomparable_because') else ''})"
                               for c in sel)
             out.append(f"{name}: {len(sel)} of {len(cs)} {word}: {which}")
     loss_pairs = sorted({(c["reference"], c["compared"], c["partition"]) for c in checks if c["verdict"] == "disagree"})
@@ -424,7 +446,8 @@ def _markdown(specs_rows, ours_scale: str, counts: dict, missing: list[str], not
         diff = (differences or {}).get(spec.key)
         lines += [f"## {spec.title}", "", spec.paper_scale, ""] + ([ours_scale + "; " + diff, ""] if diff else []) + [
                   f"Every row measures one model: the {MODEL_NAMES[model]} (accuracy and Hessian alike). Ours: mean "
-                  "±sd over seeds (n), or for one run ±the estimator's own error (est.).", ""]
+                  "±sd over seeds (n), or for one run ±the estimator's own error (est.); no direction verdict with "
+                  "fewer than 2 seeds a side.", ""]
         metrics = list(spec.metrics)
         head = ["method", "partition", "model"] + [f"{METRIC_NAMES[m]} {who}" for m in metrics
                                                    for who in ("ours", "paper")] + ["settings", "runs"]
@@ -509,7 +532,8 @@ def _table_figure(spec, rows, ours_scale, model, found, difference=None):
                 f"model: every row measures the {MODEL_NAMES[model]} (accuracy and Hessian); "
                 + "; ".join(f"{label}: {text}" for label, text in _setting_parts(
                     spec.metrics, lambda m: _used_settings(rows, m) if m in spec.metrics else None)),
-                "ours: mean ±sd over seeds (n), or for one run ±the estimator's own error (est.); † other settings "
+                "ours: mean ±sd over seeds (n), or for one run ±the estimator's own error (est.; no direction "
+                "verdict with fewer than 2 seeds a side); † other settings "
                 "than the rest of the column (see the notes)"]
     notes = list(spec.notes) + incomparable_notes(spec, rows)
     return figures.table_page(spec.title, header, cells, subtitle=subtitle, notes=notes, findings=found)
@@ -531,10 +555,10 @@ def _directions_figure(spec, checks, counts):
                       pct(c["ours_change_pct"]), two_se,
                       f"{figures.format_number(c['paper_reference'])} → {figures.format_number(c['paper_compared'])}",
                       pct(c["paper_change_pct"]), f"{c['verdict']}\n({c.get('unpaired_verdict', c['verdict'])})",
-                      "" if c["verdict"] != "inconclusive" else (c.get("seeds_needed") or "-")])
+                      _seeds_cell(c)])
         cells[-1].insert(5, _ci_text(c).replace(" k=", "\nk="))
         col = {"agree": "#d9f2d9", "disagree": "#f8d7d7", "inconclusive": "#f2f2f2",
-               "incomparable": "#fff2cc"}[c["verdict"]]
+               "incomparable": "#fff2cc", TOO_FEW_SEEDS: "#f2f2f2"}[c["verdict"]]
         colors.append([None] * 9 + [col, None])
     subtitle = [counts_line(m, c) for m, c in counts.items()] or ["no comparison has values on both sides"]
     pages = []
@@ -549,7 +573,10 @@ def _directions_figure(spec, checks, counts):
                                             "dof): inconclusive when it holds 0. Unpaired: twice the standard error "
                                             "of the change of the means (n=k: sd / sqrt(k) per side; est.: the "
                                             "estimator's own error). Seeds for the paper's change: smallest n with "
-                                            "t(0.975, n-1) sd / sqrt(n) < |paper's relative change x our reference|"],
+                                            "t(0.975, n-1) sd / sqrt(n) < |paper's relative change x our reference|",
+                                            "too few seeds: fewer than 2 seeds a side, so no verdict (one run's error "
+                                            "bar is the estimator's own, not the spread between seeds); its seeds "
+                                            "column: '>= 2', or '~n' guessed from the spread of the side with seeds"],
                                         highlight=colors[k:k + per_page]))
     return pages
 
@@ -640,6 +667,10 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     notices += version_notices(records)
     missing = []
     for rec in records:
+        if not rec.finished:
+            missing.append(f"{rec.name}: not finished ({rec.rounds_done}/{rec.config.get('rounds')} rounds): left "
+                           f"out of every table column; resume it with flatfl train --resume {rec.run_dir}")
+            continue
         need = _needs(rec, specs)
         if need:
             what = " and ".join({"hessian": f"Hessian results of the {MODEL_NAMES[rec.model]} model"
@@ -672,7 +703,8 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     atomic_write_text(out / "runs.csv", _csv(run_rows))
     written.append("runs.csv")
     for spec, rows, *_ in specs_rows:
-        atomic_write_text(out / f"{spec.key}.csv", _csv(rows, [k for k in rows[0] if not k.endswith("_by_seed")]
+        atomic_write_text(out / f"{spec.key}.csv", _csv(rows, [k for k in rows[0] if not isinstance(rows[0][k], dict)
+                                                               and not k.endswith("_by_seed") and k != "training"]
                                                           if rows else None))
         written.append(f"{spec.key}.csv")
     if specs_rows:

@@ -34,7 +34,8 @@ __all__ = ["RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_lab
            "TableSpec", "TABLES", "paper_values", "build_table", "direction_checks", "matching_tables",
            "scale_label", "METRIC_NAMES", "MODELS", "MODEL_NAMES", "model_for", "read_clients_metrics",
            "analysis_model", "incomparable_notes", "VERDICTS", "check_runs_belong_together", "version_notices",
-           "paper_differences"]
+           "paper_differences", "NEUTRAL_SETTINGS", "training_settings", "TOO_FEW_SEEDS", "trained_differently",
+           "experiment_notes"]
 
 METRIC_NAMES = {
     "accuracy": "accuracy (%)",
@@ -164,6 +165,7 @@ class RunRecord:
     stale: dict = field(default_factory=dict)  # analyses of an earlier round than the run's last (folder -> round)
     clients_all: dict = field(default_factory=dict)  # protocol -> H_N / H_D results (clients_results)
     tracking: dict = field(default_factory=dict)  # config.json's curvature-tracking settings (--track-hessian)
+    training_path: dict = field(default_factory=dict)  # config.json's record of how it trained (device, clients at once)
     weights_sha256: str | None = None  # the digest of final.pt's weights (a finished run)
     versions: dict = field(default_factory=dict)  # (flatfl, torch) -> what was made with them ('training', ...)
 
@@ -173,7 +175,11 @@ class RunRecord:
 
     @property
     def finished(self) -> bool:
-        return (self.run_dir / "final.pt").is_file()
+        """Trained to its last round: final.pt written and metrics.csv reaching the rounds config.json asks for (a
+        run killed earlier has only resume.pt and round checkpoints)."""
+        rounds = self.config.get("rounds")
+        rounds = rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None
+        return (self.run_dir / "final.pt").is_file() and (rounds is None or self.rounds_done >= rounds)
 
     def candidates(self, model: str, kind: str = "hessian") -> list[str]:
         """Folders holding a ``kind`` ('hessian' or 'spectrum') analysis of ``model``, the canonical one first."""
@@ -306,6 +312,7 @@ def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
     except Exception:
         raise ConfigError(f"{f} is not a readable flatfl run config") from None
     tracking = info.get("tracking") if isinstance(info.get("tracking"), dict) else {}
+    path = info.get("training_path") if isinstance(info.get("training_path"), dict) else {}
     from ..analysis.result_files import read_hessian_file
 
     analyses = {}
@@ -329,7 +336,8 @@ def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
     rec = RunRecord(run_dir=d, config=cfg, method=method_label(cfg), partition=partition_label(cfg),
                     dataset=str(cfg.get("dataset", "?")), seed=int(cfg.get("seed", 0)),
                     rounds_done=rounds_done, curve=curve, analyses=analyses,
-                    clients_all=clients_all, stale=stale, tracking=tracking, weights_sha256=digests.get("server"),
+                    clients_all=clients_all, stale=stale, tracking=tracking, training_path=path,
+                    weights_sha256=digests.get("server"),
                     versions=_versions(d, analyses, clients_all))
     return rec.select(model).select_clients(None)
 
@@ -533,7 +541,28 @@ def scale_label(records: list[RunRecord]) -> str:
     seeds = sorted({r.seed for r in records})
     return (f"ours: {one('dataset')}, {model}, {one('clients')} clients, {part} participation "
             f"({one('sampling')}), {one('rounds')} rounds x {one('local_epochs')} local epochs, "
-            f"{len(seeds)} seed(s)")
+            f"{len(seeds)} seed(s); {training_path_label(records)}")
+
+
+def training_path_label(records: list[RunRecord]) -> str:
+    """Which computation trained the runs (config.json's ``training_path``): 'trained on cpu, one client at a time,
+    float32 full'; several values joined by '/'; runs from before the record named as such."""
+    paths = [r.training_path for r in records if r.training_path]
+    if not paths:
+        return "training path not recorded"
+
+    def values(key, fmt=str):
+        return "/".join(sorted({fmt(p.get(key, "?")) for p in paths}, key=str))
+
+    def clients(k):
+        return "one client at a time" if k == 1 else f"{k} clients at once"
+
+    devices = values("device", lambda d: str(d))
+    names = sorted({str(p["device_name"]) for p in paths if p.get("device_name")})
+    label = (f"trained on {devices}{' (' + '/'.join(names) + ')' if names else ''}, {values('clients_at_once', clients)}, "
+             f"float32 {values('float32_matmul')}")
+    missing = len(records) - len(paths)
+    return label + (f" ({missing} run(s) without a record)" if missing else "")
 
 
 _BOOKKEEPING = ("eval_every", "checkpoint_every", "save_clients", "device", "seed")
@@ -599,12 +628,88 @@ def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
     return _mean_and_spread(values)
 
 
+def _neutral_settings() -> tuple[str, ...]:
+    from ..utils.provenance import PLACE_SETTINGS
+
+    return tuple(PLACE_SETTINGS) + ("track_hessian", "track_hessian_settings", "download")
+
+
+#: run settings that change no number beyond rounding: where and how fast the run ran (device, threads, clients
+#: trained at once), what it wrote and where, and the curvature it tracked on the side (tracking reads the model and
+#: changes no weight). Runs differing only in these are seeds of one experiment; the differences are shown.
+NEUTRAL_SETTINGS = _neutral_settings()
+_NEUTRAL_SHOWN = tuple(k for k in NEUTRAL_SETTINGS if k not in ("out", "quiet"))  # out differs for every run
+_METHOD_KEYS = ("algo", "local_opt", "reg")
+
+
+def training_settings(config: dict) -> dict:
+    """What decides a run's numbers, besides its seed: its settings (a missing one at its default) less
+    :data:`NEUTRAL_SETTINGS`, the network by its resolved name, and every hyper-parameter its algorithm, local
+    optimizer and regularizer read, at its value or the piece's default (keyed ``params.<flag>``)."""
+    from ..train.catalog import load_all
+    from ..train.config import RunConfig, with_defaults
+
+    full = with_defaults(config)
+    out = {k: v for k, v in full.items() if k not in NEUTRAL_SETTINGS and k not in ("seed", "params")}
+    params = dict(full.get("params") or {})
+    try:
+        out["model"] = RunConfig.from_dict(full).resolved_model()
+        load_all()
+        algo = ALGORITHMS.get_class(str(full.get("algo")))
+        for cls in (algo, LOCAL_OPTIMIZERS.get_class(algo.local_optimizer(str(full.get("local_opt")))),
+                    REGULARIZERS.get_class(str(full.get("reg")))):
+            for hp in cls.hparams:
+                params.setdefault(hp.key, hp.default)
+    except (ConfigError, TypeError, AttributeError):  # a piece this version does not know: its settings as recorded
+        pass
+    out.update({f"params.{k}": v for k, v in params.items()})
+    return out
+
+
+def _shown_value(v) -> str:
+    return "default" if v is None else format(v, "g") if isinstance(v, float) else str(v)
+
+
+def _neutral_differences(runs) -> str:
+    """'threads 1 / 2; parallel-clients 1 / 4': the settings of :data:`NEUTRAL_SETTINGS` in which the runs differ."""
+    from ..train.config import with_defaults
+
+    configs = [with_defaults(r.config) for r in runs if isinstance(getattr(r, "config", None), dict)]
+    parts = []
+    for key in _NEUTRAL_SHOWN:
+        vals = list(dict.fromkeys(_shown_value(c.get(key)) for c in configs))
+        if len(vals) > 1:
+            parts.append(f"{key.replace('_', '-')} {' / '.join(vals)}")
+    return "; ".join(parts)
+
+
+def _one_run_per_seed(runs, metrics) -> tuple[list, list]:
+    """Two runs of one seed (trained with other thread or client-cohort counts, say) are one experiment, not two
+    seeds: keep one per seed (the one with the most values, then the first by name) and return (kept, [(left out,
+    kept instead)])."""
+    by_seed: dict[int, list] = {}
+    for r in runs:
+        by_seed.setdefault(int(r.seed), []).append(r)
+    keep, dropped = set(), []
+    for seed, rs in by_seed.items():
+        rs = sorted(rs, key=lambda r: (-sum(r.value(m) is not None for m in metrics), str(r.name)))
+        keep.add(id(rs[0]))
+        dropped += [(r, rs[0]) for r in rs[1:]]
+    return [r for r in runs if id(r) in keep], dropped
+
+
 def build_table(spec: TableSpec, records: list[RunRecord], values: list[dict] | None = None) -> list[dict]:
     """One row per (method, partition) of ``spec``: our mean over the matching runs' values (``_n`` of them), the
     standard deviation over seeds (``_sd``, two or more runs), the estimator's own error of that mean (``_se``:
     sqrt(sum se_i^2) / n, where every run has one), the settings that made the number (``_setting``; 'mixed: ...'
     when the runs differ) and the paper's value. The records must already hold the model to report
-    (:meth:`RunRecord.select`); the row names it (``model``)."""
+    (:meth:`RunRecord.select`); the row names it (``model``).
+
+    A row is one experiment: its finished runs of distinct seeds, trained alike (:func:`training_settings`; other
+    settings refused). A run not finished is in no column (``unfinished``); a second run of a seed counts once
+    (``same_seed_left_out``); settings that change no number (:data:`NEUTRAL_SETTINGS`) do not split the row and are
+    named where its runs differ in them (``settings_not_changing_numbers``); ``training`` keeps the row's settings
+    for :func:`direction_checks`."""
     paper = _paper_lookup(spec, values if values is not None else paper_values())
     chosen = [r for r in records if r.method in spec.rows and r.partition in spec.partitions]
     # per metric, the settings most runs of the layout used: a row whose runs differ averages only those
@@ -616,12 +721,23 @@ def build_table(spec: TableSpec, records: list[RunRecord], values: list[dict] | 
     rows = []
     for method in spec.rows:
         for part in spec.partitions:
-            runs = [r for r in records if r.method == method and r.partition == part]
+            every = [r for r in records if r.method == method and r.partition == part]
+            # a run killed before its last round is no seed of the experiment: listed, used in no column
+            unfinished = [r for r in every if not getattr(r, "finished", True)]
+            runs = [r for r in every if getattr(r, "finished", True)]
             _check_same_settings(spec, method, part, runs)
+            runs, same_seed = _one_run_per_seed(runs, spec.metrics)
             models = sorted({getattr(r, "model", "server") for r in runs})
             row = {"table": spec.key, "method": method, "paper_method": spec.paper_name(method), "partition": part,
                    "model": "/".join(MODEL_NAMES.get(m, m) for m in models), "n_runs": len(runs),
-                   "runs": ";".join(r.name for r in runs), "dataset": ";".join(sorted({r.dataset for r in runs}))}
+                   "runs": ";".join(r.name for r in runs), "dataset": ";".join(sorted({r.dataset for r in runs})),
+                   "unfinished": "; ".join(f"{r.name} ({getattr(r, 'rounds_done', '?')}/"
+                                           f"{(getattr(r, 'config', None) or {}).get('rounds', '?')} rounds)"
+                                           for r in unfinished),
+                   "same_seed_left_out": "; ".join(f"{r.name} (seed {r.seed}, as {k.name})" for r, k in same_seed),
+                   "settings_not_changing_numbers": _neutral_differences(runs),
+                   "training": (training_settings(runs[0].config)
+                                if runs and isinstance(getattr(runs[0], "config", None), dict) else None)}
             for metric in spec.metrics:
                 have = [(r, v) for r, v in ((r, r.value(metric)) for r in runs) if v is not None]
                 setting_of = {id(r): getattr(r, "setting", lambda m: None)(metric) for r, _ in have}
@@ -661,20 +777,17 @@ def build_table(spec: TableSpec, records: list[RunRecord], values: list[dict] | 
 def _check_same_settings(spec: TableSpec, method: str, part: str, runs) -> None:
     """The runs averaged in one row are seeds of one experiment: refuse runs trained with other settings (another
     lr, round count, client count...) than the row's first, naming the settings and both settings digests."""
-    from ..utils.provenance import differing_settings, settings_digest, short
+    from ..utils.provenance import json_digest, short
 
-    from ..train.config import with_defaults
-
-    configs = [(r, with_defaults(r.config)) for r in runs if isinstance(getattr(r, "config", None), dict)]
+    configs = [(r, training_settings(r.config)) for r in runs if isinstance(getattr(r, "config", None), dict)]
     for r, cfg in configs[1:]:
         first, base = configs[0]
-        changed = differing_settings(base, cfg, without=("seed",))
+        changed = sorted(k for k in set(base) | set(cfg) if base.get(k) != cfg.get(k))
         if changed:
             shown = ", ".join(f"{k} {base.get(k)!r} vs {cfg.get(k)!r}" for k in changed[:3])
             raise ConfigError(f"{spec.key} row {method} {part}: {first.name} and {r.name} were trained with other "
-                              f"settings ({shown}; settings sha256 {short(settings_digest(base, ['seed']))} vs "
-                              f"{short(settings_digest(cfg, ['seed']))}) and cannot be averaged as seeds; report "
-                              "them separately")
+                              f"settings ({shown}; settings sha256 {short(json_digest(base))} vs "
+                              f"{short(json_digest(cfg))}) and cannot be averaged as seeds; report them separately")
 
 
 def _mark_incomparable(spec: TableSpec, rows: list[dict]) -> None:
@@ -709,6 +822,35 @@ def incomparable_notes(spec: TableSpec, rows: list[dict]) -> list[str]:
             out.append(f"{METRIC_NAMES.get(metric, metric)}: runs made with other settings than the rest of their row "
                        "are left out of its mean: " + "; ".join(
                            f"{r['method']} {r['partition']}: {r[f'ours_{metric}_left_out']}" for r in left))
+    return out + experiment_notes(spec, rows)
+
+
+def experiment_notes(spec: TableSpec, rows: list[dict]) -> list[str]:
+    """What keeps each row one experiment: runs not finished (in no column), second runs of a seed (counted once),
+    the settings that change no number in which a row's runs differ (shown, not splitting the row), and pairs of
+    rows trained differently in anything but the method (their checks 'incomparable')."""
+    out = []
+    unfinished = [f"{r['method']} {r['partition']}: {r['unfinished']}" for r in rows if r.get("unfinished")]
+    if unfinished:
+        out.append("runs not finished, left out of every column (resume them with flatfl train --resume): "
+                   + "; ".join(unfinished))
+    same = [f"{r['method']} {r['partition']}: {r['same_seed_left_out']}" for r in rows if r.get("same_seed_left_out")]
+    if same:
+        out.append("a seed trained more than once counts once (its runs differ only in settings that change no "
+                   "number beyond rounding); left out: " + "; ".join(same))
+    neutral = [f"{r['method']} {r['partition']}: {r['settings_not_changing_numbers']}" for r in rows
+               if r.get("settings_not_changing_numbers")]
+    if neutral:
+        out.append("seeds of one row ran with different settings that change no number beyond rounding: "
+                   + "; ".join(neutral))
+    by = {(r["method"], r["partition"]): r for r in rows}
+    for ref, cmp_ in spec.comparisons:
+        for part in spec.partitions:
+            a, b = by.get((ref, part)), by.get((cmp_, part))
+            diff = trained_differently(spec, a, b) if a and b and a["n_runs"] and b["n_runs"] else []
+            if diff:
+                out.append(f"{cmp_} vs {ref} {part}: trained differently ({', '.join(diff)}): not the same "
+                           "experiment, its direction checks are 'incomparable'")
     return out
 
 
@@ -729,14 +871,58 @@ def _mean_error(row: dict, metric: str) -> tuple[float | None, str]:
     return None, "none"
 
 
-VERDICTS = ("agree", "disagree", "inconclusive", "incomparable")
+TOO_FEW_SEEDS = "too few seeds"
+VERDICTS = ("agree", "disagree", "inconclusive", "incomparable", TOO_FEW_SEEDS)
+
+
+def _method_keys(spec: TableSpec, *methods: str) -> set[str]:
+    """The settings that make ``methods`` what they are in ``spec``'s plan (the algorithm, optimizer and regularizer,
+    and what each method sets: its hyper-parameters, FedAlign's clipping), as :func:`training_settings` keys."""
+    from ..paper_tables import REPRODUCED
+
+    keys = set(_METHOD_KEYS)
+    table = REPRODUCED.get(spec.key)
+    for m in (table.methods if table else ()):
+        if m.label in methods:
+            keys |= set(m.settings) | {f"params.{k}" for k in m.settings}
+    return keys
+
+
+def trained_differently(spec: TableSpec, a: dict, b: dict) -> list[str]:
+    """How the runs of two table rows were trained differently, the method aside: ['rounds 2 vs 3', ...] (empty when
+    they are the same experiment but for the method, or when a row does not say how its runs were trained). A
+    hyper-parameter only one of the two methods reads belongs to that method."""
+    ta, tb = a.get("training"), b.get("training")
+    if not isinstance(ta, dict) or not isinstance(tb, dict):
+        return []
+    skip = _method_keys(spec, a["method"], b["method"])
+    out = []
+    for k in sorted(set(ta) | set(tb)):
+        if k in skip or (k.startswith("params.") and (k not in ta or k not in tb)):
+            continue
+        if ta.get(k) != tb.get(k):
+            out.append(f"{k.removeprefix('params.').replace('_', '-')} {_shown_value(ta.get(k))} vs "
+                       f"{_shown_value(tb.get(k))}")
+    return out
+
+
+def _spread_guess(a: dict, b: dict, metric: str) -> float | None:
+    """With fewer than two seeds on one side: the spread of a per-seed difference guessed from the side that has
+    seeds (sqrt(2) x its sd: two independent runs; pairing by seed usually does better), None when neither has."""
+    sds = [r[f"ours_{metric}_sd"] for r in (a, b) if r[f"ours_{metric}_n"] >= 2 and r[f"ours_{metric}_sd"] is not None]
+    return math.sqrt(2) * max(sds) if sds else None
 
 
 def direction_checks(spec: TableSpec, table_rows: list[dict]) -> list[dict]:
     """For each (reference, compared) pair, partition and metric where we have both values: our change and the
     paper's, and a verdict, paired by seed where both sides share two or more seeds (:mod:`.paired`):
 
-    * ``incomparable``: the two values were computed with different settings (model, method, samples, protocol);
+    * ``incomparable``: the two rows' runs were trained differently in anything but the method (dataset, rounds,
+      a shared hyper-parameter...: ``incomparable_because``), or the two values were computed with different
+      settings (model, method, samples, protocol);
+    * ``too few seeds``: a side has fewer than two seeds: the only error bar would be the estimator's own, not the
+      spread between seeds, so no direction is claimed (``seeds_needed``: the seeds per side that would resolve a
+      change of the paper's relative size, from the other side's spread where it has seeds, else None);
     * paired (``verdict_from`` 'paired, k=K'): ``agree`` / ``disagree`` when the 95% t interval (K - 1 degrees of
       freedom) of the mean per-seed difference compared - reference excludes 0 and the mean points the paper's way
       or not; else ``inconclusive`` (also when the paper gives no value);
@@ -767,11 +953,18 @@ def direction_checks(spec: TableSpec, table_rows: list[dict]) -> list[dict]:
                 unc = math.sqrt(ua * ua + ub * ub) if ua is not None and ub is not None else None
                 s_ours, s_paper = _sign(ours), _sign(paper)
                 agrees = None if s_paper is None else (s_ours == s_paper)
+                trained = trained_differently(spec, a, b)
                 same_setting = a[f"ours_{metric}_setting"] == b[f"ours_{metric}_setting"] and \
-                    not str(a[f"ours_{metric}_setting"]).startswith("mixed")
+                    not str(a[f"ours_{metric}_setting"]).startswith("mixed") and not trained
+                because = ("trained differently: " + ", ".join(trained) if trained else
+                           "" if same_setting else "computed with other settings: "
+                           f"{a[f'ours_{metric}_setting']} vs {b[f'ours_{metric}_setting']}")
+                few = min(a[f"ours_{metric}_n"], b[f"ours_{metric}_n"]) < 2
                 resolved = None if unc is None else abs(ours) > 2 * unc
                 if not same_setting:
                     unpaired = "incomparable"
+                elif few:
+                    unpaired = TOO_FEW_SEEDS
                 elif agrees is None or not resolved:
                     unpaired = "inconclusive"
                 else:
@@ -787,10 +980,14 @@ def direction_checks(spec: TableSpec, table_rows: list[dict]) -> list[dict]:
                         verdict = "inconclusive"
                     else:
                         verdict = "agree" if p_agrees else "disagree"
+                elif few and same_setting:
+                    verdict_from, verdict = (f"none: {a[f'ours_{metric}_n']} / {b[f'ours_{metric}_n']} seeds, "
+                                             "2 a side needed"), TOO_FEW_SEEDS
                 else:
                     verdict_from, verdict = "unpaired (fewer than 2 shared seeds)", unpaired
                 target = None if paper is None or not pa else paper / abs(pa) * abs(oa)
-                needed = seeds_needed(ps["sd"], target) if verdict == "inconclusive" else None
+                needed = seeds_needed(ps["sd"], target) if verdict == "inconclusive" else \
+                    seeds_needed(_spread_guess(a, b, metric), target) if verdict == TOO_FEW_SEEDS else None
                 checks.append({
                     "table": spec.key, "partition": part, "reference": ref, "compared": cmp_, "metric": metric,
                     "model": a["model"] if a["model"] == b["model"] else f"{a['model']} / {b['model']}",
@@ -803,6 +1000,8 @@ def direction_checks(spec: TableSpec, table_rows: list[dict]) -> list[dict]:
                     "ours_direction": {1: "higher", -1: "lower", 0: "equal"}[s_ours],
                     "paper_direction": {1: "higher", -1: "lower", 0: "equal", None: None}[s_paper],
                     "agrees": agrees, "verdict": verdict, "verdict_from": verdict_from,
+                    "incomparable_because": because if verdict == "incomparable" else "",
+                    "seeds_reference": a[f"ours_{metric}_n"], "seeds_compared": b[f"ours_{metric}_n"],
                     "paired_seeds": ps["k"], "paired_change": ps["mean"], "paired_sd": ps["sd"],
                     "paired_se": ps["se"], "paired_t": ps["t"], "paired_ci_low": ps["low"],
                     "paired_ci_high": ps["high"], "paired_resolved": ps["resolved"], "unpaired_verdict": unpaired,

@@ -85,6 +85,8 @@ class RunConfig:
     threads: int | None = None  # torch threads; None: flatfl.utils.threads.default_threads() at run time
     # clients trained at once: an int >= 1 or "all"; None: "all" on CUDA, 1 elsewhere (see Trainer)
     parallel_clients: object = None
+    # float32 products and convolutions on CUDA: "full" (IEEE float32) or "tf32" (flatfl.utils.precision)
+    float32_matmul: str = "full"
     # curvature during training: every K rounds and at the end (0: off), settings as in flatfl.utils.hessian_settings
     # (TRACKING_FIELDS; unset ones take TRACKING_DEFAULTS). The engine only calls the observer that computes them.
     track_hessian: int = 0
@@ -161,6 +163,9 @@ class RunConfig:
 
         check_threads(self.threads, "--threads")
         self.parallel_clients = parallel_clients_value(self.parallel_clients)
+        from ..utils.precision import check_float32_matmul
+
+        check_float32_matmul(self.float32_matmul)
         if self.partition != "iid":
             need(self.alpha > 0, f"the Dirichlet concentration --alpha must be > 0, got {self.alpha}")
         from .catalog import all_hparams
@@ -176,11 +181,11 @@ class RunConfig:
         from .catalog import check_used_hparams
 
         check_used_hparams(self.params, self.algo, self.local_opt, self.reg)  # e.g. --zeta without --reg man
-        from ..data.datasets import DATASETS
+        from ..data.datasets import DATASET_NAMES, DATASETS
         from ..data.partition import PARTITIONS
 
         if self.dataset.lower().replace("-", "").replace("_", "") not in DATASETS:
-            raise unknown_name("dataset", self.dataset, DATASETS)
+            raise unknown_name("dataset", self.dataset, DATASET_NAMES)
         if self.partition not in PARTITIONS:
             raise unknown_name("partition", self.partition, PARTITIONS)
         return self
@@ -200,11 +205,28 @@ def with_defaults(stored: dict) -> dict:
     return out
 
 
+#: bounds on a config or grid file: its size, and the values it holds once YAML's aliases are expanded (each alias
+#: stands for a copy of what it names, so a few hundred bytes can stand for billions of values) and their nesting
+MAX_SETTINGS_BYTES = 1 << 20
+MAX_SETTINGS_VALUES = 100_000
+MAX_SETTINGS_DEPTH = 64
+
+
 def read_settings_file(path: str | Path, what: str = "config file") -> dict:
-    """Parse a TOML (.toml) or YAML (.yaml/.yml) file holding a table; errors name ``what`` and the file."""
+    """Parse a TOML (.toml) or YAML (.yaml/.yml) file holding a table; errors name ``what`` and the file. The file,
+    its values (aliases expanded) and their nesting are bounded (:data:`MAX_SETTINGS_BYTES`,
+    :data:`MAX_SETTINGS_VALUES`, :data:`MAX_SETTINGS_DEPTH`): a larger one is refused in one line before any of
+    its values is used."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} not found: {path}")
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if size > MAX_SETTINGS_BYTES:
+        raise ConfigError(f"{what} {path} is {size:,} bytes; a settings file may hold at most "
+                          f"{MAX_SETTINGS_BYTES:,}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -225,10 +247,43 @@ def read_settings_file(path: str | Path, what: str = "config file") -> dict:
     except ConfigError:
         raise
     except Exception as e:  # parser errors carry line numbers
-        raise ConfigError(f"cannot parse {what} {path}: {str(e).splitlines()[0]}") from None
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"cannot parse {what} {path}: {first[:300]}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{what} {path} must hold a table of settings")
+    check_settings_size(raw, f"{what} {path}", aliases=path.suffix.lower() != ".toml")
     return raw
+
+
+def check_settings_size(value, where: str, aliases: bool = True) -> None:
+    """``value`` (parsed settings) holds at most :data:`MAX_SETTINGS_VALUES` values counted as its aliases expand,
+    nests at most :data:`MAX_SETTINGS_DEPTH` levels and contains no value that contains itself (a recursive YAML
+    alias). Counted without expanding anything: a table or list reached again through an alias adds its count."""
+    counts: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def count(v, depth: int) -> int:
+        if not isinstance(v, (dict, list)):
+            return 1
+        key = id(v)
+        if key in counts:
+            return counts[key]
+        if key in open_:
+            raise ConfigError(f"{where} holds a value that contains itself (a recursive YAML alias)")
+        if depth >= MAX_SETTINGS_DEPTH:
+            raise ConfigError(f"{where} nests values deeper than {MAX_SETTINGS_DEPTH} levels")
+        open_.add(key)
+        items = [x for kv in v.items() for x in kv] if isinstance(v, dict) else v
+        n = 1 + sum(count(x, depth + 1) for x in items)
+        open_.discard(key)
+        counts[key] = n
+        return n
+
+    total = count(value, 0)
+    if total > MAX_SETTINGS_VALUES:
+        expanded = " once its YAML aliases are expanded" if aliases else ""
+        raise ConfigError(f"{where} holds {total:,} values{expanded}; a settings file may hold at most "
+                          f"{MAX_SETTINGS_VALUES:,}")
 
 
 def read_config_file(path: str | Path) -> dict:

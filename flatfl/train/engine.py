@@ -101,7 +101,10 @@ class Trainer:
         * ``model``: any ``nn.Module`` (deep-copied); ``model_factory="module:function"`` names a function that
           builds it. The checkpoint records that the model is custom and the factory, if given, so that
           ``flatfl hessian CKPT`` (or ``--model-factory``) and ``flatfl.load_checkpoint(path, model=net)`` rebuild
-          it from weights alone."""
+          it from weights alone. Given ``model_factory`` alone, the network is built right after
+          ``torch.manual_seed(cfg.seed)``, as the built-in models are: its initial weights follow the run's seed
+          (X and X+MAN of one seed start alike). A ``model`` passed in keeps the weights it was built with: call
+          ``torch.manual_seed(seed)`` before building it for a repeatable run."""
         load_all()
         from ..utils.memory import keep_freed_memory
 
@@ -116,6 +119,9 @@ class Trainer:
         self.quiet = quiet
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self.device = resolve_device(cfg.device)
+        from ..utils.precision import set_float32_matmul
+
+        set_float32_matmul(cfg.float32_matmul)  # a recorded setting, never torch's default (flatfl.utils.precision)
         if cfg.threads is not None:  # None: leave the process's setting (the CLI sets the default of utils.threads)
             from ..utils.threads import apply_threads
 
@@ -171,11 +177,16 @@ class Trainer:
         if getattr(model, "flatfl_spec", None):
             self.model_spec = dict(model.flatfl_spec)
         else:
-            from ..models.factory import check_factory_name, describe_model_class
+            from ..models.factory import check_factory_name, describe_model_class, network_structure
 
+            # the structure (modules, their settings, your classes' code) lets analysis tell when the factory
+            # builds another network than the one trained (before the algorithm wraps it)
             self.model_spec = {"name": "custom", "kwargs": {}, "custom": True, "class": describe_model_class(model),
-                               "factory": None if model_factory is None else check_factory_name(model_factory)}
-        _check_no_batch_of_one(model, self.partition.sizes, cfg.batch_size)
+                               "factory": None if model_factory is None else check_factory_name(model_factory),
+                               "structure": network_structure(model)}
+            if resume:
+                _check_same_network(self.run_dir, model, self.log)
+        _check_no_batch_of_one(model, self.partition.sizes, cfg.batch_size, self.ds.input_shape)
         self.algo_cls = ALGORITHMS.get_class(cfg.algo)
         self.reg_cls = REGULARIZERS.get_class(cfg.reg)
         self.opt_cls = LOCAL_OPTIMIZERS.get_class(self.algo_cls.local_optimizer(cfg.local_opt))
@@ -188,6 +199,8 @@ class Trainer:
         self.model_spec = architecture_spec(model, self.model_spec)
         _check_spec_rebuilds(model, self.model_spec, self.algo_cls.name, self.reg_cls.name)
         self.model = model.to(self.device)
+        if observer is not None and hasattr(observer, "check_model"):
+            observer.check_model(self.model)  # its settings against this network, before anything is trained
         self.layout = ParamLayout(self.model)
         self.resolved = {"algorithm": {"name": self.algo_cls.name, **algo_hp},
                          "local_opt": {"name": self.opt_cls.name, **self.opt_hp},
@@ -197,6 +210,7 @@ class Trainer:
         self.algo: Algorithm = self.algo_cls(algo_hp, num_clients=n, client_sizes=self.partition.sizes,
                                              layout=self.layout, device=self.device, config=cfg)
         self.reg = self.reg_cls(reg_hp, num_classes=self.ds.num_classes, config=cfg)
+        self.algo.attach(self.model)
         self.reg.attach(self.model)
 
         self.theta = self.layout.get()
@@ -412,8 +426,9 @@ class Trainer:
         self._networks.clear()
         self.log(f"--parallel-clients: {tried} clients did not fit in GPU memory; training {self.parallel} at once")
 
-    def _network(self, n: int):
-        """The working network for a cohort of ``n`` clients and its (N, dim) layout (built once per size)."""
+    def working_network(self, n: int):
+        """The working network for a cohort of ``n`` clients (the model itself for one, else ``n`` stacked copies
+        of it, hooked by the algorithm and the regularizer) and its (N, dim) layout, built once per size."""
         from ..models.stacking import StackedLayout, stack_network
 
         if n not in self._networks:
@@ -422,6 +437,7 @@ class Trainer:
             net = stack_network(self.model, n)
             if n > 1:
                 net = net.to(self.device)
+                self.algo.attach(net)
                 self.reg.attach(net)
             self._networks[n] = (net, StackedLayout(net, n, self.layout))
         return self._networks[n]
@@ -447,7 +463,7 @@ class Trainer:
             taken_steps.append(taken)
         if len(ids) == 1:  # one client: its in-model draws go on from torch's global generator, in its stream
             torch.set_rng_state(contexts[0].rng_state)
-        network, layout = self._network(len(ids))
+        network, layout = self.working_network(len(ids))
         layout.set(torch.stack(starts))
         layout.set_buffers(self.buffers)
         cohort = Cohort(contexts, rctx, network, layout, lr)
@@ -497,14 +513,16 @@ class Trainer:
         cfg = self.cfg.to_dict()
         cfg["out"] = str(d)
         record = {"flatfl_version": __version__, "config": cfg, "model": self.model_spec, "resolved": self.resolved,
-                  "dataset": self._dataset_info(), "environment": environment(),
+                  "dataset": self._dataset_info(), "environment": environment(), "training_path": self.training_path(),
                   **({"tracking": self.observer.settings} if self.observer else {})}
         earlier = _saved_run_info(d) if self.start_round > 0 else {}
         if isinstance(earlier.get("environment"), dict):
             # a resumed run keeps the versions its earlier rounds were trained with; each resumption is added
             resumed = earlier.get("resumed") if isinstance(earlier.get("resumed"), list) else []
             record.update(flatfl_version=earlier.get("flatfl_version", __version__), environment=earlier["environment"],
-                          resumed=resumed + [{"from_round": self.start_round, "environment": environment()}])
+                          training_path=earlier.get("training_path"),
+                          resumed=resumed + [{"from_round": self.start_round, "environment": environment(),
+                                              "training_path": self.training_path()}])
         atomic_write_json(d / "config.json", record)
         if self.custom_data and not (d / CUSTOM_DATA_FILE).is_file():
             from ..data.datasets import dataset_payload
@@ -518,6 +536,15 @@ class Trainer:
             pd = self.partition.to_dict()
             pd["label_counts"] = self.label_counts.tolist()
             atomic_write_json(d / "partition.json", pd)
+
+    def training_path(self) -> dict:
+        """Which computation trained the run: the device, how many clients trained at once and why, how float32
+        products ran, the parameters' floating type. Recorded in config.json; the report's scale line names it."""
+        dev = self.device
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+        return {"device": str(dev), **({"device_name": name} if name else {}), "clients_at_once": self.parallel,
+                "clients_at_once_why": self.parallel_reason, "float32_matmul": self.cfg.float32_matmul,
+                "dtype": str(self.theta.dtype).replace("torch.", "")}
 
     def _dataset_info(self) -> dict:
         """Where the run's data comes from: a dataset name, or (custom data) the run's data.pt when saved."""
@@ -635,6 +662,22 @@ def _saved_factory(run_dir: Path) -> str | None:
     return spec["factory"]
 
 
+def _check_same_network(run_dir: Path, model, log) -> None:
+    """Resuming a custom-network run: the network is the one its earlier rounds trained (the structure config.json
+    recorded); another one is refused, changed code of your classes is said aloud. Runs without a record pass."""
+    from ..models.factory import code_changes, structure_difference
+
+    saved = (_saved_run_info(run_dir).get("model") or {}).get("structure")
+    differs = structure_difference(saved, model)
+    if differs:
+        raise ConfigError(f"--resume {run_dir}: your network is not the one the run trained ({differs}); resume "
+                          "with the network it was trained with")
+    changed = code_changes(saved, model)
+    if changed:
+        log(f"notice: the code of {', '.join(changed)} changed since {run_dir} was trained; training goes on with "
+            "the code as it is now")
+
+
 def read_run_config(run_dir: str | Path) -> RunConfig:
     """The config of an existing run directory (for --resume)."""
     d = Path(run_dir)
@@ -651,17 +694,63 @@ def read_run_config(run_dir: str | Path) -> RunConfig:
     return cfg.validate()
 
 
-def _check_no_batch_of_one(model: torch.nn.Module, sizes, batch_size: int) -> None:
-    """BatchNorm1d (one value per channel and sample) cannot train on a batch of one sample: refuse, before
-    training, a client whose data leaves a last batch of 1 (n mod B == 1), naming the client and what to change.
-    (BatchNorm2d averages over the image too, so a batch of one image trains.)"""
-    if not any(isinstance(m, torch.nn.BatchNorm1d) for m in model.modules()):
+#: normalisations whose training statistics are taken over the batch: they need two values per channel in a batch
+BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+INSTANCE_NORMS = (torch.nn.InstanceNorm1d, torch.nn.InstanceNorm2d, torch.nn.InstanceNorm3d)
+
+
+def _values_per_channel(model: torch.nn.Module, input_shape) -> list[tuple[str, torch.nn.Module, int]]:
+    """(name, layer, values per channel of one sample) of each batch or instance normalisation that one input of
+    ``input_shape`` reaches: a shape probe (eval mode, no gradient, the random generators untouched). Empty when
+    the model has no such layer or cannot run the probe (the data check reports that)."""
+    norms = [(name, m) for name, m in model.named_modules() if isinstance(m, BATCH_NORMS + INSTANCE_NORMS)]
+    if not norms:
+        return []
+    seen: dict[int, int] = {}
+
+    def probe(module, inputs, output):
+        x = inputs[0]
+        if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[0] > 0 and x.shape[1] > 0:
+            seen.setdefault(id(module), x.numel() // (x.shape[0] * x.shape[1]))
+
+    param = next(iter(model.parameters()), None)
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.get_default_dtype()
+    device = param.device if param is not None else None
+    handles = [m.register_forward_hook(probe) for _, m in norms]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(torch.zeros(1, *input_shape, dtype=dtype, device=device))
+    except Exception:
+        return []
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    return [(name, m, seen[id(m)]) for name, m in norms if id(m) in seen]
+
+
+def _check_no_batch_of_one(model: torch.nn.Module, sizes, batch_size: int, input_shape) -> None:
+    """A batch normalisation needs more than one value per channel in a training batch: refuse, before training,
+    a client whose data leaves a last batch of one sample (n mod B == 1) when some batch normalisation sees a single
+    value per channel of one sample (BatchNorm1d; BatchNorm2d on a 1x1 map, e.g. ResNet-18's last stage on 8x8
+    inputs), naming the client, the layer and what to change. An instance normalisation over one value fails on
+    every batch: refused too. Found by a shape probe of one input."""
+    found = _values_per_channel(model, input_shape)
+    single = [(name, m) for name, m, values in found if values == 1]
+    instance = next((name for name, m in single if isinstance(m, INSTANCE_NORMS)), None)
+    if instance is not None:
+        raise ConfigError(f"the network's {instance} normalises a single value per channel of each sample; it "
+                          f"cannot train on {'x'.join(str(s) for s in input_shape[1:])} inputs")
+    if not single:
         return
+    layer = single[0][0] or "BatchNorm"
     for k, n in enumerate(int(x) for x in sizes):
         if n % batch_size == 1:
             raise ConfigError(f"client {k} holds {n} samples: with --batch-size {batch_size} its last batch has 1 "
-                              "sample, on which the network's BatchNorm cannot train; choose another --batch-size or "
-                              "--clients")
+                              f"sample, on which the network's batch normalisation {layer} (one value per channel "
+                              "and sample) cannot train; choose another --batch-size or --clients")
 
 
 def _check_model_fits_data(model: torch.nn.Module, ds) -> None:

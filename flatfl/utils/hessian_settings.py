@@ -105,7 +105,10 @@ _KINDS = (("top", int, False), ("trace", bool, False), ("density", bool, False),
 # ``flatfl train --track-hessian K``: the analysis made every K rounds, on a fixed evaluation set. Its defaults differ
 # from ``flatfl hessian``'s only where the cost must stay small next to training (README, "Curvature during
 # training"): a fixed sample of the training split and a shorter trace. Only these fields may be set for tracking.
-TRACKING_DEFAULTS = {"samples": 128, "batch_size": 128, "tol": 1e-2, "trace_hvps": 9}
+# The trace is Hutchinson's, stopped (checked per block of products) once its standard error is <= 10% of |trace|,
+# at most 300 products; a point that misses the target is marked unresolved in metrics.csv.
+TRACKING_DEFAULTS = {"samples": 128, "batch_size": 128, "tol": 1e-2, "trace_method": "hutchinson", "trace_rtol": 0.1,
+                     "trace_hvps": 300}
 TRACKING_FIELDS = ("top", "trace", "samples", "batch_size", "split", "method", "seed", "tol", "trace_method",
                    "trace_hvps", "trace_rtol", "exact_residuals")
 
@@ -119,8 +122,9 @@ def tracking_settings(overrides: dict | None = None, device: str = "cpu") -> Hes
         raise ConfigError(f"unknown curvature-tracking setting {unknown[0]!r}; choose from {', '.join(TRACKING_FIELDS)}")
     try:
         settings = HessianSettings(**{**TRACKING_DEFAULTS, **overrides, "device": device}).validate()
-    except ConfigError as e:
-        raise ConfigError(f"curvature tracking (--track-hessian): {e}") from None
+    except ConfigError as e:  # named as given: --track-top / --track-samples on the command line
+        message = str(e).replace("--top ", "--track-top ").replace("--samples ", "--track-samples ")
+        raise ConfigError(f"curvature tracking (--track-hessian): {message}") from None
     if not (settings.top or settings.trace):
         raise ConfigError("curvature tracking needs top >= 1 or trace")
     return settings

@@ -1,6 +1,7 @@
 """Start-up behaviour of the ``flatfl`` command: Ctrl-C while the heavy imports (torch) run gives one line, not a
 traceback. Installed first thing by both entry points (``python -m flatfl`` and the ``flatfl`` console script);
-this module imports nothing but ``sys`` and ``signal``."""
+this module imports nothing but ``os``, ``sys`` and ``signal``."""
+import os
 import signal
 import sys
 
@@ -40,3 +41,20 @@ def import_torch_uninterruptibly() -> None:
         signal.signal(signal.SIGINT, previous)
     if pressed:
         raise KeyboardInterrupt
+
+
+def settle_source_date_epoch() -> str | None:
+    """``SOURCE_DATE_EPOCH`` (reproducible builds: the time a report's title page shows) as the libraries flatfl
+    uses can read it: set but blank, it is taken as not set (removed from this process's environment and its
+    children's, where numpy and fontTools would fail on it); set to anything but a whole number of seconds, the
+    problem is returned as one line (else None)."""
+    raw = os.environ.get("SOURCE_DATE_EPOCH")
+    if raw is None:
+        return None
+    if not raw.strip():
+        del os.environ["SOURCE_DATE_EPOCH"]
+        return None
+    if not raw.strip().isdigit() or len(raw.strip()) > 12:
+        return (f"SOURCE_DATE_EPOCH must be a non-negative integer (seconds since 1970), got {raw[:40]!r}; "
+                "unset it or leave it empty to use the current time")
+    return None

@@ -110,6 +110,11 @@ class Algorithm(Component):
         """Change the architecture if the algorithm needs to (MOON adds a projection head). Default: unchanged."""
         return model
 
+    def attach(self, network: nn.Module) -> None:
+        """Called once with each working network (the model; a network of stacked clients) before it trains: install
+        hooks (MOON captures its projection). What is hooked is found by module name, so that the plain and the
+        stacked network hook the same modules. Default: nothing."""
+
     # ----- the round -----
     def local_step_counts(self, num_samples: int, batch_size: int, epochs: int) -> tuple[int, int]:
         """(steps client i takes this round, the K its update divides by). Default: both K_i = E * ceil(n_i / B),

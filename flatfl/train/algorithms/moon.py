@@ -94,6 +94,9 @@ class Moon(Algorithm):
     def init_state(self) -> None:
         self.clients["prev"] = self.layout.get().to(self.device).unsqueeze(0).repeat(self.num_clients, 1)
 
+    def attach(self, network: nn.Module) -> None:
+        self._hook(network)
+
     def _hook(self, model: nn.Module) -> None:
         """Capture the projection output z of a working network's first training forward per closure."""
         if model in self._hooked:
@@ -108,7 +111,8 @@ class Moon(Algorithm):
         self._hooked.add(model)
 
     def start_cohort(self, cohort):
-        """Hook the cohort's working network; build the clients' previous local models as one frozen network."""
+        """Build the clients' previous local models as one frozen network (the working network is hooked since
+        :meth:`attach`)."""
         self._hook(cohort.network)
         self._captured.clear()
         prev_rows = torch.stack([self.clients["prev"][c.client_id] for c in cohort.clients])

@@ -31,7 +31,9 @@ squares are summed in float64 (:func:`_mean_square_value`), and the layers' term
 logged value stays within 1e-7 of float64 at 25M elements.
 
 Models without ``activation_modules()`` fall back to every element-wise non-linearity module (ReLU, GELU, tanh, ...)
-registered before the final linear layer.
+registered before the final linear layer. A network with nothing to hook (non-linearities written as ``F.relu`` in
+``forward``) is refused with one line, rather than trained as plain cross-entropy. The modules are always chosen on
+the plain network and found by name in a channel-stacked copy of it (:func:`flatfl.models.stacking.counterparts`).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from torch import nn
 from ...errors import ConfigError
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext
-from ...models.stacking import client_blocks
+from ...models.stacking import client_blocks, counterparts, source_network
 from .base import Regularizer, per_client_cross_entropy
 
 #: element-wise non-linearities the fallback hooks when a model does not list its activation modules
@@ -194,8 +196,17 @@ class MAN(Regularizer):
 
     # ----- hooks -----
     def attach(self, model: nn.Module) -> None:
-        """Hook ``model``'s activation modules (each network the engine trains: the model, a stacked network)."""
-        modules = default_activation_modules(model)
+        """Hook ``model``'s activation modules (each network the engine trains: the model, a stacked network). A
+        stacked network's are chosen on the plain network it was built from and found by name, so both hook the
+        same activations whatever classes stacking gives their layers."""
+        source = source_network(model)
+        chosen = default_activation_modules(source)
+        if not chosen:
+            raise ConfigError(_NOTHING_TO_HOOK.format(name=type(source).__name__))
+        try:
+            modules = counterparts(model, chosen)
+        except ValueError as e:
+            raise ConfigError(f"MAN: {e}; activation_modules() must list modules of the model itself") from None
         if not self._hooked:
             self._hooked = modules
         owned = {id(m) for m in modules}
@@ -260,6 +271,11 @@ class MAN(Regularizer):
         step.scratch["man_reg"] = reg.detach()
         return loss + (self.zeta / 2.0) * reg
 
+
+_NOTHING_TO_HOOK = ("MAN: {name} has no activation modules to penalise (its non-linearities are applied as "
+                    "functions, e.g. F.relu in forward, or it has none): write them as modules (nn.ReLU(), each used "
+                    "once) or give the model an activation_modules() method that lists the modules whose outputs MAN "
+                    "penalises")
 
 _IN_PLACE = ("MAN: the model changes a hooked activation in place after its non-linearity (e.g. `x += ...` after "
              "ReLU); MAN would penalise the changed tensor. Write the operation out of place or list the intended "

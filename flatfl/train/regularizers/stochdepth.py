@@ -55,9 +55,13 @@ class StochDepth(Regularizer):
     def attach(self, model: nn.Module) -> None:
         if stacked_clients(model) == 1:
             return  # one client: the blocks draw from torch's global generator, seeded per client and round
-        blocks = [b for b in model.modules() if isinstance(b, ResidualBlock) and b.survival < 1.0]
-        source = _CohortGates(blocks, self)
-        for block in blocks:
+        named = [(name, b) for name, b in model.named_modules() if isinstance(b, ResidualBlock) and b.survival < 1.0]
+        # each block's branch parameters by name: a step of some clients only runs the network on their gathered
+        # parameters (flatfl.models.stacking.run_rows), so the module's tensors are not the layout's then
+        branches = [[f"{name}.{p}" for p, _ in b.named_parameters() if not p.startswith("shortcut")]
+                    for name, b in named]
+        source = _CohortGates([b for _, b in named], branches, self)
+        for _, block in named:
             block.gate_source = source
 
     def forward(self, step: StepContext) -> torch.Tensor:
@@ -79,8 +83,9 @@ class _CohortGates:
     when it trains alone, and torch's SGD step then skips them (no weight decay, no momentum); those rows are marked
     in the layout's ``live`` so the cohort's SGD step skips them too."""
 
-    def __init__(self, blocks: list[ResidualBlock], reg: StochDepth):
+    def __init__(self, blocks: list[ResidualBlock], branches: list[list[str]], reg: StochDepth):
         self.blocks = blocks
+        self.branches = branches  # per block: the names of its branch's parameters in the network
         self.reg = reg
         self.pending: list[BlockGate] = []
         self.branch_params: list[list[int]] | None = None  # per block: its branch's indices in the layout
@@ -134,9 +139,8 @@ class _CohortGates:
         """Set ``layout.live`` of each block's branch parameters: the block's row of ``live`` where some client
         that steps dropped it in every pass so far, none (every row live) otherwise."""
         if self.branch_params is None:
-            index = {id(p): k for k, p in enumerate(layout.params)}
-            self.branch_params = [[index[id(p)] for name, p in b.named_parameters() if not name.startswith("shortcut")]
-                                  for b in self.blocks]
+            index = {name: k for k, name in enumerate(layout.names)}
+            self.branch_params = [[index[name] for name in names] for names in self.branches]
         for i, ks in enumerate(self.branch_params):
             row = live[i] if any_idle[i] else None  # one view per block: its parameters share one mask
             for k in ks:

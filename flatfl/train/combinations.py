@@ -1,0 +1,262 @@
+"""Every combination of model, regularizer, algorithm and local optimizer that a run admits, read off the registries,
+and a small set of them that holds every admitted pair: what the differential tests of the fast paths run over
+(``tests/test_every_path.py``, ``benchmarks/cuda_equivalence.py``), so a model or method registered later is covered
+without editing them; and one small run of a combination (:func:`train_case`) with the comparison of two such runs
+(:func:`differences`).
+
+A combination is admitted when its settings validate (:meth:`RunConfig.validate`: an algorithm that fixes its own
+optimizer refuses another) and the regularizer accepts the model as the algorithm shapes it (built, wrapped,
+prepared and attached as a run does it, without training: GradAug needs a slimmable network, StochDepth residual
+blocks). A refusal is always one :class:`ConfigError` line.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+from typing import NamedTuple
+
+import torch
+
+from ..errors import ConfigError
+from ..models import build_model, model_names
+from .algorithms.base import Algorithm
+from .catalog import load_all
+from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
+from .config import RunConfig
+
+__all__ = ["Combination", "factors", "admitted", "every_combination", "pairwise_combinations", "pairs_held", "required_pairs", "large_model",
+           "smallest_input", "case_data", "case_settings", "train_case", "differences"]
+
+
+class Combination(NamedTuple):
+    model: str
+    reg: str
+    algo: str
+    opt: str
+
+    @property
+    def label(self) -> str:
+        return "-".join(self)
+
+
+def factors() -> tuple[list[str], list[str], list[str], list[str]]:
+    """The registered names: models, regularizers, algorithms, local optimizers (each sorted)."""
+    load_all()
+    return model_names(), sorted(REGULARIZERS), sorted(ALGORITHMS), sorted(LOCAL_OPTIMIZERS)
+
+
+@functools.lru_cache(maxsize=None)
+def smallest_input(model: str, num_classes: int = 4, in_channels: int = 1) -> int:
+    """The smallest square input side, from 8 up in steps of 4, that ``model`` takes (found by building it)."""
+    for size in range(8, 129, 4):
+        try:
+            with torch.random.fork_rng(devices=[]):
+                build_model(model, num_classes=num_classes, in_channels=in_channels, image_size=size)
+            return size
+        except ConfigError:
+            continue
+    raise ConfigError(f"model {model} takes no square input from 8 to 128 pixels")
+
+
+@functools.lru_cache(maxsize=None)
+def _plain(model: str, num_classes: int) -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        return build_model(model, num_classes=num_classes, in_channels=1, image_size=smallest_input(model, num_classes))
+
+
+@functools.lru_cache(maxsize=None)
+def _settings_admit(algo: str, reg: str, opt: str) -> bool:
+    try:
+        RunConfig(algo=algo, reg=reg, local_opt=opt).validate()
+    except ConfigError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _model_admits(model: str, reg: str, wrapping_algo: str | None, num_classes: int) -> bool:
+    reg_cls = REGULARIZERS.get_class(reg)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            net = copy.deepcopy(_plain(model, num_classes))
+            if wrapping_algo is not None:
+                algo_cls = ALGORITHMS.get_class(wrapping_algo)
+                net = algo_cls.wrap_model(net, algo_cls.resolve({}))
+            hp = reg_cls.resolve({})
+            net = reg_cls.prepare_model(net, hp)
+            reg_cls(hp, num_classes=num_classes).attach(net)
+    except ConfigError:
+        return False
+    return True
+
+
+def admitted(c: Combination, num_classes: int = 4) -> bool:
+    """Whether a run admits the combination (module docstring)."""
+    load_all()
+    if not _settings_admit(c.algo, c.reg, c.opt):
+        return False
+    algo_cls = ALGORITHMS.get_class(c.algo)
+    wraps = algo_cls.wrap_model.__func__ is not Algorithm.wrap_model.__func__  # MOON's head changes the network
+    return _model_admits(c.model, c.reg, c.algo if wraps else None, num_classes)
+
+
+def every_combination() -> list[Combination]:
+    """Every admitted combination, in sorted order."""
+    return [c for c in map(Combination._make, itertools.product(*factors())) if admitted(c)]
+
+
+def _pairs(c: Combination) -> set:
+    return {((i, c[i]), (j, c[j])) for i, j in itertools.combinations(range(4), 2)}
+
+
+def _cost(model: str) -> int:
+    net = _plain(model, 4)
+    return sum(p.numel() for p in net.parameters()) * (1 + sum(1 for _ in net.modules()))
+
+
+#: models above this many parameters (at their smallest input) are paired with every regularizer, not with every
+#: algorithm and optimizer: an algorithm or an optimizer acts on the flat parameter rows whatever network holds
+#: them, and those pairs are held by the smaller models of the same classes (ResNet-18 is a ResNet as ResNet-20 is)
+LARGE_MODEL_PARAMETERS = 1_000_000
+
+
+def _parameters(model: str) -> int:
+    return sum(p.numel() for p in _plain(model, 4).parameters())
+
+
+def large_model(model: str) -> bool:
+    """Whether the model has over :data:`LARGE_MODEL_PARAMETERS` parameters at its smallest input."""
+    return _parameters(model) > LARGE_MODEL_PARAMETERS
+
+
+def required_pairs(everything: list[Combination]) -> set:
+    """The pairs a covering set must hold: every pair some admitted combination holds, except those of a
+    :func:`large_model` with an algorithm or an optimizer."""
+    large = {m for m in factors()[0] if large_model(m)}
+    pairs = set().union(*(_pairs(c) for c in everything))
+    return {p for p in pairs if not (p[0][0] == 0 and p[0][1] in large and p[1][0] in (2, 3))}
+
+
+def _plain_sgd(c: Combination) -> bool:
+    """Whether the combination's local steps are plain SGD steps (an algorithm may fix its own optimizer)."""
+    return ALGORITHMS.get_class(c.algo).local_optimizer(c.opt) == "sgd"
+
+
+def pairwise_combinations() -> list[Combination]:
+    """A set of admitted combinations holding every :func:`required_pairs` pair: (model, regularizer), (model,
+    algorithm), ..., (algorithm, optimizer). Greedy: each next combination the one holding the most pairs not yet
+    held, ties to the cheaper model (parameters x modules), then to plain SGD (one pass a step, where SAM and ASAM
+    take two), then to the first in sorted order; deterministic."""
+    everything = every_combination()
+    uncovered = required_pairs(everything)
+    cost = {m: _cost(m) for m in factors()[0]}
+    chosen = []
+    while uncovered:
+        best = max(everything, key=lambda c: (len(_pairs(c) & uncovered), -cost[c.model], _plain_sgd(c)))
+        chosen.append(best)
+        uncovered -= _pairs(best)
+    return sorted(chosen)
+
+
+def pairs_held(combinations) -> set:
+    """Every pair of factor values the combinations hold (for checking a covering set)."""
+    return set().union(*(_pairs(Combination._make(c)) for c in combinations))
+
+
+# ----- one small run of a combination, for differential checks -----
+
+CASE_CLASSES = 4
+CASE_CLIENTS = 5
+CASE_ROUNDS = 2
+CASE_SEED = 11
+
+
+@functools.lru_cache(maxsize=None)
+def case_data(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """72 grey uint8 images of ``size`` x ``size`` in CASE_CLASSES classes (standardised by the dataset as real
+    images are), each class a different mean brightness so that training moves the weights; drawn from a generator
+    seeded with ``size``."""
+    g = torch.Generator().manual_seed(size)
+    y = torch.arange(72) % CASE_CLASSES
+    x = torch.randint(0, 128, (72, 1, size, size), generator=g) + (y * 40).view(-1, 1, 1, 1)
+    return x.to(torch.uint8), y
+
+
+@functools.lru_cache(maxsize=None)
+def _client_sizes(size: int) -> tuple[int, ...]:
+    from ..data.datasets import as_image_dataset
+    from ..data.partition import make_partition
+
+    labels = as_image_dataset(case_data(size)).train_y.numpy()
+    return tuple(int(n) for n in make_partition(labels, CASE_CLIENTS, "fedml-dirichlet", 0.5, CASE_SEED).sizes)
+
+
+def batch_statistics(model: str) -> bool:
+    """Whether the model normalises with batch statistics (BatchNorm) when it trains."""
+    from .engine import BATCH_NORMS
+
+    return any(isinstance(m, BATCH_NORMS) for m in _plain(model, CASE_CLASSES).modules())
+
+
+def case_settings(c: Combination) -> dict:
+    """The run settings of a combination's differential case: 5 clients of unequal sizes (Dirichlet 0.5), each
+    joining a round with probability 0.5 (cohorts from one client to all), 2 rounds, momentum, learning rate 0.01.
+
+    The batches: without batch statistics, batches of 4, so that clients take unequal numbers of steps and the
+    last batches are of several sizes (steps that only some clients of a cohort take, a batch of one sample).
+    With BatchNorm, each client's data is one batch (one step a round; clients of different sizes still step in
+    separate groups): a deep BatchNorm network on a few samples amplifies rounding (a relative change of 1e-15 in
+    its initial weights grows past 1e-2 in a few steps), and one step a round keeps that amplification below the
+    tolerance while every piece of the step still runs."""
+    size = smallest_input(c.model, CASE_CLASSES)
+    sizes = _client_sizes(size)
+    batch = max(sizes) if batch_statistics(c.model) else 4
+    return dict(model=c.model, reg=c.reg, algo=c.algo, local_opt=c.opt, clients=CASE_CLIENTS, participation=0.5,
+                sampling="bernoulli", partition="fedml-dirichlet", alpha=0.5, rounds=CASE_ROUNDS, local_epochs=1,
+                batch_size=batch, lr=0.01, momentum=0.5, seed=CASE_SEED, eval_every=CASE_ROUNDS,
+                checkpoint_every=CASE_ROUNDS)
+
+
+def train_case(c: Combination, run_dir, parallel, *, device: str = "cpu", dtype: torch.dtype = torch.float64,
+               log=lambda s: None):
+    """The combination's differential case trained for its rounds with ``parallel`` clients at once on ``device``,
+    in ``dtype`` (torch's default floating type is set around the run, so the model is built in it); returns the
+    :class:`~flatfl.train.engine.Trainer` (``theta``, ``latest``, ``buffers``, ``algo`` state). Writes no files."""
+    from .engine import Trainer
+
+    cfg = RunConfig(**case_settings(c), parallel_clients=parallel, device=device).validate()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        tr = Trainer(cfg, run_dir, quiet=True, log=log, dataset=case_data(smallest_input(c.model, CASE_CLASSES)))
+        for r in range(CASE_ROUNDS):
+            tr.run_round(r)
+    finally:
+        torch.set_default_dtype(old)
+    return tr
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().cpu(), b.detach().cpu()
+    if not a.is_floating_point():
+        return 0.0 if torch.equal(a, b) else float("inf")
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    diff = float((a - b).abs().max()) if b.numel() else 0.0
+    return diff / scale if scale else diff
+
+
+def differences(reference, other) -> dict[str, float]:
+    """Each quantity two trained cases hold, as the largest difference relative to the reference's largest value:
+    the server weights, every client's latest model, the float buffers (server and clients') and the algorithm's
+    server and client state. A state only one of them holds is an infinite difference."""
+    out = {"server weights": _relative(other.theta, reference.theta),
+           "clients' latest models": _relative(other.latest, reference.latest)}
+    for kind, mine, theirs in (("buffer", reference.buffers, other.buffers),
+                               ("clients' buffer", reference.latest_buffers, other.latest_buffers),
+                               ("server state", reference.algo.server, other.algo.server),
+                               ("client state", reference.algo.clients, other.algo.clients)):
+        for name in sorted(set(mine) | set(theirs)):
+            both = name in mine and name in theirs
+            out[f"{kind} {name}"] = _relative(theirs[name], mine[name]) if both else float("inf")
+    return out
