@@ -20,13 +20,16 @@ on the executor or on the order in which tasks finish.
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import traceback
-from concurrent.futures import as_completed
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from .errors import ConfigError, FlatflError
+
+POOL_POLL_SECONDS = 5.0  # how often a process pool's progress is checked (see LocalExecutor._pool_pass)
 
 __all__ = ["Outcome", "LocalExecutor", "RayExecutor", "make_executor", "EXECUTORS", "default_threads"]
 
@@ -116,15 +119,26 @@ class LocalExecutor:
 
         with worker_pool(min(self.workers, len(indices)), "spawn") as pool:
             futures = {pool.submit(fn, items[i]): i for i in indices}
+            remaining, idle = set(futures), 0
             try:
-                for fut in as_completed(futures):
-                    i = futures[fut]
-                    try:
-                        yield Outcome(i, result=fut.result())
-                    except BrokenProcessPool:
-                        lost.append(i)
-                    except BaseException as e:  # noqa: BLE001
-                        yield _failure(i, e)
+                while remaining:
+                    done, remaining = wait(remaining, timeout=POOL_POLL_SECONDS, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        i = futures[fut]
+                        try:
+                            yield Outcome(i, result=fut.result())
+                        except BrokenProcessPool:
+                            lost.append(i)
+                        except BaseException as e:  # noqa: BLE001
+                            yield _failure(i, e)
+                    # A worker killed at the wrong moment can take the pool's manager down without failing the
+                    # futures it held (they would then be waited for forever): with no worker process left and
+                    # nothing finishing for two polls, what is left is lost with the pool.
+                    idle = 0 if done or multiprocessing.active_children() else idle + 1
+                    if idle >= 2:
+                        lost.extend(futures[f] for f in remaining)
+                        pool.shutdown(wait=False, cancel_futures=True)
+                        break
             except KeyboardInterrupt:
                 for fut in futures:
                     fut.cancel()

@@ -884,6 +884,24 @@ def test_killed_worker_fails_only_its_task(tmp_path, monkeypatch):
     assert outcomes[1].details is None
 
 
+def test_a_pool_that_dies_without_failing_its_futures_does_not_hang(tmp_path, monkeypatch):
+    """A worker killed at the wrong moment can take the process pool's manager down without failing the futures it
+    held. Simulated: no future ever completes and no worker process is alive; every task then ends, in one line,
+    as lost twice, instead of the map waiting forever."""
+    import flatfl.executors as executors
+
+    (tmp_path / "square_dead_pool.py").write_text("def work(x):\n    return x * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import square_dead_pool
+
+    monkeypatch.setattr(executors, "POOL_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(executors, "wait", lambda fs, timeout, return_when: (set(), set(fs)))
+    monkeypatch.setattr(executors.multiprocessing, "active_children", lambda: [])
+    outcomes = list(executors.LocalExecutor(2).map(square_dead_pool.work, [1, 2, 3]))
+    assert sorted(o.index for o in outcomes) == [0, 1, 2]
+    assert all(not o.ok and "worker process died" in o.error and "\n" not in o.error for o in outcomes)
+
+
 def test_resume_keeps_the_versions_of_earlier_rounds_and_report_shows_them(tmp_path, monkeypatch):
     """Issue 29: a run resumed under other library versions keeps, in config.json, the versions its earlier rounds
     were trained with and adds the resumption's under 'resumed'; the report then says that versions differ."""
