@@ -46,11 +46,11 @@ from torch import nn
 
 from ...errors import ConfigError
 from ...models.slimmable import check_width, slim_channels
-from ...models.stacking import StackedLinear, run_rows
+from ...models.stacking import counterparts, run_rows, source_network
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext
 from .base import Regularizer, per_client_cross_entropy
-from .man import NONLINEARITIES
+from .man import NONLINEARITIES, default_activation_modules
 
 POWER_ITERATIONS = 10
 WIDTH_HELP = "width omega of the slimmed sub-network: FedAlign's final block, GradAug's minimum width"
@@ -124,9 +124,6 @@ def clients_lipschitz_loss(student: tuple[torch.Tensor, torch.Tensor], teacher: 
     with torch.no_grad():
         sigma_t = spectral_norm(*(client_samples(t, m) for t in teacher))
     return (sigma_s - sigma_t).view(-1, m).pow(2).mean(0)
-
-
-LINEAR_LAYERS = (nn.Linear, StackedLinear)
 
 
 class _FinalBlock:
@@ -230,21 +227,25 @@ class _DenseLayer(_FinalBlock):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        name = type(model).__name__
-        head = getattr(model, "classifier", None)
-        modules = list(model.modules())
-        if not isinstance(head, LINEAR_LAYERS) or not any(m is head for m in modules):
+        # chosen on the plain network and found by name in a network of stacked clients (flatfl.models.stacking)
+        source = source_network(model)
+        name = type(source).__name__
+        head = getattr(source, "classifier", None)
+        modules = list(source.modules())
+        if not isinstance(head, nn.Linear) or not any(m is head for m in modules):
             raise ConfigError(f"fedalign needs a ResNet or a model with a final nn.Linear 'classifier'; "
                               f"{name} has none")
         end = next(i for i, m in enumerate(modules) if m is head)
-        linears = [m for m in modules[:end] if isinstance(m, LINEAR_LAYERS)]
-        acts = getattr(model, "activation_modules", None)
-        acts = list(acts()) if callable(acts) else [m for m in modules[:end] if isinstance(m, NONLINEARITIES)]
+        linears = [m for m in modules[:end] if isinstance(m, nn.Linear)]
+        acts = default_activation_modules(source)
         if not linears or not acts or not isinstance(acts[-1], NONLINEARITIES):
             raise ConfigError(f"fedalign cannot find a final block in {name}: it needs a ResNet or a model whose last "
                               "hidden layer is a Linear and a non-linearity feeding the classifier")
         self.name = name
-        self.linear, self.act = linears[-1], acts[-1]
+        try:
+            self.linear, self.act, head = counterparts(model, [linears[-1], acts[-1], head])
+        except ValueError as e:
+            raise ConfigError(f"fedalign: {e}; activation_modules() must list modules of the model itself") from None
         self._hook(self.linear, "prev", "linear_out")
         self._hook(self.act, "act_in", "last")
         self._hook(head, "head_in", None)
