@@ -517,6 +517,29 @@ def _echo_summary(summary: dict, out) -> None:
     click.echo(f"{summary['runs']} runs, tables: {tables}; {len(summary['pages'])} PDF pages -> {out}/report.pdf")
 
 
+# ------------------------------------------------------------------------------------------------------- contrast
+CONTRAST_EPILOG = """\b
+Examples:
+  flatfl contrast reports/man-tables-fmnist reports/man-tables-fmnist-cnn --label MLP --label CNN \\
+      --out reports/man-tables-fmnist-contrast
+"""
+
+
+@main.command(epilog=CONTRAST_EPILOG)
+@click.argument("reports", nargs=-1, required=True, type=click.Path())
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="folder for contrast.csv, contrast.md and contrast.json")
+@click.option("--label", "labels", multiple=True, help="a name per report, in order (default: the folder names)")
+@friendly_errors
+def contrast(reports, out, labels):
+    """Two or more reports of one table side by side: each comparison's change, interval and verdict per report."""
+    from .report.contrast import write_contrast
+
+    summary = write_contrast(list(reports), out, list(labels) or None)
+    for line in summary["together"]:
+        click.echo(line)
+    click.echo(f"{summary['comparisons']} comparisons in {len(summary['reports'])} reports -> {Path(out) / 'contrast.md'}")
+
+
 # ------------------------------------------------------------------------------------------------------ reproduce
 REPRODUCE_EPILOG = """\b
 Examples:
@@ -540,11 +563,11 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 @main.command(epilog=REPRODUCE_EPILOG, help="Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign "
               "Table 1.\n\n\b\nTARGET: " + ", ".join(TARGETS))  # a name per target, none broken at its hyphens
 @click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"), metavar="TARGET")
-@click.option("--preset", type=NameChoice(["quick", "fmnist", "paper", "tiny"], kind="preset"), default="quick", show_default=True,
-              help="quick: digits on a CPU; fmnist: Fashion-MNIST on a CPU (<= 1 h on 2 cores); paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
+@click.option("--preset", type=NameChoice(["quick", "fmnist", "fmnist-cnn", "paper", "tiny"], kind="preset"), default="quick", show_default=True,
+              help="quick: digits on a CPU; fmnist: Fashion-MNIST, MLP, on a CPU (<= 1 h on 2 cores); fmnist-cnn: Fashion-MNIST, the paper's CNN at LeNet-5 widths, on a CPU (<= 1 h on 2 cores); paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None, help="run folder (default runs/reproduce-<preset>)")
-@click.option("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default: 0,1,2 for quick and fmnist, 0 for paper and tiny)")
+@click.option("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default: 0,1,2 for quick, fmnist and fmnist-cnn, 0 for paper and tiny)")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (paper preset: CIFAR-100)")
 @click.option("--model", type=NameChoice(["server", "clients-average"], kind="model"), default=None,

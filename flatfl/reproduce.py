@@ -76,10 +76,10 @@ from .sweep import SECTION_SETTINGS, RunTask, run_tasks
 __all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method", "PaperTable",
            "tables_of", "methods_of", "Progress"]
 
-PRESETS = ("tiny", "quick", "fmnist", "paper")
+PRESETS = ("tiny", "quick", "fmnist", "fmnist-cnn", "paper")
 #: seeds when ``--seeds`` is not given: the quick preset's tables show mean +- sd over three seeds; one paper run
 #: takes GPU-days; tiny is for tests
-DEFAULT_SEEDS = {"tiny": (0,), "quick": (0, 1, 2), "fmnist": (0, 1, 2), "paper": (0,)}
+DEFAULT_SEEDS = {"tiny": (0,), "quick": (0, 1, 2), "fmnist": (0, 1, 2), "fmnist-cnn": (0, 1, 2), "paper": (0,)}
 #: torch threads per run when ``--threads`` is not given: fixed, not taken from the machine's load, because the
 #: thread count changes the order of floating-point sums and so the numbers (see README, "Reproducing")
 REPRODUCE_THREADS = 1

@@ -142,6 +142,19 @@ def test_cifar_cnn_parameter_count(classes):
         assert expected == 815_332  # algorithms.md §20 / the brief
 
 
+def test_cifar_cnn_at_lenet_widths_on_fashion_mnist():
+    """The fmnist-cnn preset's network: the MAN CNN with 6/16 channels and 120/84 hidden units on 1x28x28
+    (28 -> conv 24 -> pool 12 -> conv 8 -> pool 4: 16 * 4 * 4 = 256 inputs to fc1)."""
+    torch.manual_seed(0)
+    model = build_model("cifar-cnn", 10, 1, 28, channels=[6, 16], hidden=[120, 84])
+    expected = conv(1, 6, 5) + conv(6, 16, 5) + fc(16 * 4 * 4, 120) + fc(120, 84) + fc(84, 10)
+    assert n_params(model) == expected == 44_426
+    assert model.feature_dim == 84 and model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    assert model.activation_modules() == [model.relu1, model.relu2, model.relu3, model.relu4]
+    again = build_model(model.flatfl_spec["name"], **model.flatfl_spec["kwargs"])
+    assert [p.shape for p in again.parameters()] == [p.shape for p in model.parameters()]
+
+
 def test_tiny_cnn_emnist_digits_tiny_parameter_counts():
     tiny_cnn = conv(3, 64, 3) + 3 * 2 * 64 + 2 * conv(64, 64, 3) + fc(4096, 512) + fc(512, 384) + fc(384, 200)
     assert n_params(build("tiny-cnn")) == tiny_cnn  # MAN supp. Table 4: FC(4096, 512) on 64x64 inputs
@@ -382,7 +395,12 @@ def test_config_errors_are_one_clear_line():
     with pytest.raises(ConfigError, match="8x8"):
         build_model("cifar-cnn", 10, 3, 8)
     with pytest.raises(ConfigError, match="does not accept"):
-        build_model("cifar-cnn", 10, 3, 32, hidden=3)
+        build_model("cifar-cnn", 10, 3, 32, depth=3)
+    for bad in (3, [120], [120, 0], [6.0, 16], "6,16", [True, 16]):
+        with pytest.raises(ConfigError, match="must be two positive ints"):
+            build_model("cifar-cnn", 10, 3, 32, hidden=bad)
+        with pytest.raises(ConfigError, match="must be two positive ints"):
+            build_model("cifar-cnn", 10, 3, 32, channels=bad)
     with pytest.raises(ConfigError, match="num_classes"):
         build_model("mlp", 0, 1, 8)
     with pytest.raises(ConfigError, match="norm"):

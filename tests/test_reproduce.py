@@ -210,6 +210,20 @@ def test_fmnist_preset_plans_the_man_tables_on_fashion_mnist(tmp_path):
     assert {t.settings["seed"] for t in tasks if t.spectrum} == {0} and sum(bool(t.spectrum) for t in tasks) == 8
 
 
+def test_fmnist_cnn_preset_is_the_fmnist_plan_with_the_papers_cnn_family(tmp_path):
+    """fmnist-cnn differs from fmnist in the network only (the MAN CNN at LeNet-5 widths), so the two reports
+    contrast an MLP and a CNN under one protocol."""
+    cnn = plan("man-tables", "fmnist-cnn", runs_dir=tmp_path)
+    mlp = plan("man-tables", "fmnist", runs_dir=tmp_path)
+    assert len(cnn) == len(mlp) == 72
+    for c, m in zip(cnn, mlp):
+        assert c.settings["model"] == "cifar-cnn" and c.settings["model_args"] == {"channels": [6, 16],
+                                                                                  "hidden": [120, 84]}
+        assert {k: v for k, v in c.settings.items() if k not in ("model", "model_args", "out")} == \
+            {k: v for k, v in m.settings.items() if k not in ("model", "model_args", "out")}
+        assert c.hessian == m.hessian and c.spectrum == m.spectrum
+
+
 def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path):
     out, runs = tmp_path / "report", tmp_path / "runs"
     args = ["reproduce", "man-table6", "--preset", "tiny", "--out", str(out), "--runs-dir", str(runs),
@@ -269,7 +283,7 @@ def test_reproduce_help_states_every_presets_default_seeds_and_keeps_target_name
     text = " ".join(out.split())
     clause = re.search(r"comma-separated seeds, e\.g\. 0,1,2 \(default: (.*?)\)", text).group(1)
     stated = {}
-    for seeds, presets in re.findall(r"(\d+(?:,\d+)*) for ([a-z]+(?:(?:, | and )[a-z]+)*)", clause):
+    for seeds, presets in re.findall(r"(\d+(?:,\d+)*) for ([a-z][a-z-]*(?:(?:, | and )[a-z][a-z-]*)*)", clause):
         for preset in re.split(r", | and ", presets):
             stated[preset] = tuple(int(s) for s in seeds.split(","))
     assert stated == {p: DEFAULT_SEEDS[p] for p in PRESETS}

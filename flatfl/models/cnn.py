@@ -25,10 +25,17 @@ class CifarCNN(FeatureClassifier):
     Conv(in->64, 5x5, no padding) -> ReLU -> MaxPool2 -> Conv(64->64, 5x5) -> ReLU -> MaxPool2 -> flatten (1600 on
     32x32) -> FC 384 -> ReLU -> FC 192 -> ReLU -> FC C. No normalisation layers.
     MAN's activations (§16): conv1 and conv2 after ReLU and before pooling, fc1 and fc2 after ReLU.
+
+    ``channels`` (the two convolutions) and ``hidden`` (the two hidden FC layers) set the widths; the defaults are the
+    paper's. The same network at LeNet-5's widths, ``channels=(6, 16), hidden=(120, 84)``, is the family's member a
+    2-core CPU trains on Fashion-MNIST in minutes (44,426 parameters on 1x28x28).
     """
 
-    def __init__(self, num_classes: int, in_channels: int = 3, image_size: int = 32):
+    def __init__(self, num_classes: int, in_channels: int = 3, image_size: int = 32,
+                 channels: Sequence[int] = (64, 64), hidden: Sequence[int] = (384, 192)):
         super().__init__()
+        c1, c2 = _two_widths("cifar-cnn", "channels", channels)
+        h1, h2 = _two_widths("cifar-cnn", "hidden", hidden)
         s1 = conv_output_size(image_size, 5)
         require_positive_size("cifar-cnn", image_size, s1, "conv1")
         p1 = s1 // 2
@@ -37,19 +44,19 @@ class CifarCNN(FeatureClassifier):
         require_positive_size("cifar-cnn", image_size, s2, "conv2")
         p2 = s2 // 2
         require_positive_size("cifar-cnn", image_size, p2, "pool2")
-        self.conv1 = nn.Conv2d(in_channels, 64, kernel_size=5)
+        self.conv1 = nn.Conv2d(in_channels, c1, kernel_size=5)
         self.relu1 = nn.ReLU()
         self.pool1 = nn.MaxPool2d(2, 2)
-        self.conv2 = nn.Conv2d(64, 64, kernel_size=5)
+        self.conv2 = nn.Conv2d(c1, c2, kernel_size=5)
         self.relu2 = nn.ReLU()
         self.pool2 = nn.MaxPool2d(2, 2)
         self.flatten = nn.Flatten()
-        self.fc1 = nn.Linear(64 * p2 * p2, 384)
+        self.fc1 = nn.Linear(c2 * p2 * p2, h1)
         self.relu3 = nn.ReLU()
-        self.fc2 = nn.Linear(384, 192)
+        self.fc2 = nn.Linear(h1, h2)
         self.relu4 = nn.ReLU()
-        self.feature_dim = 192
-        self.classifier = nn.Linear(192, num_classes)
+        self.feature_dim = h2
+        self.classifier = nn.Linear(h2, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool1(self.relu1(self.conv1(x)))
@@ -176,6 +183,14 @@ class DigitsCNN(FeatureClassifier):
 
     def activation_modules(self) -> list[nn.Module]:
         return [self.relu1, self.relu2, self.relu3]
+
+
+def _two_widths(model_name: str, what: str, widths) -> tuple[int, int]:
+    """Two positive layer widths (a list or tuple of two ints), or one ConfigError line."""
+    if (isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence) or len(widths) != 2
+            or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths)):
+        raise ConfigError(f"model '{model_name}': {what} must be two positive ints, got {widths!r}")
+    return int(widths[0]), int(widths[1])
 
 
 def hidden_sizes(model_name: str, hidden) -> tuple[int, ...]:

@@ -20,8 +20,8 @@ from .cnn import MLP, CifarCNN, DigitsCNN, EmnistCNN, TinyImageNetCNN, hidden_si
 from .resnet import ResNet, set_stochastic_depth
 
 
-def _cifar_cnn(num_classes, in_channels, image_size):
-    return CifarCNN(num_classes, in_channels, image_size)
+def _cifar_cnn(num_classes, in_channels, image_size, channels=(64, 64), hidden=(384, 192)):
+    return CifarCNN(num_classes, in_channels, image_size, channels, hidden)
 
 
 def _tiny_cnn(num_classes, in_channels, image_size):

@@ -1,0 +1,164 @@
+"""flatfl contrast: reports side by side, checked against hand-made reports whose changes and intervals are known,
+against the committed reports, and against bad input."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from flatfl.cli import main
+from flatfl.errors import ConfigError
+from flatfl.report.contrast import read_report, write_contrast
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER = ("table,partition,reference,compared,metric,ours_reference,ours_compared,ours_change_pct,paper_change_pct,"
+          "paired_ci_low,paired_ci_high,paired_seeds,verdict")
+
+
+TABLE_HEADER = "table,method,partition,ours_trace,ours_trace_n,ours_trace_sd,paper_trace"
+
+
+def make_report(folder: Path, rows: list[str], scale: str = "ours: test scale", values: list[str] = ()) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "summary.json").write_text(json.dumps({"ours_scale": scale, "tables": ["man-table2"]}))
+    (folder / "directions.csv").write_text("\n".join([HEADER] + rows) + "\n")
+    (folder / "man-table2.csv").write_text("\n".join([TABLE_HEADER] + list(values)) + "\n")
+    return folder
+
+
+# reference 10 -> 12 (+20%), paired interval of the difference [1, 3]: +10% .. +30% of the reference
+A_ROWS = ["man-table2,dirichlet-0.3,FedAvg,FedAvg+MAN,trace,10,12,20,-50,1,3,3,disagree",
+          "man-table2,dirichlet-0.6,FedAvg,FedAvg+MAN,trace,10,9,-10,-48,-2,-0.5,3,agree",
+          "man-table2,dirichlet-0.3,FedAvg,FedAvg+MAN,accuracy,80,81,1.25,27,-1,3,3,inconclusive"]
+# reference 50 -> 40 (-20%), interval [-15, -5]: -30% .. -10%
+B_ROWS = ["man-table2,dirichlet-0.3,FedAvg,FedAvg+MAN,trace,50,40,-20,-50,-15,-5,3,agree",
+          "man-table2,dirichlet-0.6,FedAvg,FedAvg+MAN,trace,50,45,-10,-48,-8,-2,3,agree",
+          "man-table2,dirichlet-0.3,FedAvg,FedAvg+MAN,accuracy,70,72,2.857,27,,,1,too few seeds",
+          "man-table2,dirichlet-0.3,FedSAM,FedSAM+MAN,trace,5,4,-20,-45,-2,-0.1,3,agree"]
+
+
+def test_side_by_side_numbers_counts_and_directions(tmp_path):
+    a = make_report(tmp_path / "mlp", A_ROWS, "ours: fashion-mnist, mlp",
+                    ["man-table2,FedAvg,dirichlet-0.3,10,3,0.5,8744", "man-table2,FedDC,dirichlet-0.3,9,3,0.5,3578"])
+    b = make_report(tmp_path / "cnn", B_ROWS, "ours: fashion-mnist, cifar-cnn",
+                    ["man-table2,FedAvg,dirichlet-0.3,50,1,,8744"])
+    out = tmp_path / "contrast"
+    summary = write_contrast([a, b], out, ["MLP", "CNN"])
+    assert summary["comparisons"] == 3  # FedSAM's row is in one report only
+    rows = list(csv.DictReader((out / "contrast.csv").open()))
+    got = {(r["report"], r["partition"], r["metric"]): r for r in rows}
+    r = got[("MLP", "dirichlet-0.3", "trace")]
+    assert float(r["ci_low_pct"]) == pytest.approx(10.0) and float(r["ci_high_pct"]) == pytest.approx(30.0)
+    r = got[("CNN", "dirichlet-0.3", "trace")]
+    assert float(r["ci_low_pct"]) == pytest.approx(-30.0) and float(r["ci_high_pct"]) == pytest.approx(-10.0)
+    assert got[("CNN", "dirichlet-0.3", "accuracy")]["ci_low_pct"] == ""
+    counts = summary["counts"]
+    assert counts["MLP"]["trace"] == dict(counts["MLP"]["trace"], agree=1, disagree=1, inconclusive=0, compared=2)
+    assert counts["CNN"]["accuracy"]["too few seeds"] == 1
+    trace_line = next(s for s in summary["together"] if s.startswith("trace"))
+    # dirichlet-0.3: MLP up, CNN down (opposite); dirichlet-0.6: both down (same)
+    assert "MLP and CNN both resolve (95% paired interval excluding 0) 2 of 2 changes: 1 the same way, 1 opposite ways." in trace_line
+    acc_line = next(s for s in summary["together"] if s.startswith("accuracy"))
+    assert "CNN 0 agree, 0 disagree, 0 inconclusive, 1 without a verdict" in acc_line
+    assert "excluding 0) 0 of 1 changes" in acc_line
+    md = (out / "contrast.md").read_text()
+    assert "ours: fashion-mnist, cifar-cnn" in md
+    assert "| man-table2 | FedAvg+MAN vs FedAvg | dirichlet-0.3 | -50.0% | +20.0% [+10.0, +30.0] disagree | " \
+           "-20.0% [-30.0, -10.0] agree |" in md
+    # the values side by side: the rows both reports hold; one seed shows no spread
+    assert "| method | partition | trace MLP | trace CNN | trace paper |" in md
+    assert "| FedAvg | dirichlet-0.3 | 10.00 ±0.5 (n=3) | 50.00 | 8,744 |" in md and "FedDC" not in md
+    assert json.loads((out / "contrast.json").read_text())["together"] == summary["together"]
+
+
+def test_committed_reports_contrast_as_their_directions_say(tmp_path):
+    mlp, cnn = REPO / "reports" / "man-tables-fmnist", REPO / "reports" / "man-tables-fmnist-cnn"
+    res = CliRunner().invoke(main, ["contrast", str(mlp), str(cnn), "--out", str(tmp_path / "c")])
+    assert res.exit_code == 0, res.output
+    assert res.output.strip().splitlines()[-1].startswith("36 comparisons in 2 reports -> ")
+    rows = list(csv.DictReader((tmp_path / "c" / "contrast.csv").open()))
+    for name, folder in (("man-tables-fmnist", mlp), ("man-tables-fmnist-cnn", cnn)):
+        source = {(d["table"], d["partition"], d["reference"], d["metric"]): d
+                  for d in csv.DictReader((folder / "directions.csv").open())}
+        mine = [r for r in rows if r["report"] == name]
+        assert len(mine) == 36
+        for r in mine:
+            d = source[(r["table"], r["partition"], r["reference"], r["metric"])]
+            assert r["verdict"] == d["verdict"]
+            if d["paired_ci_low"]:
+                assert float(r["ci_low_pct"]) == pytest.approx(
+                    100 * float(d["paired_ci_low"]) / abs(float(d["ours_reference"])))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: (f / "summary.json").unlink(), "is not a flatfl report folder: it has no summary.json"),
+    (lambda f: (f / "summary.json").write_text("{"), "summary.json: not JSON"),
+    (lambda f: (f / "summary.json").write_text("[1]"), "not a flatfl report summary"),
+    (lambda f: (f / "directions.csv").write_text("a,b\n1,2\n"), "not a flatfl directions table (no column"),
+    (lambda f: (f / "directions.csv").write_text(HEADER + "\n" + A_ROWS[0].replace(",10,12,", ",ten,12,") + "\n"),
+     "line 2: ours_reference is not a number: 'ten'"),
+    (lambda f: (f / "directions.csv").write_text(HEADER + "\n" + A_ROWS[0].replace(",10,12,", ",nan,12,") + "\n"),
+     "ours_reference is not finite"),
+    (lambda f: (f / "directions.csv").write_text(HEADER + "\n" + A_ROWS[0].replace("disagree", "maybe") + "\n"),
+     "unknown verdict 'maybe'"),
+    (lambda f: (f / "directions.csv").write_text(HEADER + "\n" + A_ROWS[0] + "\n" + A_ROWS[0] + "\n"),
+     "appears twice"),
+    (lambda f: (f / "directions.csv").write_text(HEADER + "\n" + A_ROWS[0].rsplit(",", 1)[0] + "\n"),
+     "not as many fields as the header"),
+    (lambda f: (f / "directions.csv").write_text(HEADER + "\n" + A_ROWS[0].replace(",3,disagree", ",2.5,disagree")
+                                                 + "\n"), "paired_seeds must be a count"),
+    (lambda f: (f / "directions.csv").write_bytes(b"\xff\xfe" * 10), "not UTF-8 text"),
+    (lambda f: (f / "man-table2.csv").unlink(), "it has no man-table2.csv"),
+    (lambda f: (f / "man-table2.csv").write_text("a\n1\n"), "not a flatfl table"),
+    (lambda f: (f / "man-table2.csv").write_text(TABLE_HEADER + "\nman-table2,FedAvg,dirichlet-0.3,x,3,1,2\n"),
+     "ours_trace is not a number"),
+    (lambda f: (f / "summary.json").write_text(json.dumps({"ours_scale": "s", "tables": ["../../etc/passwd"]})),
+     "is not a table name"),
+])
+def test_a_damaged_report_is_one_line_and_nothing_written(tmp_path, damage, message):
+    a = make_report(tmp_path / "a", A_ROWS)
+    b = make_report(tmp_path / "b", B_ROWS)
+    damage(b)
+    res = CliRunner().invoke(main, ["contrast", str(a), str(b), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2 and message in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_arguments(tmp_path):
+    a = make_report(tmp_path / "a", A_ROWS)
+    b = make_report(tmp_path / "b", B_ROWS)
+    c = make_report(tmp_path / "c", ["man-table6,dirichlet-0.3,FedSpeed,FedSpeed+MAN,trace,1,2,100,-10,,,0,"
+                                     "too few seeds"])
+    with pytest.raises(ConfigError, match="two or more report folders"):
+        write_contrast([a], tmp_path / "o")
+    with pytest.raises(ConfigError, match="1 --label for 2 reports"):
+        write_contrast([a, b], tmp_path / "o", ["x"])
+    with pytest.raises(ConfigError, match="labels must be distinct"):
+        write_contrast([a, b], tmp_path / "o", ["x", "x"])
+    with pytest.raises(ConfigError, match="labels must be distinct"):
+        write_contrast([a, b], tmp_path / "o", ["x", "a|b"])
+    with pytest.raises(ConfigError, match="share no comparison"):
+        write_contrast([a, c], tmp_path / "o")
+    with pytest.raises(ConfigError, match="is not a folder"):
+        read_report(tmp_path / "nowhere")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_users_file_in_the_output_folder_is_never_replaced(tmp_path):
+    a = make_report(tmp_path / "a", A_ROWS)
+    b = make_report(tmp_path / "b", B_ROWS)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "contrast.md").write_text("my notes")
+    res = CliRunner().invoke(main, ["contrast", str(a), str(b), "--out", str(out)])
+    assert res.exit_code == 2 and "was not written by flatfl" in res.output
+    assert (out / "contrast.md").read_text() == "my notes" and not (out / "contrast.csv").exists()
+    # flatfl's own earlier output is replaced
+    out2 = tmp_path / "out2"
+    write_contrast([a, b], out2)
+    write_contrast([b, a], out2)
+    assert list(csv.DictReader((out2 / "contrast.csv").open()))[0]["report"] == "b"
