@@ -5,13 +5,15 @@
    admitted combination), each trained in float64 one client at a time on the CPU (the reference) and on the
    device one client at a time and all clients together (the default on CUDA). Target: every quantity (server
    weights, clients' latest models, buffers, algorithm state) within 1e-9 relative of the CPU's.
-2. The Fashion-MNIST preset's MAN tables (``flatfl reproduce man-tables --preset fmnist``) trained and analysed on
-   the device with its defaults (all clients together, float32, full-precision products), against the committed CPU
-   tables in ``reports/man-tables-fmnist``: every row's mean within its seeds' spread (|difference| <= the larger
-   of the two standard deviations over seeds), for the top eigenvalue, the trace and the accuracy.
+2. A Fashion-MNIST preset's MAN tables (``flatfl reproduce man-tables --preset fmnist``, the MLP, or ``--preset
+   fmnist-cnn``, the CNN) trained and analysed on the device with its defaults (all clients together, float32,
+   full-precision products), against the committed CPU tables in ``reports/man-tables-<preset>``: every row's mean
+   within its seeds' spread (|difference| <= the larger of the two standard deviations over seeds), for the top
+   eigenvalue, the trace and the accuracy.
 
     python benchmarks/cuda_equivalence.py --device cuda                 # both parts (part 2: ~2 min on an H200)
     python benchmarks/cuda_equivalence.py --device cuda --skip-table    # part 1 only
+    python benchmarks/cuda_equivalence.py --device cuda --preset fmnist-cnn   # part 2 with the CNN
     python benchmarks/cuda_equivalence.py --device cpu --limit 5 --skip-table   # a smoke run of the code
 
 On a CPU, part 1 compares the CPU with itself (a check that the comparison runs, not of a device).
@@ -81,13 +83,13 @@ def _number(text) -> float:
         return math.nan
 
 
-def table(device: str, workers: int, tmp: Path) -> bool:
-    reference = ROOT / "reports" / "man-tables-fmnist"
+def table(device: str, workers: int, tmp: Path, preset: str = "fmnist") -> bool:
+    reference = ROOT / "reports" / f"man-tables-{preset}"
     out, runs = tmp / "report", tmp / "runs"
-    print(f"part 2: flatfl reproduce man-tables --preset fmnist --device {device} vs the committed CPU tables "
+    print(f"part 2: flatfl reproduce man-tables --preset {preset} --device {device} vs the committed CPU tables "
           f"({reference.relative_to(ROOT)})")
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "flatfl", "reproduce", "man-tables", "--preset", "fmnist",
+    done = subprocess.run([sys.executable, "-m", "flatfl", "reproduce", "man-tables", "--preset", preset,
                            "--device", device, "--workers", str(workers), "--out", str(out), "--runs-dir", str(runs)],
                           capture_output=True, text=True)
     print(f"part 2: reproduce exited {done.returncode} after {time.perf_counter() - start:.0f} s")
@@ -127,6 +129,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=None, help="part 1: the first N cases only")
     ap.add_argument("--skip-table", action="store_true", help="leave out part 2")
     ap.add_argument("--workers", type=int, default=8, help="part 2: runs at once")
+    ap.add_argument("--preset", choices=("fmnist", "fmnist-cnn"), default="fmnist",
+                    help="part 2: the MLP (fmnist) or the CNN (fmnist-cnn) tables")
     args = ap.parse_args()
     if args.device.startswith("cuda"):
         if not torch.cuda.is_available():
@@ -138,7 +142,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         ok = differential(args.device, args.full, args.limit, Path(d))
         if not args.skip_table:
-            ok = table(args.device, args.workers, Path(d)) and ok
+            ok = table(args.device, args.workers, Path(d), args.preset) and ok
     return 0 if ok else 1
 
 
