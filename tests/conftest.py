@@ -83,3 +83,25 @@ def pdf_pages(monkeypatch):
 
     monkeypatch.setattr(report_pdf, "write_pdf", keep)
     return captured
+
+
+@pytest.fixture
+def hold_lock():
+    """``hold_lock(folder)``: another process takes ``folder``'s flatfl lock (as a running writer does) until the
+    test ends."""
+    from pathlib import Path
+
+    from locks import start_lock_holder
+
+    holders = []
+
+    def hold(folder):
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        holders.append(start_lock_holder(folder))
+
+    yield hold
+    for proc in holders:
+        proc.kill()
+        proc.wait()
+

@@ -162,3 +162,14 @@ def test_a_users_file_in_the_output_folder_is_never_replaced(tmp_path):
     write_contrast([a, b], out2)
     write_contrast([b, a], out2)
     assert list(csv.DictReader((out2 / "contrast.csv").open()))[0]["report"] == "b"
+
+
+def test_a_second_writer_of_one_output_folder_is_refused(tmp_path, hold_lock):
+    """Another process holds --out's lock (a contrast or report writing there): one line, exit 2, nothing written."""
+    a = make_report(tmp_path / "a", A_ROWS)
+    b = make_report(tmp_path / "b", B_ROWS)
+    out = tmp_path / "out"
+    hold_lock(out)
+    res = CliRunner().invoke(main, ["contrast", str(a), str(b), "--out", str(out)])
+    assert res.exit_code == 2 and "another flatfl process" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (out / "contrast.md").exists()

@@ -24,6 +24,7 @@ import torch
 from click.testing import CliRunner
 
 from flatfl.cli import main
+from locks import start_lock_holder
 
 FAST = ["--model", "tiny", "--clients", "4", "--participation", "1", "--local-epochs", "1", "--batch-size", "64",
         "--quiet"]
@@ -87,15 +88,7 @@ class Ctx:
     def hold_lock(self, folder: Path) -> None:
         """Another process holds ``folder``'s lock (as a running flatfl writer does)."""
         folder.mkdir(parents=True, exist_ok=True)
-        code = ("import fcntl, os, sys, time\n"
-                "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
-                "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-                "os.write(fd, b'%d\\n' % os.getpid())\n"
-                "print('locked', flush=True)\n"
-                "time.sleep(120)\n")
-        proc = subprocess.Popen([sys.executable, "-c", code, str(folder / ".flatfl.lock")], stdout=subprocess.PIPE,
-                                text=True)
-        assert proc.stdout.readline().strip() == "locked"
+        proc = start_lock_holder(folder)
         self.later(lambda: (proc.kill(), proc.wait()))
 
     def disk_full(self, after: int = 0) -> None:
