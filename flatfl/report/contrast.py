@@ -1,10 +1,11 @@
-"""Two or more reports of one paper table side by side: the same comparisons (X vs X+MAN, per partition and
-metric) measured under other conditions, e.g. an MLP and a CNN on one dataset (``flatfl contrast``).
+"""Two or more reports of one paper table side by side: the same rows and comparisons (X vs X+MAN, per partition
+and metric) measured under other conditions, e.g. an MLP and a CNN on one dataset (``flatfl contrast``).
 
-Reads what :func:`flatfl.report.build_report` wrote into each report folder (``summary.json`` for its scale line,
-``directions.csv`` for the checks) and writes ``contrast.csv`` (one row per comparison and report), ``contrast.md``
-(a table per metric, the verdict counts, and a paragraph of what the reports show together, every sentence built
-from the numbers) and ``contrast.json``. Nothing is recomputed: each report's numbers and verdicts are its own.
+Reads what :func:`flatfl.report.build_report` wrote into each report folder (``summary.json`` for its scale line
+and tables, each table's CSV for the rows' values, ``directions.csv`` for the checks) and writes ``contrast.csv``
+(one row per comparison and report), ``contrast.md`` (the values side by side, a table per metric of the changes,
+and per metric the verdict counts and where the reports resolve a change the same or opposite ways, every sentence
+built from the numbers) and ``contrast.json``. Nothing is recomputed: each report's numbers and verdicts are its own.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import re
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..utils.io import atomic_write_many
+from ..utils.io import atomic_write_many, csv_text
 from ..utils.lock import folder_lock
 from ..utils.plots import format_number
 from .tables import METRIC_NAMES, TOO_FEW_SEEDS, VERDICTS
@@ -37,12 +38,29 @@ def _read_text(path: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"{path.parent} is not a flatfl report folder: it has no {path.name} "
                           "(make one with flatfl report or flatfl reproduce)")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, more than a report's {MAX_FILE_BYTES:,}")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: {size:,} bytes, more than a report's {MAX_FILE_BYTES:,}")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
+
+
+def _csv_rows(path: Path, needed, what: str) -> tuple[list[str], list[tuple[int, dict]]]:
+    """A report CSV's header and its rows with their line numbers; a missing column or a short or long row is one
+    ConfigError line."""
+    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+    fields = reader.fieldnames or []
+    missing = [c for c in needed if c not in fields]
+    if missing:
+        raise ConfigError(f"{path}: not a flatfl {what} (no column {', '.join(missing)})")
+    rows = []
+    for line, row in enumerate(reader, start=2):
+        if None in row or any(v is None for v in row.values()):
+            raise ConfigError(f"{path} line {line}: not as many fields as the header")
+        rows.append((line, row))
+    return fields, rows
 
 
 def _number(path: Path, line: int, column: str, text: str) -> float | None:
@@ -58,9 +76,9 @@ def _number(path: Path, line: int, column: str, text: str) -> float | None:
 
 
 def read_report(folder: str | Path) -> dict:
-    """One report folder: ``{"folder", "scale", "tables", "checks"}``, the checks being directions.csv's rows with
-    their numbers parsed; a folder that is not a report, or a file that is not what flatfl writes there, is one
-    ConfigError line naming it."""
+    """One report folder: ``{"folder", "scale", "tables", "checks", "values"}``, the checks being directions.csv's rows
+    with their numbers parsed, the values its tables' rows (:func:`_read_values`); a folder that is not a report, or
+    a file that is not what flatfl writes there, is one ConfigError line naming it."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"{folder} is not a folder (give report folders, e.g. reports/man-tables-quick)")
@@ -74,14 +92,8 @@ def read_report(folder: str | Path) -> dict:
             or not all(isinstance(t, str) for t in summary["tables"]):
         raise ConfigError(f"{summary_path}: not a flatfl report summary (no 'ours_scale' text or 'tables' list)")
     path = folder / "directions.csv"
-    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
-    missing = [c for c in _NEEDED if c not in (reader.fieldnames or [])]
-    if missing:
-        raise ConfigError(f"{path}: not a flatfl directions table (no column {', '.join(missing)})")
     checks, seen = [], set()
-    for line, row in enumerate(reader, start=2):
-        if None in row or any(v is None for v in row.values()):
-            raise ConfigError(f"{path} line {line}: not as many fields as the header")
+    for line, row in _csv_rows(path, _NEEDED, "directions table")[1]:
         key = tuple(row[k] for k in _KEY)
         if key in seen:
             raise ConfigError(f"{path} line {line}: {' / '.join(key)} appears twice")
@@ -108,14 +120,9 @@ def _read_values(folder: Path, tables: list[str]) -> dict:
         if not _TABLE_NAME.fullmatch(table):
             raise ConfigError(f"{folder / 'summary.json'}: {table[:40]!r} is not a table name")
         path = folder / f"{table}.csv"
-        reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
-        fields = reader.fieldnames or []
-        if not all(c in fields for c in ("method", "partition")):
-            raise ConfigError(f"{path}: not a flatfl table (no method and partition columns)")
+        fields, rows = _csv_rows(path, ("method", "partition"), "table")
         metrics = [m for m in dict.fromkeys(f[len("ours_"):] for f in fields) if m in METRIC_NAMES]  # CSV order
-        for line, row in enumerate(reader, start=2):
-            if None in row or any(v is None for v in row.values()):
-                raise ConfigError(f"{path} line {line}: not as many fields as the header")
+        for line, row in rows:
             values = {}
             for m in metrics:
                 n = _number(path, line, f"ours_{m}_n", row.get(f"ours_{m}_n", ""))
@@ -183,6 +190,15 @@ def _direction(row: dict) -> int | None:
     return None
 
 
+def _by_comparison(rows: list[dict], metric: str) -> dict[tuple, dict]:
+    """The rows of ``metric`` by comparison (table, partition, pair, metric), each as {report label: row}."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        if r["metric"] == metric:
+            out.setdefault(tuple(r[k] for k in _KEY), {})[r["report"]] = r
+    return out
+
+
 def _paragraph(rows: list[dict], labels: list[str], metrics: list[str]) -> list[str]:
     """What the reports show together, per metric: each report's verdicts, and where two reports resolve the same
     comparison in opposite directions (or the same one)."""
@@ -198,10 +214,7 @@ def _paragraph(rows: list[dict], labels: list[str], metrics: list[str]) -> list[
             parts.append(part)
         n = _counts(rows, labels[0], metric)["compared"]
         sentence = f"{name}, verdicts on the paper's direction in {n} comparisons: " + "; ".join(parts) + "."
-        by_key: dict[tuple, dict] = {}
-        for r in rows:
-            if r["metric"] == metric:
-                by_key.setdefault(tuple(r[k] for k in _KEY), {})[r["report"]] = r
+        by_key = _by_comparison(rows, metric)
         for i, a in enumerate(labels):
             for b in labels[i + 1:]:
                 both = [(_direction(g[a]), _direction(g[b])) for g in by_key.values()]
@@ -214,24 +227,20 @@ def _paragraph(rows: list[dict], labels: list[str], metrics: list[str]) -> list[
     return out
 
 
-def _markdown(reports: list[dict], labels: list[str], rows: list[dict], metrics: list[str]) -> str:
+def _markdown(reports: list[dict], labels: list[str], rows: list[dict], metrics: list[str], together: list[str]) -> str:
     lines = ["# flatfl contrast", ""]
     lines += [f"- **{label}** ({r['folder']}): {r['scale']}" for label, r in zip(labels, reports)]
     lines += ["", "Each cell: the change compared - reference in % of the reference, its paired 95% t interval over "
               "seeds (where the report has one), and that report's verdict on the paper's direction. Nothing is "
               "recomputed here: each report's numbers are its own.", ""]
     lines += ["## What the reports show together", ""]
-    lines += [f"- {s}" for s in _paragraph(rows, labels, metrics)]
+    lines += [f"- {s}" for s in together]
     lines += _values_markdown(reports, labels)
     for metric in metrics:
         lines += ["", f"## {METRIC_NAMES.get(metric, metric)}", "",
                   "| table | comparison | partition | paper | " + " | ".join(labels) + " |",
                   "|---|---|---|---|" + "---|" * len(labels)]
-        groups: dict[tuple, dict] = {}
-        for r in rows:
-            if r["metric"] == metric:
-                groups.setdefault(tuple(r[k] for k in _KEY), {})[r["report"]] = r
-        for key, g in groups.items():
+        for key, g in _by_comparison(rows, metric).items():
             first = g[labels[0]]
             lines.append(f"| {key[0]} | {key[3]} vs {key[2]} | {key[1]} | {_pct(first['paper_change_pct'])} | "
                          + " | ".join(_cell(g[label]) for label in labels) + " |")
@@ -266,15 +275,8 @@ def _values_markdown(reports: list[dict], labels: list[str]) -> list[str]:
     return lines
 
 
-def _csv(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    fields = list(_KEY) + ["report", "ours_reference", "ours_compared", "ours_change_pct", "ci_low_pct",
-                           "ci_high_pct", "paired_seeds", "verdict", "paper_change_pct"]
-    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: ("" if r[k] is None else r[k]) for k in fields})
-    return buf.getvalue()
+_CSV_COLUMNS = list(_KEY) + ["report", "ours_reference", "ours_compared", "ours_change_pct", "ci_low_pct",
+                             "ci_high_pct", "paired_seeds", "verdict", "paper_change_pct"]
 
 
 def write_contrast(folders, out, labels=None) -> dict:
@@ -294,15 +296,16 @@ def write_contrast(folders, out, labels=None) -> dict:
     if not rows:
         raise ConfigError("these reports share no comparison (same table, partition, pair and metric)")
     metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    together = _paragraph(rows, labels, metrics)
     summary = {"reports": [{"label": label, "folder": r["folder"], "scale": r["scale"]}
                            for label, r in zip(labels, reports)],
                "comparisons": len(rows) // len(labels),
                "counts": {label: {m: _counts(rows, label, m) for m in metrics} for label in labels},
-               "together": _paragraph(rows, labels, metrics),
+               "together": together,
                "files": ["contrast.csv", "contrast.md", "contrast.json"]}
     out = Path(out)
     with folder_lock(out):
-        atomic_write_many({out / "contrast.csv": _csv(rows),
-                           out / "contrast.md": _markdown(reports, labels, rows, metrics),
+        atomic_write_many({out / "contrast.csv": csv_text(rows, _CSV_COLUMNS),
+                           out / "contrast.md": _markdown(reports, labels, rows, metrics, together),
                            out / "contrast.json": json.dumps(summary, indent=2) + "\n"})
     return summary

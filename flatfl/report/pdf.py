@@ -17,7 +17,6 @@ Every file is written atomically (:mod:`flatfl.utils.io`); the PDF is rendered i
 """
 from __future__ import annotations
 
-import csv
 import io
 import os
 import time
@@ -28,7 +27,7 @@ from typing import Callable
 from ..errors import ConfigError, FlatflError
 from ..utils.device import resolve_device
 from ..utils.hessian_settings import HessianSettings
-from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
 from ..utils.lock import locks_output
 from . import figures
 from .curvature import curvature_page, has_curvature
@@ -218,16 +217,6 @@ def _sample_notices(records) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- CSV / Markdown
-def _csv(rows: list[dict], columns: list[str] | None = None) -> str:
-    columns = columns or (list(rows[0]) if rows else [])
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in columns})
-    return buf.getvalue()
-
-
 def _shown_path(path) -> str:
     """A run folder as the tables show it: relative to the current folder when inside it (so that a report made by
     the same command in another clone is the same file), else absolute."""
@@ -700,16 +689,16 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     out.mkdir(parents=True, exist_ok=True)
     run_rows = _run_rows(records)
     written = []
-    atomic_write_text(out / "runs.csv", _csv(run_rows))
+    atomic_write_text(out / "runs.csv", csv_text(run_rows))
     written.append("runs.csv")
     for spec, rows, *_ in specs_rows:
-        atomic_write_text(out / f"{spec.key}.csv", _csv(rows, [k for k in rows[0] if not isinstance(rows[0][k], dict)
-                                                               and not k.endswith("_by_seed") and k != "training"]
-                                                          if rows else None))
+        columns = [k for k in rows[0] if not isinstance(rows[0][k], dict) and not k.endswith("_by_seed")
+                   and k != "training"] if rows else None
+        atomic_write_text(out / f"{spec.key}.csv", csv_text(rows, columns))
         written.append(f"{spec.key}.csv")
     if specs_rows:
-        atomic_write_text(out / "directions.csv", _csv(all_checks, list(all_checks[0]) if all_checks else
-                                                           ["table", "partition", "reference", "compared", "metric"]))
+        columns = list(all_checks[0]) if all_checks else ["table", "partition", "reference", "compared", "metric"]
+        atomic_write_text(out / "directions.csv", csv_text(all_checks, columns))
         written.append("directions.csv")
     atomic_write_text(out / "report.md", _markdown(specs_rows, ours_scale, counts, missing, notices, differences))
     written.append("report.md")

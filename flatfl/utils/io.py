@@ -9,6 +9,7 @@ recorded in its folder's manifest (:mod:`flatfl.utils.manifest`) so that flatfl 
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 import json
 import math
@@ -21,7 +22,7 @@ from . import manifest
 from .atomic import atomic_write_bytes_unrecorded, file_mode, staged_file
 
 __all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_bytes_unrecorded", "atomic_write_text",
-           "atomic_write_json", "atomic_write_many", "atomic_torch_save", "json_safe"]
+           "atomic_write_json", "atomic_write_many", "atomic_torch_save", "json_safe", "csv_text"]
 
 
 @contextlib.contextmanager
@@ -72,6 +73,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def csv_text(rows: list[dict], columns: list[str] | None = None) -> str:
+    """``rows`` as CSV text: a header of ``columns`` (default the first row's keys), missing and None values empty,
+    other keys left out, '\\n' line ends (the report tables' format)."""
+    columns = columns or (list(rows[0]) if rows else [])
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in columns})
+    return buf.getvalue()
 
 
 def json_safe(obj: Any) -> Any:
