@@ -21,7 +21,7 @@ from .errors import FlatflError, error_line, unknown_name  # noqa: E402
 from .utils.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # noqa: E402  (no torch: the defaults)
 from .utils.hessian_settings import METHODS, TRACE_METHODS, HessianSettings, tracking_settings  # noqa: E402
 from .utils.surface_settings import DIRECTION_KINDS, SurfaceSettings  # noqa: E402
-from .paper_tables import TARGETS  # noqa: E402  (no torch: the tables flatfl reproduce makes, one module each)
+from .paper_tables import DEFAULT_SEEDS, PRESETS, TARGETS  # noqa: E402  (no torch: the tables flatfl reproduce makes)
 
 
 def friendly_errors(fn):
@@ -551,6 +551,16 @@ Re-running the same command skips finished runs and analyses and resumes interru
 """
 
 
+def _default_seeds_text() -> str:
+    """'0,1,2 for quick, fmnist and fmnist-cnn, 0 for paper and tiny': each preset's default seeds."""
+    by_seeds: dict[tuple, list[str]] = {}
+    for preset in PRESETS:
+        by_seeds.setdefault(DEFAULT_SEEDS[preset], []).append(preset)
+    return ", ".join(f"{','.join(map(str, seeds))} for "
+                     + (names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}")
+                     for seeds, names in by_seeds.items())
+
+
 def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (default: 1 on <= 2 cores, else the idle cores / workers)"):
     fn = click.option("--gpus-per-task", type=float, default=0, show_default=True, help="Ray: GPUs per run (e.g. 1 or 0.5)")(fn)
     fn = click.option("--ray-address", default=None, help="Ray: attach to this cluster (default $RAY_ADDRESS, else a local Ray)")(fn)
@@ -563,11 +573,11 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 @main.command(epilog=REPRODUCE_EPILOG, help="Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign "
               "Table 1.\n\n\b\nTARGET: " + ", ".join(TARGETS))  # a name per target, none broken at its hyphens
 @click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"), metavar="TARGET")
-@click.option("--preset", type=NameChoice(["quick", "fmnist", "fmnist-cnn", "paper", "tiny"], kind="preset"), default="quick", show_default=True,
+@click.option("--preset", type=NameChoice(PRESETS, kind="preset"), default="quick", show_default=True,
               help="quick: digits on a CPU; fmnist: Fashion-MNIST, MLP, on a CPU (<= 1 h on 2 cores); fmnist-cnn: Fashion-MNIST, the paper's CNN at LeNet-5 widths, on a CPU (<= 1 h on 2 cores); paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None, help="run folder (default runs/reproduce-<preset>)")
-@click.option("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default: 0,1,2 for quick, fmnist and fmnist-cnn, 0 for paper and tiny)")
+@click.option("--seeds", default=None, help=f"comma-separated seeds, e.g. 0,1,2 (default: {_default_seeds_text()})")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
 @click.option("--data-dir", default=None, help="dataset folder (paper preset: CIFAR-100)")
 @click.option("--model", type=NameChoice(["server", "clients-average"], kind="model"), default=None,

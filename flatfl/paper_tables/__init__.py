@@ -14,7 +14,8 @@ import pkgutil
 
 from .spec import Method, PaperTable, TableSpec
 
-__all__ = ["REPRODUCED", "TABLES", "GROUPS", "TARGETS", "Method", "PaperTable", "TableSpec", "discover"]
+__all__ = ["REPRODUCED", "TABLES", "GROUPS", "TARGETS", "PRESETS", "DEFAULT_SEEDS", "Method", "PaperTable",
+           "TableSpec", "discover"]
 
 
 def discover() -> dict[str, PaperTable]:
@@ -43,3 +44,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
 TARGETS: tuple[str, ...] = tuple(
     name for k, t in REPRODUCED.items()
     for name in ((k, t.group) if t.group and GROUPS[t.group][-1] == k else (k,)))
+#: the presets ``flatfl reproduce`` offers (each table has some of them: its ``presets``)
+PRESETS: tuple[str, ...] = ("quick", "fmnist", "fmnist-cnn", "paper", "tiny")
+#: seeds when ``--seeds`` is not given: the quick and Fashion-MNIST tables show mean +- sd over three seeds; one
+#: paper run takes GPU-days; tiny is for tests
+DEFAULT_SEEDS: dict[str, tuple[int, ...]] = {"quick": (0, 1, 2), "fmnist": (0, 1, 2), "fmnist-cnn": (0, 1, 2),
+                                             "paper": (0,), "tiny": (0,)}
