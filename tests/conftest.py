@@ -104,4 +104,3 @@ def hold_lock():
     for proc in holders:
         proc.kill()
         proc.wait()
-
