@@ -14,7 +14,11 @@
     python benchmarks/cuda_equivalence.py --device cuda                 # both parts (part 2: ~2 min on an H200)
     python benchmarks/cuda_equivalence.py --device cuda --skip-table    # part 1 only
     python benchmarks/cuda_equivalence.py --device cuda --preset fmnist-cnn   # part 2 with the CNN
+    python benchmarks/cuda_equivalence.py --device cuda --cuda-graphs --skip-table  # part 1 and graphs vs eager
     python benchmarks/cuda_equivalence.py --device cpu --limit 5 --skip-table   # a smoke run of the code
+
+``--cuda-graphs`` adds a part: every registered piece trained on the device in float64 with its steps replayed as
+CUDA graphs against the same run stepped eagerly (target: within 1e-9 relative).
 
 On a CPU, part 1 compares the CPU with itself (a check that the comparison runs, not of a device).
 """
@@ -36,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from flatfl.errors import ConfigError  # noqa: E402
 from flatfl.train.combinations import (differences, every_combination, pairwise_combinations,  # noqa: E402
-                                       train_case)
+                                       step_graph_combinations, step_graph_settings, train_case)
 
 RTOL = 1e-9
 METRICS = ("top_eigenvalue", "trace", "accuracy")
@@ -68,6 +72,30 @@ def differential(device: str, full: bool, limit: int | None, tmp: Path) -> bool:
           f"(largest difference {worst:.2e}); {refused} refused before training; {time.perf_counter() - start:.0f} s")
     for label in failed:
         print(f"  OFF: {label}")
+    return not failed
+
+
+def graphs(device: str, tmp: Path) -> bool:
+    """``--cuda-graphs`` against eager steps on the device, float64, all clients together, over every registered
+    piece (:func:`flatfl.train.combinations.step_graph_combinations`, the cases of tests/test_step_graph.py)."""
+    cases = step_graph_combinations()
+    print(f"graphs: {len(cases)} cases, float64 on {device}, eager vs --cuda-graphs (target <= {RTOL:g} relative)")
+    failed, start = [], time.perf_counter()
+    for i, case in enumerate(cases):
+        try:
+            eager = train_case(case, tmp / f"g{i}-eager", "all", device=device, settings=step_graph_settings)
+        except ConfigError:
+            print(f"{case.label:<42} refused before training")
+            continue
+        notices: list[str] = []
+        graphed = train_case(case, tmp / f"g{i}-graphed", "all", device=device, settings=step_graph_settings,
+                             cuda_graphs=True, log=notices.append)
+        worst = max(differences(eager, graphed).values())
+        ok = worst <= RTOL
+        if not ok:
+            failed.append(case.label)
+        print(f"{case.label:<42} {worst:>10.2e}  {'ok' if ok else 'OFF'}  {notices[0] if notices else 'replayed'}")
+    print(f"graphs: {len(cases) - len(failed)} of {len(cases)} within {RTOL:g}; {time.perf_counter() - start:.0f} s")
     return not failed
 
 
@@ -131,7 +159,10 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8, help="part 2: runs at once")
     ap.add_argument("--preset", choices=("fmnist", "fmnist-cnn"), default="fmnist",
                     help="part 2: the MLP (fmnist) or the CNN (fmnist-cnn) tables")
+    ap.add_argument("--cuda-graphs", action="store_true", help="also --cuda-graphs against eager steps (CUDA)")
     args = ap.parse_args()
+    if args.cuda_graphs and not args.device.startswith("cuda"):
+        ap.error("--cuda-graphs needs --device cuda")
     if args.device.startswith("cuda"):
         if not torch.cuda.is_available():
             print("cuda_equivalence: no CUDA device here", file=sys.stderr)
@@ -141,6 +172,8 @@ def main() -> int:
         print(f"device: {args.device} (CPU against itself: a check that the comparison runs), torch {torch.__version__}")
     with tempfile.TemporaryDirectory() as d:
         ok = differential(args.device, args.full, args.limit, Path(d))
+        if args.cuda_graphs:
+            ok = graphs(args.device, Path(d)) and ok
         if not args.skip_table:
             ok = table(args.device, args.workers, Path(d), args.preset) and ok
     return 0 if ok else 1

@@ -216,6 +216,9 @@ Examples:
 @click.option("--float32-matmul", type=NameChoice(["full", "tf32"], kind="float32 mode"), help="float32 matrix "
               "products and convolutions on CUDA: full (IEEE float32, the default) or tf32 (TensorFloat-32: faster, "
               "about 1e-3 relative per product); recorded in config.json")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=None, help="CUDA: capture a cohort's local step once a round "
+              "as a CUDA graph and replay it (one launch a step); steps that cannot be replayed exactly run eagerly, "
+              "with a one-line notice (default off)")
 @click.option("--eval-every", type=int, help="evaluate every k rounds (default 1)")
 @click.option("--checkpoint-every", type=int, help="write a checkpoint every k rounds (default 10)")
 @click.option("--save-clients/--no-save-clients", default=None, help="also write each client's latest local model (clients.pt)")

@@ -546,7 +546,8 @@ def scale_label(records: list[RunRecord]) -> str:
 
 def training_path_label(records: list[RunRecord]) -> str:
     """Which computation trained the runs (config.json's ``training_path``): 'trained on cpu, one client at a time,
-    float32 full'; several values joined by '/'; runs from before the record named as such."""
+    float32 full' (', steps as CUDA graphs' when ``--cuda-graphs`` was on); several values joined by '/'; runs from
+    before the record named as such."""
     paths = [r.training_path for r in records if r.training_path]
     if not paths:
         return "training path not recorded"
@@ -561,6 +562,9 @@ def training_path_label(records: list[RunRecord]) -> str:
     names = sorted({str(p["device_name"]) for p in paths if p.get("device_name")})
     label = (f"trained on {devices}{' (' + '/'.join(names) + ')' if names else ''}, {values('clients_at_once', clients)}, "
              f"float32 {values('float32_matmul')}")
+    graphed = sum(1 for p in paths if p.get("cuda_graphs") is True)
+    if graphed:
+        label += ", steps as CUDA graphs" + ("" if graphed == len(paths) else f" in {graphed} of {len(paths)} runs")
     missing = len(records) - len(paths)
     return label + (f" ({missing} run(s) without a record)" if missing else "")
 

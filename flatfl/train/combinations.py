@@ -26,7 +26,8 @@ from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 from .config import RunConfig
 
 __all__ = ["Combination", "factors", "admitted", "every_combination", "pairwise_combinations", "pairs_held", "required_pairs", "large_model",
-           "smallest_input", "case_data", "case_settings", "train_case", "differences"]
+           "smallest_input", "case_data", "case_settings", "train_case", "differences",
+           "step_graph_combinations", "step_graph_settings"]
 
 
 class Combination(NamedTuple):
@@ -159,6 +160,36 @@ def pairwise_combinations() -> list[Combination]:
     return sorted(chosen)
 
 
+def step_graph_combinations() -> list[Combination]:
+    """The combinations the differential test of replayed steps (``--cuda-graphs``) runs, one factor varied at a
+    time: every algorithm with no regularizer and with MAN, every local optimizer with FedAvg + MAN, on the cheapest
+    model without batch statistics; every regularizer with FedAvg and plain SGD, and every model that is not a
+    :func:`large_model` with FedAvg + MAN (no regularizer where MAN refuses it), on the cheapest model that admits
+    it. A replayed step runs the eager step's operations on the same tensors whatever the factors, so what can
+    differ is what each piece does at a step, and each piece is in some case."""
+    models, regs, algos, opts = factors()
+    by_cost = sorted(models, key=_cost)
+    base = next(m for m in by_cost if not batch_statistics(m))
+    out = [Combination(base, reg, algo, "sgd") for algo in algos for reg in ("none", "man")]
+    out += [Combination(base, "man", "fedavg", opt) for opt in opts]
+    for reg in regs:
+        out += [next((c for c in (Combination(m, reg, "fedavg", "sgd") for m in by_cost) if admitted(c)), None)]
+    for m in by_cost:
+        if not large_model(m):
+            out += [next((c for c in (Combination(m, r, "fedavg", "sgd") for r in ("man", "none")) if admitted(c)),
+                         None)]
+    return sorted({c for c in out if c is not None and admitted(c)})
+
+
+def step_graph_settings(c: Combination) -> dict:
+    """The settings of a replayed-steps case: :func:`case_settings`, with every client in every round, equal shares
+    of the data (IID) and two epochs of batches of 4 for every network, so that a cohort takes full steps
+    (captured and replayed) and partial ones (eager) in turn. (A replay runs the eager step's operations, so the
+    two agree exactly, and the amplification of rounding by BatchNorm on small batches, see :func:`case_settings`,
+    does not arise.)"""
+    return dict(case_settings(c), partition="iid", participation=1.0, local_epochs=2, batch_size=4)
+
+
 def pairs_held(combinations) -> set:
     """Every pair of factor values the combinations hold (for checking a covering set)."""
     return set().union(*(_pairs(Combination._make(c)) for c in combinations))
@@ -219,13 +250,15 @@ def case_settings(c: Combination) -> dict:
 
 
 def train_case(c: Combination, run_dir, parallel, *, device: str = "cpu", dtype: torch.dtype = torch.float64,
-               log=lambda s: None):
-    """The combination's differential case trained for its rounds with ``parallel`` clients at once on ``device``,
-    in ``dtype`` (torch's default floating type is set around the run, so the model is built in it); returns the
-    :class:`~flatfl.train.engine.Trainer` (``theta``, ``latest``, ``buffers``, ``algo`` state). Writes no files."""
+               log=lambda s: None, settings=case_settings, cuda_graphs: bool = False):
+    """The combination's differential case (``settings(c)``: :func:`case_settings`, or
+    :func:`step_graph_settings`) trained for its rounds with ``parallel`` clients at once on ``device``, in
+    ``dtype`` (torch's default floating type is set around the run, so the model is built in it), its steps
+    replayed as graphs with ``cuda_graphs``; returns the :class:`~flatfl.train.engine.Trainer` (``theta``,
+    ``latest``, ``buffers``, ``algo`` state). Writes no files."""
     from .engine import Trainer
 
-    cfg = RunConfig(**case_settings(c), parallel_clients=parallel, device=device).validate()
+    cfg = RunConfig(**settings(c), parallel_clients=parallel, device=device, cuda_graphs=cuda_graphs).validate()
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

@@ -87,6 +87,8 @@ class RunConfig:
     parallel_clients: object = None
     # float32 products and convolutions on CUDA: "full" (IEEE float32) or "tf32" (flatfl.utils.precision)
     float32_matmul: str = "full"
+    # CUDA: a cohort's full local steps captured once a round as a CUDA graph and replayed (flatfl.train.step_graph)
+    cuda_graphs: bool = False
     # curvature during training: every K rounds and at the end (0: off), settings as in flatfl.utils.hessian_settings
     # (TRACKING_FIELDS; unset ones take TRACKING_DEFAULTS). The engine only calls the observer that computes them.
     track_hessian: int = 0

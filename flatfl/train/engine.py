@@ -45,7 +45,8 @@ METRIC_COLUMNS = ["round", "lr", "clients", "local_loss", "train_loss", "train_a
                   "all_test_loss", "all_test_acc", "seconds"]
 CACHE_LIMIT_BYTES = 1 << 30  # normalised copies of a split are kept in memory below this size
 # settings that may differ between the start of a run and its resumption (they do not change what is computed)
-RESUME_FREE_SETTINGS = ("out", "device", "data_dir", "download", "threads", "eval_batch_size", "parallel_clients")
+RESUME_FREE_SETTINGS = ("out", "device", "data_dir", "download", "threads", "eval_batch_size", "parallel_clients",
+                        "cuda_graphs")
 
 
 def comparable_settings(cfg: RunConfig) -> dict:
@@ -219,6 +220,8 @@ class Trainer:
         self.latest_buffers = {k: v.unsqueeze(0).repeat(n, *[1] * v.dim()) for k, v in self.buffers.items()}
         self._networks: dict[int, tuple] = {}
         self.parallel, self.parallel_reason = self._choose_parallel()
+        self.graphs = self._choose_graphs()
+        self._noticed = False
         self.metrics: list[dict] = []
         self.start_round = 0
         self.elapsed = 0.0
@@ -405,6 +408,27 @@ class Trainer:
             self.log(f"training {why}")
         return n, why
 
+    def _choose_graphs(self) -> bool:
+        """Whether cohorts' full steps are captured and replayed as CUDA graphs (``--cuda-graphs``)."""
+        if not self.cfg.cuda_graphs:
+            return False
+        from .step_graph import capture_refusal
+
+        why = capture_refusal(self.device)
+        if why is not None:
+            raise ConfigError(why)
+        if self.augment:
+            self.log("--cuda-graphs: steps run eagerly (augmentation draws on the host at every step)")
+            return False
+        return True
+
+    def _notice_once(self, line: str) -> None:
+        """The first notice of the run's step graphs (why steps run eagerly); later ones say the same for other
+        cohorts."""
+        if not self._noticed:
+            self._noticed = True
+            self.log(line)
+
     def _client_state_rows(self, ids: list[int]) -> dict[str, torch.Tensor]:
         """Copies of the algorithm's per-client state rows of clients ``ids`` (FedRobust changes its rows while the
         clients train), to undo a cohort that ran out of memory part-way."""
@@ -473,7 +497,8 @@ class Trainer:
         opt = self.opt_cls(layout, lr=lr, weight_decay=decay, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            clip=cfg.clip, hp=self.opt_hp)
         losses = train_cohort(cohort, algo=self.algo, reg=self.reg, opt=opt, epochs=cfg.local_epochs,
-                              batch_size=cfg.batch_size, augment=augment, steps=taken_steps)
+                              batch_size=cfg.batch_size, augment=augment, steps=taken_steps, graphs=self.graphs,
+                              notice=self._notice_once)
         self.reg.end_cohort(cohort)
         self.algo.end_cohort(cohort)
         new = layout.get()
@@ -544,6 +569,7 @@ class Trainer:
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
         return {"device": str(dev), **({"device_name": name} if name else {}), "clients_at_once": self.parallel,
                 "clients_at_once_why": self.parallel_reason, "float32_matmul": self.cfg.float32_matmul,
+                "cuda_graphs": self.graphs,
                 "dtype": str(self.theta.dtype).replace("torch.", "")}
 
     def _dataset_info(self) -> dict:

@@ -61,19 +61,31 @@ class CohortData:
         self.offsets = np.cumsum([0] + [c.num_samples for c in clients[:-1]])
         self.device = self.x.device
 
+    def host_index(self, group: list[int], picks: dict[int, torch.Tensor]) -> np.ndarray:
+        """The rows of the cohort's data that the clients ``group`` whose indices are ``picks`` take, (M, B), on the
+        host."""
+        return np.stack([picks[k].numpy() + self.offsets[k] for k in group])
+
+    def gather(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batches (x, y), (M, B, ...) and (M, B), of the rows ``index`` (M, B), a tensor on the data's device."""
+        return self.x[index], self.y[index]
+
     def batches(self, group: list[int], picks: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The batches (x, y), (M, B, ...) and (M, B), of the clients ``group`` whose indices are ``picks``."""
-        index = np.stack([picks[k].numpy() + self.offsets[k] for k in group])  # on the host, no kernel
-        index = torch.from_numpy(index).to(self.device)
-        return self.x[index], self.y[index]
+        return self.gather(torch.from_numpy(self.host_index(group, picks)).to(self.device))
 
 
 def train_cohort(cohort: Cohort, *, algo: Algorithm, reg: Regularizer, opt: LocalOptimizer, epochs: int,
-                 batch_size: int, steps: list[int], augment: Callable | None = None) -> torch.Tensor:
+                 batch_size: int, steps: list[int], augment: Callable | None = None, graphs: bool = False,
+                 notice: Callable[[str], None] = lambda line: None) -> torch.Tensor:
     """Run the local steps of the cohort's clients on ``cohort.network`` (already holding their start parameters).
     Client k takes ``steps[k]`` steps of its own batches (:func:`batch_schedule`). At each step the clients that
     still train and whose batches have one size train as one batched computation; clients that have finished, or
     whose batch is of another size, sit out that computation (no padding, no fake samples).
+
+    ``graphs``: the steps of every client on a full batch are captured once and replayed
+    (:class:`~flatfl.train.step_graph.GraphedSteps`; not with ``augment``); ``notice`` gets the one line saying why
+    they run eagerly instead, when they do.
 
     Returns each client's mean loss over its steps, (N,). Raises DivergenceError if one is not finite."""
     cohort.network.train()
@@ -85,34 +97,48 @@ def train_cohort(cohort: Cohort, *, algo: Algorithm, reg: Regularizer, opt: Loca
     total = torch.zeros(n, device=dev, dtype=torch.float32)
     longest = max(steps) if steps else 0
     params = cohort.layout.params
+
+    def train_step(x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None) -> None:
+        step = StepContext(cohort, x, y, rows)
+        algo.prepare_batch(step)
+
+        def closure():
+            for p in params:
+                p.grad = None
+            loss = reg.forward(step)
+            extra = algo.loss_terms(step)
+            if extra is not None:
+                loss = loss + extra
+            loss.sum().backward()
+            return loss
+
+        loss = opt.step(closure, lambda: algo.correct_gradient(step), rows)
+        if rows is None:
+            total.add_(loss.detach())
+        else:
+            total[rows] += loss.detach()
+
+    graphed = None
+    if graphs and augment is None:
+        from .step_graph import GraphedSteps
+
+        pieces = {"algorithm": algo, "regularizer": reg, "optimizer": opt, "cohort": cohort.extras,
+                  "clients": [c.extras for c in cohort.clients], "network": list(cohort.network.modules())}
+        graphed = GraphedSteps(dev, n, batch_size, pieces=pieces, params=params, notice=notice)
     for s in range(longest):
         picks = {k: next(schedules[k]) for k in range(n) if s < steps[k]}
         by_size: dict[int, list[int]] = {}
         for k, idx in picks.items():
             by_size.setdefault(len(idx), []).append(k)
-        for group in by_size.values():
+        for size, group in by_size.items():
+            if graphed is not None and len(group) == n and size == batch_size:
+                graphed.run(data.host_index(group, picks), lambda index: train_step(*data.gather(index), None))
+                continue
             rows = None if len(group) == n else torch.tensor(group, device=dev)
             x, y = data.batches(group, picks)
             if augment is not None:  # each client's draws from its own generator, right after its batch's
                 x = torch.stack([augment(x[j], cohort.clients[k].generator) for j, k in enumerate(group)])
-            step = StepContext(cohort, x, y, rows)
-            algo.prepare_batch(step)
-
-            def closure(step=step):
-                for p in params:
-                    p.grad = None
-                loss = reg.forward(step)
-                extra = algo.loss_terms(step)
-                if extra is not None:
-                    loss = loss + extra
-                loss.sum().backward()
-                return loss
-
-            loss = opt.step(closure, lambda step=step: algo.correct_gradient(step), rows)
-            if rows is None:
-                total += loss.detach()
-            else:
-                total[rows] += loss.detach()
+            train_step(x, y, rows)
     mean = total / torch.tensor([max(k, 1) for k in steps], device=dev, dtype=total.dtype)
     bad = ~torch.isfinite(mean)
     if bool(bad.any()):

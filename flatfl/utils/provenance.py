@@ -18,8 +18,8 @@ from typing import Iterable, Mapping
 __all__ = ["state_digest", "settings_digest", "json_digest", "short", "PLACE_SETTINGS", "differing_settings"]
 
 # run settings that change no weight: where the run ran, how fast, where it wrote, what else it saved
-PLACE_SETTINGS = ("out", "device", "data_dir", "threads", "eval_batch_size", "parallel_clients", "eval_every",
-                  "checkpoint_every", "save_clients", "quiet")
+PLACE_SETTINGS = ("out", "device", "data_dir", "threads", "eval_batch_size", "parallel_clients", "cuda_graphs",
+                  "eval_every", "checkpoint_every", "save_clients", "quiet")
 
 
 def state_digest(state: Mapping) -> str:

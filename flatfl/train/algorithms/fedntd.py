@@ -22,10 +22,10 @@ from .base import Algorithm, register
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """(B, C) -> (B, C - 1): each row without its ground-truth entry, the other classes in order."""
-    keep = torch.ones_like(logits, dtype=torch.bool)
-    keep[torch.arange(len(y), device=y.device), y] = False
-    return logits[keep].view(len(y), logits.shape[1] - 1)
+    """(B, C) -> (B, C - 1): each row without its ground-truth entry, the other classes in order (one gather: class
+    j of the C - 1 others is j, or j + 1 from the true class on)."""
+    others = torch.arange(logits.shape[1] - 1, device=y.device).expand(len(y), -1)
+    return logits.gather(1, others + (others >= y.unsqueeze(1)))
 
 
 def not_true_distillation(local: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:

@@ -36,9 +36,10 @@ FULL_STATE_LIMIT = 1 << 28  # numbers of Lambda state for --robust-affine full
 
 
 def project_ball(v: torch.Tensor, radius: float) -> torch.Tensor:
-    """The point of the ball ||v|| <= radius (Frobenius norm for matrices) closest to v."""
-    norm = float(torch.linalg.vector_norm(v))
-    return v * (radius / norm) if norm > radius else v
+    """The point of the ball ||v|| <= radius (Frobenius norm for matrices) closest to v: v * min(1, radius / ||v||),
+    the factor in float64 on v's device (no host synchronisation)."""
+    norm = torch.linalg.vector_norm(v).double()
+    return v * torch.clamp(torch.full_like(norm, radius) / norm, max=1.0).to(v.dtype)
 
 
 @register
