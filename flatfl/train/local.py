@@ -123,7 +123,7 @@ def train_cohort(cohort: Cohort, *, algo: Algorithm, reg: Regularizer, opt: Loca
         from .step_graph import GraphedSteps
 
         pieces = {"algorithm": algo, "regularizer": reg, "optimizer": opt, "cohort": cohort.extras,
-                  "clients": [c.extras for c in cohort.clients], "network": list(cohort.network.modules())}
+                  "clients": cohort.clients, "round": cohort.round, "network": list(cohort.network.modules())}
         graphed = GraphedSteps(dev, n, batch_size, pieces=pieces, params=params, notice=notice)
     for s in range(longest):
         picks = {k: next(schedules[k]) for k in range(n) if s < steps[k]}
