@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flatfl.train.config import RunConfig  # noqa: E402
 from flatfl.train.engine import Trainer  # noqa: E402
+from flatfl.train.step_graph import SYNCS  # noqa: E402  (operations that make the host wait for the device)
 from gpu_round_time import METHODS, RESNET_METHODS, synthetic  # noqa: E402
 
 aten = torch.ops.aten
@@ -52,9 +53,6 @@ METADATA_ONLY = {aten.detach, aten.alias, aten.lift_fresh, aten.empty, aten.empt
                  aten.new_empty_strided, aten.sym_size, aten.sym_stride, aten.sym_numel,
                  aten.sym_storage_offset, aten.is_same_size, aten._has_compatible_shallow_copy_type,
                  aten.record_stream}
-#: operations that make the host wait for the device
-SYNCS = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten._unique2, aten.unique_consecutive,
-         aten.unique_dim, aten.equal}
 #: regularizers that change the network run on ResNet-20 (slimmable widths, residual blocks), the rest on the MAN CNN
 RESNET_REGS = {reg for _, _, reg in RESNET_METHODS}
 ROOT = str(Path(__file__).resolve().parents[1] / "flatfl")

@@ -78,8 +78,7 @@ class _Recorder(TorchDispatchMode):
 class RecordedStep:
     """A step recorded and replayed with a CUDA graph's semantics (the module docstring)."""
 
-    captures = 0  # how many steps were recorded, replays: how many replayed (all instances)
-    replays = 0
+    replays = 0  # how many steps were replayed (all instances)
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -98,7 +97,6 @@ class RecordedStep:
                 for t, old in reversed(rec.saved):
                     t.copy_(old)
         self.ops = rec.ops
-        RecordedStep.captures += 1
 
     def replay(self) -> None:
         with torch.no_grad():

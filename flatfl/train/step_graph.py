@@ -40,7 +40,7 @@ aten = torch.ops.aten
 
 #: operations that make the host wait for the device
 SYNCS = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten._unique2, aten.unique_consecutive,
-         aten.unique_dim, aten.equal, aten.is_nonzero}
+         aten.unique_dim, aten.equal}
 #: indexing operations, which synchronise when an index is a boolean mask (its size is read by the host)
 INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
 #: operations that draw random numbers (and every operation that takes a generator)
@@ -192,18 +192,15 @@ class CudaStepGraph:
     def __init__(self, device: torch.device):
         self.device = device
         self.graph = None
+        self.side = torch.cuda.Stream(device)
 
+    @contextlib.contextmanager
     def warm_up(self):
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-
-        @contextlib.contextmanager
-        def on_side():
-            with torch.cuda.stream(side):
-                yield
-            torch.cuda.current_stream(self.device).wait_stream(side)
-
-        return on_side()
+        current = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(current)
+        with torch.cuda.stream(self.side):
+            yield
+        current.wait_stream(self.side)
 
     def capture(self, step: Callable[[], None]) -> None:
         graph = torch.cuda.CUDAGraph()
@@ -238,7 +235,6 @@ class GraphedSteps:
         self.capturer = CAPTURES[device.type](device)
         self.taken = 0
         self.eager = False  # refused: every later step eager
-        self.replays = 0
 
     def stage(self, index) -> None:
         """Copy one step's batch indices, an (N, B) host array, into the fixed device buffer."""
@@ -274,7 +270,6 @@ class GraphedSteps:
                     run()
                     return
             self.capturer.replay()
-            self.replays += 1
 
     def _refuse(self, why: str) -> None:
         self.eager = True
