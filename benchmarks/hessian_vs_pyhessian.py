@@ -1,4 +1,4 @@
-"""flatfl's Hessian engine against PyHessian and scipy ``eigsh`` on this CPU (spec/analysis.md §2-3, issue 14).
+"""flatfl's Hessian engine against PyHessian and scipy ``eigsh`` on this CPU (docs/analysis-protocols.md §2-3, issue 14).
 
 One run, same machine, the model's operator shared where the tools allow it. Two models:
 
@@ -43,7 +43,7 @@ from flatfl.analysis import HessianOperator, hutchinson_trace, hutchpp_trace, to
 
 
 def man_cifar_cnn() -> nn.Module:
-    """The MAN / FedDyn CIFAR-100 CNN (spec/algorithms.md §20), from the registry when available."""
+    """The MAN / FedDyn CIFAR-100 CNN (docs/update-rules.md §20), from the registry when available."""
     try:
         from flatfl.models import build_model
 
@@ -77,7 +77,7 @@ class PyHessianCounter:
 
 
 def trained_digits_operator(rounds: int):
-    """A digits CNN trained by flatfl for a few rounds, with 512 training samples (as in spec/analysis.md §2)."""
+    """A digits CNN trained by flatfl for a few rounds, with 512 training samples (as in docs/analysis-protocols.md §2)."""
     import tempfile
 
     from click.testing import CliRunner

@@ -1,4 +1,4 @@
-"""Where independent tasks run: in this process, in a local process pool, or as Ray tasks (spec/ecosystem.md,
+"""Where independent tasks run: in this process, in a local process pool, or as Ray tasks (docs/datasets.md,
 "Scale-out").
 
 A task is ``fn(item)`` with a module-level ``fn`` and a picklable ``item``; tasks share nothing but the file system.

@@ -12,12 +12,12 @@ Targets (one module each in :mod:`flatfl.paper_tables`: the layout, the methods,
 
 Presets (:data:`PRESETS`):
 
-* ``paper``: the papers' settings. MAN (paper Sec. 4, supplementary Sec. 7, spec/algorithms.md §0): CIFAR-100 and
+* ``paper``: the papers' settings. MAN (paper Sec. 4, supplementary Sec. 7, docs/update-rules.md §0): CIFAR-100 and
   the MAN CNN, 100 clients, each joining a round with probability 0.1, 500 rounds, lr 0.1 decayed by 0.998 per
   round, batch 50, 5 local epochs, weight decay 1e-3, gradient clipping at 10; zeta 0.15 (main paper, for CIFAR-100)
   except FedAvg+MAN, zeta 0.6 (supplementary Sec. 7), in the fedMAN code's convention (loss = CE + zeta/2 * sum);
   FedDyn and FedDC alpha 0.01; FedSAM rho 0.05; FedASAM rho 0.5, eta 0.2; FedSpeed rho 0.1, lambda 0.01.
-  Hessian: PyHessian's protocol (spec/algorithms.md §21: power iteration and Hutchinson, 100 iterations, tol 1e-3,
+  Hessian: PyHessian's protocol (docs/update-rules.md §21: power iteration and Hutchinson, 100 iterations, tol 1e-3,
   the whole training set), and for MAN Fig. 4 the top 200 eigenvalues (Lanczos) and the spectral density.
   FedAlign (paper Sec. 3.2, spec §18-19): CIFAR-100, ResNet-56, 16 clients all participating, FedML Dirichlet 0.5,
   25 rounds x 20 local epochs, lr 0.01 (constant), momentum 0.9 Nesterov, weight decay 1e-4, batch 64; FedProx

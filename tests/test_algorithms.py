@@ -1,4 +1,4 @@
-"""Every FL algorithm against a hand computation (numpy, float64, from algorithms.md's formulas) through the real
+"""Every FL algorithm against a hand computation (numpy, float64, from docs/update-rules.md's formulas) through the real
 engine, their losses/weights against independent computations, a short learning run each on digits, and resume."""
 import json
 

@@ -1,4 +1,4 @@
-"""The Hessian engine against exact dense Hessians (spec/analysis.md §1-4).
+"""The Hessian engine against exact dense Hessians (docs/analysis-protocols.md §1-4).
 
 Truth: the Hessian of the full-data mean loss formed by ``torch.func.hessian`` (an implementation independent of the
 operator's double backward), and ``numpy.linalg.eigh`` of it. Three small models: a tanh MLP, a CNN with GroupNorm,

@@ -139,7 +139,7 @@ def test_cifar_cnn_parameter_count(classes):
     expected = conv(3, 64, 5) + conv(64, 64, 5) + fc(64 * 5 * 5, 384) + fc(384, 192) + fc(192, classes)
     assert n_params(build("cifar-cnn", num_classes=classes)) == expected
     if classes == 100:
-        assert expected == 815_332  # algorithms.md §20 / the brief
+        assert expected == 815_332  # docs/update-rules.md §20 / the brief
 
 
 def test_cifar_cnn_at_lenet_widths_on_fashion_mnist():
@@ -211,7 +211,7 @@ def test_cifar_cnn_activation_hooks_capture_the_four_man_terms():
     x = batch("cifar-cnn", b=3)
     acts, _ = capture(model, x)
     assert [tuple(a.shape) for a in acts] == [(3, 64, 28, 28), (3, 64, 10, 10), (3, 384), (3, 192)]
-    with torch.no_grad():  # the hooked tensors are the post-ReLU, pre-pool activations (algorithms.md §16)
+    with torch.no_grad():  # the hooked tensors are the post-ReLU, pre-pool activations (docs/update-rules.md §16)
         a1 = torch.relu(model.conv1(x))
         a2 = torch.relu(model.conv2(nn.functional.max_pool2d(a1, 2)))
         a3 = torch.relu(model.fc1(nn.functional.max_pool2d(a2, 2).flatten(1)))

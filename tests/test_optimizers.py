@@ -1,4 +1,4 @@
-"""SAM and ASAM local steps against a numpy computation (algorithms.md section 8), through the real engine."""
+"""SAM and ASAM local steps against a numpy computation (docs/update-rules.md section 8), through the real engine."""
 import numpy as np
 import pytest
 import torch

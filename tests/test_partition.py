@@ -1,4 +1,4 @@
-"""Partitions (algorithms.md section 1): sizes, determinism, label skew versus alpha, errors."""
+"""Partitions (docs/update-rules.md section 1): sizes, determinism, label skew versus alpha, errors."""
 import numpy as np
 import pytest
 

@@ -1,4 +1,4 @@
-"""The local regularizers (algorithms.md §16-19) against hand computations, numpy and explicitly written formulas,
+"""The local regularizers (docs/update-rules.md §16-19) against hand computations, numpy and explicitly written formulas,
 and composed with FL algorithms through the real engine on the embedded digits."""
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ def test_paper_preset_man_settings_are_the_papers():
     for t in tasks.values():
         c = _cfg(t)
         # MAN Sec. 4 and supplementary Sec. 7: CIFAR-100, 100 clients, 10% participation, 500 rounds, lr 0.1 decayed
-        # 0.998 per round, batch 50, 5 local epochs, clipping 10; weight decay 1e-3 (spec/algorithms.md §0)
+        # 0.998 per round, batch 50, 5 local epochs, clipping 10; weight decay 1e-3 (docs/update-rules.md §0)
         assert (c.dataset, c.model, c.clients, c.participation, c.sampling) == \
             ("cifar100", "cifar-cnn", 100, 0.1, "bernoulli")
         assert (c.rounds, c.lr, c.lr_decay, c.batch_size, c.local_epochs, c.clip, c.weight_decay) == \

@@ -1,4 +1,4 @@
-"""The FedDyn/MAN flip + zero-padded crop augmentation (spec/algorithms.md §0), checked against a numpy re-statement
+"""The FedDyn/MAN flip + zero-padded crop augmentation (docs/update-rules.md §0), checked against a numpy re-statement
 of the per-sample recipe (flip the width axis, zero-pad by `pad`, slice an HxW window) and by hand-made pixels."""
 from __future__ import annotations
 

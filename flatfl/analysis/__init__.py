@@ -1,4 +1,4 @@
-"""Curvature analysis of trained models: Hessian spectra, traces, spectral densities (spec/analysis.md).
+"""Curvature analysis of trained models: Hessian spectra, traces, spectral densities (docs/analysis-protocols.md).
 
 Python API (the ``flatfl hessian`` command is a thin layer over it)::
 

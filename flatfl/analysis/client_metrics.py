@@ -1,4 +1,4 @@
-"""Cross-client Hessian metrics H_N and H_D (FedAlign Eq. 3-4; spec/analysis.md §5).
+"""Cross-client Hessian metrics H_N and H_D (FedAlign Eq. 3-4; docs/analysis-protocols.md §5).
 
 For clients k and j with Hessian "diagonals" d_k and d_j::
 

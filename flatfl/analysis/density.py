@@ -1,4 +1,4 @@
-"""Eigenvalue spectral density by stochastic Lanczos quadrature (spec/analysis.md §4; Ghorbani, Krishnan & Xiao 2019).
+"""Eigenvalue spectral density by stochastic Lanczos quadrature (docs/analysis-protocols.md §4; Ghorbani, Krishnan & Xiao 2019).
 
 For a start ``v = z / ||z||`` (z Rademacher), m Lanczos steps give a tridiagonal ``T``; its eigenvalues ``theta_i``
 (nodes) and the squared first components of its eigenvectors ``w_i`` (weights, summing to 1) form the m-point

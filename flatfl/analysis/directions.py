@@ -1,4 +1,4 @@
-"""Directions for 2-D loss surfaces (spec/analysis.md §6).
+"""Directions for 2-D loss surfaces (docs/analysis-protocols.md §6).
 
 A direction is a list of tensors, one per parameter of the model in ``model.parameters()`` order (the parameters
 that require a gradient, the layout :class:`~flatfl.analysis.operator.HessianOperator` uses). Two kinds:

@@ -1,4 +1,4 @@
-"""Top eigenvalues of a Hessian operator (spec/analysis.md §2).
+"""Top eigenvalues of a Hessian operator (docs/analysis-protocols.md §2).
 
 Two methods:
 
@@ -22,7 +22,7 @@ Two methods:
   (``status``: ``none seen``, ``checked`` or ``more copies possible``). Spectra without coinciding values pay
   nothing; a repeated eigenvalue of which only one copy was seen cannot be detected (as with ARPACK).
 * :func:`power_iteration`: PyHessian's ``hessian.eigenvalues`` rule, reproduced exactly to reproduce papers that
-  used it (MAN Table 2, spec/algorithms.md §21): per parameter a standard normal start from the seed (the same draws
+  used it (MAN Table 2, docs/update-rules.md §21): per parameter a standard normal start from the seed (the same draws
   as PyHessian after ``torch.manual_seed(seed)``), normalisation by ``||v|| + 1e-6``, at most ``max_iter`` products per
   eigenvalue, stop when ``|new - old| / (|old| + 1e-6) < tol`` (the value kept is the *previous* estimate, as in
   PyHessian), Gram-Schmidt deflation against earlier vectors for ``top_n > 1``, results in the order found. It finds

@@ -67,7 +67,7 @@ def analyse(
     """Run the requested estimators on ``op``; returns ``(report, eigen_result, density_result)``.
 
     ``trace_method`` defaults to ``hutchpp``, or to ``pyhessian`` with ``method="power"`` so that the power method
-    reproduces PyHessian's whole protocol (spec/algorithms.md §21). Each estimator gets its own seed stream.
+    reproduces PyHessian's whole protocol (docs/update-rules.md §21). Each estimator gets its own seed stream.
     """
     if top > op.dim:
         raise ConfigError(f"--top {top} is larger than the number of parameters ({op.dim})")

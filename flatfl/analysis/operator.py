@@ -1,4 +1,4 @@
-"""The Hessian of a model's mean loss as a linear operator (spec/analysis.md §1).
+"""The Hessian of a model's mean loss as a linear operator (docs/analysis-protocols.md §1).
 
 :class:`HessianOperator` is the Hessian of the **sample-weighted mean** loss over a fixed, deterministic evaluation
 set, exposed through ``matvec(v)`` and ``matmat(V)`` on flat vectors (the concatenation of the selected parameters in

@@ -1,4 +1,4 @@
-"""2-D loss surfaces around a model (spec/analysis.md §6; Li et al. 2018; MAN Fig. 1; FedAlign Fig. 1).
+"""2-D loss surfaces around a model (docs/analysis-protocols.md §6; Li et al. 2018; MAN Fig. 1; FedAlign Fig. 1).
 
 The loss and accuracy of ``theta + x d1 + y d2`` at every point of the square grid ``x, y in linspace(-R, R, N)``,
 over a fixed evaluation set, the model in eval mode (BatchNorm running statistics, no dropout), no augmentation.

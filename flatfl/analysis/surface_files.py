@@ -1,4 +1,4 @@
-"""The files of ``flatfl surface`` (spec/analysis.md §6): the resumable grid ``surface.npz`` (:class:`GridFile`),
+"""The files of ``flatfl surface`` (docs/analysis-protocols.md §6): the resumable grid ``surface.npz`` (:class:`GridFile`),
 the directions it was computed along ``directions.pt`` (:func:`save_directions`, :func:`load_saved_directions`, so
 that a resumed Hessian surface skips Lanczos), ``surface.csv`` (:func:`surface_csv`) and the digests in their
 fingerprint (:func:`weights_sha1`, :func:`file_sha1`)."""

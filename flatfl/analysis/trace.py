@@ -1,4 +1,4 @@
-"""Trace and diagonal of a Hessian operator by randomised probing (spec/analysis.md §3 and §5).
+"""Trace and diagonal of a Hessian operator by randomised probing (docs/analysis-protocols.md §3 and §5).
 
 * :func:`hutchinson_trace`: the mean of ``z^T H z`` over Rademacher vectors z (Hutchinson 1989), with its standard
   error ``std(samples) / sqrt(count)``; stops at a target relative standard error or an HVP budget.

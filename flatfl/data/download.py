@@ -1,6 +1,6 @@
 """Find a dataset's extracted files, or fetch, verify and extract its official archive.
 
-The archives, their md5 checksums and URLs are the ones listed in spec/ecosystem.md ("Datasets"). Everything lives
+The archives, their md5 checksums and URLs are the ones listed in docs/datasets.md ("Datasets"). Everything lives
 under one ``root`` folder::
 
     root/
@@ -496,7 +496,7 @@ class IdxFile:
     gz_size: int | None = None  # bytes of upstream's .gz: a download stops beyond it
 
 
-#: train images, train labels, test images, test labels (spec/ecosystem.md, "Datasets")
+#: train images, train labels, test images, test labels (docs/datasets.md, "Datasets")
 FASHION_MNIST_FILES: tuple[IdxFile, ...] = (
     IdxFile("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
             "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888", 16 + 60_000 * 28 * 28, 26_421_880),

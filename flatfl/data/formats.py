@@ -1,4 +1,4 @@
-"""Readers for the standard on-disk dataset formats (spec/ecosystem.md, "Datasets"), without torchvision.
+"""Readers for the standard on-disk dataset formats (docs/datasets.md, "Datasets"), without torchvision.
 
 Every loader takes ``root``, the folder that holds the extracted dataset folder (see :mod:`flatfl.data.download`
 for the full layout)::
@@ -38,7 +38,7 @@ from .download import ensure_dataset
 
 # Normalisation constants (mean, std of x/255 per channel).
 CIFAR10_MEAN, CIFAR10_STD = (0.491, 0.482, 0.447), (0.247, 0.243, 0.262)  # FedDyn / MAN code
-CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)  # ecosystem.md, MAN code
+CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)  # docs/datasets.md, MAN code
 TINYIMAGENET_MEAN, TINYIMAGENET_STD = (0.4802, 0.4481, 0.3975), (0.2302, 0.2265, 0.2262)
 
 
@@ -125,7 +125,7 @@ def load_cifar10(root: str | os.PathLike, download: bool = True) -> ImageDataset
     """CIFAR-10 from ``root/cifar-10-batches-py`` (50,000 train / 10,000 test, 3x32x32, 10 classes).
 
     Normalisation: the FedDyn code's mean (0.491, 0.482, 0.447), std (0.247, 0.243, 0.262). Flip + crop
-    augmentation on by default (algorithms.md §0).
+    augmentation on by default (docs/update-rules.md §0).
     """
     folder = ensure_dataset("cifar10", root, download)
     batches = [_cifar_batch(folder / f"data_batch_{i}", "labels", 10) for i in range(1, 6)]
@@ -138,7 +138,7 @@ def load_cifar10(root: str | os.PathLike, download: bool = True) -> ImageDataset
 def load_cifar100(root: str | os.PathLike, download: bool = True) -> ImageDataset:
     """CIFAR-100 from ``root/cifar-100-python`` (50,000 / 10,000, 3x32x32, the 100 ``fine_labels``).
 
-    Normalisation: mean (0.5071, 0.4867, 0.4408), std (0.2675, 0.2565, 0.2761) (ecosystem.md, MAN code).
+    Normalisation: mean (0.5071, 0.4867, 0.4408), std (0.2675, 0.2565, 0.2761) (docs/datasets.md, MAN code).
     """
     folder = ensure_dataset("cifar100", root, download)
     train = _cifar_batch(folder / "train", "fine_labels", 100)

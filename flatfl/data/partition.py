@@ -1,4 +1,4 @@
-"""Client partitions of a training set (algorithms.md section 1).
+"""Client partitions of a training set (docs/update-rules.md section 1).
 
 * ``dirichlet`` - the FedDyn/MAN code's sampler: every client gets exactly n // N samples; client i has a class prior
   p_i ~ Dir(alpha * 1_C); samples are dealt one at a time to a uniformly chosen non-full client, with the class drawn

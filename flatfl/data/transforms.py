@@ -1,4 +1,4 @@
-"""The training augmentation of the FedDyn-family code (spec/algorithms.md §0), vectorised over a batch.
+"""The training augmentation of the FedDyn-family code (docs/update-rules.md §0), vectorised over a batch.
 
 Per sample, on the already-normalised float image: a horizontal flip with probability 1/2, then with probability
 1/2 a random HxW crop out of the image zero-padded by ``pad`` pixels on every side (offsets uniform in
@@ -50,7 +50,7 @@ def draw_flip_crop(batch_size: int, generator: torch.Generator, pad: int = 4
 
 
 def augment_flip_crop(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
-    """Random flip + zero-padded random crop of a normalised float batch (B, C, H, W) (algorithms.md §0).
+    """Random flip + zero-padded random crop of a normalised float batch (B, C, H, W) (docs/update-rules.md §0).
 
     Deterministic given ``generator``; the draws happen on the generator's device (CPU or the batch's CUDA
     device) and the result is on ``x``'s device, so a CPU generator gives the same augmentation on any device.

@@ -3,7 +3,7 @@
 * ``features(x)`` returns the penultimate representation, shape (B, feature_dim);
 * ``classifier`` is the final ``nn.Linear`` (MOON puts its projection head between the two);
 * ``activation_modules()`` lists, in forward order, the modules whose outputs are the post-non-linearity activations
-  that MAN penalises (algorithms.md §16), logits excluded. Each is its own module instance, used once per forward,
+  that MAN penalises (docs/update-rules.md §16), logits excluded. Each is its own module instance, used once per forward,
   so a forward hook on it sees each activation exactly once.
 """
 from __future__ import annotations

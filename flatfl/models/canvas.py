@@ -1,6 +1,6 @@
 """Many sub-networks of a stacked network, each at its own width and input size, in one pass: the canvas.
 
-GradAug (algorithms.md §19) trains each client's sub-networks, each at its own width on the batch resized to its own
+GradAug (docs/update-rules.md §19) trains each client's sub-networks, each at its own width on the batch resized to its own
 resolution. A stacked network (:mod:`flatfl.models.stacking`) runs M clients side by side along the channel axis;
 :meth:`Canvas.slots` runs n sub-networks of each of them, n * M *slots* (slot t * M + k is client k's t-th
 sub-network), in one pass:

@@ -1,7 +1,7 @@
 """Plain convolutional and fully connected models.
 
 Every non-linearity is its own module instance (never ``F.relu``, never reused) so forward hooks on
-``activation_modules()`` capture each activation exactly once (algorithms.md §16). Non-linearities are not in-place,
+``activation_modules()`` capture each activation exactly once (docs/update-rules.md §16). Non-linearities are not in-place,
 so a captured activation is never overwritten later in the forward pass. Weights use PyTorch's default
 initialisation, drawn from torch's global generator (the engine seeds it before building a model).
 
@@ -20,7 +20,7 @@ from .base import FeatureClassifier, conv_output_size, require_positive_size
 
 
 class CifarCNN(FeatureClassifier):
-    """The FedDyn / MAN CIFAR CNN (algorithms.md §20; MAN supp. Table 4, left column).
+    """The FedDyn / MAN CIFAR CNN (docs/update-rules.md §20; MAN supp. Table 4, left column).
 
     Conv(in->64, 5x5, no padding) -> ReLU -> MaxPool2 -> Conv(64->64, 5x5) -> ReLU -> MaxPool2 -> flatten (1600 on
     32x32) -> FC 384 -> ReLU -> FC 192 -> ReLU -> FC C. No normalisation layers.

@@ -16,7 +16,7 @@ Architectures
 Initialisation follows the FedAlign / torchvision code: Kaiming-normal (fan_out, ReLU) convolutions, unit-scale
 zero-shift norms, PyTorch's default for the classifier, drawn from torch's global generator.
 
-Slimming (algorithms.md §18-19)
+Slimming (docs/update-rules.md §18-19)
 -------------------------------
 Every convolution, norm and the classifier input are slimmable layers (:mod:`flatfl.models.slimmable`).
 ``set_width(w, stages="all")`` runs the whole network on the first ceil(w*C) channels of every layer (GradAug);
@@ -25,7 +25,7 @@ Every convolution, norm and the classifier input are slimmable layers (:mod:`fla
 CIFAR ResNets) and f_last the last stage's; ``forward_last_stage(f_prev)`` runs the last stage at the current width
 on the first ``last_stage_in_channels`` channels of f_prev, FedAlign's re-run of layer3 on a detached slice.
 
-Stochastic depth (algorithms.md §19; FedAlign ``models/resnet_stochdepth.py``)
+Stochastic depth (docs/update-rules.md §19; FedAlign ``models/resnet_stochdepth.py``)
 ----------------------------------------------------------------------------
 Each block has ``survival`` (default 1.0). With survival p < 1, in training mode one Bernoulli(p) draw per block
 and forward (from torch's global CPU generator) keeps or drops the residual branch for the whole batch; in eval mode

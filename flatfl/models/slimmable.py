@@ -1,4 +1,4 @@
-"""Slimmable layers: run a layer on the first ceil(w * C) of its channels (algorithms.md §18-19).
+"""Slimmable layers: run a layer on the first ceil(w * C) of its channels (docs/update-rules.md §18-19).
 
 FedAlign re-runs the last ResNet stage at width w = 0.25 and GradAug runs the whole network at widths in
 [0.25, 1] (Yu & Huang's "universally slimmable" layers, as used by the FedAlign code). Each layer here holds its

@@ -482,7 +482,7 @@ TABLE_ALIASES = GROUPS
 
 
 def paper_values() -> list[dict]:
-    """The papers' published numbers (the shipped copy of shared/spec/paper_values.csv)."""
+    """The papers' published numbers (flatfl/report/paper_values.csv)."""
     text = resources.files("flatfl.report").joinpath("paper_values.csv").read_text(encoding="utf-8")
     rows = list(csv.DictReader(text.splitlines()))
     for r in rows:
@@ -618,7 +618,7 @@ def model_for(spec: TableSpec, model: str | None) -> str:
     """The model whose numbers fill ``spec``'s rows: ``model`` when given, else the layout's default.
 
     MAN (main paper, Sec. 5: "we follow the protocol of [FedDyn], where we take the average of all the client
-    models for reporting accuracy"; spec/algorithms.md: the official scripts keep ``tst_perf_all``) reports the
+    models for reporting accuracy"; docs/update-rules.md: the official scripts keep ``tst_perf_all``) reports the
     all-clients average; its Hessian is said to be "the global model's" without naming which, so the MAN layouts
     measure the all-clients average for every column, accuracy and Hessian alike. FedAlign evaluates the server
     (global) model; with all clients joining every round, FedAvg's server model is that average anyway."""

@@ -60,7 +60,7 @@ class RunConfig:
     rounds: int = 50
     participation: float = 0.5
     sampling: str = "bernoulli"  # "bernoulli" (FedDyn code: each client joins with prob p) or "fraction" (fixed m)
-    # local training (algorithms.md section 0)
+    # local training (docs/update-rules.md section 0)
     local_epochs: int = 2
     batch_size: int = 50
     lr: float = 0.1

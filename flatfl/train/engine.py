@@ -278,7 +278,7 @@ class Trainer:
         return build
 
     def all_clients_params(self) -> torch.Tensor:
-        """The average of all clients' latest models ("all" in algorithms.md section 0)."""
+        """The average of all clients' latest models ("all" in docs/update-rules.md section 0)."""
         if self.algo_cls.all_model_weighting == "uniform":
             return self.latest.mean(0)
         return weighted_mean(list(self.latest), self.partition.sizes)

@@ -1,4 +1,4 @@
-"""The local training of a round's clients (algorithms.md section 0), N of them at once (N = 1: one at a time).
+"""The local training of a round's clients (docs/update-rules.md section 0), N of them at once (N = 1: one at a time).
 
 E epochs over each client's data in shuffled batches of B (the last partial batch kept); every step builds each
 client's local objective in a closure - the regularizer's data loss plus the algorithm's loss terms, one value per

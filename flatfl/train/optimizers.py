@@ -8,7 +8,7 @@ every round). Its :meth:`step` receives
 * ``correct()`` - adds the algorithm's parameter-dependent gradient terms (proximal, drift, control variates).
 
 Plain SGD calls the closure once; SAM and ASAM call it again at the perturbed point, so every loss term enters both
-passes with no code per combination. The order inside a step follows algorithms.md section 0: gradient, algorithm
+passes with no code per combination. The order inside a step follows docs/update-rules.md section 0: gradient, algorithm
 terms, clip to the global norm, then the SGD update with weight decay (and momentum) applied by torch's SGD.
 """
 from __future__ import annotations
@@ -180,7 +180,7 @@ class SGD(LocalOptimizer):
 
 @LOCAL_OPTIMIZERS.register
 class SAM(LocalOptimizer):
-    """Sharpness-aware minimization as a local optimizer (Foret et al. 2021; FedSAM; algorithms.md section 8).
+    """Sharpness-aware minimization as a local optimizer (Foret et al. 2021; FedSAM; docs/update-rules.md section 8).
 
     One step, for each client (row) of the cohort::
 
@@ -225,7 +225,7 @@ class SAM(LocalOptimizer):
 
 @LOCAL_OPTIMIZERS.register
 class ASAM(SAM):
-    """Adaptive SAM (Kwon et al. 2021; FedASAM; algorithms.md section 8): the ascent is taken in the metric of
+    """Adaptive SAM (Kwon et al. 2021; FedASAM; docs/update-rules.md section 8): the ascent is taken in the metric of
     T_w = |w| + eta (element-wise) for every parameter tensor whose name contains "weight", T = 1 for the others
     (biases)::
 

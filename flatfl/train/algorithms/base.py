@@ -46,7 +46,7 @@ class ClientResult:
 
 class Algorithm(Component):
     kind: ClassVar[str] = "algorithm"
-    #: how the "all clients' latest models" average is weighted (algorithms.md section 0): by sample count for
+    #: how the "all clients' latest models" average is weighted (docs/update-rules.md section 0): by sample count for
     #: FedAvg/FedProx, uniformly for FedDyn, SCAFFOLD, FedDC, FedSpeed.
     all_model_weighting: ClassVar[str] = "samples"
     #: the local optimizer the algorithm is defined with (FedSAM, FedSpeed, MoFedSAM: "sam"; FedASAM: "asam"); None: the
@@ -118,7 +118,7 @@ class Algorithm(Component):
     # ----- the round -----
     def local_step_counts(self, num_samples: int, batch_size: int, epochs: int) -> tuple[int, int]:
         """(steps client i takes this round, the K its update divides by). Default: both K_i = E * ceil(n_i / B),
-        the client's own epochs (spec/algorithms.md section 4). SCAFFOLD and FedDC offer the official scripts' rule
+        the client's own epochs (docs/update-rules.md section 4). SCAFFOLD and FedDC offer the official scripts' rule
         (``--steps-rule mean``)."""
         k = epochs * math.ceil(num_samples / batch_size)
         return k, k

@@ -1,4 +1,4 @@
-"""FedAvg (McMahan et al. 2017; algorithms.md section 2).
+"""FedAvg (McMahan et al. 2017; docs/update-rules.md section 2).
 
 Client: E epochs of local SGD on the cross-entropy. Server: theta^{t+1} = sum_{i in P_t} n_i theta_i / sum n_i.
 No state beyond theta. (With ``--local-opt sam`` this is FedSAM, with ``asam`` FedASAM.)

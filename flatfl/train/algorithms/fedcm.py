@@ -1,4 +1,4 @@
-"""FedCM: client-level momentum (Xu et al. 2021), as in the FedSpeed authors' simulator (algorithms.md section 9).
+"""FedCM: client-level momentum (Xu et al. 2021), as in the FedSpeed authors' simulator (docs/update-rules.md section 9).
 
 Server state: Delta^t, the previous round's average update turned into a gradient estimate; 0 in round 1::
 

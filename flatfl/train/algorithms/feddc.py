@@ -1,4 +1,4 @@
-"""FedDC (Gao et al. CVPR 2022), as in the FedDC/fedMAN code (algorithms.md section 6).
+"""FedDC (Gao et al. CVPR 2022), as in the FedDC/fedMAN code (docs/update-rules.md section 6).
 
 State: per client the parameter drift h_i and the local gradient-correction state g_i; on the server the global
 correction G. All start at 0.
@@ -27,7 +27,7 @@ divide by the undecayed eta0 (``initial``), which published FedDC numbers were p
 Default alpha = 0.01 (hard-coded in fedMAN; FedDC's scripts).
 
 ``--steps-rule``: every client trains its own E epochs either way. ``own`` (the default) divides its drift by the
-steps it took, K_i = E * ceil(n_i / B) (the paper's intent; spec/algorithms.md section 6). ``mean`` divides by the
+steps it took, K_i = E * ceil(n_i / B) (the paper's intent; docs/update-rules.md section 6). ``mean`` divides by the
 official FedDC/fedMAN scripts' ``n_minibatch = E * ceil(mean(n) / B)``, computed from the mean client size, as those
 scripts do. Equal client sizes (the FedDyn/MAN Dirichlet split): the same; unequal ones: ``mean`` reproduces the
 official code (from round 2 on, when the changed g_i first steers training).

@@ -1,5 +1,5 @@
 """FedDisco: discrepancy-aware aggregation (Ye et al. ICML 2023), as in the official code (``disco.py``,
-``algorithms/fedavg.py``; algorithms.md section 15).
+``algorithms/fedavg.py``; docs/update-rules.md section 15).
 
 Local training is FedAvg's. Each round, over the participating clients P_t with sizes n_k and label
 distributions q_k (the client's label counts over its training set, normalised)::

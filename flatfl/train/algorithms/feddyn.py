@@ -1,4 +1,4 @@
-"""FedDyn (Acar et al. ICLR 2021), as in the FedDyn/fedMAN code (algorithms.md section 5).
+"""FedDyn (Acar et al. ICLR 2021), as in the FedDyn/fedMAN code (docs/update-rules.md section 5).
 
 Client state: h_i, the accumulated drift (h_i = -grad L_i(theta_i) / alpha at a stationary point), starts at 0.
 

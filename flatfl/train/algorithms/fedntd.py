@@ -1,5 +1,5 @@
 """FedNTD: federated not-true distillation (Lee et al. NeurIPS 2022), as in the official criterion
-(``algorithms/fedntd/criterion.py``; algorithms.md section 14).
+(``algorithms/fedntd/criterion.py``; docs/update-rules.md section 14).
 
 Both the local logits l and the logits g of the frozen model the server sent drop the ground-truth class; the
 local model is distilled towards the global model's distribution over the remaining C - 1 classes::

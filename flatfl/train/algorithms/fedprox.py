@@ -1,4 +1,4 @@
-"""FedProx (Li et al. 2020; algorithms.md section 3).
+"""FedProx (Li et al. 2020; docs/update-rules.md section 3).
 
 Local objective: CE + (mu/2)||theta - theta^t||^2, i.e. CE + (mu/2)||theta||^2 - mu<theta, theta^t> + const, as
 the FedDyn-family code writes it (the terms are part of the loss, so they are clipped with it). Its gradient

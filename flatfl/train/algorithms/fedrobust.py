@@ -1,5 +1,5 @@
 """FedRobust (Reisizadeh et al. NeurIPS 2020, "Robust Federated Learning: The Case of Affine Distribution Shifts";
-algorithms.md section 12). **Not verified against code**: no official repository was found; every default is
+docs/update-rules.md section 12). **Not verified against code**: no official repository was found; every default is
 unverified.
 
 Each client i holds a private affine perturbation (Lambda_i, delta_i), initialised to (I, 0), applied to its

@@ -1,4 +1,4 @@
-"""FedSAM and FedASAM: FedAvg with a sharpness-aware local optimizer (algorithms.md section 8).
+"""FedSAM and FedASAM: FedAvg with a sharpness-aware local optimizer (docs/update-rules.md section 8).
 
 FedSAM (Qu et al. ICML 2022, Algorithm 1; Caldarola et al. ECCV 2022) runs K local SAM steps
 w~ = w + rho g / ||g||, w <- w - eta grad f(w~) and averages the models as FedAvg does; FedASAM (Caldarola et al.)

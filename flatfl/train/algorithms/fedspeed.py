@@ -1,4 +1,4 @@
-"""FedSpeed (Sun et al. ICLR 2023), as the FedSpeed authors' simulator and fedMAN run it (algorithms.md section 7).
+"""FedSpeed (Sun et al. ICLR 2023), as the FedSpeed authors' simulator and fedMAN run it (docs/update-rules.md section 7).
 
 FedDyn's prox-correction with a SAM-type local step. Client state h_i (starts at 0). Per local step::
 

@@ -1,5 +1,5 @@
 """MimeLite (Karimireddy et al. 2020, "Mime"), with SGD-momentum as the base optimizer, as fedjax's
-``mime_lite.py`` structures it (algorithms.md section 11).
+``mime_lite.py`` structures it (docs/update-rules.md section 11).
 
 Server state: theta and the base optimizer's state, a momentum buffer m (starts at 0).
 
@@ -19,7 +19,7 @@ over its data, without augmentation). Server::
 The full-batch gradient is of the cross-entropy alone (not of a regularizer's penalty), with the model in training
 mode, in batches of --batch-size.
 
-Defaults, all unverified (algorithms.md section 22: no values found): beta = 0.9, eta_g = 1, no delta clipping.
+Defaults, all unverified (docs/update-rules.md section 22: no values found): beta = 0.9, eta_g = 1, no delta clipping.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MoFedSAM (Qu et al. ICML 2022, Algorithm 2; the FedSpeed simulator's ``client/mofedsam.py``; algorithms.md
+"""MoFedSAM (Qu et al. ICML 2022, Algorithm 2; the FedSpeed simulator's ``client/mofedsam.py``; docs/update-rules.md
 section 10).
 
 FedCM's client momentum with SAM local steps. Per local step::

@@ -1,5 +1,5 @@
 """MOON: model-contrastive federated learning (Li et al. CVPR 2021), as in the official code
-(``main.py::train_net_fedcon``, ``model.py::ModelFedCon``; algorithms.md section 13).
+(``main.py::train_net_fedcon``, ``model.py::ModelFedCon``; docs/update-rules.md section 13).
 
 Model: the network's encoder output h -> projection head [Linear(d, d), ReLU, Linear(d, 256)] -> z ->
 classifier Linear(256, C). :meth:`Moon.wrap_model` builds it around any flatfl model (``features`` / ``classifier``

@@ -1,4 +1,4 @@
-"""SCAFFOLD (Karimireddy et al. ICML 2020), option-II control variates as in the FedDyn code (algorithms.md section 4).
+"""SCAFFOLD (Karimireddy et al. ICML 2020), option-II control variates as in the FedDyn code (docs/update-rules.md section 4).
 
 State: a server control variate c and one per client, c_i; all start at 0.
 
@@ -23,7 +23,7 @@ c_i are too small by the factor decay^t (0.37 at round 500 with decay 0.998). Us
 published with that code.
 
 ``--steps-rule`` picks K. ``own`` (the default): every client takes K_i = E * ceil(n_i / B) steps, its own E epochs,
-and divides by K_i, as spec/algorithms.md section 4 and the SCAFFOLD paper mean it (K is the number of steps the
+and divides by K_i, as docs/update-rules.md section 4 and the SCAFFOLD paper mean it (K is the number of steps the
 client actually took). ``mean``: the official FedDyn/fedMAN scripts compute one ``n_minibatch = E * ceil(mean(n) /
 B)`` from the *mean* client size and every client takes exactly that many steps (freshly shuffled epochs, the last
 one cut short) and divides by it. With equal client sizes (the FedDyn/MAN Dirichlet split) the two are the same;

@@ -1,4 +1,4 @@
-"""ASD: adaptive self-distillation from the round's global model (Yashwanth et al., TMLR; algorithms.md §17).
+"""ASD: adaptive self-distillation from the round's global model (Yashwanth et al., TMLR; docs/update-rules.md §17).
 
 Local loss on a batch {(x_i, y_i)} of client k::
 

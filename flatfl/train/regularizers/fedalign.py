@@ -1,5 +1,5 @@
 """FedAlign: align the Lipschitz constant of a slimmed final block with the full one (Mendieta et al. CVPR 2022,
-Eq. 5-7, Alg. 1; algorithms.md §18).
+Eq. 5-7, Alg. 1; docs/update-rules.md §18).
 
 Per batch:
 

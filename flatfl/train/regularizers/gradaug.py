@@ -1,5 +1,5 @@
 """GradAug: self-distillation into randomly slimmed, randomly resized sub-networks (Yang et al. NeurIPS 2020, as a
-FedAlign baseline: FedAlign paper Eq. 2; algorithms.md §19).
+FedAlign baseline: FedAlign paper Eq. 2; docs/update-rules.md §19).
 
 Per batch::
 

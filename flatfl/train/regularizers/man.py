@@ -1,4 +1,4 @@
-"""MAN: minimize the layer-wise activation norm (Yashwanth et al.; MAN paper Eq. 15-18; algorithms.md §16).
+"""MAN: minimize the layer-wise activation norm (Yashwanth et al.; MAN paper Eq. 15-18; docs/update-rules.md §16).
 
 Local loss, exactly as the official fedMAN code computes it::
 

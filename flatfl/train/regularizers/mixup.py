@@ -1,4 +1,4 @@
-"""Mixup (Zhang et al. ICLR 2018) as a local regularizer (FedAlign baseline; algorithms.md §19).
+"""Mixup (Zhang et al. ICLR 2018) as a local regularizer (FedAlign baseline; docs/update-rules.md §19).
 
 Per batch: lambda ~ Beta(gamma, gamma) and a random permutation pi of the batch; the model sees
 x~ = lambda x + (1 - lambda) x[pi] and the loss is lambda CE(f(x~), y) + (1 - lambda) CE(f(x~), y[pi]).

@@ -1,4 +1,4 @@
-"""Stochastic depth (Huang et al. ECCV 2016) as a local regularizer (FedAlign baseline; algorithms.md §19).
+"""Stochastic depth (Huang et al. ECCV 2016) as a local regularizer (FedAlign baseline; docs/update-rules.md §19).
 
 :meth:`StochDepth.prepare_model` sets each residual block's survival probability linearly from 1.0 (first block) to
 ``--survival-last`` (last block) with :func:`flatfl.models.set_stochastic_depth`. The blocks do the rest: in
