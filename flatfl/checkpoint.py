@@ -24,7 +24,7 @@ from .errors import CheckpointError, ConfigError
 from .models.spec import model_from_spec
 from .utils.device import resolve_device
 from .utils.io import atomic_torch_save
-from .utils.provenance import json_digest, settings_digest, short, state_digest
+from .utils.provenance import is_settings_digest, json_digest, settings_digest, short, state_digest
 
 FORMAT = "flatfl-checkpoint"
 FORMAT_VERSION = 2
@@ -378,7 +378,7 @@ class Checkpoint:
             raise CheckpointError(f"{f} is not a flatfl client-models file (no 'params' table)")
         mine = settings_digest(self.config)
         theirs = state.get("run_settings_sha256")
-        if isinstance(theirs, str) and theirs != mine:
+        if isinstance(theirs, str) and not is_settings_digest(self.config, theirs):
             raise CheckpointError(f"{f} holds the client models of another run (run settings sha256 {short(theirs)}; "
                                   f"{self.path} is of {short(mine)}); use the clients.pt its run wrote")
         part = self.payload.get("partition")

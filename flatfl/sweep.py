@@ -67,7 +67,6 @@ __all__ = ["RunTask", "run_task", "analyse_run", "run_tasks", "run_state", "read
            "SweepGrid", "HESSIAN_DIR", "SPECTRUM_DIR", "CLIENTS_DIR", "SURFACE_DIR", "MODEL_CHECKPOINTS",
            "analysis_dir", "model_checkpoint", "settings_match"]
 
-_CONFIG_KEYS_IGNORED = ("out", "device", "data_dir", "threads")  # may differ between a run and its resumption
 
 
 # ---------------------------------------------------------------------------------------------- one task
@@ -90,23 +89,6 @@ class RunTask:
     model: str = "server"  # the model the Hessian, spectrum and surface analyses measure (MODEL_CHECKPOINTS)
 
 
-def _comparable_config(cfg: dict) -> dict:
-    from .train.config import with_defaults
-
-    out = {k: v for k, v in with_defaults(cfg).items() if k not in _CONFIG_KEYS_IGNORED}
-    if isinstance(out.get("params"), dict):  # settings no piece of the run reads (older runs kept them) change nothing
-        from .train.config import RunConfig
-        from .train.catalog import used_hparams
-
-        try:
-            used = used_hparams(out.get("algo", RunConfig.algo), out.get("local_opt", RunConfig.local_opt),
-                                out.get("reg", RunConfig.reg))
-            out["params"] = {k: v for k, v in out["params"].items() if k in used}
-        except ConfigError:
-            pass
-    return out
-
-
 def run_state(run_dir: str | Path, expected=None) -> str:
     """'new' (nothing there), 'partial' (started, not finished) or 'finished'. With ``expected`` (a RunConfig),
     a directory holding a run with other settings raises :class:`ConfigError` naming the first differences."""
@@ -123,9 +105,11 @@ def run_state(run_dir: str | Path, expected=None) -> str:
     except Exception:
         raise ConfigError(f"{cfg_file} is corrupt; delete {d} to start the run again") from None
     if expected is not None:
-        want = _comparable_config(json.loads(json.dumps(expected.to_dict())))
-        have = _comparable_config(stored)
-        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        from .train.identity import run_settings
+        from .utils.run_identity import differing_keys
+
+        want, have = run_settings(expected.to_dict()), run_settings(stored)
+        diff = differing_keys(want, have)
         if diff:
             shown = ", ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} asked" for k in diff[:3])
             raise ConfigError(f"{d} holds a run with other settings ({shown}); delete it or choose another out")

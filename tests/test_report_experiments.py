@@ -176,14 +176,18 @@ def test_pairs_differing_in_anything_but_the_method():
     other = _check("man-table2", base, dict(base, dataset="fashion-mnist", reg="man", params={"zeta": 0.6}))
     assert other["verdict"] == "incomparable" and other["incomparable_because"] == \
         "trained differently: dataset digits vs fashion-mnist, model digits-cnn vs emnist-cnn"
-    dyn = dict(base, algo="feddyn", params={"alpha": 0.01})
-    same = _check("man-table2", dyn, dict(dyn, reg="man", params={"alpha": 0.01, "zeta": 0.15}), "FedDyn",
+    dyn = dict(base, algo="feddyn", params={"feddyn_alpha": 0.01})
+    same = _check("man-table2", dyn, dict(dyn, reg="man", params={"feddyn_alpha": 0.01, "zeta": 0.15}), "FedDyn",
                   "FedDyn+MAN")
     assert same["verdict"] == "inconclusive"
-    differs = _check("man-table2", dyn, dict(dyn, reg="man", params={"alpha": 0.1, "zeta": 0.15}), "FedDyn",
+    differs = _check("man-table2", dyn, dict(dyn, reg="man", params={"feddyn_alpha": 0.1, "zeta": 0.15}), "FedDyn",
                      "FedDyn+MAN")
     assert differs["verdict"] == "incomparable" and differs["incomparable_because"] == \
-        "trained differently: alpha 0.01 vs 0.1"
+        "trained differently: feddyn-alpha 0.01 vs 0.1"
+    # a recorded setting that no piece of either run reads changes no number
+    unread = _check("man-table2", dyn, dict(dyn, reg="man", params={"feddyn_alpha": 0.01, "zeta": 0.15, "mu": 9.0}),
+                    "FedDyn", "FedDyn+MAN")
+    assert unread["verdict"] == "inconclusive"
     moved = _check("man-table2", dict(base, threads=1, parallel_clients=1, device="cpu"),
                    dict(base, threads=2, parallel_clients=4, device="cuda", reg="man", params={"zeta": 0.6}))
     assert moved["verdict"] == "inconclusive"

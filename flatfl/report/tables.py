@@ -29,6 +29,8 @@ from ..errors import ConfigError, unknown_name
 from ..paper_tables import GROUPS, TABLES, TableSpec
 from ..train.catalog import display_name
 from ..train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
+from ..train.identity import experiment_settings
+from ..utils.run_identity import NO_NUMBER_SETTINGS
 
 __all__ = ["RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_label", "partition_label",
            "TableSpec", "TABLES", "paper_values", "build_table", "direction_checks", "matching_tables",
@@ -632,42 +634,13 @@ def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
     return _mean_and_spread(values)
 
 
-def _neutral_settings() -> tuple[str, ...]:
-    from ..utils.provenance import PLACE_SETTINGS
-
-    return tuple(PLACE_SETTINGS) + ("track_hessian", "track_hessian_settings", "download")
-
-
-#: run settings that change no number beyond rounding: where and how fast the run ran (device, threads, clients
-#: trained at once), what it wrote and where, and the curvature it tracked on the side (tracking reads the model and
-#: changes no weight). Runs differing only in these are seeds of one experiment; the differences are shown.
-NEUTRAL_SETTINGS = _neutral_settings()
+#: run settings that change no number beyond rounding (:mod:`flatfl.utils.run_identity`): runs differing only in
+#: these are seeds of one experiment; the differences are shown.
+NEUTRAL_SETTINGS = NO_NUMBER_SETTINGS
 _NEUTRAL_SHOWN = tuple(k for k in NEUTRAL_SETTINGS if k not in ("out", "quiet"))  # out differs for every run
 _METHOD_KEYS = ("algo", "local_opt", "reg")
-
-
-def training_settings(config: dict) -> dict:
-    """What decides a run's numbers, besides its seed: its settings (a missing one at its default) less
-    :data:`NEUTRAL_SETTINGS`, the network by its resolved name, and every hyper-parameter its algorithm, local
-    optimizer and regularizer read, at its value or the piece's default (keyed ``params.<flag>``)."""
-    from ..train.catalog import load_all
-    from ..train.config import RunConfig, with_defaults
-
-    full = with_defaults(config)
-    out = {k: v for k, v in full.items() if k not in NEUTRAL_SETTINGS and k not in ("seed", "params")}
-    params = dict(full.get("params") or {})
-    try:
-        out["model"] = RunConfig.from_dict(full).resolved_model()
-        load_all()
-        algo = ALGORITHMS.get_class(str(full.get("algo")))
-        for cls in (algo, LOCAL_OPTIMIZERS.get_class(algo.local_optimizer(str(full.get("local_opt")))),
-                    REGULARIZERS.get_class(str(full.get("reg")))):
-            for hp in cls.hparams:
-                params.setdefault(hp.key, hp.default)
-    except (ConfigError, TypeError, AttributeError):  # a piece this version does not know: its settings as recorded
-        pass
-    out.update({f"params.{k}": v for k, v in params.items()})
-    return out
+#: what decides a run's numbers besides its seed (:func:`flatfl.train.identity.experiment_settings`)
+training_settings = experiment_settings
 
 
 def _shown_value(v) -> str:
@@ -886,10 +859,12 @@ def _method_keys(spec: TableSpec, *methods: str) -> set[str]:
 
     keys = set(_METHOD_KEYS)
     table = REPRODUCED.get(spec.key)
-    for m in (table.methods if table else ()):
-        if m.label in methods:
-            keys |= set(m.settings) | {f"params.{k}" for k in m.settings}
-    return keys
+    planned = [m.settings for m in (table.methods if table else ()) if m.label in methods]
+    # a setting the plan gives the methods alike is no part of what tells them apart
+    for settings in planned:
+        keys |= {k for k, v in settings.items()
+                 if len(planned) < 2 or any(k not in other or other[k] != v for other in planned)}
+    return keys | {f"params.{k}" for k in keys}
 
 
 def trained_differently(spec: TableSpec, a: dict, b: dict) -> list[str]:

@@ -31,12 +31,14 @@ from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json,
 from ..utils.device import resolve_device
 from ..utils.environment import environment
 from ..utils.provenance import settings_digest
+from ..utils.run_identity import differing_keys
 from .algorithms.base import Algorithm, weighted_mean
 from ..checkpoint import FINAL_FILE, save_checkpoint, save_clients_average
 from .catalog import load_all
 from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 from .context import ClientContext, Cohort, RoundContext, client_rng, frozen_copy
 from .evaluate import evaluate
+from .identity import run_settings
 from .local import train_cohort
 from .resume import load_resume_state, rng_state, save_resume_state
 from ..models.params import ParamLayout, float_buffers
@@ -44,15 +46,6 @@ from ..models.params import ParamLayout, float_buffers
 METRIC_COLUMNS = ["round", "lr", "clients", "local_loss", "train_loss", "train_acc", "test_loss", "test_acc",
                   "all_test_loss", "all_test_acc", "seconds"]
 CACHE_LIMIT_BYTES = 1 << 30  # normalised copies of a split are kept in memory below this size
-# settings that may differ between the start of a run and its resumption (they do not change what is computed)
-RESUME_FREE_SETTINGS = ("out", "device", "data_dir", "download", "threads", "eval_batch_size", "parallel_clients",
-                        "cuda_graphs")
-
-
-def comparable_settings(cfg: RunConfig) -> dict:
-    """The settings a resumed run must share with its start, as plain JSON-safe values."""
-    d = json.loads(json.dumps(cfg.to_dict(), default=str))
-    return {k: v for k, v in d.items() if k not in RESUME_FREE_SETTINGS}
 CUSTOM_DATA_FILE = "data.pt"  # a custom dataset saved with its run (tensors only)
 CUSTOM_DATA_LIMIT_BYTES = 1 << 30
 
@@ -628,7 +621,7 @@ class Trainer:
             "round": rnd, "finished": final, "theta": self.theta.cpu(), "buffers": {k: v.cpu() for k, v in self.buffers.items()},
             "latest": self.latest.cpu(), "latest_buffers": {k: v.cpu() for k, v in self.latest_buffers.items()},
             "algorithm": self.algo.state_dict(), "metrics": list(self.metrics), "elapsed": self.elapsed,
-            "observer_seconds": self.observer_seconds, "rng": rng_state(), "settings": comparable_settings(self.cfg),
+            "observer_seconds": self.observer_seconds, "rng": rng_state(), "settings": run_settings(self.cfg.to_dict()),
         }
         if final:  # final.pt first: a run whose resume.pt says finished always has its final.pt
             save_clients_average(d, payload)  # the all-clients average, a checkpoint of its own
@@ -647,10 +640,9 @@ class Trainer:
         st = load_resume_state(f)
         saved = st.get("settings")
         if isinstance(saved, dict):
-            now = comparable_settings(self.cfg)
-            # a setting added after the run started: the run had it at its default
-            saved = {**{k: v for k, v in comparable_settings(type(self.cfg)()).items() if k not in saved}, **saved}
-            changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+            # a setting added after the run started: the run had it at its default (run_settings fills it in)
+            now, saved = run_settings(self.cfg.to_dict()), run_settings(saved)
+            changed = differing_keys(saved, now)
             if changed:
                 shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:3])
                 raise ConfigError(f"--resume: the settings of {self.run_dir} changed since the run started ({shown}); "

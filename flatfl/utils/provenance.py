@@ -4,8 +4,8 @@ to, so that every reader can check what it reads against the run it reads it for
 * :func:`state_digest`: SHA-256 of a model's weights (a state dict: names, shapes, dtypes and values). A
   checkpoint's ``state_dict`` and the model rebuilt from it give the same digest.
 * :func:`settings_digest`: SHA-256 of a run's training settings (its ``config``) without those that change no number
-  (:data:`PLACE_SETTINGS`: where and how fast it ran, what it saved); ``without`` leaves out more (``seed``, to
-  compare the seeds of one row).
+  (:data:`flatfl.utils.run_identity.NO_NUMBER_SETTINGS`); ``without`` leaves out more (``seed``, to compare the seeds
+  of one row). :func:`is_settings_digest` also accepts the digest files of earlier versions recorded.
 * :func:`json_digest`: SHA-256 of any JSON-safe value (a model spec).
 * :func:`short`: the first 12 hex digits, as messages show a digest.
 """
@@ -15,11 +15,13 @@ import hashlib
 import json
 from typing import Iterable, Mapping
 
-__all__ = ["state_digest", "settings_digest", "json_digest", "short", "PLACE_SETTINGS", "differing_settings"]
+from .run_identity import NO_NUMBER_SETTINGS, differing_keys, without_settings
 
-# run settings that change no weight: where the run ran, how fast, where it wrote, what else it saved
-PLACE_SETTINGS = ("out", "device", "data_dir", "threads", "eval_batch_size", "parallel_clients", "cuda_graphs",
-                  "eval_every", "checkpoint_every", "save_clients", "quiet")
+__all__ = ["state_digest", "settings_digest", "is_settings_digest", "json_digest", "short", "differing_settings"]
+
+# the settings earlier versions left out of the digest they recorded (clients.pt of older runs carries it)
+_EARLIER_DIGEST_FREE = ("out", "device", "data_dir", "threads", "eval_batch_size", "parallel_clients", "cuda_graphs",
+                        "eval_every", "checkpoint_every", "save_clients", "quiet")
 
 
 def state_digest(state: Mapping) -> str:
@@ -41,19 +43,22 @@ def json_digest(value) -> str:
 
 
 def _training_settings(config: Mapping, without: Iterable[str] = ()) -> dict:
-    drop = set(PLACE_SETTINGS) | set(without)
-    return {k: v for k, v in (config or {}).items() if k not in drop}
+    return without_settings(config, (*NO_NUMBER_SETTINGS, *without))
 
 
 def settings_digest(config: Mapping, without: Iterable[str] = ()) -> str:
-    """sha256 of a run's training settings (``config`` less :data:`PLACE_SETTINGS` and ``without``)."""
+    """sha256 of a run's training settings (``config`` less the settings that change no number and ``without``)."""
     return json_digest(_training_settings(config, without))
+
+
+def is_settings_digest(config: Mapping, digest: str) -> bool:
+    """Whether ``digest`` is ``config``'s settings digest, as this version or an earlier one recorded it."""
+    return digest in (settings_digest(config), json_digest(without_settings(config, _EARLIER_DIGEST_FREE)))
 
 
 def differing_settings(a: Mapping, b: Mapping, without: Iterable[str] = ()) -> list[str]:
     """The training settings (see :func:`settings_digest`) in which two run configs differ, sorted."""
-    a, b = _training_settings(a, without), _training_settings(b, without)
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return differing_keys(_training_settings(a, without), _training_settings(b, without))
 
 
 def short(digest) -> str:
