@@ -1,10 +1,10 @@
-"""flatfl's Hessian engine against PyHessian and scipy ``eigsh`` on this CPU (docs/analysis-protocols.md §2-3, issue 14).
+"""flatfl's Hessian engine against PyHessian and scipy ``eigsh`` on this CPU (docs/analysis-protocols.md §2-3).
 
 One run, same machine, the model's operator shared where the tools allow it. Two models:
 
 * the MAN CIFAR-100 CNN (815,332 parameters, random weights, seed 0) on N random CIFAR-shaped inputs (default 512,
   one batch, so PyHessian keeps its first-order graph as flatfl does);
-* a digits CNN (13,706 parameters) trained by flatfl for 20 rounds, on 512 of its training samples (spec §2).
+* a digits CNN (13,706 parameters) trained by flatfl for 20 rounds, on 512 of its training samples (docs/analysis-protocols.md §2).
 
 Prints:
 

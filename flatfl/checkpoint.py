@@ -106,6 +106,15 @@ def current_setting_names(resolved: dict) -> dict:
     return out
 
 
+def short_reason(error: BaseException, limit: int = 160) -> str:
+    """An exception's message as one short clause: its first line, cut at a word before ``limit`` characters."""
+    text = str(error).strip()
+    reason = text.splitlines()[0].strip() if text else type(error).__name__
+    if len(reason) > limit:
+        reason = reason[:limit].rsplit(" ", 1)[0].rstrip(" ,;:(") + " ..."
+    return reason
+
+
 def read_checkpoint(path: str | Path) -> dict:
     """The validated payload of a checkpoint file (no code executed: ``weights_only=True``); a format-1 model spec
     is completed (:func:`legacy_model_spec`)."""
@@ -114,14 +123,16 @@ def read_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.is_dir():
         raise CheckpointError(f"{path} is a directory, not a checkpoint (no final.pt in it)")
+    if not path.is_file():  # a pipe would block the read forever, a device never ends
+        raise CheckpointError(f"{path} is not a regular file (a pipe, device or socket), not a checkpoint")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, a text file...
         if refused_objects(e):
             raise CheckpointError(f"{path} holds Python objects that flatfl will not load (unpickling them could run "
                                   "code): not a flatfl checkpoint, or tampered with") from None
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path} is not a readable flatfl checkpoint (corrupt or truncated: {reason[:160]})") from None
+        raise CheckpointError(f"{path} is not a readable flatfl checkpoint (corrupt or truncated: "
+                              f"{short_reason(e)})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a flatfl checkpoint (no flatfl header)")
     version = payload.get("format_version", 0)
@@ -158,7 +169,7 @@ def read_checkpoint(path: str | Path) -> dict:
 
 
 def check_provenance(payload: dict, path) -> None:
-    """The checkpoint is what its record says: where recorded (flatfl newer than issue 29), the digests of its spec
+    """The checkpoint is what its record says: in checkpoints that record them, the digests of its spec
     and weights match its contents; in older files, the spec names the network the run's config asked for. A spec edited to name another architecture with the same parameter shapes is refused here, before
     the network is built from it."""
     spec, config = payload["model_spec"], payload["config"]

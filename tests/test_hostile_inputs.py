@@ -574,6 +574,9 @@ CASES = {
         r / "final.pt", lambda p: p.pop("state_dict"))), "state_dict"),
     "hessian-nan-weights": (_on_run("hessian", prepare=lambda c, r: _nan_weights(c, r)), "non-finite"),
     "hessian-malicious-pickle": (_on_run("hessian", prepare=_marker_checkpoint), "will not load"),
+    "hessian-fifo-checkpoint": (lambda c: (os.mkfifo(c.ws / "f.pt"), ["hessian", str(c.ws / "f.pt"), "--out",
+                                                                      str(c.ws / "out")])[1], "not a regular file"),
+    "hessian-dev-zero": (lambda c: ["hessian", "/dev/zero", "--out", str(c.ws / "out")], "not a regular file"),
     "hessian-tol-inf": (_on_run("hessian", "--tol", "inf"), "--tol"),
     "hessian-tol-zero": (_on_run("hessian", "--tol", "0"), "--tol"),
     "hessian-tol-two": (_on_run("hessian", "--tol", "2"), "--tol"),
@@ -1272,3 +1275,14 @@ def test_empty_source_date_epoch_is_ignored(monkeypatch):
     assert r.exit_code == 2 and r.stderr == ("flatfl: error: SOURCE_DATE_EPOCH must be a non-negative integer (seconds "
                                              "since 1970), got 'soon'; unset it or leave it empty to use the current "
                                              "time\n"), r.output
+
+
+def test_a_long_load_error_is_cut_at_a_word():
+    """A loader's message longer than a line is cut between words, with an ellipsis, never mid-word."""
+    from flatfl.checkpoint import short_reason
+
+    words = "the pickle stream declares a frame of 18446744073709551615 bytes which exceeds what this file holds " * 3
+    cut = short_reason(ValueError(words + "\nsecond line"))
+    assert cut.endswith(" ...") and len(cut) <= 164 and "second" not in cut
+    assert words.startswith(cut[:-4]) and words[len(cut) - 4] == " "
+    assert short_reason(ValueError("")) == "ValueError" and short_reason(OSError("short")) == "short"

@@ -139,7 +139,7 @@ def test_cifar_cnn_parameter_count(classes):
     expected = conv(3, 64, 5) + conv(64, 64, 5) + fc(64 * 5 * 5, 384) + fc(384, 192) + fc(192, classes)
     assert n_params(build("cifar-cnn", num_classes=classes)) == expected
     if classes == 100:
-        assert expected == 815_332  # docs/update-rules.md §20 / the brief
+        assert expected == 815_332  # docs/update-rules.md §20
 
 
 def test_cifar_cnn_at_lenet_widths_on_fashion_mnist():

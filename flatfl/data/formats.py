@@ -383,7 +383,7 @@ def load_emnist(root: str | os.PathLike, download: bool = True, split: str = "by
     """EMNIST (28x28 grey handwritten characters) from the NIST IDX files, in ``root/gzip/`` or ``root/``.
 
     Default split "byclass" (62 classes: digits, upper- and lower-case letters; 697,932 train / 116,323 test).
-    The FedSAM slides (papers/004, Table 1) name only "EMNIST"; the methods it compares against (MimeLite, FedCM)
+    The FedSAM slides (Table 1) name only "EMNIST"; the methods it compares against (MimeLite, FedCM)
     were run on the 62-class federated EMNIST, and byclass is the NIST split with exactly those 62 classes and
     all the images ("balanced", 47 classes, is the other common choice: pass ``split="balanced"``). This choice is
     an inference, not stated in the slides. ``split`` is one of byclass, bymerge, balanced, letters (labels

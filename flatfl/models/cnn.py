@@ -27,8 +27,8 @@ class CifarCNN(FeatureClassifier):
     MAN's activations (§16): conv1 and conv2 after ReLU and before pooling, fc1 and fc2 after ReLU.
 
     ``channels`` (the two convolutions) and ``hidden`` (the two hidden FC layers) set the widths; the defaults are the
-    paper's. The same network at LeNet-5's widths, ``channels=(6, 16), hidden=(120, 84)``, is the family's member a
-    2-core CPU trains on Fashion-MNIST in minutes (44,426 parameters on 1x28x28).
+    paper's. The same network at LeNet-5's widths, ``channels=(6, 16), hidden=(120, 84)``, is the family's small
+    member (44,426 parameters on 1x28x28), the fmnist-cnn reproduction's network.
     """
 
     def __init__(self, num_classes: int, in_channels: int = 3, image_size: int = 32,

@@ -296,7 +296,7 @@ class ResNet(FeatureClassifier):
 
 
 def set_stochastic_depth(model: nn.Module, last: float = 0.5) -> list[float]:
-    """Set block survival probabilities linearly from 1.0 (first block) to ``last`` (last block) (FedAlign §19).
+    """Set block survival probabilities linearly from 1.0 (first block) to ``last`` (last block) (docs/update-rules.md §19).
 
     ``last=1.0`` switches stochastic depth off. Returns the survival of each block. When the model records a
     ``flatfl_spec`` with a ``stochastic_depth`` entry, it is updated so that a rebuilt model evaluates the same.

@@ -2,7 +2,7 @@
 
 Written into every run's ``config.json`` (key ``environment``). Identical settings reproduce a run's numbers bit for
 bit only with the same torch thread count and the same library versions on the same kind of machine: the thread
-count changes the order of floating-point reductions (2 threads instead of 1 moved digits weights by 0.11, issue 17).
+count changes the order of floating-point reductions.
 """
 from __future__ import annotations
 

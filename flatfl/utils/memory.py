@@ -2,8 +2,8 @@
 
 glibc's malloc serves a large block (a convolution's activations, a gradient) from its own ``mmap`` and returns
 it to the system when freed, and it trims the heap whenever its free top grows past a threshold; the next
-training step then touches fresh pages again, one page fault per 4 KiB. On the MAN CIFAR CNN this was 100,000+
-page faults a round and 15-20% of a CPU round's time (`benchmarks/train_throughput.py`). flatfl raises the mmap
+training step then touches fresh pages again, one page fault per 4 KiB. ``benchmarks/train_throughput.py`` measures
+what that costs (docs/performance.md). flatfl raises the mmap
 threshold to glibc's ceiling (32 MiB on 64-bit, so blocks below it come from the heap and are reused) and the
 trim threshold to 1 GiB: memory freed within a step is reused by the next. Nothing else changes: the peak memory is
 the same; the process simply keeps what it has used until it exits. A no-op where the C library is not glibc.

@@ -1,8 +1,8 @@
 """How many torch threads a compute command uses (``--threads N``, config key ``threads``).
 
 torch's own default is one intra-op thread per core. When another process already keeps a core busy, those threads
-wait for each other at every parallel region and small models slow down 10-40x (``benchmarks/threads_contention.py``
-measures it). The default here therefore counts only the cores that are idle now:
+wait for each other at every parallel region and small models slow down many times over (``benchmarks/threads_contention.py``
+measures it; docs/performance.md). The default here therefore counts only the cores that are idle now:
 
 * machines with at most 2 cores: 1 thread;
 * otherwise: the usable cores minus the busy ones, divided among ``workers`` processes, at least 1. Busy cores are
