@@ -212,15 +212,15 @@ def test_a_tracking_failure_is_named_and_training_goes_on(tmp_path, monkeypatch)
 
     import flatfl.analysis.tracking as tracking
 
-    real, calls = tracking.analyse, []
+    real, calls = tracking.compute, []
 
-    def failing_at_round_2(op, **kw):  # what the eigen solver does on non-finite products
+    def failing_at_round_2(op, settings, **kw):  # what the eigen solver does on non-finite products
         calls.append(1)
         if len(calls) == 2:
             raise np.linalg.LinAlgError("Eigenvalues did not converge")
-        return real(op, **kw)
+        return real(op, settings, **kw)
 
-    monkeypatch.setattr(tracking, "analyse", failing_at_round_2)
+    monkeypatch.setattr(tracking, "compute", failing_at_round_2)
     run = tmp_path / "run"
     r = CliRunner().invoke(main, [*TRAIN, "--rounds", "3", "--track-hessian", "1", "--track-top", "1",
                                   "--track-samples", "64", "--out", str(run)])

@@ -27,20 +27,24 @@ Your own model, the way PyHessian is called (:mod:`flatfl.analysis.model_hessian
   cache_graph="auto", products="auto", block_size=None)``: Hessian of the sample-weighted mean loss over a fixed
   evaluation set (``batches``: one ``(x, y)`` batch, a list of them or a DataLoader: :func:`as_batches`); ``matvec(v)``,
   ``matmat(V)`` on flat vectors, ``dim``, ``device``, ``dtype``, ``hvps`` (products so far), ``unflatten(v)``
-  (parameter-shaped views by name), ``gradient()``, ``loss()``. :class:`MatrixOperator` wraps an explicit matrix.
-  Every estimator below accepts any object with ``matvec``, ``dim``, ``device``, ``dtype``.
+  (parameter-shaped views by name), ``gradient()``, ``loss()``. :class:`MatrixOperator` wraps an explicit matrix,
+  :class:`FunctionOperator` a function ``v -> H v``. Every estimator below takes a :class:`CurvatureOperator`
+  (:mod:`flatfl.analysis.linear_operator`: ``dim``, ``dtype``, ``device``, ``matmat``, ``matvec``, ``hvps``,
+  ``param_shapes``, ``preferred_block_size``, ``release()``, ``locked``); :func:`as_operator` makes one of a matrix
+  and refuses anything else in one line.
 * :func:`top_eigenvalues` ``(op, k, *, tol=1e-3, seed=0, return_vectors=False, basis_size=None, block_size=None,
   max_hvps=None, exact_residuals=False) -> EigenResult``: thick-restart block Lanczos, largest algebraic; repeated
   eigenvalues checked for more copies (``info["multiplicity"]``).
 * :func:`power_iteration` ``(op, top_n=1, *, max_iter=100, tol=1e-3, seed=0, ...) -> EigenResult``: PyHessian's
-  rule, exactly.
+  rule, exactly (:mod:`flatfl.analysis.power`).
 * :func:`hutchinson_trace`, :func:`hutchpp_trace`, :func:`pyhessian_trace`, :func:`estimate_trace`
   ``-> TraceResult(estimate, stderr, hvps, method, samples)``; :func:`hutchinson_diagonal` ``(op, *, samples=100,
   seed=0) -> (diagonal, stderr)``.
 * :func:`spectral_density` ``(op, *, steps=100, starts=1, seed=0) -> DensityResult(nodes, weights, hvps)`` and
   :func:`smoothed_density` ``(nodes, weights) -> (grid, density)``.
 * :func:`estimate_eigenvalues` ``(op, method, k, ...)`` and :func:`estimate_trace` ``(op, method, ...)``: an
-  estimator by name (:mod:`flatfl.analysis.estimators`; the names: ``flatfl.utils.hessian_settings``'s registry).
+  estimator by name (:mod:`flatfl.analysis.estimators`); the registry of names, labels and defaults is
+  :mod:`flatfl.utils.hessian_settings`, where :func:`register_estimator` adds one from any package.
 * :func:`cross_client_metrics` ``(operators, *, protocol="default", probes=100, groups=10, seed=0, ...) ->
   ClientMetrics`` and :func:`pairwise_metrics` ``(diagonals)``: H_N and H_D across clients
   (:mod:`flatfl.analysis.client_metrics`).
@@ -62,10 +66,14 @@ from __future__ import annotations
 
 from .client_metrics import ClientMetrics, cross_client_metrics, pairwise_metrics
 from .density import DensityResult, smoothed_density, spectral_density
-from .eigen import EigenResult, power_iteration, top_eigenvalues
+from ..utils.hessian_settings import Estimator, register_estimator
+from .batches import as_batches
+from .eigen import EigenResult, top_eigenvalues
 from .estimators import estimate_eigenvalues, estimate_trace
+from .linear_operator import CurvatureOperator, FunctionOperator, MatrixOperator, as_operator
 from .model_hessian import ModelHessian, hessian
-from .operator import HessianOperator, MatrixOperator, as_batches
+from .operator import HessianOperator
+from .power import power_iteration
 from .surface import SurfaceEvaluator, SurfaceResult, loss_surface
 from .trace import TraceResult, hutchinson_diagonal, hutchinson_trace, hutchpp_trace, pyhessian_trace
 
@@ -74,7 +82,12 @@ __all__ = [
     "ModelHessian",
     "HessianOperator",
     "MatrixOperator",
+    "FunctionOperator",
+    "CurvatureOperator",
+    "as_operator",
     "as_batches",
+    "Estimator",
+    "register_estimator",
     "EigenResult",
     "top_eigenvalues",
     "power_iteration",

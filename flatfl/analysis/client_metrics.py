@@ -51,6 +51,7 @@ import torch
 
 from ..errors import ConfigError, unknown_name
 from ..utils.io import json_safe
+from .linear_operator import CurvatureOperator, as_operator
 from .trace import hutchinson_diagonal
 
 __all__ = ["PROTOCOLS", "ClientMetrics", "ProbeSums", "cross_client_metrics", "pairwise_metrics",
@@ -119,14 +120,16 @@ def _stream_seed(*keys: int) -> int:
     return int(np.random.SeedSequence([int(k) & 0xFFFFFFFF for k in keys]).generate_state(2, np.uint64)[0]) >> 1
 
 
-def coordinate_probe_sums(op, probes: int = 100, groups: int = 10, seed: int = 0, stream: int = 0) -> ProbeSums:
+def coordinate_probe_sums(op: CurvatureOperator, probes: int = 100, groups: int = 10, seed: int = 0,
+                          stream: int = 0) -> ProbeSums:
     """Hutchinson's per-coordinate diagonal of ``op`` in ``groups`` groups of probes (each its own seed stream).
 
     Each group is one call of :func:`~flatfl.analysis.trace.hutchinson_diagonal`; its mean and per-coordinate
     standard error give back the group's sum and the sum of squared probe norms exactly:
     ``sum_a ||x_a||^2 = n (n - 1) sum_i stderr_i^2 + n ||mean||^2``.
     """
-    start, hvps0 = time.perf_counter(), int(getattr(op, "hvps", 0))
+    op = as_operator(op, "coordinate_probe_sums")
+    start, hvps0 = time.perf_counter(), op.hvps
     sizes = _group_sizes(probes, groups)
     sums = np.empty((len(sizes), op.dim), dtype=np.float64 if op.dtype == torch.float64 else np.float32)
     sq = np.empty(len(sizes))
@@ -136,11 +139,11 @@ def coordinate_probe_sums(op, probes: int = 100, groups: int = 10, seed: int = 0
         se64 = stderr.detach().double().cpu()
         sums[g] = (mean64 * n).numpy()
         sq[g] = float(n * (n - 1) * se64.square().sum() + n * mean64.square().sum())
-    return ProbeSums(np.asarray(sizes, dtype=np.int64), sums, sq, int(getattr(op, "hvps", 0)) - hvps0,
+    return ProbeSums(np.asarray(sizes, dtype=np.int64), sums, sq, op.hvps - hvps0,
                      time.perf_counter() - start)
 
 
-def block_probe_rows(op, block_shapes: Sequence[tuple], max_probes: int = 100, tol: float = 1e-3,
+def block_probe_rows(op: CurvatureOperator, block_shapes: Sequence[tuple], max_probes: int = 100, tol: float = 1e-3,
                      seed: int = 0) -> np.ndarray:
     """PyHessian's ``trace()`` ``diag``: per probe, ``z_p . (Hz)_p`` for every parameter block p (rows, (n, P)).
 
@@ -148,6 +151,7 @@ def block_probe_rows(op, block_shapes: Sequence[tuple], max_probes: int = 100, t
     draws :func:`~flatfl.analysis.trace.pyhessian_trace` uses, and stops by PyHessian's rule on the running mean
     of the totals: ``|mean - previous| / (previous + 1e-6) < tol``, at most ``max_probes``.
     """
+    op = as_operator(op, "block_probe_rows")
     sizes = [int(np.prod(s)) if len(s) else 1 for s in block_shapes]
     if sum(sizes) != op.dim:
         raise ConfigError(f"parameter blocks cover {sum(sizes)} coordinates but the operator has {op.dim}")
@@ -324,11 +328,12 @@ def cross_client_metrics(
 ) -> ClientMetrics:
     """H_N and H_D across clients, one Hessian operator per client (see the module docstring for the protocols).
 
-    ``operators``: per client an object with ``matvec``, ``dim``, ``device``, ``dtype`` (e.g.
-    ``HessianOperator(model_k, batches_k)``), or a callable returning one (built when needed and released after,
-    so only one client's first-order graphs are in memory at a time). ``probes``: Rademacher probes per client
-    (``fedalign``: the most, as PyHessian's ``maxIter``). ``groups``: jackknife groups. ``blocks``: for ``fedalign``
-    on operators without ``param_shapes``, the sizes of the parameter blocks. ``progress(k)`` is called after each
+    ``operators``: per client a :class:`~flatfl.analysis.linear_operator.CurvatureOperator` (e.g.
+    ``HessianOperator(model_k, batches_k)``, or an explicit matrix), or a function of no argument returning one
+    (built when needed and released after, so only one client's first-order graphs are in memory at a time).
+    ``probes``: Rademacher probes per client (``fedalign``: the most, as PyHessian's ``maxIter``). ``groups``:
+    jackknife groups. ``blocks``: for ``fedalign`` on operators without a parameter layout (``has_param_layout``),
+    the sizes of the parameter blocks. ``progress(k)`` is called after each
     client.
     """
     if protocol not in PROTOCOLS:
@@ -352,7 +357,7 @@ def cross_client_metrics(
         per_client = []
         try:
             for k, item in enumerate(operators):
-                op = item() if callable(item) and not hasattr(item, "matvec") else item
+                op, built = _client_operator(item, k)
                 if store is None:
                     dtype = np.float64 if op.dtype == torch.float64 else np.float32
                     store = _GroupSumStore(count * g, op.dim, memory_budget, dtype)
@@ -363,7 +368,8 @@ def cross_client_metrics(
                 store.array[k * g:(k + 1) * g] = sums.sums
                 per_client.append(ProbeSums(sums.counts, np.empty((g, 0), np.float32), sums.sq_norms, sums.hvps))
                 hvps += sums.hvps
-                _release(op, item)
+                if built:
+                    op.release()  # a lazily built operator's cached graphs are freed once its client is done
                 if progress is not None:
                     progress(k)
             values, errors = metrics_from_probe_sums(per_client, debiased=True, self_pairs=False, stack=store.array)
@@ -384,13 +390,14 @@ def cross_client_metrics(
     else:
         all_rows = []
         for k, item in enumerate(operators):
-            op = item() if callable(item) and not hasattr(item, "matvec") else item
+            op, built = _client_operator(item, k)
             shapes = _block_shapes(op, blocks)
-            before = int(getattr(op, "hvps", 0))
+            before = op.hvps
             rows = block_probe_rows(op, shapes, max_probes=probes, tol=tol, seed=seed)
-            hvps += int(getattr(op, "hvps", 0)) - before
+            hvps += op.hvps - before
             all_rows.append(rows)
-            _release(op, item)
+            if built:
+                op.release()
             if progress is not None:
                 progress(k)
         if len({r.shape[1] for r in all_rows}) != 1:
@@ -417,16 +424,18 @@ def cross_client_metrics(
     )
 
 
-def _block_shapes(op, blocks):
+def _client_operator(item, k: int) -> tuple[CurvatureOperator, bool]:
+    """Client ``k``'s operator and whether it was built here (``item`` a function of no argument returning one)."""
+    if isinstance(item, CurvatureOperator):
+        return item, False
+    if callable(item) and not isinstance(item, (torch.Tensor, np.ndarray)):
+        return as_operator(item(), f"client {k}'s operator"), True
+    return as_operator(item, f"client {k}'s operator"), False
+
+
+def _block_shapes(op: CurvatureOperator, blocks):
     if blocks is not None:
         return [(int(b),) for b in blocks]
-    shapes = getattr(op, "param_shapes", None)
-    if shapes is None:
+    if not op.has_param_layout:
         raise ConfigError("the fedalign protocol needs the parameter blocks: pass blocks=[sizes] for this operator")
-    return [tuple(s) for s in shapes]
-
-
-def _release(op, item) -> None:
-    """Free a lazily built operator's cached graphs once its client is done."""
-    if op is not item and hasattr(op, "release"):
-        op.release()
+    return [tuple(s) for s in op.param_shapes]

@@ -21,7 +21,8 @@ import torch
 from scipy.linalg import eigh_tridiagonal
 
 from ..errors import ConfigError
-from .operator import apply_block, random_block, seeded_generator
+from .linear_operator import CurvatureOperator, as_operator
+from .vectors import random_block, seeded_generator
 
 __all__ = ["DensityResult", "spectral_density", "smoothed_density"]
 
@@ -44,8 +45,9 @@ class DensityResult:
                 "hvps": self.hvps, **self.info}
 
 
-def spectral_density(op, *, steps: int = 100, starts: int = 1, seed: int = 0) -> DensityResult:
+def spectral_density(op: CurvatureOperator, *, steps: int = 100, starts: int = 1, seed: int = 0) -> DensityResult:
     """Stochastic Lanczos quadrature with ``steps`` Lanczos steps from each of ``starts`` Rademacher vectors."""
+    op = as_operator(op, "spectral_density")
     if steps < 1:
         raise ConfigError(f"the number of Lanczos steps must be >= 1, got {steps}")
     if starts < 1:
@@ -54,7 +56,7 @@ def spectral_density(op, *, steps: int = 100, starts: int = 1, seed: int = 0) ->
     steps = min(int(steps), n)
     eps = torch.finfo(op.dtype).eps
     gen = seeded_generator(seed, op.device)
-    start_hvps = int(getattr(op, "hvps", 0))
+    start_hvps = op.hvps
 
     Z = random_block("rademacher", n, starts, gen, op.dtype, op.device)
     bases = [torch.zeros(steps, n, dtype=op.dtype, device=op.device) for _ in range(starts)]
@@ -67,7 +69,7 @@ def spectral_density(op, *, steps: int = 100, starts: int = 1, seed: int = 0) ->
         if not active:
             break
         block = torch.stack([bases[r][j] for r in active], dim=1)
-        W = apply_block(op, block).T
+        W = op.matmat(block).T
         rows, numbers = [], []
         for row, r in zip(W, active):  # on the device; the host reads the step's numbers once, below
             scale = row.norm()
@@ -98,7 +100,7 @@ def spectral_density(op, *, steps: int = 100, starts: int = 1, seed: int = 0) ->
         theta, S = eigh_tridiagonal(a, b)
         nodes.append(theta)
         weights.append(S[0, :] ** 2)
-    return DensityResult(nodes, weights, int(getattr(op, "hvps", 0)) - start_hvps,
+    return DensityResult(nodes, weights, op.hvps - start_hvps,
                          info={"steps": steps, "starts": starts, "seed": int(seed), "dim": n})
 
 

@@ -1,16 +1,14 @@
 """Top eigenvalues of a Hessian operator (docs/analysis-protocols.md §2).
 
-Two methods:
-
-* :func:`top_eigenvalues` (default): thick-restart block Lanczos (Wu & Simon 2000; block form as in Golub &
-  Underwood 1977) with full re-orthogonalisation, for the ``k`` **largest algebraic** eigenvalues. The Krylov basis is
-  kept in the operator's dtype on its device; the small projected matrix is handled in float64 with numpy. As in
-  ARPACK, a Ritz pair (theta, y) is accepted when its residual ``r = ||H y - theta y||`` is below ``tol * |theta|``
-  (never below a floor of ``100 * eps(dtype) * max|theta|`` that float rounding of the products allows): some
-  eigenvalue then lies within ``r`` of theta (Bauer-Fike), and the error is typically ``r^2 / gap`` (Kato-Temple),
-  reported as ``error_bounds``. A criterion on that smaller estimate alone was tried and rejected: it stops before
-  close pairs of eigenvalues split (one Ritz value standing for two) and then skips an eigenvalue of the top k.
-  Residuals come from the Lanczos relation ``H V = V T + Q_next R e_last^T`` at no cost in products;
+* :func:`top_eigenvalues` (the default estimator, ``lanczos``): thick-restart block Lanczos (Wu & Simon 2000;
+  block form as in Golub & Underwood 1977) with full re-orthogonalisation, for the ``k`` **largest algebraic**
+  eigenvalues. The Krylov basis is kept in the operator's dtype on its device; the small projected matrix is handled
+  in float64 with numpy. As in ARPACK, a Ritz pair (theta, y) is accepted when its residual ``r = ||H y - theta y||``
+  is below ``tol * |theta|`` (never below a floor of ``100 * eps(dtype) * max|theta|`` that float rounding of the
+  products allows): some eigenvalue then lies within ``r`` of theta (Bauer-Fike), and the error is typically
+  ``r^2 / gap`` (Kato-Temple), reported as ``error_bounds`` (the test is on r itself: one on that smaller estimate
+  stops before close pairs of eigenvalues split, one Ritz value standing for two). Residuals come from the Lanczos
+  relation ``H V = V T + Q_next R e_last^T`` at no cost in products;
   ``exact_residuals=True`` recomputes them with k more products. Small problems (basis as large as the dimension)
   are solved densely. The relation's residuals are estimates: once they fall below the rounding of the products
   they understate the true ``||H v - lambda v||`` of the returned vectors (hessian.json says which kind it holds).
@@ -21,13 +19,7 @@ Two methods:
   the result, until a check adds fewer than it asked for. ``info["multiplicity"]`` says what was seen and checked
   (``status``: ``none seen``, ``checked`` or ``more copies possible``). Spectra without coinciding values pay
   nothing; a repeated eigenvalue of which only one copy was seen cannot be detected (as with ARPACK).
-* :func:`power_iteration`: PyHessian's ``hessian.eigenvalues`` rule, reproduced exactly to reproduce papers that
-  used it (MAN Table 2, docs/update-rules.md §21): per parameter a standard normal start from the seed (the same draws
-  as PyHessian after ``torch.manual_seed(seed)``), normalisation by ``||v|| + 1e-6``, at most ``max_iter`` products per
-  eigenvalue, stop when ``|new - old| / (|old| + 1e-6) < tol`` (the value kept is the *previous* estimate, as in
-  PyHessian), Gram-Schmidt deflation against earlier vectors for ``top_n > 1``, results in the order found. It finds
-  largest-magnitude eigenvalues and stops early on slow convergence, which is why its answers can be several
-  percent off.
+* :func:`flatfl.analysis.power.power_iteration`: PyHessian's rule, exactly (a module of its own).
 """
 from __future__ import annotations
 
@@ -39,9 +31,10 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .operator import apply_block, block_size_for, free_memory, random_block, seeded_generator
+from .linear_operator import CurvatureOperator, DeflatedOperator, as_operator, block_size_for, project_out
+from .vectors import free_memory, random_block, seeded_generator
 
-__all__ = ["EigenResult", "top_eigenvalues", "power_iteration"]
+__all__ = ["EigenResult", "top_eigenvalues", "check_k", "explicit_residuals", "dense_matrix", "error_bounds"]
 
 
 @dataclass
@@ -49,7 +42,9 @@ class EigenResult:
     """Eigenvalues with their residual norms ``||H v - lambda v||`` (v of unit norm).
 
     ``eigenvectors`` (when asked for) is a ``(k, dim)`` tensor of unit rows in the operator's dtype and device.
-    ``hvps`` counts every Hessian-vector product the method used (residual checks included).
+    ``hvps`` counts every Hessian-vector product the method used (residual checks included). ``residual_kind``
+    says what the residuals are (``"explicit"``: computed from the vectors; ``"lanczos relation"``: read off the
+    recurrence); None leaves it to the estimator's registry entry.
     """
 
     eigenvalues: np.ndarray
@@ -60,6 +55,7 @@ class EigenResult:
     eigenvectors: torch.Tensor | None = None
     info: dict = field(default_factory=dict)
     error_bounds: np.ndarray | None = None
+    residual_kind: str | None = None
 
     def sorted(self) -> "EigenResult":
         """The same result in descending eigenvalue order."""
@@ -75,7 +71,8 @@ class EigenResult:
         )
 
 
-def _check_k(op, k: int) -> None:
+def check_k(op: CurvatureOperator, k: int) -> None:
+    """``k`` eigenvalues can be asked of ``op``: a positive integer at most its dimension (ConfigError)."""
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise ConfigError(f"the number of eigenvalues must be a positive integer, got {k!r}")
     if k > op.dim:
@@ -84,7 +81,7 @@ def _check_k(op, k: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- Lanczos
 def top_eigenvalues(
-    op,
+    op: CurvatureOperator,
     k: int = 1,
     *,
     tol: float = 1e-3,
@@ -99,20 +96,17 @@ def top_eigenvalues(
 
     ``basis_size`` (default ``max(4k, k + 32)``, less if that many vectors would take over a quarter of the free
     memory) is the number of Krylov vectors kept in memory; at a restart the best ``k + (basis_size - k) // 2`` Ritz
-    vectors are kept. Measured on a trained digits CNN (13.7k parameters, 512 samples, top 200 at tol 1e-4, one
-    vector per block): a basis of 2k restarted 5 times and used 816 products (4.1 per eigenvalue), 3k once (660,
-    3.3), 4k never (633, 3.2); blocks of 2, 4, 8, 16 vectors used 682, 684, 768, 880 products with a basis of 4k. An
-    unrestarted Lanczos from one random start needed 625 products there before every one of the 200 Ritz values was
-    within 1e-4 of ``eigsh`` at tol 1e-7 (``benchmarks/hessian_vs_pyhessian.py``): the solver's 638 are within 2% of
-    what any restart or stopping rule of a single-start Krylov method can reach. ``block_size`` defaults to the operator's preferred
-    block (1 when products are cheap to repeat). ``max_hvps`` (default ``20 * basis_size``) bounds the work; pairs
+    vectors are kept (docs/performance.md: how the basis size and the block trade products). ``block_size``
+    defaults to :func:`auto_block_size` (one vector for k <= 50, else a small block within the operator's preferred
+    block). ``max_hvps`` (default ``20 * basis_size``) bounds the work; pairs
     not converged by then are flagged in ``converged``.
     """
-    _check_k(op, k)
+    op = as_operator(op, "top_eigenvalues")
+    check_k(op, k)
     if not tol > 0:
         raise ConfigError(f"tolerance must be positive, got {tol}")
     n = int(op.dim)
-    start_hvps = _hvps(op)
+    start_hvps = op.hvps
     b = min(block_size_for(op, block_size), k) if block_size is not None else auto_block_size(op, k)
     m = int(basis_size) if basis_size is not None else _default_basis(op, k, b)
     if m < k + b:
@@ -140,16 +134,16 @@ def top_eigenvalues(
             found = _as_pass(_dense_top(op, k, True, start_hvps))
             checks.append({"width": width, "joined": None, "hvps": None, "dense": True})
             break
-        used = _hvps(op) - start_hvps
+        used = op.hvps - start_hvps
         if used + mc > max_hvps:
             complete = False  # out of budget: more copies cannot be ruled out
             break
         X = found.vectors()
-        before = _hvps(op)
+        before = op.hvps
         floor = found.theta[-1] + found.threshold[-1]  # a value above the k-th one (and its tolerance) joins
-        extra = _lanczos_pass(_Deflated(op, X), kc, tol, gen, bc, mc, max_hvps - used, floor)
+        extra = _lanczos_pass(DeflatedOperator(op, X), kc, tol, gen, bc, mc, max_hvps - used, floor)
         joined = int(np.sum(extra.theta > floor))
-        checks.append({"width": width, "joined": joined, "hvps": _hvps(op) - before})
+        checks.append({"width": width, "joined": joined, "hvps": op.hvps - before})
         restarts += extra.restarts
         if not extra.converged.all():
             complete = False
@@ -159,7 +153,7 @@ def top_eigenvalues(
     vectors = found.vectors() if (return_vectors or exact_residuals) else None
     residuals = found.residuals
     if exact_residuals:
-        residuals = _explicit_residuals(op, found.theta, vectors, b)
+        residuals = explicit_residuals(op, found.theta, vectors, b)
     info = {"block_size": b, "basis_size": m, "restarts": restarts, "tol": tol,
             "multiplicity": _multiplicity_info(found, checks, complete)}
     return EigenResult(
@@ -167,10 +161,11 @@ def top_eigenvalues(
         residuals=np.asarray(residuals, dtype=float),
         converged=found.converged.copy(),
         error_bounds=found.bounds.copy(),
-        hvps=_hvps(op) - start_hvps,
+        hvps=op.hvps - start_hvps,
         method=found.method,
         eigenvectors=vectors if return_vectors else None,
         info=info if found.method == "lanczos" else {**info, "dense": True},
+        residual_kind="lanczos relation" if found.method == "lanczos" and not exact_residuals else "explicit",
     )
 
 
@@ -178,15 +173,13 @@ def top_eigenvalues(
 ONE_VECTOR_UP_TO = 50
 
 
-def auto_block_size(op, k: int) -> int:
+def auto_block_size(op: CurvatureOperator, k: int) -> int:
     """The Lanczos block of ``block_size=None``: one vector for ``k <= 50``, else at most ``k // 50`` vectors and the
     operator's preferred block.
 
     A block Lanczos run spends more products than a single-vector one for the same k (its Krylov space grows b
-    vectors per step from b random starts): on a small CNN, top 20 through forward-over-reverse products took 820
-    products in blocks of 20 against 120 one at a time, and on an H200 700 products (3.45 s) against 151 (1.92 s),
-    so the cheaper batched products do not pay for the extra ones. For larger k the extra share shrinks (top 200 on
-    the digits CNN: 633 products one at a time, 684 in blocks of 4), which is where a small block may pay."""
+    vectors per step from b random starts), more than cheaper batched products pay back for small k; for larger k
+    the extra share shrinks (docs/performance.md)."""
     if k <= ONE_VECTOR_UP_TO:
         return 1
     return max(1, min(block_size_for(op), k // ONE_VECTOR_UP_TO))
@@ -228,9 +221,8 @@ def _as_pass(result: "EigenResult") -> _Pass:
 def _coincidence(threshold: np.ndarray, theta_max: float, eps: float) -> np.ndarray:
     """How far apart the Ritz values of one repeated eigenvalue can lie: rounding (``10 eps max|theta|``) plus the
     second-order error of a pair converged to its tolerance t, ``t^2 / gap`` (Kato-Temple), the gap to the rest of
-    the spectrum taken as 1% of ``max|theta|``. Measured: copies of a six-fold eigenvalue 5 lay within 3.6e-7
-    (float32) and 1.5e-13 (float64); the closest distinct pair of a trained digits CNN's top 200 (float32, tol
-    1e-4) 1.1e-4 apart, well outside (its convergence tolerance, 1.7e-4, would have called six pairs copies)."""
+    the spectrum taken as 1% of ``max|theta|``: copies of one eigenvalue lie well inside it, the closest distinct
+    pairs of a trained network's top eigenvalues well outside (docs/performance.md)."""
     scale = max(float(theta_max), 1e-300)
     return 10 * eps * scale + threshold ** 2 / (0.01 * scale)
 
@@ -275,49 +267,32 @@ def _multiplicity_info(found: _Pass, checks: list, complete: bool) -> dict:
     return {"clusters": clusters, "checks": checks, "status": status}
 
 
-class _Deflated:
-    """``P H P`` with ``P = I - X^T X`` (X: orthonormal rows): the operator with the found vectors taken out."""
-
-    def __init__(self, op, X: torch.Tensor) -> None:
-        self.op, self.X = op, X
-        self.dim, self.dtype, self.device = op.dim, op.dtype, op.device
-
-    @property
-    def hvps(self) -> int:
-        return _hvps(self.op)
-
-    def _project(self, V: torch.Tensor) -> torch.Tensor:
-        return V - self.X.T @ (self.X @ V)
-
-    def matmat(self, V: torch.Tensor) -> torch.Tensor:
-        return self._project(apply_block(self.op, self._project(V)))
-
-
-def _lanczos_pass(op, k: int, tol: float, gen, b: int, m: int, max_hvps: int, floor: float = -math.inf) -> _Pass:
+def _lanczos_pass(op: CurvatureOperator, k: int, tol: float, gen, b: int, m: int, max_hvps: int,
+                  floor: float = -math.inf) -> _Pass:
     """One thick-restart block Lanczos run for the top ``k`` Ritz pairs (the body of :func:`top_eigenvalues`).
 
     With a ``floor`` (a check: only the eigenvalues above it matter), the pass ends once the pairs converged in
     order from the top reach one below ``floor``: the eigenvalues after it are below it too."""
     n = int(op.dim)
-    start_hvps = _hvps(op)
+    start_hvps = op.hvps
     eps = torch.finfo(op.dtype).eps
     V = torch.zeros(m + b, n, dtype=op.dtype, device=op.device)  # basis, one vector per row
     T = np.zeros((m, m))  # projected matrix; the upper triangle is filled, the lower mirrored
     start = random_block("gaussian", n, b, gen, op.dtype, op.device)
-    if isinstance(op, _Deflated):
-        start = op._project(start.T).T
+    locked = op.locked  # a check's operator: the vectors found are deflated out, and the start kept off them
+    if locked is not None:
+        start = project_out(start.T, locked).T
     Q, R = _device_qr(start)
     if not (np.abs(np.diag(_read(R).reshape(b, b))) > 0).all():  # a degenerate start (rare): rows replaced
-        Q, _ = _orthonormalize_block(start, V[:0], start.norm(dim=1), eps, gen, getattr(op, "X", None))
+        Q, _ = _orthonormalize_block(start, V[:0], start.norm(dim=1), eps, gen, locked)
     V[:b] = Q
 
     cur, restarts, R_last, segment_start = 0, 0, None, 0
     check_every = max(b, b * math.ceil(m / 100 / b))
     next_check = min(m, max(k + b, check_every))
-    locked = getattr(op, "X", None)
     while True:
         block = V[cur:cur + b]
-        W = apply_block(op, block.T).T.contiguous()  # H applied to the block, rows
+        W = op.matmat(block.T).T.contiguous()  # H applied to the block, rows
         scale = W.norm(dim=1)
         basis = V[:cur + b]
         # Local step first: the Lanczos recurrence couples a block only with itself and the previous block (and,
@@ -368,7 +343,7 @@ def _lanczos_pass(op, k: int, tol: float, gen, b: int, m: int, max_hvps: int, fl
             # the next check comes later while many are unconverged: each needs at least about one more step, and
             # a check (a dense eigensolve of the projected matrix) is not free when the basis is large
             next_check = cur + max(check_every, b * math.ceil(int((~converged).sum()) / 2 / b))
-            used = _hvps(op) - start_hvps
+            used = op.hvps - start_hvps
             if converged.all() or used + b > max_hvps:
                 S_top, basis_now = S[:, top].T.copy(), V[:cur]
                 return _Pass(theta[top].copy(), res[top].copy(), converged, bounds[top].copy(), threshold,
@@ -391,7 +366,7 @@ def _lanczos_pass(op, k: int, tol: float, gen, b: int, m: int, max_hvps: int, fl
                 restarts += 1
 
 
-def _default_basis(op, k: int, b: int) -> int:
+def _default_basis(op: CurvatureOperator, k: int, b: int) -> int:
     """``max(4k, k + 32)`` Krylov vectors, fewer (not below ``k + max(b, 32)``) if they would not fit in a quarter of
     the free memory: restarts cost products, so the basis is as large as memory allows up to where Lanczos rarely
     needs a restart for the top k."""
@@ -497,17 +472,19 @@ def _orthonormalize_block(W: torch.Tensor, basis: torch.Tensor, scale: torch.Ten
     return Q, R
 
 
-def _explicit_residuals(op, eigenvalues: np.ndarray, vectors: torch.Tensor, block: int) -> np.ndarray:
+def explicit_residuals(op: CurvatureOperator, eigenvalues: np.ndarray, vectors: torch.Tensor,
+                       block: int) -> np.ndarray:
+    """``||H v - lambda v||`` of the unit rows of ``vectors``, ``block`` products at a time."""
     out = []
     for a in range(0, vectors.shape[0], block):
         rows = vectors[a:a + block]
-        HV = apply_block(op, rows.T).T
+        HV = op.matmat(rows.T).T
         lam = torch.as_tensor(eigenvalues[a:a + block], dtype=rows.dtype, device=rows.device)
         out.append((HV - lam[:, None] * rows).norm(dim=1).double().cpu().numpy())
     return np.concatenate(out)
 
 
-def _dense_top(op, k: int, return_vectors: bool, start_hvps: int) -> EigenResult:
+def _dense_top(op: CurvatureOperator, k: int, return_vectors: bool, start_hvps: int) -> EigenResult:
     """Form H column by column (``dim`` products) and solve exactly: used when the basis would span everything."""
     H = dense_matrix(op)
     evals, evecs = np.linalg.eigh(H)
@@ -517,89 +494,17 @@ def _dense_top(op, k: int, return_vectors: bool, start_hvps: int) -> EigenResult
     vectors = torch.as_tensor(Y.T.copy(), dtype=op.dtype, device=op.device) if return_vectors else None
     return EigenResult(
         eigenvalues=theta, residuals=residuals, converged=np.ones(k, dtype=bool), error_bounds=residuals.copy(),
-        hvps=_hvps(op) - start_hvps, method="dense", eigenvectors=vectors, info={},
+        hvps=op.hvps - start_hvps, method="dense", eigenvectors=vectors, info={}, residual_kind="explicit",
     )
 
 
-def dense_matrix(op, chunk: int = 64) -> np.ndarray:
+def dense_matrix(op: CurvatureOperator, chunk: int = 64) -> np.ndarray:
     """The operator as a dense symmetric float64 numpy matrix, formed with ``dim`` products (small models only)."""
+    op = as_operator(op, "dense_matrix")
     n = int(op.dim)
     H = np.empty((n, n))
     for a in range(0, n, chunk):
         cols = torch.zeros(n, min(chunk, n - a), dtype=op.dtype, device=op.device)
         cols[torch.arange(a, a + cols.shape[1]), torch.arange(cols.shape[1])] = 1
-        H[:, a:a + cols.shape[1]] = apply_block(op, cols).double().cpu().numpy()
+        H[:, a:a + cols.shape[1]] = op.matmat(cols).double().cpu().numpy()
     return 0.5 * (H + H.T)
-
-
-def _hvps(op) -> int:
-    return int(getattr(op, "hvps", 0))
-
-
-# ---------------------------------------------------------------------------------------------- power
-def power_iteration(
-    op,
-    top_n: int = 1,
-    *,
-    max_iter: int = 100,
-    tol: float = 1e-3,
-    seed: int = 0,
-    return_vectors: bool = False,
-    residuals: bool = True,
-) -> EigenResult:
-    """PyHessian's power iteration with deflation, step for step (see the module docstring).
-
-    ``residuals=True`` spends one more product per eigenvalue to report ``||H v - lambda v||``; set it False to
-    use exactly PyHessian's number of products. Results are in the order found (call ``.sorted()`` to sort).
-    """
-    _check_k(op, top_n)
-    if max_iter < 1:
-        raise ConfigError(f"max_iter must be >= 1, got {max_iter}")
-    start_hvps = _hvps(op)
-    gen = torch.Generator().manual_seed(int(seed))
-    shapes = getattr(op, "param_shapes", None) or [(op.dim,)]
-    eigenvalues, vectors, iterations, stops = [], [], [], []
-    for _ in range(top_n):
-        # PyHessian draws torch.randn(p.size()) parameter by parameter in the default dtype.
-        v = torch.cat([torch.randn(shape, generator=gen).reshape(-1) for shape in shapes])
-        v = v.to(dtype=op.dtype, device=op.device)
-        v = _pyhessian_normalise(v)
-        eigenvalue, stopped = None, False
-        for it in range(max_iter):
-            for u in vectors:  # Gram-Schmidt against the eigenvectors found so far, then normalise
-                v = v - torch.dot(v, u) * u
-            v = _pyhessian_normalise(v)
-            Hv = op.matvec(v)
-            estimate = float(torch.dot(Hv, v))  # the host's one read of a product: PyHessian's rule stops on it
-            v = _pyhessian_normalise(Hv)
-            if eigenvalue is None:
-                eigenvalue = estimate
-            elif abs(eigenvalue - estimate) / (abs(eigenvalue) + 1e-6) < tol:
-                stopped = True
-                break
-            else:
-                eigenvalue = estimate
-        eigenvalues.append(eigenvalue)
-        vectors.append(v)
-        iterations.append(it + 1)
-        stops.append(stopped)
-    values = np.asarray(eigenvalues, dtype=float)
-    stacked = torch.stack(vectors)
-    if residuals:
-        res = _explicit_residuals(op, values, stacked / stacked.norm(dim=1, keepdim=True), 1)
-    else:
-        res = np.full(top_n, np.nan)
-    return EigenResult(
-        eigenvalues=values,
-        residuals=res,
-        converged=np.asarray(stops, dtype=bool),
-        hvps=_hvps(op) - start_hvps,
-        method="power",
-        eigenvectors=stacked if return_vectors else None,
-        info={"iterations": iterations, "max_iter": max_iter, "tol": tol},
-    )
-
-
-def _pyhessian_normalise(v: torch.Tensor) -> torch.Tensor:
-    """``v / (||v|| + 1e-6)`` as PyHessian, computed on v's device (the host reads nothing)."""
-    return v / (v.norm().to(torch.float64) + 1e-6).to(v.dtype)

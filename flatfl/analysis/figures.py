@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..utils.hessian_settings import estimator_title
 from ..utils.plots import (COLORS, LEGEND_SIZE, NOTE_SIZE, TITLE_SIZE, context_title, draw_density,
                            draw_top_eigenvalues, finish, format_number, label_axes, new_figure, saved)
 
@@ -41,7 +42,7 @@ def hessian_figures(report: dict, title: str) -> dict[str, bytes]:
     context = dict(model=title, samples=report.get("num_samples"), split=settings.get("split"))
     if len(values) >= 2:
         eigen = report.get("eigen") or {}
-        method = {"lanczos": "Lanczos", "power": "power iteration"}.get(eigen.get("method"), eigen.get("method"))
+        method = estimator_title("eigenvalues", eigen.get("method"))
         residuals = report.get("residuals") or []
         estimates = report.get("error_estimates")
         converged = report.get("converged") or [True] * len(values)

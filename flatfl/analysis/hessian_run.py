@@ -5,8 +5,10 @@
 * :func:`write_outputs` renders the figures in memory and only then writes every file atomically (one file at a
   time with :mod:`flatfl.utils.io`, ``hessian.json`` last): a failure while computing leaves no output at all.
 * :func:`run_hessian` validates the settings, loads the checkpoint and its evaluation set (the skeleton of
-  :mod:`flatfl.analysis.command`), and chains the two. The estimators are chosen by name
-  (:mod:`flatfl.analysis.estimators`); the figures are :func:`flatfl.analysis.figures.hessian_figures`; the file
+  :mod:`flatfl.analysis.command`), and chains the two. One :class:`~flatfl.utils.hessian_settings.HessianSettings`
+  travels through them (:func:`hessian_command`, :func:`compute`; ``run_hessian`` and ``analyse`` take its fields
+  as keywords). The estimators are chosen by name from the registry (:mod:`flatfl.analysis.estimators`); the
+  figures are :func:`flatfl.analysis.figures.hessian_figures`; the file
   is read back with :func:`flatfl.analysis.result_files.read_hessian_file`.
 
 Outputs in ``--out DIR``: ``hessian.json`` (eigenvalues with residuals ``||Hv - lambda v||``, error estimates
@@ -17,6 +19,8 @@ Fig. 4b: every SLQ start averaged, Gaussian width stated, log axis from 1e-4 of 
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import io
 import time
 from collections import OrderedDict
@@ -27,84 +31,96 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..utils.hessian_settings import METHODS, HessianSettings
+from ..utils.hessian_settings import DEFAULT_DENSITY_METHOD, HessianSettings
 from ..utils.io import json_safe
 from ..utils.lock import locks_output
 from .command import AnalysisCommand, check_out_folder, progress_bar, versions, weights_digest, write_result
-from .density import spectral_density
-from .estimators import estimate_eigenvalues, estimate_trace
+from .estimators import estimate_density, estimate_eigenvalues, estimate_trace
 from .figures import hessian_figures
+from .linear_operator import CurvatureOperator, as_operator
 from .operator import HessianOperator
 from .result_files import ResultFileError, read_hessian_file
 
-__all__ = ["run_hessian", "analyse", "write_outputs", "load_eigenvectors", "EigenvectorFile", "METHODS",
-           "weights_digest"]
+__all__ = ["run_hessian", "hessian_command", "analyse", "compute", "write_outputs", "load_eigenvectors",
+           "EigenvectorFile", "weights_digest", "ANALYSE_FIELDS"]
 
-DEFAULTS = HessianSettings()  # every default below is one of its fields
 EIGENVECTOR_FORMAT = "flatfl-eigenvectors"
 OUTPUT_NAMES = ("eigenvalues.png", "eigenvalues.pdf", "density.png", "density.pdf", "eigenvalues.csv",
                 "eigenvectors.pt")
 
 
 # ---------------------------------------------------------------------------------------------- computing
-def analyse(
-    op,
-    *,
-    top: int = DEFAULTS.top,
-    method: str = DEFAULTS.method,
-    tol: float = DEFAULTS.tol,
-    trace: bool = DEFAULTS.trace,
-    trace_method: str | None = DEFAULTS.trace_method,
-    trace_hvps: int = DEFAULTS.trace_hvps,
-    trace_rtol: float | None = DEFAULTS.trace_rtol,
-    density: bool = DEFAULTS.density,
-    density_steps: int = DEFAULTS.density_steps,
-    density_starts: int = DEFAULTS.density_starts,
-    seed: int = DEFAULTS.seed,
-    keep_vectors: bool = False,
-    exact_residuals: bool = DEFAULTS.exact_residuals,
-):
-    """Run the requested estimators on ``op``; returns ``(report, eigen_result, density_result)``.
+#: the settings :func:`compute` reads (the others say where the model and its data come from)
+ANALYSE_FIELDS = ("top", "method", "tol", "trace", "trace_method", "trace_hvps", "trace_rtol", "density",
+                  "density_steps", "density_starts", "seed", "exact_residuals")
 
-    ``trace_method`` defaults to ``hutchpp``, or to ``pyhessian`` with ``method="power"`` so that the power method
-    reproduces PyHessian's whole protocol (docs/update-rules.md §21). Each estimator gets its own seed stream.
+
+def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: bool = False):
+    """Run the estimators ``settings`` ask for on ``op``; returns ``(report, eigen_result, density_result)``.
+
+    The trace estimator is ``settings.resolved_trace_method`` (the eigenvalue method's own when none is given:
+    power iteration runs PyHessian's whole protocol, docs/update-rules.md §21). Each estimator gets its own seed
+    stream: ``seed`` for the eigenvalues, ``seed + 1`` for the trace, ``seed + 2`` for the density.
     """
-    if top > op.dim:
-        raise ConfigError(f"--top {top} is larger than the number of parameters ({op.dim})")
-    if trace_method is None:
-        trace_method = "pyhessian" if method == "power" else "hutchpp"
+    op = as_operator(op, "the Hessian analysis")
+    s = settings
+    if s.top > op.dim:
+        raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
     start = time.perf_counter()
     report: dict = {}
     eig = dens = None
-    if top > 0:
-        eig = estimate_eigenvalues(op, method, top, tol=tol, seed=seed, return_vectors=keep_vectors,
-                                   exact_residuals=exact_residuals)
+    if s.top > 0:
+        eig = estimate_eigenvalues(op, s.method, s.top, tol=s.tol, seed=s.seed, return_vectors=keep_vectors,
+                                   exact_residuals=s.exact_residuals)
         report["top_eigenvalues"] = eig.eigenvalues.tolist()
         report["residuals"] = eig.residuals.tolist()
         report["error_estimates"] = None if eig.error_bounds is None else eig.error_bounds.tolist()
         report["converged"] = eig.converged.tolist()
-        kind = "lanczos relation" if eig.method == "lanczos" and not exact_residuals else "explicit"
-        report["eigen"] = {"method": eig.method, "hvps": eig.hvps, "tol": tol, "residual_kind": kind,
+        kind = "explicit" if s.exact_residuals else (eig.residual_kind or s.eigen.residuals)
+        report["eigen"] = {"method": eig.method, "hvps": eig.hvps, "tol": s.tol, "residual_kind": kind,
                            **json_safe(eig.info)}
     else:
         report["top_eigenvalues"], report["residuals"], report["converged"] = [], [], []
         report["error_estimates"] = None
         report["eigen"] = None
-    if trace:
-        tr = estimate_trace(op, trace_method, max_hvps=trace_hvps, rtol=trace_rtol, seed=seed + 1)
+    if s.trace:
+        tr = estimate_trace(op, s.resolved_trace_method, max_hvps=s.trace_hvps, rtol=s.trace_rtol, seed=s.seed + 1)
         report["trace"] = json_safe(tr.as_dict())
     else:
         report["trace"] = None
-    if density:
-        dens = spectral_density(op, steps=density_steps, starts=density_starts, seed=seed + 2)
+    if s.density:
+        dens = estimate_density(op, DEFAULT_DENSITY_METHOD, steps=s.density_steps, starts=s.density_starts,
+                                seed=s.seed + 2)
         report["density"] = json_safe(dens.as_dict())
     else:
         report["density"] = None
-    report["hvps_total"] = int(getattr(op, "hvps", 0))
+    report["hvps_total"] = int(op.hvps)
     # where the random vectors were drawn (a generator on the operator's device, seeded from seed, seed + 1, seed + 2)
-    report["random_draws"] = {"seed": int(seed), "device": torch.device(op.device).type}
+    report["random_draws"] = {"seed": int(s.seed), "device": torch.device(op.device).type}
     report["seconds"] = time.perf_counter() - start
     return report, eig, dens
+
+
+def analyse(op: CurvatureOperator, *, keep_vectors: bool = False, **settings):
+    """:func:`compute` with the settings as keywords (those of :data:`ANALYSE_FIELDS`, defaults from
+    :class:`HessianSettings`); returns ``(report, eigen_result, density_result)``."""
+    unknown = sorted(set(settings) - set(ANALYSE_FIELDS))
+    if unknown:
+        raise TypeError(f"analyse() got an unexpected keyword argument {unknown[0]!r}")
+    return compute(op, HessianSettings(**settings), keep_vectors=keep_vectors)
+
+
+def _keyword_signature(fn, head: list[inspect.Parameter], fields, tail: list[inspect.Parameter]) -> None:
+    """Give ``fn`` (which takes ``**settings``) the signature naming each settings field with its default."""
+    defaults = HessianSettings()
+    own = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, name))
+           for name in fields]
+    fn.__signature__ = inspect.Signature(head + own + tail, return_annotation=fn.__annotations__.get("return"))
+
+
+_KW = inspect.Parameter.KEYWORD_ONLY
+_keyword_signature(analyse, [inspect.Parameter("op", inspect.Parameter.POSITIONAL_OR_KEYWORD)], ANALYSE_FIELDS,
+                   [inspect.Parameter("keep_vectors", _KW, default=False)])
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -222,57 +238,34 @@ def load_eigenvectors(path) -> EigenvectorFile:
 
 
 # ---------------------------------------------------------------------------------------------- the command
+def _settings_record(s: HessianSettings, device) -> dict:
+    """hessian.json's ``settings``: what made the numbers (the trace method as it ran, the device resolved)."""
+    return {"top": s.top, "method": s.method, "tol": s.tol, "trace": s.trace, "trace_method": s.resolved_trace_method,
+            "trace_hvps": s.trace_hvps, "trace_rtol": s.trace_rtol, "density": s.density,
+            "density_steps": s.density_steps, "density_starts": s.density_starts, "samples": s.samples,
+            "batch_size": s.batch_size, "split": s.split, "seed": s.seed, "device": str(device), "mode": "eval",
+            "save_eigenvectors": s.save_eigenvectors, "exact_residuals": s.exact_residuals}
+
+
 @locks_output
-def run_hessian(
-    checkpoint,
-    out,
-    *,
-    top: int = DEFAULTS.top,
-    trace: bool = DEFAULTS.trace,
-    density: bool = DEFAULTS.density,
-    samples: int | None = DEFAULTS.samples,
-    batch_size: int = DEFAULTS.batch_size,
-    split: str = DEFAULTS.split,
-    method: str = DEFAULTS.method,
-    seed: int = DEFAULTS.seed,
-    device: str = DEFAULTS.device,
-    save_eigenvectors: bool = DEFAULTS.save_eigenvectors,
-    tol: float = DEFAULTS.tol,
-    trace_method: str | None = DEFAULTS.trace_method,
-    trace_hvps: int = DEFAULTS.trace_hvps,
-    trace_rtol: float | None = DEFAULTS.trace_rtol,
-    density_steps: int = DEFAULTS.density_steps,
-    density_starts: int = DEFAULTS.density_starts,
-    exact_residuals: bool = DEFAULTS.exact_residuals,
-    data_dir=DEFAULTS.data_dir,
-    quiet: bool = False,
-    model_factory: str | None = DEFAULTS.model_factory,
-) -> dict:
-    """Load ``checkpoint``, compute the requested Hessian quantities, write them into ``out``; returns the report."""
-    HessianSettings(top=top, trace=trace, density=density, samples=samples, batch_size=batch_size, split=split,
-                    method=method, seed=seed, device=device, save_eigenvectors=save_eigenvectors, tol=tol,
-                    trace_method=trace_method, trace_hvps=trace_hvps, trace_rtol=trace_rtol,
-                    density_steps=density_steps, density_starts=density_starts, exact_residuals=exact_residuals,
-                    data_dir=data_dir, model_factory=model_factory).validate()
-    cmd = AnalysisCommand.open(checkpoint, out, device=device, outputs=OUTPUT_NAMES + ("hessian.json",),
-                               data_dir=data_dir, model_factory=model_factory)
+def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool = False) -> dict:
+    """Load ``checkpoint``, compute what ``settings`` ask for, write it into ``out``; returns the report."""
+    s = settings.validate()
+    cmd = AnalysisCommand.open(checkpoint, out, device=s.device, outputs=OUTPUT_NAMES + ("hessian.json",),
+                               data_dir=s.data_dir, model_factory=s.model_factory)
     out, ckpt, dev = cmd.out, cmd.checkpoint, cmd.device
     # refused before any work: hessian-clients results of other weights in --out would be dropped
     digest = weights_digest(ckpt.model)  # the weights are not changed by the analysis
     _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True)
-    batches = ckpt.eval_batches(split=split, samples=samples, batch_size=batch_size, seed=seed)
+    batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
     op = HessianOperator(ckpt.model, batches, mode="eval")
-    if top > op.dim:
-        raise ConfigError(f"--top {top} is larger than the number of parameters ({op.dim})")
+    if s.top > op.dim:
+        raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
 
     with progress_bar(quiet, desc="Hessian-vector products", unit="HVP") as bar:
         op.on_hvp = bar.update
         try:
-            report, eig, dens = analyse(
-                op, top=top, method=method, tol=tol, trace=trace, trace_method=trace_method, trace_hvps=trace_hvps,
-                trace_rtol=trace_rtol, density=density, density_steps=density_steps, density_starts=density_starts,
-                seed=seed, keep_vectors=save_eigenvectors, exact_residuals=exact_residuals,
-            )
+            report, eig, dens = compute(op, s, keep_vectors=s.save_eigenvectors)
         finally:
             op.on_hvp = None
     loss = op.loss()
@@ -282,16 +275,20 @@ def run_hessian(
         **cmd.header(digest=digest, num_params=op.dim),
         "num_samples": op.num_samples,
         "loss": loss,
-        "settings": {
-            "top": top, "method": method, "tol": tol, "trace": trace,
-            "trace_method": trace_method or ("pyhessian" if method == "power" else "hutchpp"),
-            "trace_hvps": trace_hvps, "trace_rtol": trace_rtol, "density": density, "density_steps": density_steps,
-            "density_starts": density_starts, "samples": samples, "batch_size": batch_size, "split": split,
-            "seed": seed, "device": str(dev), "mode": "eval", "save_eigenvectors": save_eigenvectors,
-            "exact_residuals": exact_residuals,
-        },
+        "settings": _settings_record(s, dev),
         **versions(),
     }
     report = {**header, **report}
-    write_outputs(out, report, eig, dens, op, save_eigenvectors=save_eigenvectors, title=cmd.title)
+    write_outputs(out, report, eig, dens, op, save_eigenvectors=s.save_eigenvectors, title=cmd.title)
     return report
+
+
+def run_hessian(checkpoint, out, *, quiet: bool = False, **settings) -> dict:
+    """:func:`hessian_command` with the :class:`HessianSettings` fields as keywords (each defaults to its field)."""
+    return hessian_command(checkpoint, out, HessianSettings(**settings), quiet=quiet)
+
+
+_keyword_signature(run_hessian, [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                 for n in ("checkpoint", "out")],
+                   [f.name for f in dataclasses.fields(HessianSettings)],
+                   [inspect.Parameter("quiet", _KW, default=False)])

@@ -28,7 +28,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from ..utils.atomic import atomic_write_bytes_unrecorded
-from ..utils.hessian_settings import HessianSettings
+from ..utils.hessian_settings import DEFAULT_TRACE_METHOD, HessianSettings
 from .density import DensityResult, spectral_density
 from .eigen import EigenResult
 from .estimators import estimate_eigenvalues, estimate_trace
@@ -85,7 +85,7 @@ class ModelHessian:
         self.last_eigenvalues = result
         return result
 
-    def trace(self, *, method: str = "hutchpp", max_hvps: int = DEFAULTS.trace_hvps,
+    def trace(self, *, method: str = DEFAULT_TRACE_METHOD, max_hvps: int = DEFAULTS.trace_hvps,
               rtol: float | None = DEFAULTS.trace_rtol) -> TraceResult:
         """The trace with its standard error (``.estimate``, ``.stderr``) from at most ``max_hvps`` products,
         stopping once the standard error is below ``rtol`` of the estimate."""

@@ -20,10 +20,7 @@ Workers: with ``workers > 1`` the pending points are split into chunks and sprea
 ``spawn``, which needs a picklable model and loss function); each worker
 holds its own copy of the model and runs torch on ``max(1, threads // workers)`` threads. Small convolutional
 networks scale poorly over intra-op threads on a few cores, so separate processes use the cores better than one
-process with more threads. Measured with ``benchmarks/surface_speed.py`` on a 2-core machine shared with other
-jobs (load average 7-8): digits-cnn, 512 inputs, 81 points: 9.2 points/s in one process at 2 threads, 62.6 at
-1 thread, 60.9 with 2 workers of 1 thread; MAN CIFAR CNN, 128 inputs: 1.78, 3.61 and 3.20 points/s. Workers beat
-one process at torch's default threads (6.6x, 1.8x) but not one single-threaded process when no core is idle.
+process with more threads (docs/performance.md).
 
 Python API: :func:`loss_surface` on any model; :func:`flatfl.analysis.surface_run.run_surface` is what
 ``flatfl surface`` does for a checkpoint (its files: :mod:`flatfl.analysis.surface_files`; its figures:
@@ -45,7 +42,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..utils.surface_settings import DIRECTION_KINDS, check_grid, check_save_every, check_workers
 from .directions import direction_params
-from .operator import as_batches
+from .batches import as_batches
 from .surface_files import GridFile
 
 __all__ = ["SurfaceEvaluator", "SurfaceResult", "loss_surface", "grid_coordinates", "DIRECTION_KINDS"]
@@ -55,7 +52,7 @@ __all__ = ["SurfaceEvaluator", "SurfaceResult", "loss_surface", "grid_coordinate
 class SurfaceEvaluator:
     """Loss and accuracy of ``model`` at ``theta + x d1 + y d2``, perturbing its parameters in place.
 
-    ``batches``: one ``(inputs, targets)`` batch, a list of them or a DataLoader (:func:`~.operator.as_batches`); ``loss_fn(outputs, targets)`` is the mean loss of a batch (default
+    ``batches``: one ``(inputs, targets)`` batch, a list of them or a DataLoader (:func:`~.batches.as_batches`); ``loss_fn(outputs, targets)`` is the mean loss of a batch (default
     cross-entropy); the loss is the sample-weighted mean over batches. The accuracy is the fraction of argmax hits
     when the outputs are (batch, classes) scores and the targets integer labels, else NaN.
     """

@@ -10,7 +10,7 @@
 * :func:`pyhessian_trace`: PyHessian's ``hessian.trace`` rule step for step (Rademacher draws per parameter, the
   same as PyHessian's after ``torch.manual_seed(seed)``; stop when ``|mean - previous mean| / (previous mean + 1e-6)
   < tol``; at most ``max_iter`` samples). Note that the denominator has no absolute value: a negative running mean
-  stops it at the second sample, as measured in spec §3. flatfl adds the standard error PyHessian does not report.
+  stops it at the second sample (docs/analysis-protocols.md §3). flatfl adds the standard error PyHessian does not report.
 * :func:`hutchinson_diagonal`: the per-coordinate diagonal ``E[z * Hz]`` (Bekas, Kokiopoulou & Saad 2007) with a
   per-coordinate standard error, for the cross-client metrics (FedAlign Eq. 3-4).
 """
@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .operator import apply_block, block_size_for, random_block, seeded_generator
+from .linear_operator import CurvatureOperator, as_operator, block_size_for
+from .vectors import random_block, seeded_generator
 
 __all__ = ["TraceResult", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "hutchinson_diagonal"]
 
@@ -74,7 +75,7 @@ def _hutchinson_samples(op, rows_fn, gen, rtol, max_hvps, min_samples, block, sa
         else:
             count = block
         Z = rows_fn(random_block("rademacher", op.dim, count, gen, op.dtype, op.device))
-        HZ = apply_block(op, Z.T).T
+        HZ = op.matmat(Z.T).T
         samples.extend((Z * HZ).sum(dim=1).to(torch.float64).numpy(force=True).tolist())  # one read per block
         used += count
         if rtol is not None and len(samples) >= min_samples:
@@ -84,7 +85,7 @@ def _hutchinson_samples(op, rows_fn, gen, rtol, max_hvps, min_samples, block, sa
 
 
 def hutchinson_trace(
-    op,
+    op: CurvatureOperator,
     *,
     rtol: float | None = 1e-2,
     max_hvps: int | None = 100,
@@ -93,6 +94,7 @@ def hutchinson_trace(
     block_size: int | None = None,
 ) -> TraceResult:
     """Hutchinson's estimator; stops when ``stderr <= rtol * |estimate|`` (after ``min_samples``) or at the budget."""
+    op = as_operator(op, "hutchinson_trace")
     _check_budget(max_hvps, rtol, min_samples)
     gen = seeded_generator(seed, op.device)
     samples: list[float] = []
@@ -102,7 +104,7 @@ def hutchinson_trace(
 
 
 def hutchpp_trace(
-    op,
+    op: CurvatureOperator,
     *,
     max_hvps: int = 100,
     rtol: float | None = None,
@@ -115,6 +117,7 @@ def hutchpp_trace(
 
     The Hutchinson phase on the deflated operator may stop early at ``rtol`` (relative standard error).
     """
+    op = as_operator(op, "hutchpp_trace")
     _check_budget(max_hvps, rtol, min_samples)
     s = max(0, min(max_hvps // 3, (max_hvps - 2) // 2)) if sketch_size is None else int(sketch_size)
     s = min(s, op.dim)
@@ -148,7 +151,7 @@ def hutchpp_trace(
 
 
 def _apply_rows(op, rows: torch.Tensor, block: int) -> torch.Tensor:
-    return torch.cat([apply_block(op, rows[a:a + block].T).T for a in range(0, rows.shape[0], block)])
+    return torch.cat([op.matmat(rows[a:a + block].T).T for a in range(0, rows.shape[0], block)])
 
 
 def _orthonormal_rows(Y: torch.Tensor) -> torch.Tensor:
@@ -158,12 +161,13 @@ def _orthonormal_rows(Y: torch.Tensor) -> torch.Tensor:
     return Q.T.to(Y.dtype).contiguous()
 
 
-def pyhessian_trace(op, *, max_iter: int = 100, tol: float = 1e-3, seed: int = 0) -> TraceResult:
+def pyhessian_trace(op: CurvatureOperator, *, max_iter: int = 100, tol: float = 1e-3, seed: int = 0) -> TraceResult:
     """PyHessian's Hutchinson loop and stopping rule, reproduced exactly (see the module docstring)."""
+    op = as_operator(op, "pyhessian_trace")
     if max_iter < 1:
         raise ConfigError(f"max_iter must be >= 1, got {max_iter}")
     gen = torch.Generator().manual_seed(int(seed))
-    shapes = getattr(op, "param_shapes", None) or [(op.dim,)]
+    shapes = op.param_shapes
     samples: list[float] = []
     running = 0.0
     stopped = False
@@ -182,7 +186,7 @@ def pyhessian_trace(op, *, max_iter: int = 100, tol: float = 1e-3, seed: int = 0
 
 
 def hutchinson_diagonal(
-    op,
+    op: CurvatureOperator,
     *,
     samples: int = 100,
     seed: int = 0,
@@ -194,6 +198,7 @@ def hutchinson_diagonal(
     ``sum_{j != i} H_ij^2``. Returns ``(diagonal, stderr)``, flat tensors on the operator's device (float64 sums
     are accumulated in the operator's dtype with Welford's update).
     """
+    op = as_operator(op, "hutchinson_diagonal")
     if samples < 2:
         raise ConfigError(f"the diagonal estimator needs at least 2 samples, got {samples}")
     gen = seeded_generator(seed, op.device)
@@ -205,7 +210,7 @@ def hutchinson_diagonal(
     while count < samples:
         k = min(block, samples - count)
         Z = random_block("rademacher", op.dim, k, gen, op.dtype, op.device)
-        terms = (Z * apply_block(op, Z.T).T).to(acc_dtype)
+        terms = (Z * op.matmat(Z.T).T).to(acc_dtype)
         for row in terms:  # Welford: numerically stable running mean and sum of squared deviations
             count += 1
             delta = row - mean

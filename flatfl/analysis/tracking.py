@@ -4,7 +4,7 @@ Every K rounds and at the last, on the server model of that round, exactly what 
 checkpoint with the same settings (:func:`flatfl.utils.hessian_settings.tracking_settings`): the model is rebuilt
 from the round's checkpoint payload (the bytes ``final.pt`` holds at the last round), the evaluation batches are
 :meth:`flatfl.checkpoint.Checkpoint.eval_batches` of the same split, sample and seed, and the estimators run through
-:func:`flatfl.analysis.hessian_run.analyse`. So the last row of ``metrics.csv`` equals ``flatfl hessian final.pt``
+:func:`flatfl.analysis.hessian_run.compute`. So the last row of ``metrics.csv`` equals ``flatfl hessian final.pt``
 with those settings. The engine (``flatfl.train``) never imports this module: the command line hands the observer
 in (:func:`curvature_observer`).
 
@@ -25,14 +25,15 @@ an impossible one (more eigenvalues than parameters) stops the run before anythi
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
 
 from ..checkpoint import FINAL_FILE, Checkpoint
 from ..errors import ConfigError
-from ..utils.hessian_settings import HessianSettings, tracking_settings
-from .hessian_run import analyse
+from ..utils.hessian_settings import TRACKING_FIELDS, HessianSettings, tracking_settings
+from .hessian_run import compute
 from .operator import HessianOperator
 
 __all__ = ["CurvatureTracker", "curvature_observer", "tracking_columns", "trace_resolved"]
@@ -70,10 +71,7 @@ class CurvatureTracker:
 
     def hessian_settings(self) -> dict:
         """The keywords of ``flatfl hessian`` (run_hessian) that give the same numbers on a checkpoint."""
-        s = self.hessian
-        return {"top": s.top, "trace": s.trace, "samples": s.samples, "batch_size": s.batch_size, "split": s.split,
-                "method": s.method, "seed": s.seed, "tol": s.tol, "trace_method": s.trace_method,
-                "trace_hvps": s.trace_hvps, "trace_rtol": s.trace_rtol, "exact_residuals": s.exact_residuals}
+        return {name: getattr(self.hessian, name) for name in TRACKING_FIELDS}
 
     def wants(self, rnd: int, rounds: int) -> bool:
         return rnd % self.every == 0 or rnd == rounds
@@ -110,9 +108,7 @@ class CurvatureTracker:
         if self._batches is None:  # the same fixed evaluation set every time
             self._batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
         op = HessianOperator(ckpt.model, self._batches, mode="eval")
-        report, _, _ = analyse(op, top=s.top, method=s.method, tol=s.tol, trace=s.trace, trace_method=s.trace_method,
-                               trace_hvps=s.trace_hvps, trace_rtol=s.trace_rtol, density=False, seed=s.seed,
-                               exact_residuals=s.exact_residuals)
+        report, _, _ = compute(op, dataclasses.replace(s, density=False))
         row = {"hessian_loss": op.loss(), "hessian_hvps": report["hvps_total"]}
         op.release()
         for i, value in enumerate(report["top_eigenvalues"], 1):

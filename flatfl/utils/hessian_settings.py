@@ -1,27 +1,169 @@
-"""The settings of one Hessian analysis and their defaults, in one place.
+"""The settings of one Hessian analysis and their defaults, in one place, and the registry of Hessian estimators.
 
 ``flatfl hessian``'s options, :func:`flatfl.analysis.hessian_run.run_hessian` (and its ``analyse``), a grid file's
 ``[hessian]`` / ``[spectrum]`` sections and ``flatfl report --compute-missing`` all take their defaults from
 :class:`HessianSettings`. It lives here, not in ``flatfl.analysis``, because the command line reads the defaults
-when it starts and must not import torch for that (``flatfl.analysis`` does)."""
+and the estimators' names and labels when it starts and must not import torch for that (``flatfl.analysis`` does).
+
+The registry (:func:`register_estimator`, :func:`estimator`, :func:`estimator_names`): one :class:`Estimator` per
+name and kind (``eigenvalues``, ``trace``, ``density``), carrying its function as a ``"module:function"`` path
+imported only when it runs (:meth:`Estimator.load`), the kind of residuals it reports, the labels the command line
+and the figures print, and its own keyword defaults. Another package registers its estimators by calling
+:func:`register_estimator` (or by naming, in the entry-point group ``flatfl.estimators``, a torch-free object that
+is an :class:`Estimator`, a list of them, or a function of no argument that registers them).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError, unknown_name
 from .settings import Settings, check_kinds
 from .values import check_seed
 
-# The Hessian estimators, one line each: name -> (module of flatfl.analysis, function). The function takes the
-# shared arguments (eigenvalues: ``op, k, *, tol, seed, return_vectors, exact_residuals -> EigenResult``; trace:
-# ``op, *, max_hvps, rtol, seed, block_size -> TraceResult``). Names and places only, so that the command line and
-# the checks below read them without torch; flatfl.analysis.estimators imports the function when it runs one.
-EIGEN_ESTIMATORS = {"lanczos": ("estimators", "lanczos"), "power": ("estimators", "power")}
-TRACE_ESTIMATORS = {"hutchpp": ("trace", "hutchpp_trace"), "hutchinson": ("trace", "hutchinson_trace"),
-                    "pyhessian": ("estimators", "pyhessian")}
-METHODS = tuple(EIGEN_ESTIMATORS)
-TRACE_METHODS = tuple(TRACE_ESTIMATORS)
+__all__ = ["Estimator", "KINDS", "register_estimator", "unregister_estimator", "estimator", "estimator_names", "estimator_title",
+           "EIGEN_ESTIMATORS", "TRACE_ESTIMATORS", "DENSITY_ESTIMATORS", "DEFAULT_TRACE_METHOD",
+           "DEFAULT_DENSITY_METHOD", "HessianSettings", "tracking_settings", "TRACKING_DEFAULTS", "TRACKING_FIELDS",
+           "SPLITS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS"]
+
+# ---------------------------------------------------------------------------------------------- estimators
+#: the kinds of estimator, as the registry and the error messages name them
+KINDS = {"eigenvalues": "eigenvalue", "trace": "trace", "density": "density"}
+#: what the residuals of an eigenvalue estimator are, as hessian.json's ``eigen.residual_kind`` says it
+RESIDUAL_KINDS = ("explicit", "lanczos relation")
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """One registered estimator: its ``name`` (``--method`` / ``--trace-method``), ``kind`` (``eigenvalues``,
+    ``trace`` or ``density``) and ``function``, a ``"module:function"`` path (imported by :meth:`load`) or the
+    function itself. The function takes the shared arguments of its kind:
+
+    * eigenvalues: ``fn(op, k, *, tol, seed, return_vectors, exact_residuals, **defaults) -> EigenResult``;
+    * trace: ``fn(op, *, max_hvps, rtol, seed, block_size, **defaults) -> TraceResult``;
+    * density: ``fn(op, *, steps, starts, seed, **defaults) -> DensityResult``;
+
+    ``defaults``: the estimator's own keywords (passed on every call). ``residuals``: ``"explicit"`` (each
+    ``||Hv - lambda v||`` computed from the vectors) or ``"lanczos relation"`` (read off a Krylov recurrence), what
+    hessian.json records unless the result says otherwise. ``label``: which eigenvalues are "top" (``largest
+    algebraic``, ``largest magnitude``), printed by ``flatfl hessian``; ``title``: the method's name in figures;
+    ``trace_method``: the trace estimator run with it when none is asked for (None: the default one)."""
+
+    name: str
+    kind: str
+    function: str | Callable
+    label: str = ""
+    title: str = ""
+    residuals: str = "explicit"
+    trace_method: str | None = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def load(self) -> Callable:
+        """The estimator's function (its module imported now, when it is given as ``"module:function"``)."""
+        if callable(self.function):
+            return self.function
+        module, _, name = str(self.function).partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"the {KINDS[self.kind]} method {self.name!r} names {self.function!r}, which cannot be "
+                              f"imported: {e}") from None
+
+
+_REGISTRY: dict[str, dict[str, Estimator]] = {kind: {} for kind in KINDS}
+#: the registered estimators of each kind, name -> :class:`Estimator` (read-only views of the registry)
+EIGEN_ESTIMATORS: Mapping[str, Estimator] = MappingProxyType(_REGISTRY["eigenvalues"])
+TRACE_ESTIMATORS: Mapping[str, Estimator] = MappingProxyType(_REGISTRY["trace"])
+DENSITY_ESTIMATORS: Mapping[str, Estimator] = MappingProxyType(_REGISTRY["density"])
+DEFAULT_TRACE_METHOD = "hutchpp"
+DEFAULT_DENSITY_METHOD = "slq"
+ENTRY_POINT_GROUP = "flatfl.estimators"
+_entry_points_loaded = False
+
+
+def register_estimator(name: str, kind: str, function: str | Callable, *, label: str = "", title: str = "",
+                       residuals: str = "explicit", trace_method: str | None = None,
+                       defaults: Mapping[str, Any] | None = None, replace: bool = False) -> Estimator:
+    """Register an estimator (see :class:`Estimator` for the fields) and return its entry. A name already taken
+    in that kind is a ConfigError unless ``replace``. No import happens here: ``function`` as
+    ``"module:function"`` is imported when the estimator first runs."""
+    if kind not in KINDS:
+        raise unknown_name("estimator kind", kind, KINDS)
+    if not isinstance(name, str) or not name or name != name.strip() or name.startswith("-"):
+        raise ConfigError(f"an estimator's name must be a non-empty word, got {name!r}")
+    if not callable(function) and (not isinstance(function, str) or ":" not in function):
+        raise ConfigError(f"estimator {name!r}: give its function, or its path as 'module:function', got "
+                          f"{function!r}")
+    if residuals not in RESIDUAL_KINDS:
+        raise unknown_name("residual kind", residuals, RESIDUAL_KINDS)
+    if name in _REGISTRY[kind] and not replace:
+        raise ConfigError(f"a {KINDS[kind]} method called {name!r} is already registered (pass replace=True to "
+                          "replace it)")
+    entry = Estimator(name, kind, function, label=label, title=title or name, residuals=residuals,
+                      trace_method=trace_method, defaults=MappingProxyType(dict(defaults or {})))
+    _REGISTRY[kind][name] = entry
+    return entry
+
+
+def unregister_estimator(name: str, kind: str) -> None:
+    """Remove a registered estimator (a KeyError-free no-op when there is none of that name)."""
+    _REGISTRY[kind].pop(name, None)
+
+
+def _load_entry_points() -> None:
+    """The estimators other packages declare in the entry-point group ``flatfl.estimators`` (once)."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            found = point.load()
+        except Exception as e:  # noqa: BLE001 - a broken plug-in is named, not fatal
+            raise ConfigError(f"the estimator entry point {point.name!r} ({point.value}) cannot be loaded: "
+                              f"{e}") from None
+        for item in (found if isinstance(found, (list, tuple)) else [found]):
+            if isinstance(item, Estimator):
+                _REGISTRY[item.kind].setdefault(item.name, item)
+            elif callable(item):
+                item()
+
+
+def estimator_names(kind: str) -> tuple[str, ...]:
+    """The registered names of ``kind``, in registration order (entry points included)."""
+    _load_entry_points()
+    return tuple(_REGISTRY[kind])
+
+
+def estimator(kind: str, name: str) -> Estimator:
+    """The registered estimator ``name`` of ``kind``; ConfigError ``unknown eigenvalue method 'x': ...``."""
+    names = estimator_names(kind)
+    if name not in _REGISTRY[kind]:
+        raise unknown_name(f"{KINDS[kind]} method", name, names)
+    return _REGISTRY[kind][name]
+
+
+register_estimator("lanczos", "eigenvalues", "flatfl.analysis.estimators:lanczos", label="largest algebraic",
+                   title="Lanczos", residuals="lanczos relation")
+register_estimator("power", "eigenvalues", "flatfl.analysis.estimators:power", label="largest magnitude",
+                   title="power iteration", trace_method="pyhessian", defaults={"max_iter": 100})
+register_estimator("hutchpp", "trace", "flatfl.analysis.trace:hutchpp_trace", title="Hutch++")
+register_estimator("hutchinson", "trace", "flatfl.analysis.trace:hutchinson_trace", title="Hutchinson")
+register_estimator("pyhessian", "trace", "flatfl.analysis.estimators:pyhessian", title="PyHessian's rule")
+register_estimator("slq", "density", "flatfl.analysis.density:spectral_density",
+                   title="stochastic Lanczos quadrature")
 SPLITS = ("train", "test")
+
+
+def estimator_title(kind: str, name) -> str:
+    """The name figures give the estimator ``name`` of ``kind`` (its registered ``title``; a name the registry does
+    not hold, such as a result's ``dense``, as it is)."""
+    entry = _REGISTRY[kind].get(name)
+    return entry.title if entry is not None else str(name)
 
 
 @dataclass(frozen=True)
@@ -56,12 +198,11 @@ class HessianSettings(Settings):
         check_kinds(self, _KINDS)
         if self.top < 0:
             raise ConfigError(f"--top must be a non-negative integer, got {self.top!r}")
-        if self.method not in METHODS:
-            raise unknown_name("eigenvalue method", self.method, METHODS)
+        estimator("eigenvalues", self.method)  # the registry at run time: a method registered by now passes
         if not 0 < self.tol < 1:
             raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {self.tol!r}")
-        if self.trace_method is not None and self.trace_method not in TRACE_METHODS:
-            raise unknown_name("trace method", self.trace_method, TRACE_METHODS)
+        if self.trace_method is not None:
+            estimator("trace", self.trace_method)
         if self.trace_hvps < 1:
             raise ConfigError(f"--trace-hvps must be >= 1, got {self.trace_hvps}")
         if self.trace_rtol is not None and not self.trace_rtol > 0:
@@ -85,6 +226,19 @@ class HessianSettings(Settings):
         if self.save_eigenvectors and self.top < 1:
             raise ConfigError("--save-eigenvectors needs --top >= 1")
         return self
+
+    @property
+    def resolved_trace_method(self) -> str:
+        """The trace estimator that runs: ``trace_method``, else the eigenvalue method's own (power: PyHessian's
+        rule), else :data:`DEFAULT_TRACE_METHOD`."""
+        if self.trace_method is not None:
+            return self.trace_method
+        return estimator("eigenvalues", self.method).trace_method or DEFAULT_TRACE_METHOD
+
+    @property
+    def eigen(self) -> Estimator:
+        """The registry's entry of ``method``."""
+        return estimator("eigenvalues", self.method)
 
 
 # bounds on the sizes a user sets, checked before anything is allocated (each stored vector has the model's size;

@@ -1,0 +1,321 @@
+"""How :class:`~flatfl.analysis.operator.HessianOperator` computes ``H V`` (docs/analysis-protocols.md §1).
+
+* :class:`LossTerms`: the mean loss as its batch terms (model, parameters, batches, their weights, the mode), with
+  the mode set and restored around every pass and, in train mode, a fixed random state per batch;
+* :class:`DoubleBackward`: Pearlmutter's double backward. For every batch b the first-order gradient
+  ``g_b = d loss_b / d theta`` is built with ``create_graph=True``; then ``H_b v = d (g_b . v) / d theta`` is one
+  more backward pass through that graph, and ``H v = sum_b (n_b / N) H_b v``. The first-order graphs are kept
+  between products while they fit in a memory budget (``cache_graph``), so a product costs one double backward
+  instead of a forward, a backward and a double backward; batches beyond the budget are recomputed at every
+  product, and then a block of vectors shares each batch's forward and first backward;
+* :class:`ForwardOverReverse`: a block of vectors through one pass of ``torch.func.vmap`` over ``jvp(grad(loss))``
+  per batch, the block sized from free memory (CUDA ``mem_get_info``, else available RAM) and halved on an
+  out-of-memory error.
+
+Both give the same numbers to rounding; which one ``products="auto"`` picks per device, and why, is in
+docs/performance.md.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from ..errors import ConfigError
+from .vectors import free_memory
+
+__all__ = ["LossTerms", "ProductMethod", "DoubleBackward", "ForwardOverReverse", "counting_saved_bytes"]
+
+
+@contextlib.contextmanager
+def counting_saved_bytes(params: Sequence[torch.Tensor], enabled: bool = True) -> Iterator[dict]:
+    """Within the block, the storages autograd saves for backward (parameters excluded) are recorded in the dict it
+    yields (storage pointer -> bytes); ``enabled=False`` records nothing."""
+    saved: dict = {}
+    if not enabled:
+        yield saved
+        return
+    param_ptrs = {p.data_ptr() for p in params}
+
+    def pack(t):
+        try:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in param_ptrs:
+                saved[ptr] = t.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):  # pragma: no cover - exotic tensor subclasses
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield saved
+
+
+class LossTerms:
+    """The sample-weighted mean loss of ``model`` over ``batches`` as its batch terms, for the parameters
+    ``params`` laid out flat in order (``offsets``, ``shapes``)."""
+
+    def __init__(self, model: torch.nn.Module, batches: list, loss_fn: Callable, params: Sequence[torch.Tensor],
+                 mode: str) -> None:
+        self.model, self.batches, self.loss_fn, self.params, self.mode = model, batches, loss_fn, list(params), mode
+        self.shapes = [tuple(p.shape) for p in self.params]
+        self.offsets = [0]
+        for p in self.params:
+            self.offsets.append(self.offsets[-1] + p.numel())
+        self.dim = self.offsets[-1]
+        self.device = self.params[0].device
+        sizes = [len(t) for _, t in self.batches]
+        self.num_samples = int(sum(sizes))
+        self.weights = [n / self.num_samples for n in sizes]
+
+    @contextlib.contextmanager
+    def model_mode(self):
+        """Set the requested mode on every module; restore each module's own mode (and train-mode buffers)."""
+        modules = list(self.model.modules())
+        previous = [m.training for m in modules]
+        buffers = [(b, b.detach().clone()) for b in self.model.buffers()] if self.mode == "train" else []
+        self.model.train(self.mode == "train")
+        try:
+            yield
+        finally:
+            for m, was_training in zip(modules, previous):
+                m.training = was_training
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+
+    @contextlib.contextmanager
+    def batch_rng(self, index: int):
+        """In train mode, give every batch the same random state at every pass (dropout masks stay fixed)."""
+        if self.mode != "train":
+            yield
+            return
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(1_000_003 * index + 17)
+            yield
+
+    @contextlib.contextmanager
+    def no_running_stats(self):
+        """Train mode under torch.func: BatchNorm must not update its running statistics in place (the double
+        backward path restores them afterwards anyway), so tracking is switched off for the pass and restored."""
+        changed = []
+        if self.mode == "train":
+            for m in self.model.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats:
+                    m.track_running_stats = False
+                    changed.append(m)
+        try:
+            yield
+        finally:
+            for m in changed:
+                m.track_running_stats = True
+
+    def batch_loss(self, index: int) -> torch.Tensor:
+        """The mean loss of batch ``index`` (a scalar, with its graph when grad is enabled)."""
+        inputs, targets = self.batches[index]
+        with self.batch_rng(index):
+            loss = self.loss_fn(self.model(inputs), targets)
+        if loss.dim() != 0:
+            raise ConfigError("loss_fn must return a scalar (the mean loss over the batch)")
+        return loss
+
+    def part(self, flat: torch.Tensor, i: int) -> torch.Tensor:
+        """Parameter ``i``'s slice of a flat vector, shaped like it (a view)."""
+        return flat[self.offsets[i]:self.offsets[i + 1]].view(self.shapes[i])
+
+    def saved_bytes(self, index: int) -> int:
+        """Bytes the forward pass of batch ``index`` saves for backward (parameters excluded)."""
+        with self.model_mode(), self.no_running_stats(), torch.enable_grad(), \
+                counting_saved_bytes(self.params) as saved:
+            self.batch_loss(index)
+        return sum(saved.values())
+
+
+class ProductMethod:
+    """What a product method shares: the batched-block size (``block_size`` if given, else from free memory)."""
+
+    name = ""
+
+    def __init__(self, terms: LossTerms, block_size: int | None) -> None:
+        self.terms = terms
+        self.block_size = block_size
+        self.limit: int | None = None  # the block that fits (None: not measured yet)
+
+    def block_limit(self) -> int:
+        """Most vectors one batched pass takes: ``block_size`` if given, else sized from free memory.
+
+        A vector in a forward-over-reverse pass keeps about three times what the first-order pass saves (forward
+        values, their tangents, the backward's); the block takes half the free memory (CUDA: ``mem_get_info``;
+        CPU: available physical memory) at that rate, capped at 256. An out-of-memory error halves it later.
+        """
+        if self.block_size is not None:
+            return int(min(self.block_size, self.limit or self.block_size))
+        if self.limit is None:
+            terms = self.terms
+            per_vector = 3 * max(terms.saved_bytes(i) for i in range(len(terms.batches))) + 4 * terms.dim * 4
+            self.limit = max(1, min(256, int(0.5 * free_memory(terms.device) // max(per_vector, 1))))
+        return self.limit
+
+    @property
+    def fully_cached(self) -> bool:
+        return False
+
+    @property
+    def preferred_block_size(self) -> int:  # pragma: no cover - every method has its own
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Free what is kept between products."""
+
+    def matmat(self, rows: torch.Tensor) -> torch.Tensor:  # pragma: no cover - every method has its own
+        """``H`` applied to each row of ``rows`` (k, dim)."""
+        raise NotImplementedError
+
+
+class DoubleBackward(ProductMethod):
+    """Pearlmutter's double backward, one vector at a time through each batch's first-order graph."""
+
+    name = "double-backward"
+
+    def __init__(self, terms: LossTerms, block_size: int | None, cache_graph: bool | str, cache_bytes: int) -> None:
+        super().__init__(terms, block_size)
+        self.cache_graph, self.cache_bytes = cache_graph, cache_bytes
+        self.graphs: list | None = None  # per batch: cached first-order graph or None
+        self.cached_bytes = 0
+
+    def build_graph(self, index: int, count_bytes: bool):
+        """First-order gradient of batch ``index`` with its graph: list of (parameter index, gradient)."""
+        terms = self.terms
+        with torch.enable_grad(), counting_saved_bytes(terms.params, count_bytes) as saved:
+            loss = terms.batch_loss(index)
+            grads = torch.autograd.grad(loss, terms.params, create_graph=True, allow_unused=True)
+        graph = [(i, g) for i, g in enumerate(grads) if g is not None and g.requires_grad]
+        return graph, sum(saved.values())
+
+    def prepare(self) -> None:
+        """Decide (once) which batches keep their first-order graph, building the kept ones."""
+        if self.graphs is not None:
+            return
+        self.graphs = [None] * len(self.terms.batches)
+        if self.cache_graph is False:
+            return
+        with self.terms.model_mode():
+            for i in range(len(self.terms.batches)):
+                graph, nbytes = self.build_graph(i, count_bytes=self.cache_graph == "auto")
+                if self.cache_graph == "auto" and self.cached_bytes + nbytes > self.cache_bytes:
+                    break
+                self.graphs[i] = graph
+                self.cached_bytes += nbytes
+
+    @property
+    def fully_cached(self) -> bool:
+        """True when every batch's first-order graph is kept (a product costs one double backward)."""
+        self.prepare()
+        return all(g is not None for g in self.graphs)
+
+    @property
+    def preferred_block_size(self) -> int:
+        """1 when graphs are cached (a product is then one double backward whatever the block), else 8 (a block
+        shares the first-order pass)."""
+        return 1 if self.fully_cached else 8
+
+    def release(self) -> None:
+        self.graphs = None
+        self.cached_bytes = 0
+
+    def matmat(self, rows: torch.Tensor) -> torch.Tensor:
+        terms = self.terms
+        k = rows.shape[0]
+        out = torch.zeros_like(rows)
+        self.prepare()
+        with terms.model_mode():
+            for index, weight in enumerate(terms.weights):
+                graph = self.graphs[index]
+                if graph is None:
+                    graph, _ = self.build_graph(index, count_bytes=False)
+                    keep = False
+                else:
+                    keep = True
+                if not graph:  # the loss does not depend on the parameters twice: this block of H is zero
+                    continue
+                outputs = [g for _, g in graph]
+                for j in range(k):
+                    grad_outputs = [terms.part(rows[j], i) for i, _ in graph]
+                    hv = torch.autograd.grad(
+                        outputs, terms.params, grad_outputs=grad_outputs,
+                        retain_graph=keep or j < k - 1, allow_unused=True,
+                    )
+                    for i, h in enumerate(hv):
+                        if h is not None:
+                            out[j, terms.offsets[i]:terms.offsets[i + 1]].add_(h.reshape(-1), alpha=weight)
+                del graph, outputs
+        return out
+
+
+class ForwardOverReverse(ProductMethod):
+    """``H V`` by ``torch.func``: ``vmap`` over a block of ``jvp(grad(loss))`` per batch; ``keys`` are the
+    parameters' names in ``model.named_parameters()`` (:meth:`names_of`)."""
+
+    name = "forward-over-reverse"
+
+    def __init__(self, terms: LossTerms, block_size: int | None, keys: list[str]) -> None:
+        super().__init__(terms, block_size)
+        self.keys = keys
+
+    @staticmethod
+    def names_of(model: torch.nn.Module, params: Sequence[torch.Tensor]) -> list[str] | None:
+        """Names of ``params`` in ``model.named_parameters()`` (None if one is not the model's)."""
+        names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+        keys = [names.get(id(p)) for p in params]
+        return None if any(k is None for k in keys) else keys
+
+    @property
+    def preferred_block_size(self) -> int:
+        """The block that fits in memory, at most 32."""
+        return min(32, self.block_limit())
+
+    def matmat(self, rows: torch.Tensor) -> torch.Tensor:
+        from torch.func import functional_call, grad, jvp, vmap
+
+        terms = self.terms
+        k = rows.shape[0]
+        out = torch.zeros_like(rows)
+        keys = self.keys
+        primals = {key: p.detach() for key, p in zip(keys, terms.params)}
+        with terms.model_mode(), terms.no_running_stats():
+            for index, weight in enumerate(terms.weights):
+                inputs, targets = terms.batches[index]
+
+                def loss_of(params, inputs=inputs, targets=targets):
+                    loss = terms.loss_fn(functional_call(terms.model, params, (inputs,)), targets)
+                    if loss.dim() != 0:
+                        raise ConfigError("loss_fn must return a scalar (the mean loss over the batch)")
+                    return loss
+
+                gradient = grad(loss_of)
+
+                def hvp(tangent):
+                    return jvp(gradient, (primals,), (tangent,))[1]
+
+                start = 0
+                while start < k:
+                    size = min(self.block_limit(), k - start)
+                    chunk = rows[start:start + size]
+                    tangents = {key: chunk[:, a:b].view(size, *shape) for key, shape, a, b in
+                                zip(keys, terms.shapes, terms.offsets, terms.offsets[1:])}
+                    try:
+                        with terms.batch_rng(index):
+                            result = vmap(hvp, randomness="same")(tangents)
+                    except torch.OutOfMemoryError:
+                        if size == 1:
+                            raise
+                        self.limit = max(1, size // 2)  # smaller blocks from now on
+                        if terms.device.type == "cuda":
+                            torch.cuda.empty_cache()
+                        continue
+                    for key, a, b in zip(keys, terms.offsets, terms.offsets[1:]):
+                        out[start:start + size, a:b].add_(result[key].reshape(size, -1), alpha=weight)
+                    del result
+                    start += size
+        return out

@@ -1,0 +1,185 @@
+"""``flatfl hessian``, ``hessian-clients`` and ``surface``: the analyses of a checkpoint. Their options' defaults
+are the fields of the typed settings (:mod:`flatfl.utils.hessian_settings`, ...); the Hessian estimators' names,
+labels and pairings come from the registry there."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..utils.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # no torch: the defaults
+from ..utils.hessian_settings import DEFAULT_TRACE_METHOD, HessianSettings, estimator, estimator_names
+from ..utils.surface_settings import DIRECTION_KINDS, SurfaceSettings
+from .common import apply_threads, friendly_errors, threads_option
+
+__all__ = ["hessian", "hessian_clients", "surface"]
+
+
+HESSIAN_DEFAULTS = HessianSettings()
+
+
+def _trace_default_text() -> str:
+    """'(default: hutchpp; pyhessian with --method power)': the trace method that runs when none is given."""
+    pairs = "".join(f"; {estimator('eigenvalues', name).trace_method} with --method {name}"
+                    for name in estimator_names("eigenvalues") if estimator("eigenvalues", name).trace_method)
+    return f"(default: {DEFAULT_TRACE_METHOD}{pairs})"
+
+
+HESSIAN_EPILOG = """\b
+Examples:
+  flatfl hessian runs/x/final.pt --out runs/x/hessian             # top eigenvalue + Hutch++ trace, whole train split
+  flatfl hessian runs/x --top 200 --density --samples 4096 --out runs/x/hessian
+  flatfl hessian runs/x --method power --samples 4096 --out h-pyh  # PyHessian's protocol (power + its trace rule)
+"""
+
+
+@click.command(epilog=HESSIAN_EPILOG)
+@click.argument("checkpoint", type=click.Path())
+@click.option("--out", required=True, type=click.Path(), help="output directory (hessian.json, eigenvalues.csv, figures)")
+@click.option("--top", type=int, default=HESSIAN_DEFAULTS.top, show_default=True, help="number of top eigenvalues (0 = none): the largest algebraic "
+              "with --method lanczos, the largest in magnitude with --method power (they differ at saddles, where "
+              "negative eigenvalues are large)")
+@click.option("--trace/--no-trace", default=HESSIAN_DEFAULTS.trace, show_default=True, help="estimate the trace")
+@click.option("--density/--no-density", default=HESSIAN_DEFAULTS.density, show_default=True, help="eigenvalue spectral density (SLQ)")
+@click.option("--samples", type=int, default=HESSIAN_DEFAULTS.samples, help="draw N evaluation samples once with --seed (default: whole split)")
+@click.option("--batch-size", type=int, default=HESSIAN_DEFAULTS.batch_size, show_default=True, help="evaluation batch size (does not change the result)")
+@click.option("--split", default=HESSIAN_DEFAULTS.split, show_default=True, help="train | test")
+@click.option("--method", default=HESSIAN_DEFAULTS.method, show_default=True, help=f"{' | '.join(estimator_names('eigenvalues'))} (power: PyHessian's rule)")
+@click.option("--tol", type=float, default=HESSIAN_DEFAULTS.tol, show_default=True, help="eigenvalue tolerance (Lanczos: relative residual; power: relative change)")
+@click.option("--trace-method", default=HESSIAN_DEFAULTS.trace_method, help=f"{' | '.join(estimator_names('trace'))} {_trace_default_text()}")
+@click.option("--trace-hvps", type=int, default=HESSIAN_DEFAULTS.trace_hvps, show_default=True, help="HVP budget of the trace estimate")
+@click.option("--trace-rtol", type=float, default=HESSIAN_DEFAULTS.trace_rtol, show_default=True, help="stop the trace at this relative standard error")
+@click.option("--density-steps", type=int, default=HESSIAN_DEFAULTS.density_steps, show_default=True, help="Lanczos steps per SLQ start")
+@click.option("--density-starts", type=int, default=HESSIAN_DEFAULTS.density_starts, show_default=True, help="number of SLQ starts")
+@click.option("--seed", type=int, default=HESSIAN_DEFAULTS.seed, show_default=True, help="seed of the sample draw and of every random vector")
+@click.option("--device", default=HESSIAN_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
+@click.option("--data-dir", default=HESSIAN_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
+@click.option("--save-eigenvectors", is_flag=True, default=HESSIAN_DEFAULTS.save_eigenvectors, help="also write eigenvectors.pt (parameter layout included)")
+@click.option("--model-factory", default=HESSIAN_DEFAULTS.model_factory, help="module:function or path/to/file.py:function building your own network (default: the one the run recorded); only its weights are loaded")
+@click.option("--exact-residuals", is_flag=True, default=HESSIAN_DEFAULTS.exact_residuals,
+              help="recompute each residual ||Hv - lambda v|| with one more HVP (without it, Lanczos reports the "
+              "residual of its recurrence: an estimate that can understate the true one by orders of magnitude)")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+@threads_option
+@friendly_errors
+def hessian(checkpoint, out, threads, **opts):
+    """Top Hessian eigenvalues, trace and spectral density of a checkpoint's model (mean loss, eval mode)."""
+    from ..analysis.hessian_run import run_hessian
+
+    apply_threads(threads)
+    report = run_hessian(checkpoint, out, **opts)
+    values = report["top_eigenvalues"]
+    found = []
+    if values:
+        shown = ", ".join(f"{v:.6g}" for v in values[:5]) + (" ..." if len(values) > 5 else "")
+        eigen = report.get("eigen") or {}
+        label = estimator("eigenvalues", report["settings"]["method"]).label  # which eigenvalues are the top
+        click.echo(f"top eigenvalues{f' ({label})' if label else ''}: {shown}")
+        found.append(f"top eigenvalue {values[0]:.6g}{_multiplicity_note(eigen.get('multiplicity'))}")
+    if report["trace"]:
+        tr = report["trace"]
+        stderr = "n/a" if tr["stderr"] is None else f"{tr['stderr']:.3g}"
+        click.echo(f"trace: {tr['estimate']:.6g} +- {stderr} ({tr['method']}, {tr['hvps']} HVPs)")
+        found.append(f"trace {tr['estimate']:.6g} +- {stderr}")
+    if report.get("density"):
+        found.append("spectral density")
+    click.echo(f"{', '.join(found)} on {report.get('num_samples')} samples; {report['hvps_total']} HVPs in "
+               f"{report['seconds']:.1f} s -> {Path(out) / 'hessian.json'}")
+
+
+def _multiplicity_note(multiplicity) -> str:
+    """`` (repeated: 5 x6, checked)`` when Lanczos saw coinciding eigenvalues (hessian.json's eigen.multiplicity)."""
+    if not multiplicity or not multiplicity.get("clusters"):
+        return ""
+    shown = ", ".join(f"{c['value']:.6g} x{c['copies']}" for c in multiplicity["clusters"][:3])
+    return f" (repeated: {shown}; {multiplicity['status']})"
+
+
+# ------------------------------------------------------------------------------------------------ hessian-clients
+CLIENTS_DEFAULTS = ClientMetricsSettings()
+HESSIAN_CLIENTS_EPILOG = """\b
+Examples:
+  flatfl hessian-clients runs/x --out runs/x/hessian                 # global model on each client's data
+  flatfl hessian-clients runs/x --protocol fedalign --out runs/x/hessian  # FedAlign's code: local models, K x K mean
+Each protocol writes clients-<protocol>.json, so both live in one folder; the same protocol with other settings
+is refused (choose another --out). The run must have been trained with --save-clients (clients.pt next to final.pt).
+"""
+
+
+@click.command("hessian-clients", epilog=HESSIAN_CLIENTS_EPILOG)
+@click.argument("checkpoint", type=click.Path())
+@click.option("--out", required=True, type=click.Path(), help="output directory (clients-<protocol>.json and its heat map; each protocol its own files)")
+@click.option("--protocol", default=CLIENTS_DEFAULTS.protocol, show_default=True, help=f"{' | '.join(PROTOCOLS)} (fedalign: FedAlign's code, to reproduce its Table 1)")
+@click.option("--probes", type=int, default=CLIENTS_DEFAULTS.probes, show_default=True, help="Rademacher probes per client (fedalign: the most, PyHessian's maxIter)")
+@click.option("--groups", type=int, default=CLIENTS_DEFAULTS.groups, show_default=True, help="jackknife groups of probes for the standard errors")
+@click.option("--samples", type=int, default=CLIENTS_DEFAULTS.samples, help="samples per client (default: all) | fedalign: global samples (default 640)")
+@click.option("--batch-size", type=int, default=CLIENTS_DEFAULTS.batch_size, help="evaluation batch size (default 256; fedalign 64)")
+@click.option("--tol", type=float, default=CLIENTS_DEFAULTS.tol, show_default=True, help="fedalign: PyHessian's relative stopping tolerance")
+@click.option("--seed", type=int, default=CLIENTS_DEFAULTS.seed, show_default=True, help="seed of the sample draws and the probes")
+@click.option("--device", default=CLIENTS_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
+@click.option("--data-dir", default=CLIENTS_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
+@click.option("--model-factory", default=CLIENTS_DEFAULTS.model_factory, help="module:function or path/to/file.py:function building your own network (default: the one the run recorded); only its weights are loaded")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+@threads_option
+@friendly_errors
+def hessian_clients(checkpoint, out, threads, **opts):
+    """Cross-client Hessian metrics H_N and H_D (FedAlign Eq. 3-4) with standard errors."""
+    from ..analysis.clients_run import run_client_metrics
+
+    apply_threads(threads)
+    c = run_client_metrics(checkpoint, out, **opts)
+
+    def show(value, err):
+        return "n/a" if value is None else f"{value:.6g} +- {'n/a' if err is None else f'{err:.3g}'}"
+
+    click.echo(f"protocol {c['protocol']} ({c['num_clients']} clients, {c['pairs']} pairs, {c['estimator']})")
+    click.echo(f"H_N: {show(c['H_N'], c['H_N_stderr'])}")
+    click.echo(f"H_D: {show(c['H_D'], c['H_D_stderr'])}")
+    click.echo(f"H_N {show(c['H_N'], c['H_N_stderr'])}, H_D {show(c['H_D'], c['H_D_stderr'])} "
+               f"({c['protocol']} protocol, {c['num_clients']} clients); {c['hvps']} HVPs in {c['seconds']:.1f} s "
+               f"-> {Path(out) / c['files'][-1]}")
+
+
+# --------------------------------------------------------------------------------------------------------- surface
+SURFACE_DEFAULTS = SurfaceSettings()
+SURFACE_EPILOG = """\b
+Examples:
+  flatfl surface runs/x --out runs/x/surface                          # random filter-normalised, 21 x 21, range 1
+  flatfl surface runs/x --directions hessian --grid 41 --samples 2048 --workers 2 --out runs/x/surface-h
+  flatfl surface runs/x --directions hessian --eigenvectors runs/x/hessian/eigenvectors.pt --out s
+Killed? Run the same command again: finished grid points are kept in surface.npz and not recomputed.
+"""
+
+
+@click.command(epilog=SURFACE_EPILOG)
+@click.argument("checkpoint", type=click.Path())
+@click.option("--out", required=True, type=click.Path(), help="output directory (surface.npz/.csv/.json, figures)")
+@click.option("--directions", default=SURFACE_DEFAULTS.directions, show_default=True, help=f"{' | '.join(DIRECTION_KINDS)} (random: filter-normalised; hessian: top-2 eigenvectors)")
+@click.option("--grid", type=int, default=SURFACE_DEFAULTS.grid, show_default=True, help="points per axis (linspace(-R, R, N))")
+@click.option("--range", "range_", type=float, default=SURFACE_DEFAULTS.range, show_default=True, help="half-width R of the square")
+@click.option("--samples", type=int, default=SURFACE_DEFAULTS.samples, help="draw N evaluation samples once with --seed (default: whole split)")
+@click.option("--workers", type=int, default=SURFACE_DEFAULTS.workers, show_default=True, help="local worker processes (CPU)")
+@click.option("--batch-size", type=int, default=SURFACE_DEFAULTS.batch_size, show_default=True, help="evaluation batch size")
+@click.option("--split", default=SURFACE_DEFAULTS.split, show_default=True, help="train | test")
+@click.option("--seed", type=int, default=SURFACE_DEFAULTS.seed, show_default=True, help="seed of the sample draw and the random directions")
+@click.option("--include-bn-bias", is_flag=True, default=SURFACE_DEFAULTS.include_bn_bias, help="random directions also move 1-D tensors (biases, norm affine)")
+@click.option("--eigenvectors", type=click.Path(), default=SURFACE_DEFAULTS.eigenvectors, help="eigenvectors.pt from 'flatfl hessian --save-eigenvectors'")
+@click.option("--tol", type=float, default=SURFACE_DEFAULTS.tol, show_default=True, help="Lanczos tolerance for --directions hessian")
+@click.option("--device", default=SURFACE_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
+@click.option("--data-dir", default=SURFACE_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
+@click.option("--force", is_flag=True, default=SURFACE_DEFAULTS.force, help="start over instead of resuming surface.npz in --out")
+@click.option("--model-factory", default=SURFACE_DEFAULTS.model_factory, help="module:function or path/to/file.py:function building your own network (default: the one the run recorded); only its weights are loaded")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+@threads_option
+@friendly_errors
+def surface(checkpoint, out, range_, threads, **opts):
+    """Loss and accuracy on a 2-D grid around a checkpoint's model (contour and 3-D figures)."""
+    from ..analysis.surface_run import run_surface
+
+    apply_threads(threads)
+    report = run_surface(checkpoint, out, range=range_, **opts)
+    origin = report["loss_at_origin"]
+    shown = "" if origin is None else f", loss at origin {origin:.6g}"
+    click.echo(f"loss min {report['loss_min']:.6g}, max {report['loss_max']:.6g}{shown}; {report['points']} points "
+               f"({report['points_computed_now']} computed now) in {report['seconds']:.1f} s "
+               f"-> {Path(out) / 'surface.json'}")

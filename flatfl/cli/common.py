@@ -1,0 +1,116 @@
+"""What every command of the command line shares: errors as one line (:func:`friendly_errors`, :class:`FlatflGroup`),
+names checked with a suggestion (:class:`NameChoice`) and the ``--threads`` option.
+
+Errors caused by the user's input are :class:`flatfl.errors.FlatflError`; they are printed as one line
+(``flatfl: error: ...``) with exit status 2, never as a traceback.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import click
+
+from ..errors import FlatflError, error_line, unknown_name
+from ..utils.startup import import_torch_uninterruptibly, settle_source_date_epoch
+
+__all__ = ["friendly_errors", "describe_failure", "FlatflGroup", "NameChoice", "THREADS_HELP", "threads_option",
+           "apply_threads"]
+
+
+def friendly_errors(fn):
+    """Turn FlatflError (and a few well-known OS errors) into one line on stderr and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except FlatflError as e:
+            click.echo(f"flatfl: error: {error_line(e)}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("flatfl: interrupted", err=True)
+            sys.exit(130)
+        except Exception as e:  # no traceback for the user: one line, exit 1 (FLATFL_DEBUG=1 shows it)
+            if os.environ.get("FLATFL_DEBUG"):
+                raise
+            click.echo(f"flatfl: error: {error_line(describe_failure(e))}", err=True)
+            sys.exit(2 if isinstance(e, (OSError, UnicodeDecodeError, ValueError)) else 1)
+
+    return wrapper
+
+
+def describe_failure(e: BaseException) -> str:
+    """One line for an exception that is not a FlatflError (disk full, unreadable file, corrupt data...)."""
+    import errno
+
+    if isinstance(e, OSError):
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        if e.errno == errno.ENOSPC:
+            return f"no space left on device{where}: nothing half-written was kept; free space and run again"
+        return f"{e.strerror or type(e).__name__}{where}"
+    if isinstance(e, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({e.reason} at byte {e.start})"
+    text = " ".join(str(e).split())[:200]
+    if isinstance(e, ValueError):
+        return f"invalid data: {text or type(e).__name__}"
+    return f"internal error {type(e).__name__}: {text} (set FLATFL_DEBUG=1 for the traceback)"
+
+
+class FlatflGroup(click.Group):
+    """click's group, with its usage errors (a bad flag value, an unknown option) also on one line."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        argv = sys.argv[1:] if args is None else list(args)
+        try:
+            if argv and not {"-h", "--help", "--version"} & set(argv):
+                problem = settle_source_date_epoch()  # before numpy's f2py (read by scipy's import) sees it
+                if problem:
+                    click.echo(f"flatfl: error: {problem}", err=True)
+                    sys.exit(2)
+                import_torch_uninterruptibly()  # a command will run: torch first, Ctrl-C held back meanwhile
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            click.echo("flatfl: interrupted", err=True)
+            sys.exit(130)
+        except click.ClickException as e:
+            where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "flatfl"
+            hint = f" (see '{where} --help')" if isinstance(e, click.UsageError) else ""
+            click.echo(f"flatfl: error: {error_line(' '.join(e.format_message().split()))}{hint}", err=True)
+            sys.exit(e.exit_code)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+THREADS_HELP = ("torch threads, an integer >= 1 (default: 1 on machines with <= 2 cores, else the idle cores: "
+                "cores minus the busy ones, from the 1-minute load average and the current use)")
+
+
+def threads_option(fn):
+    """The ``--threads`` option."""
+    return click.option("--threads", type=int, default=None, help=THREADS_HELP)(fn)
+
+
+def apply_threads(threads) -> int:
+    """Set torch's threads (``None``: the default for this machine); returns the count."""
+    from ..utils.threads import apply_threads
+
+    return apply_threads(threads)
+
+
+class NameChoice(click.Choice):
+    """click's Choice whose error names the closest valid value in one line, as every other unknown name does
+    (:func:`flatfl.errors.unknown_name`): ``unknown partition 'iidd'. Did you mean 'iid'?``."""
+
+    def __init__(self, choices, kind: str | None = None, **kwargs):
+        super().__init__(list(choices), **kwargs)
+        self.kind = kind
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            kind = self.kind or (param.name.replace("_", " ") if param is not None and param.name else "value")
+            self.fail(str(unknown_name(kind, value, self.choices)), param, ctx)

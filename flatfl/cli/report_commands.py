@@ -1,0 +1,218 @@
+"""``flatfl report``, ``contrast``, ``reproduce`` and ``sweep``: many runs at once, and the tables made of them."""
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import error_line
+from ..paper_tables import DEFAULT_SEEDS, PRESETS, TARGETS  # no torch: the tables flatfl reproduce makes
+from .common import NameChoice, apply_threads, friendly_errors, threads_option
+
+__all__ = ["report", "contrast", "reproduce", "sweep", "echo_summary"]
+
+
+REPORT_EPILOG = """\b
+Examples:
+  flatfl report runs/sweep --out reports/sweep                 # every run under runs/sweep
+  flatfl report runs/a runs/b --out reports/ab --compute-missing --top 50 --density
+  flatfl report runs/reproduce-quick --table man-table2 --out reports/t2
+"""
+
+
+@click.command(epilog=REPORT_EPILOG)
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="report folder (CSV, report.md, report.pdf)")
+@click.option("--table", "tables", multiple=True,
+              help=f"paper layout: {' | '.join(TARGETS)} (repeatable; default: every layout the runs fill)")
+@click.option("--compute-missing", is_flag=True, help="compute missing Hessian (and H_N / H_D) results instead of listing them")
+@click.option("--model", type=NameChoice(["server", "clients-average"], kind="model"), default=None,
+              help="the model every row measures (accuracy and Hessian); default: clients-average for the MAN tables (MAN reports the all-clients average), server for FedAlign's")
+@click.option("--top", type=int, default=None, help="Hessian asked for: number of top eigenvalues (--compute-missing default 1)")
+@click.option("--density/--no-density", default=None, help="Hessian asked for: with the spectral density (--compute-missing default: no)")
+@click.option("--samples", type=int, default=None, help="Hessian asked for: evaluation samples (default: the whole training split)")
+@click.option("--method", default=None, help="Hessian asked for: lanczos | power (--compute-missing default lanczos)")
+@click.option("--device", default="cpu", show_default=True, help="--compute-missing: cpu | cuda | cuda:N | mps")
+@threads_option
+@friendly_errors
+def report(run_dirs, out, tables, model, compute_missing, top, density, samples, method, device, threads):
+    """Tables (CSV, Markdown) and one PDF from run directories, with the papers' values beside ours.
+
+    A Hessian option given (--top, --density, --samples, --method) asks for those settings: only analyses made
+    with them fill the table, and --compute-missing computes them (into a folder of their own where an analysis
+    with other settings exists)."""
+    from ..report import build_report
+
+    apply_threads(threads)
+    hessian = {k: v for k, v in {"top": top, "density": density, "samples": samples, "method": method}.items()
+               if v is not None}
+    summary = build_report(list(run_dirs), out, tables=list(tables) or None, compute_missing=compute_missing,
+                           hessian=hessian, device=device, echo=click.echo, model=model)
+    echo_summary(summary, out)
+
+
+def echo_summary(summary: dict, out) -> None:
+    from ..report.pdf import counts_line
+
+    for key, counts in summary["directions"].items():
+        for metric, c in counts.items():
+            click.echo(f"{key}: {counts_line(metric, c)}")
+    for line in summary.get("notices", []):
+        if not line.startswith("computed for"):  # those were echoed as they happened
+            click.echo(f"notice: {line}", err=True)
+    for line in summary["missing"]:
+        click.echo(f"missing: {line}", err=True)
+    tables = ", ".join(summary.get("tables") or []) or "no paper table"
+    click.echo(f"{summary['runs']} runs, tables: {tables}; {len(summary['pages'])} PDF pages -> {out}/report.pdf")
+
+
+# ------------------------------------------------------------------------------------------------------- contrast
+CONTRAST_EPILOG = """\b
+Examples:
+  flatfl contrast reports/man-tables-fmnist reports/man-tables-fmnist-cnn --label MLP --label CNN \\
+      --out reports/man-tables-fmnist-contrast
+"""
+
+
+@click.command(epilog=CONTRAST_EPILOG)
+@click.argument("reports", nargs=-1, required=True, type=click.Path())
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="folder for contrast.csv, contrast.md and contrast.json")
+@click.option("--label", "labels", multiple=True, help="a name per report, in order (default: the folder names)")
+@friendly_errors
+def contrast(reports, out, labels):
+    """Two or more reports of one table side by side: each comparison's change, interval and verdict per report."""
+    from ..report.contrast import write_contrast
+
+    summary = write_contrast(list(reports), out, list(labels) or None)
+    for line in summary["together"]:
+        click.echo(line)
+    click.echo(f"{summary['comparisons']} comparisons in {len(summary['reports'])} reports -> {Path(out) / 'contrast.md'}")
+
+
+# ------------------------------------------------------------------------------------------------------ reproduce
+REPRODUCE_EPILOG = """\b
+Examples:
+  flatfl reproduce man-tables --preset quick                  # MAN Tables 2 and 6 on digits (minutes, 2 cores)
+  flatfl reproduce man-table2 --preset paper --data-dir ~/data --device cuda --executor ray
+  flatfl reproduce fedalign-table1 --preset quick --out reports/fedalign
+  flatfl reproduce man-table2 --preset quick --methods FedAvg,FedAvg+MAN --seeds 0,1   # two rows only
+Re-running the same command skips finished runs and analyses and resumes interrupted runs.
+"""
+
+
+def _default_seeds_text() -> str:
+    """'0,1,2 for quick, fmnist and fmnist-cnn, 0 for paper and tiny': each preset's default seeds."""
+    by_seeds: dict[tuple, list[str]] = {}
+    for preset in PRESETS:
+        by_seeds.setdefault(DEFAULT_SEEDS[preset], []).append(preset)
+    return ", ".join(f"{','.join(map(str, seeds))} for "
+                     + (names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}")
+                     for seeds, names in by_seeds.items())
+
+
+def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (default: 1 on <= 2 cores, else the idle cores / workers)"):
+    fn = click.option("--gpus-per-task", type=float, default=0, show_default=True, help="Ray: GPUs per run (e.g. 1 or 0.5)")(fn)
+    fn = click.option("--ray-address", default=None, help="Ray: attach to this cluster (default $RAY_ADDRESS, else a local Ray)")(fn)
+    fn = click.option("--threads", type=int, default=None, help=threads_help)(fn)
+    fn = click.option("--workers", type=int, default=None, help="runs at once (local: processes; ray: CPUs of a local Ray); default: the number of CPU cores")(fn)
+    fn = click.option("--executor", type=NameChoice(["local", "ray"], kind="executor"), default="local", show_default=True, help="where runs execute")(fn)
+    return fn
+
+
+@click.command(epilog=REPRODUCE_EPILOG, help="Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign "
+              "Table 1.\n\n\b\nTARGET: " + ", ".join(TARGETS))  # a name per target, none broken at its hyphens
+@click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"), metavar="TARGET")
+@click.option("--preset", type=NameChoice(PRESETS, kind="preset"), default="quick", show_default=True,
+              help="quick: digits on a CPU; fmnist: Fashion-MNIST, MLP, on a CPU (<= 1 h on 2 cores); fmnist-cnn: Fashion-MNIST, the paper's CNN at LeNet-5 widths, on a CPU (<= 1 h on 2 cores); paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")
+@click.option("--runs-dir", type=click.Path(file_okay=False), default=None, help="run folder (default runs/reproduce-<preset>)")
+@click.option("--seeds", default=None, help=f"comma-separated seeds, e.g. 0,1,2 (default: {_default_seeds_text()})")
+@click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
+@click.option("--data-dir", default=None, help="dataset folder (paper preset: CIFAR-100)")
+@click.option("--model", type=NameChoice(["server", "clients-average"], kind="model"), default=None,
+              help="the model the Hessian and the table measure; default: clients-average for the MAN tables, server for FedAlign's")
+@click.option("--track-hessian", type=int, default=None, help="curvature during training every K rounds (flatfl train "
+              "--track-hessian; drawn against rounds in the report); 0 = off; default: the preset's (quick: 10)")
+@click.option("--methods", default=None, help="comma-separated rows of the table to run, e.g. FedAvg,FedAvg+MAN "
+              "(default: every row)")
+@functools.partial(_executor_options, threads_help="torch threads per run, an integer >= 1 (default: 1 whatever the "
+                   "machine, since the thread count changes the numbers; recorded in each run's config.json)")
+@friendly_errors
+def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, track_hessian, methods, executor, workers,
+              threads, ray_address, gpus_per_task):
+    """Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign Table 1."""
+    from ..errors import ConfigError
+    from ..executors import make_executor
+    from ..reproduce import reproduce as run_reproduction
+
+    try:
+        seed_list = None if seeds is None else tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    from ..utils.threads import check_threads
+
+    check_threads(threads)
+    ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
+    summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
+                               device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model,
+                               track_hessian=track_hessian, methods=methods, progress_bar=sys.stderr.isatty())
+    report_dir = out or f"reports/{target}-{preset}"
+    echo_summary(summary, report_dir)
+    tasks = summary.get("tasks") or []
+    n_failed = len(summary["failed"])
+    click.echo(f"{target} ({preset}): {len(tasks) - n_failed} of {len(tasks)} runs done, "
+               f"{len(summary.get('tables') or [])} tables in {summary['seconds']:.0f} s -> {report_dir}/report.pdf")
+    if summary["failed"]:
+        click.echo("flatfl: error: " + error_line(f"{len(summary['failed'])} run(s) failed: "
+                                                  + "; ".join(summary["failed"][:3])), err=True)
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------------------- sweep
+SWEEP_EPILOG = """\b
+Examples:
+  flatfl sweep grid.toml                                   # on this machine, one run per CPU core
+  flatfl sweep grid.toml --workers 1                       # one run at a time
+  flatfl sweep grid.toml --executor ray --ray-address auto --gpus-per-task 1
+  flatfl sweep grid.toml --dry-run                         # list the runs and their state
+\b
+grid.toml:
+  out = "runs/man-grid"
+  seeds = [0, 1]
+  [fixed]
+  dataset = "digits"
+  rounds = 30
+  [grid]
+  algo = ["fedavg", "feddyn"]
+  reg = ["none", "man"]
+  alpha = [0.3, 0.6]
+  [hessian]            # optional: flatfl hessian options, per final model
+  top = 1
+  # track_hessian = 5  (in [fixed]: curvature every 5 rounds, flatfl train --track-hessian)
+"""
+
+
+@click.command(epilog=SWEEP_EPILOG)
+@click.argument("grid_file", type=click.Path(dir_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="root of the run folders (default: the file's 'out', else runs/<file name>)")
+@click.option("--dry-run", is_flag=True, help="list the runs and whether each is new, partial or finished")
+@_executor_options
+@friendly_errors
+def sweep(grid_file, out, dry_run, executor, workers, threads, ray_address, gpus_per_task):
+    """Run a grid of trainings (and analyses) from a TOML/YAML file; resumable, finished runs skipped."""
+    from ..executors import make_executor
+    from ..sweep import run_sweep
+
+    ex = None if dry_run else make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
+    records = run_sweep(grid_file, executor=ex, out=out, threads=threads, dry_run=dry_run, echo=click.echo)
+    if dry_run:
+        return
+    failed = [r for r in records if r.get("error")]
+    root = Path(records[0]["run_dir"]).parent if records else out
+    click.echo(f"{len(records) - len(failed)} of {len(records)} runs done -> {root}/sweep.csv")
+    if failed:
+        click.echo("flatfl: error: " + error_line(f"{len(failed)} run(s) failed: "
+                                                  + "; ".join(f"{r['name']}: {r['error']}" for r in failed[:3])), err=True)
+        sys.exit(1)
