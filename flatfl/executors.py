@@ -1,5 +1,5 @@
-"""Where independent tasks run: in this process, in a local process pool, or as Ray tasks (docs/datasets.md,
-"Scale-out").
+"""Where independent tasks run: in this process, in a local process pool, or as Ray tasks (docs/reproductions.md,
+"Sweeps").
 
 A task is ``fn(item)`` with a module-level ``fn`` and a picklable ``item``; tasks share nothing but the file system.
 Every executor yields one :class:`Outcome` per item, in completion order, and never stops at a failed task: the
@@ -61,9 +61,8 @@ def default_threads(workers: int) -> int:
     """Torch threads per task when ``workers`` tasks share this machine.
 
     The rule of every compute command (:func:`flatfl.utils.threads.default_threads`): 1 on up to 2 cores, else the
-    idle cores (cores minus the 1-minute load average) shared among the workers, at least 1. Oversubscribed threads
-    cost a lot: measured on a 2-core machine under load, a digits Hessian run took 96 s with torch's default 2
-    threads and 5.5 s with 1, and a 2-round digits run 27 s against 1.5 s.
+    idle cores (cores minus the 1-minute load average) shared among the workers, at least 1: oversubscribed threads
+    slow every task down many times over (docs/performance.md).
     """
     from .utils.threads import default_threads as idle_share
 

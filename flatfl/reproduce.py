@@ -19,7 +19,7 @@ Presets (:data:`PRESETS`):
   FedDyn and FedDC alpha 0.01; FedSAM rho 0.05; FedASAM rho 0.5, eta 0.2; FedSpeed rho 0.1, lambda 0.01.
   Hessian: PyHessian's protocol (docs/update-rules.md §21: power iteration and Hutchinson, 100 iterations, tol 1e-3,
   the whole training set), and for MAN Fig. 4 the top 200 eigenvalues (Lanczos) and the spectral density.
-  FedAlign (paper Sec. 3.2, spec §18-19): CIFAR-100, ResNet-56, 16 clients all participating, FedML Dirichlet 0.5,
+  FedAlign (paper Sec. 3.2, docs/update-rules.md §18-19): CIFAR-100, ResNet-56, 16 clients all participating, FedML Dirichlet 0.5,
   25 rounds x 20 local epochs, lr 0.01 (constant), momentum 0.9 Nesterov, weight decay 1e-4, batch 64; FedProx
   mu 1e-4, MOON mu 1 tau 0.5, Mixup gamma 0.1, StochDepth last survival 0.9, GradAug mu 1.75 with 2 sub-networks
   and minimum width 0.8, FedAlign mu 0.45 width 0.25 (clipping at 10 for FedAlign as in its code, none for the
@@ -29,12 +29,11 @@ Presets (:data:`PRESETS`):
   (0, 1, 2) by default: MAN with the digits CNN, 20 clients joining with probability 0.5 (10 per round, as in the
   paper), 30 rounds x 2 local epochs, the paper's optimiser settings and hyper-parameters; Hessian by Lanczos (top
   eigenvalue) and Hutch++ (trace, 60 Hessian-vector products) on the whole digits training split (1,442 images);
-  for the Fig. 4 pairs the top 50 eigenvalues and the density (2 SLQ starts x 80 steps) of the first seed only.
-  Sized so that ``man-tables`` (72 runs) takes about 10-12 minutes on 2 quiet cores with the default 2 workers
-  (README). FedAlign with ResNet-20 on digits, 16 clients, 10 rounds x 2 local epochs.
+  for the Fig. 4 pairs the top 50 eigenvalues and the density (2 SLQ starts x 80 steps) of the first seed only
+  (``man-tables``: 72 runs; their time is in docs/reproductions.md). FedAlign with ResNet-20 on digits, 16 clients, 10 rounds x 2 local epochs.
 * ``fmnist``: the MAN tables on Fashion-MNIST (all 60,000 images over the paper's 100 clients, Bernoulli 0.1, 20
   rounds x 2 local epochs) with an MLP 784-64-64-10, three seeds; ``fmnist-cnn``: the same with the MAN CNN at
-  LeNet-5 widths (``cifar-cnn``, channels 6/16, hidden 120/84). Each fits an hour on 2 cores.
+  LeNet-5 widths (``cifar-cnn``, channels 6/16, hidden 120/84).
 * ``tiny``: the same grids for seconds-long tests (2 rounds, 4 clients, a few probes).
 
 Which code each preset follows (:data:`CODE_FOLLOWED`; the same in every preset, since a table's numbers come from

@@ -116,21 +116,11 @@ def run_state(run_dir: str | Path, expected=None) -> str:
     return "finished" if (d / "final.pt").is_file() else "partial"
 
 
-def _recover_final(run_dir: Path, rounds: int) -> bool:
-    """A run killed between writing its last resume.pt and final.pt: final.pt is the last round's checkpoint."""
-    last = run_dir / "checkpoints" / f"round_{rounds:04d}.pt"
-    if (run_dir / "final.pt").is_file() or not last.is_file():
-        return False
-    from .utils.io import atomic_write_bytes
-
-    atomic_write_bytes(run_dir / "final.pt", last.read_bytes())
-    return True
-
-
 def _train(task: RunTask, log: Callable[[str], None]) -> str:
     from .analysis.tracking import curvature_observer
     from .train.config import build_config
     from .train.engine import Trainer
+    from .train.run_files import recover_final
 
     cfg = build_config({}, dict(task.settings, out=task.run_dir))
     run_dir = Path(task.run_dir)
@@ -139,9 +129,9 @@ def _train(task: RunTask, log: Callable[[str], None]) -> str:
         return "skipped"
     if state == "partial":
         # The engine resumes from resume.pt (or from round 0 when killed before the first checkpoint). A resume.pt
-        # that says "finished" means only the copy to final.pt was lost: the last round's checkpoint is that file.
+        # that says "finished" means only final.pt was lost: the engine writes it again (recover_final).
         Trainer(cfg, run_dir, resume=True, quiet=task.quiet, log=log, observer=curvature_observer(cfg)).run()
-        if not (run_dir / "final.pt").is_file() and not _recover_final(run_dir, cfg.rounds):
+        if not (run_dir / "final.pt").is_file() and not recover_final(run_dir, cfg.rounds):
             raise CheckpointError(f"{run_dir}: resume.pt says finished but neither final.pt nor the last round's "
                                   "checkpoint exists; delete resume.pt to train again")
         return "resumed"
@@ -272,7 +262,7 @@ def _load_grid_file(path: Path) -> dict:
     return read_settings_file(path, "grid file")
 
 
-MAX_GRID_RUNS = 10_000  # runs one grid may expand to: counted before any is built (10^6 points took minutes)
+MAX_GRID_RUNS = 10_000  # runs one grid may expand to: counted before any run is built
 
 
 def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[RunTask]:

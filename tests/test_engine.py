@@ -173,7 +173,7 @@ def test_corrupt_and_foreign_checkpoints(tmp_path):
     text.write_text("hello")
     with pytest.raises(CheckpointError):
         flatfl.load_checkpoint(text)
-    # the right file with the wrong architecture: its spec's digest gives it away (issue 29)
+    # the right file with the wrong architecture: its spec's digest gives it away
     payload = torch.load(out / "final.pt", weights_only=True)
     payload["model_spec"] = {"name": "mlp", "kwargs": {"num_classes": 10, "in_channels": 1, "image_size": 8}}
     wrong = tmp_path / "wrong.pt"
@@ -226,7 +226,7 @@ def test_same_command_same_numbers(tmp_path):
 
 
 def test_config_records_threads_and_library_versions(tmp_path):
-    """Issue 17.5: what "same numbers" depends on besides the settings is in every run's config.json."""
+    """What "same numbers" depends on besides the settings is in every run's config.json."""
     import json
     import platform
 

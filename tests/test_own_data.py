@@ -1,4 +1,4 @@
-"""Own data and own networks (issue 18.3): the README's snippet run as written (extracted from README.md), then
+"""Own data and own networks: the README's snippet run as written (extracted from README.md), then
 ``flatfl hessian`` on its checkpoint through the CLI, checked against a dense Hessian of the user's network."""
 from __future__ import annotations
 

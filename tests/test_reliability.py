@@ -1,4 +1,4 @@
-"""Reliability promises of issue 15 that need more than one command line: file modes follow the umask, a killed
+"""Reliability promises (docs/reliability.md) that need more than one command line: file modes follow the umask, a killed
 writer's temporaries are cleaned up by the next writer (and nothing else is), derived results record and check
 what they came from, a killed sweep leaves no worker behind, the Python API raises FlatflError."""
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_killed_writer_leaves_a_temporary_that_the_next_run_removes(run, tmp_pat
     p = subprocess.run([sys.executable, "-c", code, str(out)], env=ENV)
     assert p.returncode == 9
     left = [q.name for q in out.iterdir() if q.name.endswith(".tmp")]
-    assert len(left) == 1 and left[0].startswith(".surface.npz."), left  # the half-done state the issue names
+    assert len(left) == 1 and left[0].startswith(".surface.npz."), left  # a half-done write
     sub = out / "sub"
     sub.mkdir()
     stale_sub = sub / f".eigenvalues.png.{_dead_pid()}.abcd1234.tmp"

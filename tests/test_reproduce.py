@@ -40,7 +40,7 @@ def test_paper_preset_man_settings_are_the_papers():
     p = {n: t.settings.get("params", {}) for n, t in tasks.items()}
     assert p["fedavg-man-dirichlet0.3-s0"]["zeta"] == 0.6  # supplementary Sec. 7: FedAvg+MAN
     assert p["feddyn-man-dirichlet0.6-s0"] == {"feddyn_alpha": 0.01, "zeta": 0.15}  # main paper: 0.15 on CIFAR-100
-    # FedDC as the fedMAN code ran it (issue 17.2): undecayed lr and the mean-size step count in the g_i update
+    # FedDC as the fedMAN code ran it: undecayed lr and the mean-size step count in the g_i update
     assert p["feddc-dirichlet0.3-s0"] == {"feddc_alpha": 0.01, "cv_lr": "initial", "steps_rule": "mean"}
     assert p["fedsam-dirichlet0.3-s0"] == {"rho": 0.05}
     assert p["fedasam-man-dirichlet0.3-s0"] == {"rho": 0.5, "eta": 0.2, "zeta": 0.15}
@@ -57,7 +57,7 @@ def test_paper_preset_fedalign_settings_are_the_papers():
     assert len(tasks) == 7
     for t in tasks.values():
         c = _cfg(t)
-        # FedAlign Sec. 3.2 and spec §18: ResNet-56, 16 clients all participating, Dirichlet 0.5, 25 rounds x 20
+        # FedAlign Sec. 3.2 and docs/update-rules.md §18: ResNet-56, 16 clients all participating, Dirichlet 0.5, 25 rounds x 20
         # local epochs, lr 0.01, momentum 0.9 Nesterov, weight decay 1e-4, batch 64
         assert (c.dataset, c.model, c.clients, c.participation, c.partition, c.alpha) == \
             ("cifar100", "resnet56", 16, 1.0, "fedml-dirichlet", 0.5)
@@ -86,7 +86,7 @@ def test_quick_preset_keeps_the_methods_and_their_hyper_parameters():
 
 @pytest.mark.parametrize("preset", ["quick", "paper"])
 def test_presets_follow_the_code_that_produced_the_man_tables(preset):
-    """Issue 17.2: FedDC runs with the fedMAN/FedDC code's --cv-lr initial and --steps-rule mean, with and without
+    """FedDC runs with the fedMAN/FedDC code's --cv-lr initial and --steps-rule mean, with and without
     MAN, at both deltas; FedDyn, FedSpeed and the rest carry no such switch; every method says what it follows."""
     from flatfl.reproduce import CODE_FOLLOWED
 
@@ -126,7 +126,7 @@ def test_quick_preset_defaults_to_three_seeds_and_pinned_threads():
 
 
 def test_two_seeds_give_mean_sd_and_inconclusive_where_seeds_disagree(tmp_path):
-    """Issue 17.5: the tiny preset's FedAvg and FedAvg+MAN rows over seeds 0 and 1 (both deltas): every table value
+    """The tiny preset's FedAvg and FedAvg+MAN rows over seeds 0 and 1 (both deltas): every table value
     is the mean over the two seeds' hessian.json / metrics.csv values with their sample sd, shown as '±sd (n=2)';
     every direction's verdicts (paired by seed, and unpaired) follow from the per-seed values computed here; where
     the two seeds' own changes point opposite ways both are 'inconclusive' (and such a case occurs)."""
@@ -259,7 +259,7 @@ def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path):
 
 
 def test_missing_cuda_is_one_line_not_one_per_run(tmp_path, monkeypatch):
-    """The device (and the dataset) are checked once before any run starts (issue 18.7: 16 identical errors)."""
+    """The device (and the dataset) are checked once before any run starts: one error line, not one per run."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

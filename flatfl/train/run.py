@@ -8,7 +8,8 @@ from .config import build_config, read_config_file
 from ..errors import ConfigError
 from ..utils.device import resolve_device
 from ..utils.lock import LOCK_NAME, folder_lock
-from .engine import Trainer, read_run_config
+from .engine import Trainer
+from .run_files import read_run_config
 
 
 def default_run_dir(cfg) -> Path:
@@ -18,7 +19,8 @@ def default_run_dir(cfg) -> Path:
     return Path("runs") / f"{cfg.dataset}-{cfg.algo}{opt}{reg}-{part}-s{cfg.seed}"
 
 
-# what --resume accepts beside it: how fast it runs (every other setting is the run's, in its config.json)
+#: what --resume accepts beside it: how fast it runs, one of the settings a resumption may change
+#: (:data:`flatfl.utils.run_identity.RESUMABLE_CHANGES`); every other setting is the run's, in its config.json
 RESUME_FLAGS = ("threads",)
 
 
