@@ -135,11 +135,11 @@ def test_direction_rules_on_made_up_rows():
             Rec("FedDyn", "dirichlet-0.3", 4.0, 50.0, 1.0, seed=0), Rec("FedDyn", "dirichlet-0.3", 6.0, 70.0, 1.0, seed=1),
             Rec("FedDyn+MAN", "dirichlet-0.3", 3.0, 40.0, 1.0)]
     rows = build_table(spec, recs, paper_values())
-    by = {(r["method"], r["partition"]): r for r in rows}
+    by = {(r.method, r.partition): r for r in rows}
     two = by[("FedDyn", "dirichlet-0.3")]
-    assert two["ours_top_eigenvalue"] == 5.0 and two["n_runs"] == 2
-    assert math.isclose(two["ours_top_eigenvalue_sd"], math.sqrt(2.0))  # sample sd of 4 and 6
-    assert math.isclose(two["ours_trace_se"], math.sqrt(2.0) / 2)  # mean of two estimates, se 1 each
+    assert two.cells["top_eigenvalue"].mean == 5.0 and two.n_runs == 2
+    assert math.isclose(two.cells["top_eigenvalue"].sd, math.sqrt(2.0))  # sample sd of 4 and 6
+    assert math.isclose(two.cells["trace"].se, math.sqrt(2.0) / 2)  # mean of two estimates, se 1 each
     checks = {(c["partition"], c["metric"]): c for c in direction_checks(spec, rows)
               if c["reference"] == "FedDyn"}
     up = checks[("dirichlet-0.6", "top_eigenvalue")]  # ours 10 -> 12 (higher); paper 47.03 -> 38.44 (lower)
@@ -175,17 +175,17 @@ def test_direction_rules_on_made_up_rows():
     assert c2[("dirichlet-0.3", "trace")]["verdict"] == "agree"
     # other samples on one side: marked, and not judged
     assert c2[("dirichlet-0.6", "trace")]["verdict"] == "incomparable"
-    by2 = {(r["method"], r["partition"]): r for r in rows2}
-    assert by2[("FedDC+MAN", "dirichlet-0.6")]["ours_trace_mark"] == "†"
-    assert by2[("FedDC+MAN", "dirichlet-0.3")]["ours_trace_mark"] == ""
+    by2 = {(r.method, r.partition): r for r in rows2}
+    assert by2[("FedDC+MAN", "dirichlet-0.6")].cells["trace"].mark == "†"
+    assert by2[("FedDC+MAN", "dirichlet-0.3")].cells["trace"].mark == ""
     # seeds of one row with different settings are never averaged: the mean keeps the column's common setting
     # (1437 samples), the 512-sample seed is left out and named in a note
     recs3 = recs2[:2] + recs2[4:] + [Rec("FedDC", "dirichlet-0.3", 9.0, 300.0, 1.0, seed=1, samples=512)]
     recs3[0].name, recs3[-1].name = "feddc-s0", "feddc-s1"
     rows3 = build_table(spec, recs3, paper_values())
-    r3 = {(r["method"], r["partition"]): r for r in rows3}[("FedDC", "dirichlet-0.3")]
-    assert r3["ours_trace"] == 100.0 and r3["ours_trace_n"] == 1 and r3["ours_trace_mark"] == ""
-    assert r3["ours_trace_left_out"] == "feddc-s1 (lanczos, 512 samples)"
+    r3 = {(r.method, r.partition): r for r in rows3}[("FedDC", "dirichlet-0.3")].cells["trace"]
+    assert r3.mean == 100.0 and r3.n == 1 and r3.mark == ""
+    assert r3.left_out == "feddc-s1 (lanczos, 512 samples)"
     assert any("left out" in n and "feddc-s1" in n for n in incomparable_notes(spec, rows3))
 
 

@@ -66,7 +66,7 @@ def _tables(root: Path, names) -> tuple[dict, dict, list[str]]:
     spec = TABLES["man-table2"]
     rows = build_table(spec, collect_runs([root / n for n in names], model="clients-average"), paper_values())
     checks = {c["metric"]: c for c in direction_checks(spec, rows) if c["partition"] == "dirichlet-0.3"}
-    return {r["method"]: r for r in rows if r["partition"] == "dirichlet-0.3"}, checks, incomparable_notes(spec, rows)
+    return {r.method: r for r in rows if r.partition == "dirichlet-0.3"}, checks, incomparable_notes(spec, rows)
 
 
 def _report(root: Path, names, out: Path) -> tuple[dict, dict, dict]:
@@ -89,9 +89,9 @@ def test_a_seed_trained_twice_counts_once(runs):
     assert len(set(digests.values())) == 2  # not bit-identical: the copy check alone would take both
     rows, checks, notes = _tables(runs, ["fedavg-s0", "fedavg-s0-p4", "man-s0"])
     fa = rows["FedAvg"]
-    assert fa["n_runs"] == 1 and fa["ours_accuracy_n"] == 1 and fa["runs"] == "fedavg-s0"
-    assert fa["ours_accuracy"] == pytest.approx(_final_accuracy(runs / "fedavg-s0"), rel=1e-12)
-    assert fa["same_seed_left_out"] == "fedavg-s0-p4 (seed 0, as fedavg-s0)"
+    assert fa.n_runs == 1 and fa.cells["accuracy"].n == 1 and fa.runs == "fedavg-s0"
+    assert fa.cells["accuracy"].mean == pytest.approx(_final_accuracy(runs / "fedavg-s0"), rel=1e-12)
+    assert fa.same_seed_left_out == "fedavg-s0-p4 (seed 0, as fedavg-s0)"
     assert checks["accuracy"]["verdict"] == checks["accuracy"]["unpaired_verdict"] == "too few seeds"
     assert any("a seed trained more than once counts once" in n and "fedavg-s0-p4 (seed 0, as fedavg-s0)" in n
                for n in notes)
@@ -120,8 +120,8 @@ def test_curvature_tracking_does_not_split_a_row(runs):
     rows, checks, notes = _tables(runs, ["fedavg-s0", "fedavg-s2-tracked", "man-s0", "man-s1"])
     fa = rows["FedAvg"]
     want = [_final_accuracy(runs / n) for n in ("fedavg-s0", "fedavg-s2-tracked")]
-    assert fa["n_runs"] == 2 and fa["ours_accuracy"] == pytest.approx(sum(want) / 2, rel=1e-12)
-    assert "track-hessian 0 / 1" in fa["settings_not_changing_numbers"]
+    assert fa.n_runs == 2 and fa.cells["accuracy"].mean == pytest.approx(sum(want) / 2, rel=1e-12)
+    assert "track-hessian 0 / 1" in fa.settings_not_changing_numbers
     assert checks["accuracy"]["verdict"] in ("agree", "disagree", "inconclusive")  # two seeds a side: judged
     assert any("track-hessian 0 / 1" in n for n in notes)
     assert json.loads((runs / "fedavg-s2-tracked" / "config.json").read_text())["config"]["track_hessian"] == 1
@@ -132,7 +132,7 @@ def test_a_pair_trained_differently_is_incomparable(runs):
     experiment, so the verdict is 'incomparable' and says why."""
     rows, checks, notes = _tables(runs, ["fedavg-s0", "fedavg-s1", "man3-s0", "man3-s1"])
     c = checks["accuracy"]
-    assert rows["FedAvg"]["ours_accuracy_n"] == rows["FedAvg+MAN"]["ours_accuracy_n"] == 2
+    assert rows["FedAvg"].cells["accuracy"].n == rows["FedAvg+MAN"].cells["accuracy"].n == 2
     assert c["verdict"] == c["unpaired_verdict"] == "incomparable" and c["verdict_from"] == "paired, k=2"
     assert c["incomparable_because"] == "trained differently: rounds 2 vs 3"
     assert any(n.startswith("FedAvg+MAN vs FedAvg dirichlet-0.3: trained differently (rounds 2 vs 3)") for n in notes)

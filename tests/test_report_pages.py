@@ -12,9 +12,13 @@ import numpy as np
 import pytest
 
 import flatfl.report.pdf as report_pdf
+from flatfl.analysis.result_files import clients_file
 from flatfl.train.config import build_config
 from flatfl.report import build_report
 from flatfl.reproduce import plan
+from flatfl.runs import CLIENTS_DIR, MODEL_CHECKPOINTS, analysis_dir
+
+AVERAGE_HESSIAN = analysis_dir("hessian", "clients-average")  # where the MAN tables' Hessian lives in a run
 
 
 def _write_checkpoint(path: Path, cfg: dict, rounds: int) -> None:
@@ -45,9 +49,9 @@ def _write_run(task, *, lam, trace, trace_se, acc, model, topk=None, density=Fal
         w.writerow(["round", "train_loss", "test_acc", "all_test_acc"])
         for r in (1, 2, 3):
             w.writerow([r, train_loss * (4 - r), acc / 100 * r / 3, (acc - 1) / 100 * r / 3])
-    _write_checkpoint(d / "final.pt", cfg, rounds=3)
-    ckpt = "final.pt" if model == "server" else "final-clients-average.pt"
-    folder = "hessian" if model == "server" else "hessian-clients-average"
+    _write_checkpoint(d / MODEL_CHECKPOINTS["server"], cfg, rounds=3)
+    ckpt = MODEL_CHECKPOINTS[model]
+    folder = analysis_dir("hessian", model)
     top = topk or [lam]
     h = {"checkpoint": str(d / ckpt), "num_samples": min(samples, 1437),
          "settings": {"method": "lanczos", "trace_method": "hutchpp", "samples": samples if samples != 1437 else None},
@@ -60,14 +64,15 @@ def _write_run(task, *, lam, trace, trace_se, acc, model, topk=None, density=Fal
         spec = dict(h, top_eigenvalues=sorted(rng.uniform(0.1, lam, 60).tolist() + [lam], reverse=True),
                     density={"nodes": [sorted(rng.uniform(-0.5, lam, 12).tolist()) for _ in range(3)],
                              "weights": [(np.ones(12) / 12).tolist() for _ in range(3)]})
-        sd = "spectrum" if model == "server" else "spectrum-clients-average"
+        sd = analysis_dir("spectrum", model)
         (d / sd).mkdir()
         (d / sd / "hessian.json").write_text(json.dumps(spec))
     if clients:
-        (d / "clients-default.json").write_text(json.dumps(dict(clients, protocol="default",
-                                                                settings={"probes": 20, "samples": 64})))
+        (d / CLIENTS_DIR).mkdir(exist_ok=True)
+        (d / CLIENTS_DIR / clients_file("default")).write_text(
+            json.dumps(dict(clients, protocol="default", settings={"probes": 20, "samples": 64})))
     if surface:
-        sdir = d / ("surface" if model == "server" else "surface-clients-average")
+        sdir = d / analysis_dir("surface", model)
         sdir.mkdir()
         x = np.linspace(-1, 1, 5)
         loss = (x[:, None] ** 2 + 2 * x[None, :] ** 2) * lam / 10 + 0.1
@@ -138,9 +143,9 @@ def test_agree_when_the_change_exceeds_twice_its_error(man_runs, tmp_path):
     src = tmp_path / "runs"
     shutil.copytree(man_runs, src)
     for d in src.glob("feddyn-man-*"):
-        h = json.loads((d / "hessian-clients-average" / "hessian.json").read_text())
+        h = json.loads((d / AVERAGE_HESSIAN / "hessian.json").read_text())
         h["settings"]["samples"], h["num_samples"] = None, 1437
-        (d / "hessian-clients-average" / "hessian.json").write_text(json.dumps(h))
+        (d / AVERAGE_HESSIAN / "hessian.json").write_text(json.dumps(h))
     build_report([src], tmp_path / "rep")
     c = {(c["reference"], c["metric"]): c for c in _rows(tmp_path / "rep" / "directions.csv")}
     assert c[("FedDyn", "top_eigenvalue")]["verdict"] == "agree"
@@ -233,7 +238,7 @@ def test_other_protocols_are_never_shown_unmarked(fedalign_runs, tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(fedalign_runs, runs)
     prox = next(runs.glob("fedprox-*"))
-    (prox / "clients-fedalign.json").write_text(json.dumps(
+    (prox / CLIENTS_DIR / clients_file("fedalign")).write_text(json.dumps(
         {"protocol": "fedalign", "H_N": 999.0, "H_N_stderr": 1.0, "H_D": 0.5, "H_D_stderr": 0.01,
          "settings": {"protocol": "fedalign", "probes": 20, "samples": 640}}))
     s = build_report([runs], tmp_path / "a")
@@ -243,10 +248,11 @@ def test_other_protocols_are_never_shown_unmarked(fedalign_runs, tmp_path):
     assert any("default and fedalign protocols" in n and "the default protocol's" in n for n in s["notices"])
 
     moon = next(runs.glob("moon-*"))
-    (moon / "clients-default.json").rename(moon / "clients-fedalign.json")
-    data = json.loads((moon / "clients-fedalign.json").read_text())
+    moon_clients = moon / CLIENTS_DIR
+    (moon_clients / clients_file("default")).rename(moon_clients / clients_file("fedalign"))
+    data = json.loads((moon_clients / clients_file("fedalign")).read_text())
     data.update(protocol="fedalign", settings=dict(data["settings"], protocol="fedalign"))
-    (moon / "clients-fedalign.json").write_text(json.dumps(data))
+    (moon_clients / clients_file("fedalign")).write_text(json.dumps(data))
     build_report([runs], tmp_path / "b")
     rows = {r["method"]: r for r in _rows(tmp_path / "b" / "fedalign-table1.csv")}
     # no protocol common to all: the one most runs hold (default) wherever a run has it; MOON's own is marked

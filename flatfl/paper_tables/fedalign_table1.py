@@ -66,7 +66,7 @@ TABLE = PaperTable(
         Method("FedAvg+GradAug", {"algo": "fedavg", "reg": "gradaug", "gradaug_mu": 1.75, "num_subnets": 2,
                                   "width": 0.8}),
         Method("FedAvg+FedAlign", {"algo": "fedavg", "reg": "fedalign", "fedalign_mu": 0.45, "width": 0.25,
-                                   "clip": 10.0}),  # FedAlign's code clips at 10 (spec §18)
+                                   "clip": 10.0}),  # FedAlign's code clips its gradients at norm 10
     ),
     code_followed={"FedAlign table": "the FedAlign code (FedML): FedProx, MOON, Mixup, StochDepth, GradAug, FedAlign "
                                      "as there; H_N / H_D with its 'fedalign' protocol; no SCAFFOLD or FedDC in the "

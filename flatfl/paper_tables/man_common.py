@@ -46,11 +46,11 @@ PRESETS = {
         "spectrum": dict(top=200, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=100,
                          density_starts=4, samples=None, batch_size=256),
     },
-    "quick": {  # sized for <= 15 min on 2 quiet cores with 3 seeds (README, "The quick reproduction")
+    "quick": {  # sized for <= 15 min on 2 quiet cores with 3 seeds (docs/reproductions.md, the quick preset)
         "run": dict(dataset="digits", model="digits-cnn", clients=20, participation=0.5, sampling="bernoulli",
                     partition="dirichlet", rounds=30, local_epochs=2, batch_size=50, lr=0.1, lr_decay=0.998,
                     weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10,
-                    track_hessian=10),  # curvature at rounds 10, 20, 30: 14% of FedAvg's training time (README)
+                    track_hessian=10),  # the server model's curvature at rounds 10, 20 and 30
         "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=60,
                         trace_rtol=0.01, samples=None, batch_size=512),
         "spectrum": dict(top=50, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=80,

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: the metrics measured across clients (FedAlign's H_N and H_D): a layout holding one needs each run's clients'
+#: models (``--save-clients``) and a ``flatfl hessian-clients`` result
+CROSS_CLIENT_METRICS = ("hessian_norm_gap", "hessian_direction")
+
 
 @dataclass(frozen=True)
 class TableSpec:
     """A paper table's layout. ``rows`` are our method names; ``paper_names`` maps those the paper names
-    differently; ``comparisons`` are (reference, compared) row pairs whose direction of change is checked."""
+    differently; ``comparisons`` are (reference, compared) row pairs whose direction of change is checked.
+    ``notes``: printed under the table; ``curated_notes``: (row, note) pairs of measurements made outside the
+    report, printed among the findings (marked as curated) when the row has runs."""
 
     key: str
     source: str  # "MAN" / "FedAlign", as in paper_values.csv
@@ -23,9 +29,15 @@ class TableSpec:
     default_model: str = "server"  # the model each row measures unless the report is told otherwise
     paper_names: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
+    curated_notes: tuple[tuple[str, str], ...] = ()
 
     def paper_name(self, row: str) -> str:
         return dict(self.paper_names).get(row, row)
+
+    @property
+    def cross_client(self) -> bool:
+        """Whether the layout has a cross-client column (:data:`CROSS_CLIENT_METRICS`): its runs need H_N / H_D."""
+        return any(m in CROSS_CLIENT_METRICS for m in self.metrics)
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,19 @@
     from flatfl.report import build_report
     summary = build_report(["runs/sweep"], "reports/x", compute_missing=True)
 
-:mod:`.tables` collects runs and builds the layouts and direction checks, :mod:`.figures` draws the pages,
-:mod:`.pdf` writes everything (``flatfl report``). ``paper_values.csv`` holds the papers' published numbers.
+A report is a pipeline (:mod:`.build`): run folders read into records (:mod:`.run_files`, :mod:`.provenance`,
+:mod:`.records`; what is missing: :mod:`.missing`) -> one table per paper layout (:mod:`.layouts`,
+:mod:`.experiments`, :mod:`.tables`) -> direction verdicts (:mod:`.verdicts`, :mod:`.paired`), held together in
+:mod:`.results` -> the renderers: CSV and summary.json (:mod:`.files`), report.md (:mod:`.markdown`), the PDF's pages
+(:mod:`.pages`, :mod:`.figures`, :mod:`.curvature`; shared wording :mod:`.text`) and file (:mod:`.pdf`).
+:mod:`.contrast` sets finished reports side by side. ``paper_values.csv`` holds the papers' published numbers.
 """
-from .pdf import build_report, pdf_page_count, write_pdf
-from .tables import TABLES, build_table, collect_runs, direction_checks, load_run, method_label, paper_values
+from .build import build_report
+from .layouts import TABLES, paper_values
+from .pdf import pdf_page_count, write_pdf
+from .records import collect_runs, load_run, method_label
+from .tables import build_table
+from .verdicts import direction_checks
 
 __all__ = ["build_report", "write_pdf", "pdf_page_count", "TABLES", "build_table", "collect_runs",
            "direction_checks", "load_run", "method_label", "paper_values"]

@@ -20,7 +20,8 @@ from ..errors import ConfigError
 from ..utils.io import atomic_write_many, csv_text
 from ..utils.lock import folder_lock
 from ..utils.plots import format_number
-from .tables import METRIC_NAMES, TOO_FEW_SEEDS, VERDICTS
+from .layouts import METRIC_NAMES
+from .verdicts import TOO_FEW_SEEDS, VERDICTS
 
 __all__ = ["read_report", "contrast_rows", "write_contrast", "MAX_FILE_BYTES"]
 

@@ -144,10 +144,6 @@ def table_page(title: str, header: list[str], rows: list[list], *, subtitle: lis
     return fig
 
 
-def _label(rec) -> str:
-    return f"{rec.method} (seed {rec.seed})"
-
-
 def spectrum_source(rec) -> dict:
     """The analysis for the Fig. 4 pages: of the table's Hessian and the spectrum folder's, the one with a density
     and the most eigenvalues (the spectrum folder on a tie)."""

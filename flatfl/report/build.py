@@ -1,0 +1,147 @@
+"""``flatfl report``: run directories in; CSV tables, a Markdown summary and one multi-page PDF out.
+
+:func:`build_report` is a pipeline: the run records (:mod:`.records`; the missing analyses computed when asked,
+:mod:`.missing`) -> one table per layout (:mod:`.tables`) -> its direction verdicts (:mod:`.verdicts`), both held
+in a :class:`~.results.TableResult` -> the files, written into ``out``:
+
+* ``runs.csv``: one line per run (method, partition, seed, accuracy, top eigenvalue, trace and its standard error,
+  H_N, H_D, the analysis settings);
+* ``<table>.csv`` for each paper layout filled (``man-table2.csv``, ``man-table6.csv``, ``fedalign-table1.csv``):
+  one line per (method, partition), ours beside the paper's;
+* ``directions.csv``: every "X vs X+regularizer" comparison, our change and the paper's, and whether they agree;
+* ``report.md``: the tables and the agreement counts as Markdown; ``summary.json``: the same counts, what is missing;
+* ``report.pdf``: the pages of :mod:`.pages`.
+
+Every file is written atomically (:mod:`flatfl.utils.io`); the PDF is rendered in memory first.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from ..errors import ConfigError
+from ..utils.device import resolve_device
+from ..utils.hessian_settings import HessianSettings
+from ..utils.io import atomic_write_json, atomic_write_text, csv_text
+from ..utils.lock import locks_output
+from . import figures, pdf
+from .files import directions_csv, run_rows, summary, table_csv
+from .layouts import TABLES, fills, matching_tables, model_for, paper_values, scale_label, tables_for
+from .markdown import report_markdown
+from .missing import (DEFAULT_CLIENTS, DEFAULT_HESSIAN, compute_missing as compute_analyses, missing_lines,
+                      pick_clients, sample_notices, settings_ok)
+from .pages import contents, other_pages, run_pages, table_pages, title_sections
+from .provenance import check_runs_belong_together, version_notices
+from .records import find_run_dirs, load_run
+from .results import table_result
+
+__all__ = ["build_report"]
+
+
+def _model_of(specs, model: str | None):
+    """The model whose analyses each run's numbers come from: that of the first layout taking it."""
+    def of(rec) -> str:
+        for spec in specs:
+            if fills(spec, rec):
+                return model_for(spec, model)
+        return model_for(specs[0], model) if specs else (model or "server")
+    return of
+
+
+def _read(run_dirs, model_of, accept) -> list:
+    records = [load_run(d) for d in run_dirs]
+    for rec in records:
+        rec.select(model_of(rec), accept)
+    return records
+
+
+def _write_tables(out: Path, records, results, ours_scale: str, missing, notices) -> list[str]:
+    """runs.csv, each layout's CSV, directions.csv and report.md; returns their names, in order."""
+    written = ["runs.csv"]
+    atomic_write_text(out / "runs.csv", csv_text(run_rows(records)))
+    for t in results:
+        atomic_write_text(out / f"{t.spec.key}.csv", table_csv(t.rows))
+        written.append(f"{t.spec.key}.csv")
+    if results:
+        atomic_write_text(out / "directions.csv", directions_csv([c for t in results for c in t.checks]))
+        written.append("directions.csv")
+    atomic_write_text(out / "report.md", report_markdown(results, ours_scale, missing, notices))
+    return written + ["report.md"]
+
+
+def _write_pdf(out: Path, records, results, ours_scale: str, sections, title: str, stamp: str,
+               specs) -> list[str]:
+    """report.pdf: the title page (drawn last, with the contents), each layout's pages, the other runs', every run.
+    Returns the pages' titles."""
+    pages = [(None, "summary")]
+    for t in results:
+        pages += table_pages(t, ours_scale)
+    pages += other_pages([r for r in records if not any(fills(s, r) for s in specs)], ours_scale)
+    pages += run_pages(run_rows(records))
+    titles = [name for _, name in pages]
+    sections.append(("Contents", contents(titles)))
+    pages[0] = (figures.text_page(title, sections, footer=f"flatfl report, {stamp}"), "summary")
+    n_pages = pdf.write_pdf([fig for fig, _ in pages], out / "report.pdf")
+    assert n_pages == len(titles)
+    return titles
+
+
+@locks_output  # one writer per report folder
+def build_report(paths, out, *, tables=None, compute_missing: bool = False, hessian: dict | None = None,
+                 clients: dict | None = None, device: str = "cpu", title: str = "flatfl report",
+                 echo: Callable[[str], None] | None = None, model: str | None = None) -> dict:
+    """Write the report of the runs under ``paths`` into ``out``; returns the summary (also summary.json).
+
+    ``tables``: layout keys ('man-table2', 'man-table6', 'man-tables', 'fedalign-table1'); None picks every layout
+    that at least one run fills. ``model``: 'server' or 'clients-average', the model every row measures (accuracy
+    and Hessian); None: each layout's default (:func:`~flatfl.report.layouts.model_for`). ``hessian``: the Hessian
+    settings asked for; with ``compute_missing`` a run lacking a Hessian of its model with those settings gets one
+    (into a folder of its own when an analysis with other settings exists), without it such a run is listed as
+    missing; the table then uses only analyses with the asked settings. ``clients``: H_N / H_D settings
+    (defaults :data:`~.missing.DEFAULT_HESSIAN`, :data:`~.missing.DEFAULT_CLIENTS`).
+    """
+    stamp = pdf.made_at()  # checked before any work
+    asked = {k: v for k, v in (hessian or {}).items() if v is not None or k == "samples"}
+    if compute_missing:  # one error line before any work, not one per run
+        resolve_device(device)
+        HessianSettings.from_mapping(dict(DEFAULT_HESSIAN, **asked, device=device), "the Hessian settings asked for")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+
+    # ---- records
+    run_dirs = find_run_dirs(paths)
+    records = [load_run(d) for d in run_dirs]
+    check_runs_belong_together(records)
+    specs = tables_for(tables) if tables else [TABLES[k] for k in matching_tables(records)]
+    model_of, accept = _model_of(specs, model), settings_ok(asked)
+    for rec in records:
+        rec.select(model_of(rec), accept)
+    notices: list[str] = []
+    problems: list[str] = []
+    if compute_missing:
+        problems, done = compute_analyses(records, specs, dict(DEFAULT_HESSIAN, **asked, device=device), asked,
+                                          dict(DEFAULT_CLIENTS, **(clients or {}), device=device), echo)
+        notices += done
+        records = _read(run_dirs, model_of, accept)
+    notices += pick_clients(records, specs)
+    if asked:
+        notices.append("Hessian settings asked for: " + ", ".join(f"{k} {v}" for k, v in sorted(asked.items()))
+                       + "; only analyses made with them are used")
+    notices += sample_notices(records) + version_notices(records)
+    missing = missing_lines(records, specs, asked, problems, compute_missing)
+
+    # ---- tables and verdicts
+    values = paper_values()
+    ours_scale = scale_label(records)
+    results = [table_result(spec, records, model, values) for spec in specs]
+
+    # ---- files
+    out.mkdir(parents=True, exist_ok=True)
+    written = _write_tables(out, records, results, ours_scale, missing, notices)
+    sections = title_sections(results, records, ours_scale, notices, missing)
+    page_titles = _write_pdf(out, records, results, ours_scale, sections, title, stamp, specs)
+    report = summary(records, specs, results, notices=notices, missing=missing, pages=page_titles,
+                     files=written + ["report.pdf"], ours_scale=ours_scale)
+    atomic_write_json(out / "summary.json", report)
+    return report

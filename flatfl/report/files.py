@@ -1,0 +1,93 @@
+"""The report's CSV files and summary.json: their records and columns.
+
+* ``runs.csv``: one line per run (:func:`run_rows`);
+* ``<table>.csv``: one line per (method, partition): the row's columns (:class:`.tables.TableRow`'s fields up to
+  ``training``), then per metric ``ours_<metric>_left_out``, ``ours_<metric>``, ``_n``, ``_sd``, ``_se``,
+  ``_setting``, ``_mark`` and ``paper_<metric>`` (:func:`table_csv`);
+* ``directions.csv``: the direction checks (:data:`.verdicts.DIRECTION_COLUMNS`; :func:`directions_csv`);
+* ``summary.json``: the counts, notices, what is missing, the pages (:func:`summary`).
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+from ..utils.io import csv_text
+from .run_files import MODEL_NAMES
+from .tables import MetricCell, TableRow
+
+__all__ = ["ROW_COLUMNS", "metric_columns", "table_csv", "directions_csv", "run_rows", "shown_path", "summary"]
+
+#: a table row's own columns, in order
+ROW_COLUMNS = tuple(f.name for f in fields(TableRow))[:[f.name for f in fields(TableRow)].index("training")]
+_DIRECTIONS_WITHOUT_CHECKS = ["table", "partition", "reference", "compared", "metric"]
+
+
+def metric_columns(metric: str, cell: MetricCell) -> dict:
+    """One metric's columns of a table row, in order."""
+    return {f"ours_{metric}_left_out": cell.left_out, f"ours_{metric}": cell.mean, f"ours_{metric}_n": cell.n,
+            f"ours_{metric}_sd": cell.sd, f"ours_{metric}_se": cell.se, f"ours_{metric}_setting": cell.setting,
+            f"ours_{metric}_mark": cell.mark, f"paper_{metric}": cell.paper}
+
+
+def _table_record(row: TableRow) -> dict:
+    out = {k: getattr(row, k) for k in ROW_COLUMNS}
+    for metric, cell in row.cells.items():
+        out.update(metric_columns(metric, cell))
+    return out
+
+
+def table_csv(rows: list[TableRow]) -> str:
+    """A layout's CSV text."""
+    records = [_table_record(r) for r in rows]
+    return csv_text(records, list(records[0]) if records else None)
+
+
+def directions_csv(checks: list[dict]) -> str:
+    """directions.csv's text: every check of every layout (a header only when there is none)."""
+    return csv_text(checks, list(checks[0]) if checks else _DIRECTIONS_WITHOUT_CHECKS)
+
+
+def shown_path(path) -> str:
+    """A run folder as the tables show it: relative to the current folder when inside it (so that a report made by
+    the same command in another clone is the same file), else absolute."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def run_rows(records) -> list[dict]:
+    """runs.csv's lines: each run's values with the settings that made them."""
+    rows = []
+    for r in records:
+        h = r.hessian or {}
+        s = h.get("settings") or {}
+        cl = r.clients or {}
+        rows.append({
+            "run": r.name, "method": r.method, "partition": r.partition, "dataset": r.dataset, "seed": r.seed,
+            "hessian_model": MODEL_NAMES[r.model], "hessian_dir": r.hessian_dir,
+            "model": r.config.get("model") or "default", "clients": r.config.get("clients"),
+            "rounds": r.config.get("rounds"), "rounds_done": r.rounds_done, "finished": r.finished,
+            "test_acc": r.accuracy("test_acc"), "all_test_acc": r.accuracy("all_test_acc"),
+            "top_eigenvalue": r.value("top_eigenvalue"), "trace": r.value("trace"), "trace_stderr": r.stderr("trace"),
+            "hessian_norm_gap": r.value("hessian_norm_gap"), "hessian_norm_gap_stderr": r.stderr("hessian_norm_gap"),
+            "hessian_direction": r.value("hessian_direction"),
+            "hessian_direction_stderr": r.stderr("hessian_direction"),
+            "num_eigenvalues": len(h.get("top_eigenvalues") or []), "density": bool(h.get("density")),
+            "hessian_method": s.get("method"), "trace_method": s.get("trace_method"),
+            "hessian_samples": h.get("num_samples"), "hessian_samples_asked": s.get("samples"),
+            "clients_protocol": cl.get("protocol"),
+            "run_dir": shown_path(r.run_dir),
+        })
+    return rows
+
+
+def summary(records, specs, results, *, notices, missing, pages, files, ours_scale) -> dict:
+    """summary.json's content (also what :func:`.build.build_report` returns)."""
+    return {"runs": len(records), "tables": [s.key for s in specs],
+            "directions": {t.spec.key: t.counts for t in results},
+            "models": {t.spec.key: t.model for t in results}, "notices": notices,
+            "missing": missing, "pages": pages, "files": files + ["summary.json"],
+            "ours_scale": ours_scale, "differences_from_paper": {t.spec.key: t.difference for t in results}}

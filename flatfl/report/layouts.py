@@ -1,0 +1,187 @@
+"""The paper layouts the report fills (one :class:`~flatfl.paper_tables.TableSpec` per table, from
+:mod:`flatfl.paper_tables`), the papers' published values (``paper_values.csv``, shipped with the package), which
+runs a layout takes, the model its rows measure, and the scale lines that set our setting beside the paper's."""
+from __future__ import annotations
+
+import csv
+from importlib import resources
+
+from ..errors import unknown_name
+from ..paper_tables import GROUPS, TABLES, TableSpec
+from .run_files import MODELS
+
+__all__ = ["METRIC_NAMES", "LOWER_IS_FLATTER", "TABLE_ALIASES", "TABLES", "TableSpec", "paper_values",
+           "paper_lookup", "fills", "records_of", "matching_tables", "tables_for", "model_for", "scale_label",
+           "training_path_label", "paper_differences"]
+
+METRIC_NAMES = {
+    "accuracy": "accuracy (%)",
+    "top_eigenvalue": "top eigenvalue",
+    "trace": "trace",
+    "hessian_norm_gap": "H_N",
+    "hessian_direction": "H_D",
+}
+LOWER_IS_FLATTER = {"top_eigenvalue", "trace", "hessian_norm_gap"}
+TABLE_ALIASES = GROUPS
+
+
+def paper_values() -> list[dict]:
+    """The papers' published numbers (flatfl/report/paper_values.csv)."""
+    text = resources.files("flatfl.report").joinpath("paper_values.csv").read_text(encoding="utf-8")
+    rows = list(csv.DictReader(text.splitlines()))
+    for r in rows:
+        r["value"] = float(r["value"])
+    return rows
+
+
+def paper_lookup(spec: TableSpec, values: list[dict]) -> dict:
+    """(paper method, partition, metric) -> value for ``spec``; accuracy of MAN tables from MAN Table 1."""
+    out = {}
+    for r in values:
+        if r["source"] != spec.source:
+            continue
+        metric = r["metric"]
+        if r["table"] == spec.table:
+            out[(r["method"], r["partition"], metric)] = r["value"]
+        elif spec.source == "MAN" and r["table"] == "Table 1" and metric == "accuracy_after_500_rounds":
+            out[(r["method"], r["partition"], "accuracy")] = r["value"]
+    return out
+
+
+def fills(spec: TableSpec, record) -> bool:
+    """Whether a run belongs in ``spec``'s layout: one of its methods on one of its partitions."""
+    return record.method in spec.rows and record.partition in spec.partitions
+
+
+def records_of(spec: TableSpec, records) -> list:
+    """The runs of ``records`` that ``spec``'s layout takes, in their order."""
+    return [r for r in records if fills(spec, r)]
+
+
+def matching_tables(records) -> list[str]:
+    """The layouts that at least one run fills (a run of one of its methods on one of its partitions)."""
+    return [key for key, spec in TABLES.items() if any(fills(spec, r) for r in records)]
+
+
+def tables_for(keys) -> list[TableSpec]:
+    """Table specs by key, expanding 'man-tables'; a bad key is a ConfigError."""
+    out = []
+    for k in keys:
+        for kk in TABLE_ALIASES.get(k, (k,)):
+            if kk not in TABLES:
+                raise unknown_name("table", k, list(TABLES) + list(TABLE_ALIASES))
+            if TABLES[kk] not in out:
+                out.append(TABLES[kk])
+    return out
+
+
+def model_for(spec: TableSpec, model: str | None) -> str:
+    """The model whose numbers fill ``spec``'s rows: ``model`` when given, else the layout's default
+    (``TableSpec.default_model``: the all-clients average for the MAN tables, the server model for FedAlign's;
+    docs/reproductions.md)."""
+    m = model or spec.default_model
+    if m not in MODELS:
+        raise unknown_name("model", m, MODELS)
+    return m
+
+
+def scale_label(records) -> str:
+    """'ours: digits, digits-cnn, 20 clients, 50% participation (bernoulli), 50 rounds x 2 local epochs'."""
+    if not records:
+        return "ours: no runs"
+
+    def one(key, fmt=str):
+        vals = sorted({fmt(r.config.get(key)) for r in records}, key=str)
+        return vals[0] if len(vals) == 1 else "/".join(vals)
+
+    from ..train.config import RunConfig
+
+    models = sorted({RunConfig.from_dict(r.config).resolved_model()
+                     + (f" {r.config['model_args']}" if r.config.get("model_args") else "") for r in records})
+    model = "/".join(models)
+    part = one("participation", lambda p: f"{100 * float(p):g}%")
+    seeds = sorted({r.seed for r in records})
+    return (f"ours: {one('dataset')}, {model}, {one('clients')} clients, {part} participation "
+            f"({one('sampling')}), {one('rounds')} rounds x {one('local_epochs')} local epochs, "
+            f"{len(seeds)} seed(s); {training_path_label(records)}")
+
+
+def training_path_label(records) -> str:
+    """Which computation trained the runs (config.json's ``training_path``): 'trained on cpu, one client at a time,
+    float32 full' (', steps as CUDA graphs' when ``--cuda-graphs`` was on); several values joined by '/'; runs from
+    before the record named as such."""
+    paths = [r.training_path for r in records if r.training_path]
+    if not paths:
+        return "training path not recorded"
+
+    def values(key, fmt=str):
+        return "/".join(sorted({fmt(p.get(key, "?")) for p in paths}, key=str))
+
+    def clients(k):
+        return "one client at a time" if k == 1 else f"{k} clients at once"
+
+    devices = values("device", lambda d: str(d))
+    names = sorted({str(p["device_name"]) for p in paths if p.get("device_name")})
+    label = (f"trained on {devices}{' (' + '/'.join(names) + ')' if names else ''}, {values('clients_at_once', clients)}, "
+             f"float32 {values('float32_matmul')}")
+    graphed = sum(1 for p in paths if p.get("cuda_graphs") is True)
+    if graphed:
+        label += ", steps as CUDA graphs" + ("" if graphed == len(paths) else f" in {graphed} of {len(paths)} runs")
+    missing = len(records) - len(paths)
+    return label + (f" ({missing} run(s) without a record)" if missing else "")
+
+
+_BOOKKEEPING = ("eval_every", "checkpoint_every", "save_clients", "device", "seed")
+_HESSIAN_COMPARED = ("method", "trace_method", "trace_hvps", "samples")
+
+
+def _shown(values) -> str:
+    """Our values of one setting as the scale line shows them: 'all' for None, several joined by '/'."""
+    return "/".join(sorted({"all" if v is None else str(v) for v in values}, key=str))
+
+
+def _run_differences(paper_run: dict, runs) -> list[str]:
+    from ..train.config import RunConfig
+
+    diffs = []
+    for key, want in paper_run.items():
+        if key in _BOOKKEEPING:
+            continue
+        if key == "model":
+            got = _shown(RunConfig.from_dict(r.config).resolved_model() for r in runs)
+            args = _shown(str(r.config.get("model_args") or "") for r in runs)
+            if args:
+                got += f" {args}"
+        else:
+            got = _shown(r.config.get(key) for r in runs)
+        if got != str(want):
+            diffs.append(f"{key.replace('_', ' ')} {got} (paper {want})")
+    return diffs
+
+
+def _hessian_differences(paper_hessian: dict, runs) -> list[str]:
+    analysed = [r.hessian for r in runs if r.hessian]
+    diffs = []
+    for key in _HESSIAN_COMPARED:
+        want = paper_hessian.get(key, "-")
+        got = _shown(((h.get("settings") or {}).get(key) if key != "samples" else h.get("num_samples"))
+                     for h in analysed) if analysed else None
+        if got is not None and key in paper_hessian and got != ("all" if want is None else str(want)):
+            diffs.append(f"Hessian {key.replace('_', ' ')} {got} (paper {'all' if want is None else want})")
+    return diffs
+
+
+def paper_differences(spec: TableSpec, records) -> str | None:
+    """What differs between the runs of ``spec``'s layout and the paper's setting (its table's ``paper`` preset):
+    'differs from the paper: dataset fashion-mnist (paper cifar100); rounds 20 (paper 500); ...; Hessian samples
+    2000 (paper all)'. None when the table has no paper preset or no run; 'same setting as the paper' when
+    nothing differs."""
+    from ..paper_tables import REPRODUCED
+
+    table = REPRODUCED.get(spec.key)
+    paper = (table.presets.get("paper") if table else None) or {}
+    runs = records_of(spec, records)
+    if not paper or not runs:
+        return None
+    diffs = _run_differences(paper.get("run", {}), runs) + _hessian_differences(paper.get("hessian", {}), runs)
+    return "differs from the paper: " + "; ".join(diffs) if diffs else "same setting as the paper"
