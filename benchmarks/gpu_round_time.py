@@ -55,27 +55,22 @@ def synthetic(clients: int, per_client: int, classes: int, seed: int = 0) -> Ima
     return ImageDataset("cifar100-shaped", x, y, x[:100], y[:100], classes, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per mode (median printed)")
-    ap.add_argument("--small", action="store_true", help="a tiny shape for a CPU smoke run")
-    ap.add_argument("--methods", nargs="*", default=[m[0] for m in METHODS],
-                    help=f"labels of METHODS (default: all of them) and of RESNET_METHODS "
-                         f"({', '.join(m[0] for m in RESNET_METHODS)})")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--cuda-graphs", action="store_true", help="also time batched rounds with --cuda-graphs (CUDA)")
-    args = ap.parse_args()
-    if args.cuda_graphs and not args.device.startswith("cuda"):
-        ap.error("--cuda-graphs needs --device cuda")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    clients, per_round, per_client, epochs, batch, classes = (100, 10, 500, 5, 50, 100)
-    if args.small:
-        clients, per_round, per_client, epochs, batch, classes = (20, 4, 40, 1, 20, 10)
-    device = torch.device(args.device)
+PAPER_SHAPE = (100, 10, 500, 5, 50, 100)  # clients, per round, images a client, local epochs, batch, classes
+SMALL_SHAPE = (20, 4, 40, 1, 20, 10)
+
+
+def measure(device: str, *, rounds: int = 5, small: bool = False, methods=None, cuda_graphs: bool = False,
+            tmp: Path | None = None, log=print, shape: tuple | None = None) -> dict:
+    """Times the rounds (see the module docstring) and returns the figures as data: ``name`` (the device),
+    ``shape`` (clients, per round, images a client, local epochs, batch, classes), ``rounds``, ``small``, ``bare``
+    (the bare loop's median s/round) and ``rows``: label -> (sequential, batched[, graphed]) median s/round, in
+    METHODS order. ``log`` gets the trainers' notices (why a method's steps run eagerly). ``shape``: another shape
+    than the paper's (or SMALL_SHAPE with ``small``), e.g. a smaller one still for a smoke run."""
+    methods = [m[0] for m in METHODS] if methods is None else list(methods)
+    clients, per_round, per_client, epochs, batch, classes = shape or (SMALL_SHAPE if small else PAPER_SHAPE)
+    device = torch.device(device)
     ds = synthetic(clients, per_client, classes)
-    tmp = Path(tempfile.mkdtemp())
+    tmp = Path(tempfile.mkdtemp()) if tmp is None else Path(tmp)
 
     def sync():
         if device.type == "cuda":
@@ -88,7 +83,7 @@ def main() -> None:
                         eval_every=10_000, checkpoint_every=10_000, seed=0, device=str(device),
                         parallel_clients=parallel, cuda_graphs=graphs).validate()
         return Trainer(cfg, tmp / f"{algo}-{reg}-{parallel}-{graphs}", quiet=True, dataset=ds,
-                       log=lambda s: print("  " + s))
+                       log=lambda s: log("  " + s))
 
     def timed(tr: Trainer, r: int) -> float:
         sync()
@@ -110,31 +105,40 @@ def main() -> None:
         return time.perf_counter() - t0
 
     bare_round()
-    bare = statistics.median(bare_round() for _ in range(args.rounds))
+    bare = statistics.median(bare_round() for _ in range(rounds))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     resnet = {m[0] for m in RESNET_METHODS}
-    print(f"{name}, torch {torch.__version__}; MAN CIFAR CNN (ResNet-20 for {', '.join(sorted(resnet))}), "
-          f"{clients} clients of {per_client} images, {per_round} a "
-          f"round, {epochs} local epochs of batch {batch}; median of {args.rounds} rounds"
-          + (" (SMALL smoke shape, not the paper's)" if args.small else ""))
     rows = {}
     for label, algo, reg in METHODS + RESNET_METHODS:
-        if label not in args.methods:
+        if label not in methods:
             continue
         model = "resnet20" if label in resnet else "cifar-cnn"
         modes = [trainer(algo, reg, 1, model), trainer(algo, reg, "all", model)]
-        if args.cuda_graphs:
+        if cuda_graphs:
             modes.append(trainer(algo, reg, "all", model, graphs=True))
         for tr in modes:
             timed(tr, 0)
         times = [[] for _ in modes]
-        for r in range(1, args.rounds + 1):
+        for r in range(1, rounds + 1):
             for tr, t in zip(modes, times):
                 t.append(timed(tr, r))
         rows[label] = tuple(statistics.median(t) for t in times)
         del modes
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    return dict(name=name, shape=(clients, per_round, per_client, epochs, batch, classes), rounds=rounds,
+                small=small, bare=bare, rows=rows)
+
+
+def report(result: dict, device_type: str) -> None:
+    """Prints :func:`measure`'s figures: the table, then the targets beside the results."""
+    clients, per_round, per_client, epochs, batch, classes = result["shape"]
+    rows, bare, small = result["rows"], result["bare"], result["small"]
+    resnet = {m[0] for m in RESNET_METHODS}
+    print(f"{result['name']}, torch {torch.__version__}; MAN CIFAR CNN (ResNet-20 for {', '.join(sorted(resnet))}), "
+          f"{clients} clients of {per_client} images, {per_round} a "
+          f"round, {epochs} local epochs of batch {batch}; median of {result['rounds']} rounds"
+          + (" (SMALL smoke shape, not the paper's)" if small else ""))
     nan = float("nan")
     base_s, base_b = rows.get("FedAvg", (nan, nan))[:2]
     graphed = {label: t[2] for label, t in rows.items() if len(t) == 3}
@@ -149,20 +153,51 @@ def main() -> None:
     print("speed-up = sequential / batched s/round; x FedAvg = the method's s/round over FedAvg's in the same mode"
           + ("; graphed = batched with --cuda-graphs" if graphed else ""))
     # the targets on a GPU at the paper shape, beside the results (on the graphed rounds when they were timed)
-    best = {label: graphed.get(label, t[1]) for label, t in rows.items()}
     print(f"{'target':<16} {'goal':<38} {'result':>8} measured" + (" (graphed)" if graphed else " (batched)"))
+    for what, goal, met, figure in targets(result):
+        print(f"{what:<16} {goal:<38} {'met' if met else 'MISSED':>8} {figure}")
+    if small or device_type != "cuda":
+        print("(the targets hold for a GPU at the paper shape; this run is not that)")
+
+
+def targets(result: dict) -> list[tuple[str, str, bool, str]]:
+    """The targets on a GPU at the paper shape, judged on the graphed rounds when they were timed (else the batched
+    ones): (method, goal, met, figure) for every method <= 0.12 s a round and every "X + MAN" <= 1.10x X."""
+    rows = result["rows"]
+    resnet = {m[0] for m in RESNET_METHODS}
+    graphed = any(len(t) == 3 for t in rows.values())
+    best = {label: t[2] if len(t) == 3 else t[1] for label, t in rows.items()}
+    out = []
     for label, b in best.items():
         if label in resnet:
             continue
-        print(f"{label:<16} {'<= 0.12 s a round (1 min / 500 rounds)':<38} {'met' if b <= 0.12 else 'MISSED':>8} "
-              f"{b:.3f} s")
+        out.append((label, "<= 0.12 s a round (1 min / 500 rounds)", b <= 0.12, f"{b:.3f} s"))
         base = label.split(" + ")[0]
         if label.endswith(" + MAN") and base in best:
             ratio = b / best[base]
-            goal = f"<= 1.10x {base} ({'graphed' if graphed else 'batched'})"
-            print(f"{label:<16} {goal:<38} {'met' if ratio <= 1.10 else 'MISSED':>8} {ratio:.2f}x")
-    if args.small or device.type != "cuda":
-        print("(the targets hold for a GPU at the paper shape; this run is not that)")
+            out.append((label, f"<= 1.10x {base} ({'graphed' if graphed else 'batched'})", ratio <= 1.10,
+                        f"{ratio:.2f}x"))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per mode (median printed)")
+    ap.add_argument("--small", action="store_true", help="a tiny shape for a CPU smoke run")
+    ap.add_argument("--methods", nargs="*", default=[m[0] for m in METHODS],
+                    help=f"labels of METHODS (default: all of them) and of RESNET_METHODS "
+                         f"({', '.join(m[0] for m in RESNET_METHODS)})")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--cuda-graphs", action="store_true", help="also time batched rounds with --cuda-graphs (CUDA)")
+    args = ap.parse_args()
+    if args.cuda_graphs and not args.device.startswith("cuda"):
+        ap.error("--cuda-graphs needs --device cuda")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = measure(args.device, rounds=args.rounds, small=args.small, methods=args.methods,
+                     cuda_graphs=args.cuda_graphs)
+    report(result, torch.device(args.device).type)
 
 
 if __name__ == "__main__":
