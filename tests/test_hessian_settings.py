@@ -18,7 +18,8 @@ from flatfl.utils.hessian_settings import HessianSettings
 EXPECTED = {"top": 1, "trace": True, "density": False, "samples": None, "batch_size": 256, "split": "train",
             "method": "lanczos", "seed": 0, "device": "cpu", "save_eigenvectors": False, "tol": 1e-3,
             "trace_method": None, "trace_hvps": 100, "trace_rtol": 1e-2, "density_steps": 100, "density_starts": 4,
-            "exact_residuals": False, "data_dir": None, "model_factory": None}
+            "exact_residuals": False, "data_dir": None, "model_factory": None, "per_layer": False, "per_layer_top": 1,
+            "loss": None}
 GRID = '[fixed]\nmodel = "tiny"\nclients = 4\nrounds = 1\nlocal_epochs = 1\n[grid]\nalgo = ["fedavg"]\n'
 
 
@@ -82,7 +83,7 @@ def test_from_mapping_refuses_unknown_keys_in_one_line():
     ({"density_starts": 0}, "--density-steps and --density-starts must be >= 1"),
     ({"samples": 0}, "--samples must be a positive integer, got 0"),
     ({"seed": -1}, "--seed must be an integer in 0..4294967295, got -1"),
-    ({"top": 0, "trace": False}, "nothing to compute: ask for --top K >= 1, --trace or --density"),
+    ({"top": 0, "trace": False}, "nothing to compute: ask for --top K >= 1, --trace, --density or --per-layer"),
     ({"top": 0, "save_eigenvectors": True}, "--save-eigenvectors needs --top >= 1"),
 ])
 def test_validate(settings, message):

@@ -39,15 +39,17 @@ def test_one_batch_a_list_and_a_dataloader_give_the_dense_hessian(tmp_path):
         assert op.num_samples == 48, name
         assert np.allclose(op.matvec(v).numpy(), dense @ v.numpy(), rtol=1e-9, atol=1e-12), name
     h = hessian(model, nn.CrossEntropyLoss(), data=(x, y))
-    top = h.eigenvalues(top_n=5)
+    top = h.top_eigenvalues(5)  # the rich result; h.eigenvalues(top_n=5) is PyHessian's (tests/test_pyhessian_dropin.py)
     assert np.allclose(top.eigenvalues, truth[:5], rtol=1e-6, atol=1e-9)
-    tr = h.trace()
+    tr = h.trace_estimate()
     assert tr.stderr > 0 and abs(tr.estimate - np.trace(dense)) < 5 * tr.stderr
     same = hessian(model, nn.CrossEntropyLoss(), dataloader=DataLoader(TensorDataset(x, y), batch_size=16))
-    assert np.allclose(same.eigenvalues(top_n=5).eigenvalues, top.eigenvalues, rtol=1e-8)
+    assert np.allclose(same.top_eigenvalues(5).eigenvalues, top.eigenvalues, rtol=1e-8)
+    values, _ = same.eigenvalues(top_n=5)
+    assert values == same.last.eigenvalues.tolist() and np.allclose(values, top.eigenvalues, rtol=1e-8)
 
     # the density: SLQ over the exact spectrum's support; its figure and its curve written where asked
-    esd = h.density(steps=30, starts=2)
+    esd = h.spectral_density(steps=30, starts=2)
     assert min(t.min() for t in esd.nodes) >= truth[-1] - 1e-6 and max(t.max() for t in esd.nodes) <= truth[0] + 1e-6
     png = h.save_density(tmp_path / "d.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -110,11 +112,12 @@ def test_hessian_refuses_a_summed_criterion_and_two_data_arguments():
         HessianOperator(model, None)
 
 
-def test_the_readme_pyhessian_block_runs_as_pasted(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("document", ["README.md", "docs/analysis.md"])
+def test_the_readme_pyhessian_block_runs_as_pasted(document, tmp_path, monkeypatch, capsys):
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / document).read_text()
     blocks = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if b.startswith("# coming from PyHessian")]
     assert len(blocks) == 1
     monkeypatch.chdir(tmp_path)

@@ -13,18 +13,26 @@ Python API (the ``flatfl hessian`` command is a thin layer over it)::
     esd = spectral_density(op, steps=100, starts=1, seed=0)                  # esd.nodes, esd.weights
     grid, density = smoothed_density(esd.nodes, esd.weights)
 
-Your own model, the way PyHessian is called (:mod:`flatfl.analysis.model_hessian`)::
+Your own model, PyHessian's calls with the import changed (:mod:`flatfl.analysis.model_hessian`)::
 
-    from flatfl.analysis import hessian
-    h = hessian(model, criterion, data=(x, y))    # or data=[(x, y), ...], or dataloader=loader
-    h.eigenvalues(top_n=5).eigenvalues             # descending; .residuals, .hvps
-    tr = h.trace(); tr.estimate, tr.stderr         # Hutch++ with its standard error
-    h.density(); h.save_density("density.png")     # SLQ; the figure (.png, .pdf) or its curve (.csv)
+    from flatfl.analysis import hessian                       # was: from pyhessian import hessian
+    h = hessian(model, criterion, data=(x, y), cuda=False)    # or dataloader=loader
+    values, vectors = h.eigenvalues(top_n=5)                  # floats, descending; per-parameter tensors
+    np.mean(h.trace()); h.last.stderr                         # Hutch++ per-probe estimates; its standard error
+    nodes, weights = h.density(); h.save_density("density.png")
+    h.top_eigenvalues(5).residuals; h.per_layer().blocks      # the rich results; each module's Hessian block
+    hessian(model, data=batch, loss=fn)                       # any objective fn(model, batch), any batch structure
 
-* :func:`hessian` ``(model, criterion=cross_entropy, data=None, *, dataloader=None, mode="eval", seed=0) ->
-  ModelHessian`` (``eigenvalues(top_n)``, ``trace()``, ``density()``, ``save_density(path)``, ``operator``).
+* :func:`hessian` ``(model, criterion=None, data=None, dataloader=None, cuda=None, *, loss=None, mode="eval",
+  seed=0) -> ModelHessian``: PyHessian's ``eigenvalues(maxIter, tol, top_n)``, ``trace(maxIter, tol)``,
+  ``density(iter, n_v)`` with PyHessian's return types; ``top_eigenvalues``, ``trace_estimate``,
+  ``spectral_density``, ``per_layer``, ``save_density``, ``last``, ``operator``.
+* :func:`per_layer_curvature` ``(op, top=1, *, grouping="module", tol, trace_hvps, trace_rtol, seed, dense_up_to)
+  -> PerLayerResult``: each module's Hessian block, top eigenvalues and trace +- standard error
+  (:mod:`flatfl.analysis.per_layer`). An operation without a second derivative is a :class:`SecondDerivativeError`
+  naming it (:mod:`flatfl.analysis.second_order`); ``loss(model, batch)`` objectives: :mod:`flatfl.analysis.objective`.
 * :class:`HessianOperator` ``(model, batches, loss_fn=cross_entropy, params=None, mode="eval",
-  cache_graph="auto", products="auto", block_size=None)``: Hessian of the sample-weighted mean loss over a fixed
+  cache_graph="auto", products="auto", block_size=None, *, loss=None)``: Hessian of the sample-weighted mean loss over a fixed
   evaluation set (``batches``: one ``(x, y)`` batch, a list of them or a DataLoader: :func:`as_batches`); ``matvec(v)``,
   ``matmat(V)`` on flat vectors, ``dim``, ``device``, ``dtype``, ``hvps`` (products so far), ``unflatten(v)``
   (parameter-shaped views by name), ``gradient()``, ``loss()``. :class:`MatrixOperator` wraps an explicit matrix,
@@ -73,7 +81,9 @@ from .estimators import estimate_eigenvalues, estimate_trace
 from .linear_operator import CurvatureOperator, FunctionOperator, MatrixOperator, as_operator
 from .model_hessian import ModelHessian, hessian
 from .operator import HessianOperator
+from .per_layer import LayerCurvature, PerLayerResult, per_layer_curvature
 from .power import power_iteration
+from .second_order import SecondDerivativeError
 from .surface import SurfaceEvaluator, SurfaceResult, loss_surface
 from .trace import TraceResult, hutchinson_diagonal, hutchinson_trace, hutchpp_trace, pyhessian_trace
 
@@ -107,4 +117,8 @@ __all__ = [
     "SurfaceEvaluator",
     "SurfaceResult",
     "loss_surface",
+    "per_layer_curvature",
+    "PerLayerResult",
+    "LayerCurvature",
+    "SecondDerivativeError",
 ]

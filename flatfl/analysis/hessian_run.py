@@ -11,11 +11,15 @@
   figures are :func:`flatfl.analysis.figures.hessian_figures`; the file
   is read back with :func:`flatfl.analysis.result_files.read_hessian_file`.
 
-Outputs in ``--out DIR``: ``hessian.json`` (eigenvalues with residuals ``||Hv - lambda v||``, error estimates
+Outputs in ``--out DIR`` (the command line's default: the run's ``hessian`` folder,
+:func:`flatfl.cli.analysis_commands.default_out`): ``hessian.json`` (eigenvalues with residuals ``||Hv - lambda v||``, error estimates
 ``min(r, r^2 / gap)`` and converged flags; trace with standard error; SLQ nodes and weights; HVP counts, seconds,
 settings, checkpoint path, round, parameter count), ``eigenvalues.csv``, ``eigenvalues.png/.pdf`` (the top-k on a
 log axis and each one's residual and error estimate; when k >= 2), ``density.png/.pdf`` (spectral density as MAN
-Fig. 4b: every SLQ start averaged, Gaussian width stated, log axis from 1e-4 of the peak; with ``--density``), and ``eigenvectors.pt`` with ``--save-eigenvectors`` (read it with :func:`load_eigenvectors`).
+Fig. 4b: every SLQ start averaged, Gaussian width stated, log axis from 1e-4 of the peak; with ``--density``), ``eigenvectors.pt`` with ``--save-eigenvectors`` (read it with :func:`load_eigenvectors`), and with
+``--per-layer`` ``per_layer.csv`` and ``per_layer.png/.pdf`` (each module's Hessian block,
+:mod:`flatfl.analysis.per_layer`). ``--loss module:function`` replaces cross-entropy by ``function(model, batch)``
+(:mod:`flatfl.analysis.objective`).
 """
 from __future__ import annotations
 
@@ -46,13 +50,13 @@ __all__ = ["run_hessian", "hessian_command", "analyse", "compute", "write_output
 
 EIGENVECTOR_FORMAT = "flatfl-eigenvectors"
 OUTPUT_NAMES = ("eigenvalues.png", "eigenvalues.pdf", "density.png", "density.pdf", "eigenvalues.csv",
-                "eigenvectors.pt")
+                "eigenvectors.pt", "per_layer.csv", "per_layer.png", "per_layer.pdf")
 
 
 # ---------------------------------------------------------------------------------------------- computing
 #: the settings :func:`compute` reads (the others say where the model and its data come from)
 ANALYSE_FIELDS = ("top", "method", "tol", "trace", "trace_method", "trace_hvps", "trace_rtol", "density",
-                  "density_steps", "density_starts", "seed", "exact_residuals")
+                  "density_steps", "density_starts", "seed", "exact_residuals", "per_layer", "per_layer_top")
 
 
 def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: bool = False):
@@ -94,6 +98,12 @@ def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: b
         report["density"] = json_safe(dens.as_dict())
     else:
         report["density"] = None
+    if s.per_layer:
+        from .per_layer import per_layer_curvature
+
+        layers = per_layer_curvature(op, s.per_layer_top, tol=s.tol, trace_hvps=s.trace_hvps, trace_rtol=s.trace_rtol,
+                                     seed=s.seed + 3)
+        report["per_layer"] = json_safe(layers.as_dict())
     report["hvps_total"] = int(op.hvps)
     # where the random vectors were drawn (a generator on the operator's device, seeded from seed, seed + 1, seed + 2)
     report["random_draws"] = {"seed": int(s.seed), "device": torch.device(op.device).type}
@@ -139,6 +149,11 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
     """Render everything in memory, then write each file atomically into ``out`` (``hessian.json`` last)."""
     out = check_out_folder(out)
     figures = hessian_figures(report, title)
+    if report.get("per_layer"):
+        from .per_layer import per_layer_csv, per_layer_figure
+
+        for fmt in ("png", "pdf"):
+            figures[f"per_layer.{fmt}"] = per_layer_figure(report["per_layer"], fmt, title, report)
     csv_text = _eigenvalues_csv(report) if report["top_eigenvalues"] else None
     vectors_payload = None
     if save_eigenvectors:
@@ -155,8 +170,9 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
             "round": report.get("round"),
             "weights_sha256": report.get("weights_sha256"),
         }
+    layers_csv = per_layer_csv(report["per_layer"]) if report.get("per_layer") else None
     names = sorted(figures) + (["eigenvalues.csv"] if csv_text else []) + \
-        (["eigenvectors.pt"] if vectors_payload else []) + ["hessian.json"]
+        (["per_layer.csv"] if layers_csv else []) + (["eigenvectors.pt"] if vectors_payload else []) + ["hessian.json"]
     report = dict(report, files=names)
     previous = _previous_clients_section(out / "hessian.json", report.get("checkpoint"), report.get("weights_sha256"),
                                          refuse_other=True)
@@ -165,6 +181,8 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
     files: dict = dict(sorted(figures.items()))
     if csv_text:
         files["eigenvalues.csv"] = csv_text
+    if layers_csv:
+        files["per_layer.csv"] = layers_csv
     if vectors_payload:
         buf = io.BytesIO()
         torch.save(vectors_payload, buf)
@@ -244,13 +262,19 @@ def _settings_record(s: HessianSettings, device) -> dict:
             "trace_hvps": s.trace_hvps, "trace_rtol": s.trace_rtol, "density": s.density,
             "density_steps": s.density_steps, "density_starts": s.density_starts, "samples": s.samples,
             "batch_size": s.batch_size, "split": s.split, "seed": s.seed, "device": str(device), "mode": "eval",
-            "save_eigenvectors": s.save_eigenvectors, "exact_residuals": s.exact_residuals}
+            "save_eigenvectors": s.save_eigenvectors, "exact_residuals": s.exact_residuals,
+            "per_layer": s.per_layer, "per_layer_top": s.per_layer_top, "loss": s.loss}
 
 
 @locks_output
 def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool = False) -> dict:
     """Load ``checkpoint``, compute what ``settings`` ask for, write it into ``out``; returns the report."""
     s = settings.validate()
+    loss = None
+    if s.loss is not None:
+        from .objective import load_loss
+
+        loss = load_loss(s.loss)  # the named module only, imported before any work
     cmd = AnalysisCommand.open(checkpoint, out, device=s.device, outputs=OUTPUT_NAMES + ("hessian.json",),
                                data_dir=s.data_dir, model_factory=s.model_factory)
     out, ckpt, dev = cmd.out, cmd.checkpoint, cmd.device
@@ -258,7 +282,7 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
     digest = weights_digest(ckpt.model)  # the weights are not changed by the analysis
     _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True)
     batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
-    op = HessianOperator(ckpt.model, batches, mode="eval")
+    op = HessianOperator(ckpt.model, batches, mode="eval", loss=loss)
     if s.top > op.dim:
         raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
 

@@ -8,7 +8,8 @@ directly:
 * ``matmat(V)``: ``H V`` for a block ``V`` of shape ``(dim, k)`` (``matvec(v)`` is derived from it);
 * ``hvps``: the products computed so far (one per vector), ``on_hvp``: called with the count after each block;
 * ``param_shapes``: the parameter blocks of the flat layout (a plain matrix: one block of ``dim``), and
-  ``has_param_layout``: whether those are a model's parameters (False for a plain matrix);
+  ``has_param_layout``: whether those are a model's parameters (False for a plain matrix); ``param_names``: the
+  blocks' names where the operator knows them (a model's parameter names), else None;
 * ``preferred_block_size``: how many vectors a block should hold (1 when a product costs the same alone);
 * ``release()``: free what the operator keeps between products (nothing, for most);
 * ``locked``: the orthonormal rows ``X`` taken out of the operator (:class:`DeflatedOperator`), else None.
@@ -42,6 +43,8 @@ class CurvatureOperator(abc.ABC):
     device: torch.device
     hvps: int = 0
     on_hvp: Callable[[int], None] | None = None
+    #: the names of the :attr:`param_shapes` blocks where known (a model's parameter names), else None
+    param_names: list[str] | None = None
 
     @abc.abstractmethod
     def matmat(self, V: torch.Tensor) -> torch.Tensor:

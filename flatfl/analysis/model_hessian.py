@@ -1,30 +1,54 @@
-"""The Hessian of your own model in a few lines, the way PyHessian is called.
+"""PyHessian's ``hessian``, on flatfl's estimators: PyHessian code runs with the import line changed.
 
 ::
 
-    from flatfl.analysis import hessian
+    from flatfl.analysis import hessian               # was: from pyhessian import hessian
 
-    h = hessian(model, criterion, data=(x, y))      # or data=[(x1, y1), ...], or dataloader=loader
-    eig = h.eigenvalues(top_n=5)                    # EigenResult: .eigenvalues (descending), .residuals, .hvps
-    tr = h.trace()                                  # TraceResult: .estimate, .stderr, .hvps (Hutch++)
-    esd = h.density()                               # DensityResult: .nodes, .weights (SLQ, one list per start)
-    h.save_density("density.png")                   # the figure of `flatfl hessian --density` (.png, .pdf), or .csv
+    hessian_comp = hessian(model, criterion, data=(inputs, targets), cuda=False)   # or dataloader=loader
+    top_eigenvalues, top_eigenvector = hessian_comp.eigenvalues(top_n=3)
+    trace = hessian_comp.trace()                       # a list of per-probe estimates: np.mean(trace)
+    density_eigen, density_weight = hessian_comp.density()
 
-:func:`hessian` builds a :class:`ModelHessian` over a :class:`~flatfl.analysis.operator.HessianOperator` (the mean of
-``criterion`` over the data, the model in eval mode as PyHessian has it) and runs the estimators ``flatfl hessian``
-runs, with its defaults (:class:`flatfl.utils.hessian_settings.HessianSettings`) and its seed streams (``seed`` for
-the eigenvalues, ``seed + 1`` for the trace, ``seed + 2`` for the density), so on the same batches it gives the
-command's numbers. The model's device is used (move the model first, e.g. ``model.cuda()``; the data follows it).
-Differences from PyHessian: ``eigenvalues`` returns the k largest *algebraic* eigenvalues by block Lanczos
-(``method="power"``: PyHessian's power iteration, largest in magnitude) with their residuals; ``trace`` returns one
-estimate with its standard error (Hutch++; ``method="pyhessian"`` for PyHessian's rule); ``density`` returns the
-quadrature nodes and weights (PyHessian's ``density_eigen``, ``density_weight``), several starts averaged.
+The calls take PyHessian's arguments and return what PyHessian returns (docs/analysis.md, "Coming from
+PyHessian"):
+
+* ``eigenvalues(maxIter=100, tol=1e-3, top_n=1)`` -> ``(eigenvalues, eigenvectors)``: a list of Python floats, and
+  for each a list of tensors shaped like the parameters (``model.parameters()`` that require a gradient, in order),
+  unit norm over all of them. flatfl's thick-restart block Lanczos answers: the ``top_n`` largest *algebraic*
+  eigenvalues, descending, to a relative residual ``tol`` (PyHessian's power iteration stops on a relative change of
+  ``tol`` and can be several percent low; it finds the largest in *magnitude*, in the order found:
+  ``method="power"`` runs it, at most ``maxIter`` products per eigenvalue, with PyHessian's draws after
+  ``torch.manual_seed(seed)``).
+* ``trace(maxIter=100, tol=1e-3)`` -> a list of per-probe trace estimates, whose mean is the estimate. Hutch++ with a
+  budget of ``maxIter`` products, stopped once the standard error is below ``tol`` of the estimate: each entry is the
+  exact trace of the sketched top of the spectrum plus one Hutchinson probe of the rest, so every entry is an
+  unbiased estimate of the trace, with a far smaller spread than PyHessian's ``z^T H z``. ``method="pyhessian"``:
+  PyHessian's loop and stopping rule, its samples.
+* ``density(iter=100, n_v=1)`` -> ``(nodes, weights)``: one list of floats per start (stochastic Lanczos quadrature,
+  ``iter`` steps from each of ``n_v`` Rademacher starts; PyHessian 0.1's own ``density`` calls the removed
+  ``torch.eig``).
+
+The richer answers stay reachable: :meth:`ModelHessian.top_eigenvalues` (residuals, error estimates, products),
+:meth:`ModelHessian.trace_estimate` (the estimate with its standard error), :meth:`ModelHessian.spectral_density`,
+:meth:`ModelHessian.per_layer` (each module's block), and ``h.last``, the rich result behind the last call
+(``h.last_eigenvalues``, ``h.last_trace``, ``h.last_density`` for each kind).
+
+Beyond PyHessian: ``loss=fn`` instead of a criterion, ``fn(model, batch) -> scalar`` for batches of any structure
+(:mod:`flatfl.analysis.objective`); ``data=`` is then one batch and ``dataloader=`` yields batches, weighted by
+their number of samples. ``cuda``: PyHessian's flag. flatfl computes on the model's device (move the model
+first, ``model.cuda()``; the data follows it); ``cuda=True`` on a machine without CUDA is a ConfigError naming
+``cuda=False``. The default, ``None``, takes the model's device without a check. Every estimator runs with
+``flatfl hessian``'s defaults and its seed streams (``seed`` for the eigenvalues, ``seed + 1`` for the trace,
+``seed + 2`` for the density), so on the same batches it gives the command's numbers.
 """
 from __future__ import annotations
 
 import io
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
+import torch
 
 from ..errors import ConfigError
 from ..utils.atomic import atomic_write_bytes_unrecorded
@@ -33,39 +57,76 @@ from .density import DensityResult, spectral_density
 from .eigen import EigenResult
 from .estimators import estimate_eigenvalues, estimate_trace
 from .operator import HessianOperator
-from .trace import TraceResult
+from .per_layer import PerLayerResult, per_layer_curvature
+from .power import power_iteration
+from .trace import TraceResult, hutchpp_trace, pyhessian_trace
 
 __all__ = ["hessian", "ModelHessian", "DENSITY_FORMATS"]
 
 DEFAULTS = HessianSettings()
 #: what :meth:`ModelHessian.save_density` writes, by the file's suffix
 DENSITY_FORMATS = (".png", ".pdf", ".csv")
+#: the eigenvalue methods of :meth:`ModelHessian.eigenvalues` and the trace methods of :meth:`ModelHessian.trace`
+PYHESSIAN_EIGEN_METHODS = ("lanczos", "power")
+PYHESSIAN_TRACE_METHODS = ("hutchpp", "hutchinson", "pyhessian")
+
+
+def _check_cuda(cuda) -> None:
+    if cuda is None or cuda is False:
+        return
+    if cuda is not True:
+        raise ConfigError(f"cuda must be True, False or None (the model's device), got {cuda!r}")
+    if not torch.cuda.is_available():
+        raise ConfigError("cuda=True, but CUDA is not available on this machine: pass cuda=False (flatfl computes on "
+                          "the model's device)")
 
 
 class ModelHessian:
-    """The Hessian of ``criterion`` (the mean loss of a batch) over ``data`` at ``model``'s current weights.
+    """The Hessian of the mean loss over ``data`` at ``model``'s current weights, with PyHessian's methods (see the
+    module docstring). ``criterion(outputs, targets)`` (the mean loss of a batch; default cross-entropy) over
+    ``(inputs, targets)`` batches, or ``loss(model, batch)`` over batches of any structure. ``data``: one batch (with
+    a criterion also a list of batches); ``dataloader``: any iterable of batches (read once). ``mode``: ``"eval"``
+    (default, as PyHessian) or ``"train"``. ``seed``: every random vector.
 
-    ``data``: one ``(inputs, targets)`` batch, a list of them or a DataLoader (read once); ``dataloader`` is the same
-    thing under PyHessian's other name. ``mode``: ``"eval"`` (default) or ``"train"``. ``seed``: every random probe.
-    The operator is :attr:`operator` (``matvec``, ``dim``, ``hvps``...), for the other estimators of
-    :mod:`flatfl.analysis`.
+    Attributes as PyHessian's: ``model``, ``criterion``, ``params`` (the parameters differentiated, in order),
+    ``device`` (``"cuda"`` or ``"cpu"``), ``full_dataset`` (True with ``dataloader=``), ``data``. :attr:`operator`
+    is the :class:`~flatfl.analysis.operator.HessianOperator` (``matvec``, ``dim``, ``hvps``...) for the other
+    estimators of :mod:`flatfl.analysis`.
     """
 
-    def __init__(self, model, criterion: Callable | None = None, data=None, *, dataloader=None, mode: str = "eval",
-                 seed: int = DEFAULTS.seed) -> None:
+    def __init__(self, model, criterion: Callable | None = None, data=None, dataloader=None, cuda: bool | None = None,
+                 *, loss: Callable | None = None, mode: str = "eval", seed: int = DEFAULTS.seed) -> None:
         if (data is None) == (dataloader is None):
             raise ConfigError("give the data once: data=(inputs, targets) (or a list of batches), or "
                               "dataloader=a DataLoader")
+        if loss is not None and criterion is not None:
+            raise ConfigError("give a criterion (a function of (outputs, targets)) or loss= (a function of (model, "
+                              "batch)), not both")
         reduction = getattr(criterion, "reduction", "mean")
         if reduction != "mean":
             raise ConfigError(f"the criterion must return the mean loss of a batch (reduction='mean'), got "
                               f"reduction={reduction!r}")
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-        self.operator = HessianOperator(model, data if data is not None else dataloader, loss_fn=criterion, mode=mode)
+        _check_cuda(cuda)
+        if loss is not None:
+            from .objective import loss_batches
+
+            batches = loss_batches(data, one_batch=True) if data is not None else loss_batches(dataloader)
+        else:
+            batches = data if data is not None else dataloader
+        self.operator = HessianOperator(model, batches, loss_fn=criterion, mode=mode, loss=loss)
+        self.model, self.criterion, self.loss = model, criterion, loss
+        self.data = data if data is not None else dataloader
+        self.full_dataset = data is None
+        self.params = list(self.operator.params)
+        self.device = self.operator.device.type
         self.seed = seed
+        self.last = None  # the rich result behind the last call (EigenResult, TraceResult, DensityResult, ...)
         self.last_eigenvalues: EigenResult | None = None
+        self.last_trace: TraceResult | None = None
         self.last_density: DensityResult | None = None
+        self.last_per_layer: PerLayerResult | None = None
 
     @property
     def num_samples(self) -> int:
@@ -75,38 +136,114 @@ class ModelHessian:
     def num_params(self) -> int:
         return self.operator.dim
 
-    def eigenvalues(self, top_n: int = 1, *, method: str = DEFAULTS.method, tol: float = DEFAULTS.tol,
-                    return_vectors: bool = False, exact_residuals: bool = DEFAULTS.exact_residuals) -> EigenResult:
-        """The ``top_n`` largest eigenvalues, descending (``.eigenvalues``), with residuals ``||Hv - λv||``;
-        ``return_vectors=True`` adds ``.eigenvectors`` (``(top_n, dim)`` unit rows; ``operator.unflatten(v)``
-        shapes one like the parameters)."""
-        result = estimate_eigenvalues(self.operator, method, top_n, tol=tol, seed=self.seed,
-                                      return_vectors=return_vectors, exact_residuals=exact_residuals)
-        self.last_eigenvalues = result
+    def _keep(self, result):
+        self.last = result
+        if isinstance(result, EigenResult):
+            self.last_eigenvalues = result
+        elif isinstance(result, TraceResult):
+            self.last_trace = result
+        elif isinstance(result, DensityResult):
+            self.last_density = result
+        elif isinstance(result, PerLayerResult):
+            self.last_per_layer = result
         return result
 
-    def trace(self, *, method: str = DEFAULT_TRACE_METHOD, max_hvps: int = DEFAULTS.trace_hvps,
-              rtol: float | None = DEFAULTS.trace_rtol) -> TraceResult:
-        """The trace with its standard error (``.estimate``, ``.stderr``) from at most ``max_hvps`` products,
-        stopping once the standard error is below ``rtol`` of the estimate."""
-        return estimate_trace(self.operator, method, max_hvps=max_hvps, rtol=rtol, seed=self.seed + 1)
+    # ------------------------------------------------------------------ PyHessian's calls
+    def eigenvalues(self, maxIter: int = 100, tol: float = 1e-3, top_n: int = 1, *,
+                    method: str = "lanczos") -> tuple[list[float], list[list[torch.Tensor]]]:
+        """PyHessian's ``eigenvalues``: ``(values, vectors)``, the ``top_n`` largest eigenvalues as floats and each
+        one's eigenvector as a list of tensors shaped like :attr:`params`. ``method="lanczos"`` (default: largest
+        algebraic, descending, relative residual ``tol``) or ``"power"`` (PyHessian's power iteration, at most
+        ``maxIter`` products per eigenvalue, in the order found). The rich result: ``h.last``."""
+        if method not in PYHESSIAN_EIGEN_METHODS:
+            raise ConfigError(f"unknown eigenvalue method {method!r}; choose one of "
+                              f"{', '.join(PYHESSIAN_EIGEN_METHODS)}")
+        if not isinstance(maxIter, (int, np.integer)) or isinstance(maxIter, bool) or maxIter < 1:
+            raise ConfigError(f"maxIter must be a positive integer, got {maxIter!r}")
+        if method == "power":
+            result = power_iteration(self.operator, top_n, max_iter=int(maxIter), tol=tol, seed=self.seed,
+                                     return_vectors=True)
+        else:
+            result = estimate_eigenvalues(self.operator, "lanczos", top_n, tol=tol, seed=self.seed,
+                                          return_vectors=True)
+        self._keep(result)
+        vectors = [[t.detach().clone() for t in self.operator.unflatten(v).values()] for v in result.eigenvectors]
+        return [float(v) for v in result.eigenvalues], vectors
 
-    def density(self, *, steps: int = DEFAULTS.density_steps, starts: int = DEFAULTS.density_starts) -> DensityResult:
-        """The spectral density by stochastic Lanczos quadrature: ``starts`` runs of ``steps`` Lanczos steps."""
-        result = spectral_density(self.operator, steps=steps, starts=starts, seed=self.seed + 2)
-        self.last_density = result
-        return result
+    def trace(self, maxIter: int = 100, tol: float = 1e-3, *, method: str = DEFAULT_TRACE_METHOD) -> list[float]:
+        """PyHessian's ``trace``: a list of per-probe trace estimates (``np.mean`` of it is the estimate), from at
+        most ``maxIter`` products. ``method="hutchpp"`` (default): Hutch++, stopped once its standard error is below
+        ``tol`` of the estimate, each entry the sketch's exact trace plus one probe of the rest;
+        ``"hutchinson"``: ``z^T H z`` probes with the same stopping rule; ``"pyhessian"``: PyHessian's loop and
+        stopping rule. The rich result (estimate, standard error, products): ``h.last``."""
+        if method not in PYHESSIAN_TRACE_METHODS:
+            raise ConfigError(f"unknown trace method {method!r}; choose one of {', '.join(PYHESSIAN_TRACE_METHODS)}")
+        if not isinstance(maxIter, (int, np.integer)) or isinstance(maxIter, bool) or maxIter < 1:
+            raise ConfigError(f"maxIter must be a positive integer, got {maxIter!r}")
+        if not tol > 0:
+            raise ConfigError(f"tol must be positive, got {tol!r}")
+        if method == "hutchpp" and maxIter < 12:  # too few products for a sketch and 10 probes of the rest
+            method = "hutchinson"
+        if method == "pyhessian":
+            result = pyhessian_trace(self.operator, max_iter=int(maxIter), tol=tol, seed=self.seed + 1)
+        elif method == "hutchpp":
+            result = hutchpp_trace(self.operator, max_hvps=int(maxIter), rtol=tol, seed=self.seed + 1)
+        else:
+            result = estimate_trace(self.operator, "hutchinson", max_hvps=int(maxIter), rtol=tol, seed=self.seed + 1)
+        self._keep(result)
+        offset = float(result.info.get("sketch_trace", 0.0))
+        return [offset + float(s) for s in result.samples]
+
+    def density(self, iter: int = 100, n_v: int = 1) -> tuple[list[list[float]], list[list[float]]]:  # noqa: A002
+        """PyHessian's ``density``: ``(nodes, weights)``, one list of floats per start, from ``iter`` Lanczos steps
+        (at most the parameter count) of each of ``n_v`` starts. The rich result: ``h.last``."""
+        result = self.spectral_density(steps=iter, starts=n_v)
+        return [[float(t) for t in nodes] for nodes in result.nodes], \
+            [[float(w) for w in weights] for weights in result.weights]
+
+    # ------------------------------------------------------------------ flatfl's richer answers
+    def top_eigenvalues(self, top_n: int = 1, *, method: str = DEFAULTS.method, tol: float = DEFAULTS.tol,
+                        return_vectors: bool = False,
+                        exact_residuals: bool = DEFAULTS.exact_residuals) -> EigenResult:
+        """The ``top_n`` largest eigenvalues, descending (``.eigenvalues``), with residuals ``||Hv - λv||``, error
+        estimates and the products used, by any registered method (``lanczos``, ``power``); ``return_vectors=True``
+        adds ``.eigenvectors`` (``(top_n, dim)`` unit rows; ``operator.unflatten(v)`` shapes one like the
+        parameters)."""
+        return self._keep(estimate_eigenvalues(self.operator, method, top_n, tol=tol, seed=self.seed,
+                                               return_vectors=return_vectors, exact_residuals=exact_residuals))
+
+    def trace_estimate(self, *, method: str = DEFAULT_TRACE_METHOD, max_hvps: int = DEFAULTS.trace_hvps,
+                       rtol: float | None = DEFAULTS.trace_rtol) -> TraceResult:
+        """The trace with its standard error (``.estimate``, ``.stderr``, ``.hvps``) from at most ``max_hvps``
+        products, stopping once the standard error is below ``rtol`` of the estimate (``flatfl hessian``'s
+        defaults)."""
+        return self._keep(estimate_trace(self.operator, method, max_hvps=max_hvps, rtol=rtol, seed=self.seed + 1))
+
+    def spectral_density(self, *, steps: int = DEFAULTS.density_steps,
+                         starts: int = DEFAULTS.density_starts) -> DensityResult:
+        """The spectral density by stochastic Lanczos quadrature: ``starts`` runs of ``steps`` Lanczos steps
+        (``.nodes``, ``.weights``: one array per start)."""
+        return self._keep(spectral_density(self.operator, steps=steps, starts=starts, seed=self.seed + 2))
+
+    def per_layer(self, top_n: int = 1, *, grouping: str = "module", tol: float = DEFAULTS.tol,
+                  max_hvps: int = DEFAULTS.trace_hvps, rtol: float | None = DEFAULTS.trace_rtol,
+                  dense_up_to: int | None = None) -> PerLayerResult:
+        """Each module's Hessian block (weights and bias together; ``grouping="parameter"``: each named parameter):
+        its top ``top_n`` eigenvalues and its trace +- standard error (:mod:`flatfl.analysis.per_layer`; a block
+        of at most ``dense_up_to`` entries, default ``max_hvps``, exactly). ``.blocks``, ``.trace_sum``."""
+        return self._keep(per_layer_curvature(self.operator, top_n, grouping=grouping, tol=tol, trace_hvps=max_hvps,
+                                              trace_rtol=rtol, seed=self.seed + 3, dense_up_to=dense_up_to))
 
     def save_density(self, path, density: DensityResult | None = None, *, title: str | None = None) -> Path:
-        """Write ``density`` (default: the last :meth:`density`, computed now if there is none) to ``path``:
-        ``.png`` / ``.pdf``, the figure ``flatfl hessian --density`` draws (the last top eigenvalues marked);
-        ``.csv``, that figure's curve (columns ``eigenvalue``, ``density``). Written atomically; returns the path."""
+        """Write ``density`` (default: the last density, computed now if there is none) to ``path``: ``.png`` /
+        ``.pdf``, the figure ``flatfl hessian --density`` draws (the last top eigenvalues marked); ``.csv``, that
+        figure's curve (columns ``eigenvalue``, ``density``). Written atomically; returns the path."""
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix not in DENSITY_FORMATS:
             raise ConfigError(f"cannot write a density as {path.name!r}: name a {', '.join(DENSITY_FORMATS)} file")
         if density is None:
-            density = self.last_density if self.last_density is not None else self.density()
+            density = self.last_density if self.last_density is not None else self.spectral_density()
         dens = density.as_dict()
         if suffix == ".csv":
             from ..utils.plots import density_curves
@@ -127,9 +264,10 @@ class ModelHessian:
         return path
 
 
-def hessian(model, criterion: Callable | None = None, data=None, *, dataloader=None, mode: str = "eval",
-            seed: int = DEFAULTS.seed) -> ModelHessian:
-    """PyHessian's ``hessian(model, criterion, data=(x, y))`` (or ``dataloader=``), on flatfl's estimators: a
-    :class:`ModelHessian` with ``eigenvalues(top_n)``, ``trace()``, ``density()`` and ``save_density(path)``.
-    ``criterion`` defaults to cross-entropy."""
-    return ModelHessian(model, criterion, data, dataloader=dataloader, mode=mode, seed=seed)
+def hessian(model, criterion: Callable | None = None, data=None, dataloader=None, cuda: bool | None = None, *,
+            loss: Callable | None = None, mode: str = "eval", seed: int = DEFAULTS.seed) -> ModelHessian:
+    """PyHessian's ``hessian(model, criterion, data=None, dataloader=None, cuda=True)`` on flatfl's estimators: a
+    :class:`ModelHessian` whose ``eigenvalues``, ``trace`` and ``density`` return what PyHessian's return (see the
+    module docstring). ``criterion`` defaults to cross-entropy; ``loss=fn`` takes ``fn(model, batch) -> scalar``
+    instead."""
+    return ModelHessian(model, criterion, data, dataloader, cuda, loss=loss, mode=mode, seed=seed)

@@ -30,16 +30,18 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from .batches import ACCEPTED_DATA, as_batches
 from .linear_operator import CurvatureOperator, MatrixOperator, block_size_for
+from .objective import loss_batches
 from .products import DoubleBackward, ForwardOverReverse, LossTerms
+from .second_order import needs_double_backward
 from .vectors import free_memory, random_block, seeded_generator
 
 __all__ = ["HessianOperator", "MatrixOperator", "as_batches", "block_size_for", "free_memory", "random_block",
-           "seeded_generator", "ACCEPTED_DATA", "PRODUCTS"]
+           "seeded_generator", "ACCEPTED_DATA", "PRODUCTS", "AUTO_PRODUCTS"]
 
 _MODES = ("eval", "train")
 PRODUCTS = ("auto", "double-backward", "forward-over-reverse")
-# the product method "auto" picks per device type (docs/performance.md); elsewhere double backward
-_AUTO_PRODUCTS = {"cuda": "forward-over-reverse"}
+#: the product method "auto" picks per device type (docs/performance.md); elsewhere double backward
+AUTO_PRODUCTS = {"cuda": "forward-over-reverse"}
 
 
 class HessianOperator(CurvatureOperator):
@@ -53,6 +55,11 @@ class HessianOperator(CurvatureOperator):
         is deterministic. ``model(inputs)`` gives the outputs and
         ``loss_fn(outputs, targets)`` must be the **mean** loss over the batch; the batch size is ``len(targets)``.
     loss_fn: defaults to cross-entropy.
+    loss: instead of ``loss_fn``, any objective ``loss(model, batch) -> scalar`` (the batch's mean loss) over batches
+        of any structure (a dict such as ``{"input_ids": ..., "labels": ...}``, a tuple of several inputs): then
+        ``batches`` is one dict or tuple (one batch), or a list of batches or a DataLoader yielding them, each
+        weighted by its number of samples (the first dimension of its first tensor;
+        :mod:`flatfl.analysis.objective`).
     params: the parameters to differentiate (default: every parameter with ``requires_grad``), all of one floating
         dtype. The flat layout follows this order.
     mode: ``"eval"`` (default, as PyHessian) or ``"train"``.
@@ -74,7 +81,14 @@ class HessianOperator(CurvatureOperator):
         cache_bytes: int | None = None,
         products: str = "auto",
         block_size: int | None = None,
+        *,
+        loss: Callable | None = None,
     ) -> None:
+        if loss is not None and loss_fn is not None:
+            raise ConfigError("give loss_fn (a criterion of (outputs, targets)) or loss (a function of (model, "
+                              "batch)), not both")
+        if loss is not None and not callable(loss):
+            raise ConfigError(f"loss must be a function loss(model, batch) -> scalar, got a {type(loss).__name__}")
         if mode not in _MODES:
             raise ConfigError(f"unknown Hessian mode {mode!r}; choose one of {', '.join(_MODES)}")
         if products not in PRODUCTS:
@@ -84,7 +98,8 @@ class HessianOperator(CurvatureOperator):
         if cache_graph not in (True, False, "auto"):
             raise ConfigError(f"cache_graph must be True, False or 'auto', got {cache_graph!r}")
         self.model = model
-        self.loss_fn = loss_fn if loss_fn is not None else F.cross_entropy
+        self.loss_fn = loss_fn if loss_fn is not None else (None if loss is not None else F.cross_entropy)
+        self.objective = loss
         self.mode = mode
         self.params = list(params) if params is not None else [p for p in model.parameters() if p.requires_grad]
         if not self.params:
@@ -97,8 +112,8 @@ class HessianOperator(CurvatureOperator):
 
         names = {id(p): n for n, p in model.named_parameters()}
         self.param_names = [names.get(id(p), f"param{i}") for i, p in enumerate(self.params)]
-        self.batches = as_batches(batches, self.device)
-        self.terms = LossTerms(model, self.batches, self.loss_fn, self.params, mode)
+        self.batches = loss_batches(batches, self.device) if loss is not None else as_batches(batches, self.device)
+        self.terms = LossTerms(model, self.batches, self.loss_fn, self.params, mode, objective=loss)
         self.dim: int = self.terms.dim
         self.num_samples: int = self.terms.num_samples
 
@@ -111,7 +126,7 @@ class HessianOperator(CurvatureOperator):
         self.cache_bytes = int(cache_bytes)
         self.requested_products = products
         self.block_size = block_size  # vectors per batched pass (None: sized from free memory)
-        chosen = products if products != "auto" else _AUTO_PRODUCTS.get(self.device.type, "double-backward")
+        chosen = products if products != "auto" else AUTO_PRODUCTS.get(self.device.type, "double-backward")
         keys = ForwardOverReverse.names_of(model, self.params) if chosen == "forward-over-reverse" else None
         if chosen == "forward-over-reverse" and keys is None:
             if products != "auto":
@@ -187,7 +202,19 @@ class HessianOperator(CurvatureOperator):
             raise ConfigError(f"expected a ({self.dim}, k) block of vectors, got shape {tuple(V.shape)}")
         rows = V.to(device=self.device, dtype=self.dtype).T.contiguous()  # (k, dim): each vector contiguous
         k = rows.shape[0]
-        out = self.method.matmat(rows)
+        try:
+            out = self.method.matmat(rows)
+        except RuntimeError as e:
+            if not (self.products == "forward-over-reverse" and needs_double_backward(e)):
+                raise
+            if self.requested_products != "auto":
+                raise ConfigError(f"forward-over-reverse products need every operation of the model to support "
+                                  f"torch.func ({' '.join(str(e).split())[:160]}); use products='double-backward'") \
+                    from None
+            # "auto": double backward does not need torch.func (an autograd.Function without setup_context or jvp)
+            self.method = DoubleBackward(self.terms, self.block_size, self.cache_graph, self.cache_bytes)
+            self.products = self.method.name
+            out = self.method.matmat(rows)
         self.hvps += k
         if self.on_hvp is not None:
             self.on_hvp(k)
@@ -195,7 +222,7 @@ class HessianOperator(CurvatureOperator):
 
     # ------------------------------------------------------------------ first-order quantities
     def loss(self) -> float:
-        """The mean loss over the evaluation set."""
+        """The mean loss over the evaluation set (the sample-weighted mean of the batches' losses)."""
         terms = self.terms
         total = 0.0
         with terms.model_mode(), torch.no_grad():

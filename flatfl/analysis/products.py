@@ -23,6 +23,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ..errors import ConfigError
+from .objective import batch_samples
+from .second_order import check_loss_graph, second_order_errors
 from .vectors import free_memory
 
 __all__ = ["LossTerms", "ProductMethod", "DoubleBackward", "ForwardOverReverse", "counting_saved_bytes"]
@@ -51,20 +53,39 @@ def counting_saved_bytes(params: Sequence[torch.Tensor], enabled: bool = True) -
         yield saved
 
 
+class _Objective(torch.nn.Module):
+    """``loss(model, batch)`` as a module of one argument, so that ``torch.func.functional_call`` can put other
+    parameter values into ``model`` (their names gain the prefix ``model.``)."""
+
+    def __init__(self, model: torch.nn.Module, loss: Callable) -> None:
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, batch):
+        return self.loss(self.model, batch)
+
+
 class LossTerms:
     """The sample-weighted mean loss of ``model`` over ``batches`` as its batch terms, for the parameters
-    ``params`` laid out flat in order (``offsets``, ``shapes``)."""
+    ``params`` laid out flat in order (``offsets``, ``shapes``). A batch's term is ``loss_fn(model(inputs),
+    targets)``, or ``objective(model, batch)`` when an objective is given (batches of any structure; a batch's
+    weight is its number of samples, :func:`flatfl.analysis.objective.batch_samples`)."""
 
     def __init__(self, model: torch.nn.Module, batches: list, loss_fn: Callable, params: Sequence[torch.Tensor],
-                 mode: str) -> None:
+                 mode: str, objective: Callable | None = None) -> None:
         self.model, self.batches, self.loss_fn, self.params, self.mode = model, batches, loss_fn, list(params), mode
+        self.objective = objective
+        self.wrapper = _Objective(model, objective) if objective is not None else None
+        self.checked: set[int] = set()  # batches whose loss graph was checked for once-differentiable Functions
         self.shapes = [tuple(p.shape) for p in self.params]
         self.offsets = [0]
         for p in self.params:
             self.offsets.append(self.offsets[-1] + p.numel())
         self.dim = self.offsets[-1]
         self.device = self.params[0].device
-        sizes = [len(t) for _, t in self.batches]
+        sizes = [batch_samples(b, i) for i, b in enumerate(self.batches)] if objective is not None else \
+            [len(t) for _, t in self.batches]
         self.num_samples = int(sum(sizes))
         self.weights = [n / self.num_samples for n in sizes]
 
@@ -113,11 +134,29 @@ class LossTerms:
 
     def batch_loss(self, index: int) -> torch.Tensor:
         """The mean loss of batch ``index`` (a scalar, with its graph when grad is enabled)."""
-        inputs, targets = self.batches[index]
         with self.batch_rng(index):
-            loss = self.loss_fn(self.model(inputs), targets)
-        if loss.dim() != 0:
-            raise ConfigError("loss_fn must return a scalar (the mean loss over the batch)")
+            if self.objective is not None:
+                loss = self.objective(self.model, self.batches[index])
+            else:
+                inputs, targets = self.batches[index]
+                loss = self.loss_fn(self.model(inputs), targets)
+        check_scalar(loss, self.objective is not None)
+        if index not in self.checked and torch.is_grad_enabled() and loss.requires_grad:
+            check_loss_graph(loss)  # a Function marked @once_differentiable would give rows of zeros: refused
+            self.checked.add(index)
+        return loss
+
+    def functional_loss(self, index: int, keys: list[str], params: dict) -> torch.Tensor:
+        """Batch ``index``'s loss with the parameters ``params`` (by name, ``keys`` order) put into the model."""
+        from torch.func import functional_call
+
+        batch = self.batches[index]
+        if self.objective is not None:
+            loss = functional_call(self.wrapper, {f"model.{k}": v for k, v in params.items()}, (batch,))
+        else:
+            inputs, targets = batch
+            loss = self.loss_fn(functional_call(self.model, params, (inputs,)), targets)
+        check_scalar(loss, self.objective is not None)
         return loss
 
     def part(self, flat: torch.Tensor, i: int) -> torch.Tensor:
@@ -130,6 +169,17 @@ class LossTerms:
                 counting_saved_bytes(self.params) as saved:
             self.batch_loss(index)
         return sum(saved.values())
+
+
+def check_scalar(loss, objective: bool) -> None:
+    """A batch's loss is a scalar tensor (ConfigError otherwise)."""
+    name = "loss(model, batch)" if objective else "loss_fn (the criterion)"
+    if not isinstance(loss, torch.Tensor):
+        raise ConfigError(f"{name} must return a scalar tensor (the mean loss over the batch), got a "
+                          f"{type(loss).__name__}")
+    if loss.dim() != 0:
+        raise ConfigError(f"{name} must return a scalar (the mean loss over the batch), got a tensor of shape "
+                          f"{tuple(loss.shape)}")
 
 
 class ProductMethod:
@@ -200,7 +250,7 @@ class DoubleBackward(ProductMethod):
         self.graphs = [None] * len(self.terms.batches)
         if self.cache_graph is False:
             return
-        with self.terms.model_mode():
+        with self.terms.model_mode(), second_order_errors():
             for i in range(len(self.terms.batches)):
                 graph, nbytes = self.build_graph(i, count_bytes=self.cache_graph == "auto")
                 if self.cache_graph == "auto" and self.cached_bytes + nbytes > self.cache_bytes:
@@ -229,7 +279,7 @@ class DoubleBackward(ProductMethod):
         k = rows.shape[0]
         out = torch.zeros_like(rows)
         self.prepare()
-        with terms.model_mode():
+        with terms.model_mode(), second_order_errors():
             for index, weight in enumerate(terms.weights):
                 graph = self.graphs[index]
                 if graph is None:
@@ -276,22 +326,21 @@ class ForwardOverReverse(ProductMethod):
         return min(32, self.block_limit())
 
     def matmat(self, rows: torch.Tensor) -> torch.Tensor:
-        from torch.func import functional_call, grad, jvp, vmap
+        from torch.func import grad, jvp, vmap
 
         terms = self.terms
         k = rows.shape[0]
         out = torch.zeros_like(rows)
         keys = self.keys
         primals = {key: p.detach() for key, p in zip(keys, terms.params)}
-        with terms.model_mode(), terms.no_running_stats():
+        with terms.model_mode(), terms.no_running_stats(), second_order_errors():
             for index, weight in enumerate(terms.weights):
-                inputs, targets = terms.batches[index]
+                if index not in terms.checked:
+                    with torch.enable_grad():
+                        terms.batch_loss(index)  # the graph checked once (a @once_differentiable Function)
 
-                def loss_of(params, inputs=inputs, targets=targets):
-                    loss = terms.loss_fn(functional_call(terms.model, params, (inputs,)), targets)
-                    if loss.dim() != 0:
-                        raise ConfigError("loss_fn must return a scalar (the mean loss over the batch)")
-                    return loss
+                def loss_of(params, index=index):
+                    return terms.functional_loss(index, keys, params)
 
                 gradient = grad(loss_of)
 

@@ -12,7 +12,7 @@ from ..utils.hessian_settings import DEFAULT_TRACE_METHOD, HessianSettings, esti
 from ..utils.surface_settings import DIRECTION_KINDS, SurfaceSettings
 from .common import apply_threads, friendly_errors, threads_option
 
-__all__ = ["hessian", "hessian_clients", "surface"]
+__all__ = ["hessian", "hessian_clients", "surface", "default_out"]
 
 
 HESSIAN_DEFAULTS = HessianSettings()
@@ -27,7 +27,8 @@ def _trace_default_text() -> str:
 
 HESSIAN_EPILOG = """\b
 Examples:
-  flatfl hessian runs/x/final.pt --out runs/x/hessian             # top eigenvalue + Hutch++ trace, whole train split
+  flatfl hessian runs/x                                          # top eigenvalue + Hutch++ trace -> runs/x/hessian
+  flatfl hessian runs/x --per-layer                              # also each module's block: per_layer.csv, figures
   flatfl hessian runs/x --top 200 --density --samples 4096 --out runs/x/hessian
   flatfl hessian runs/x --method power --samples 4096 --out h-pyh  # PyHessian's protocol (power + its trace rule)
 """
@@ -35,7 +36,7 @@ Examples:
 
 @click.command(epilog=HESSIAN_EPILOG)
 @click.argument("checkpoint", type=click.Path())
-@click.option("--out", required=True, type=click.Path(), help="output directory (hessian.json, eigenvalues.csv, figures)")
+@click.option("--out", default=None, type=click.Path(), help="output directory (hessian.json, eigenvalues.csv, figures; default: the run's 'hessian' folder, e.g. RUN/hessian)")
 @click.option("--top", type=int, default=HESSIAN_DEFAULTS.top, show_default=True, help="number of top eigenvalues (0 = none): the largest algebraic "
               "with --method lanczos, the largest in magnitude with --method power (they differ at saddles, where "
               "negative eigenvalues are large)")
@@ -56,6 +57,9 @@ Examples:
 @click.option("--data-dir", default=HESSIAN_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
 @click.option("--save-eigenvectors", is_flag=True, default=HESSIAN_DEFAULTS.save_eigenvectors, help="also write eigenvectors.pt (parameter layout included)")
 @click.option("--model-factory", default=HESSIAN_DEFAULTS.model_factory, help="module:function or path/to/file.py:function building your own network (default: the one the run recorded); only its weights are loaded")
+@click.option("--per-layer", is_flag=True, default=HESSIAN_DEFAULTS.per_layer, help="also each module's Hessian block (weights and bias together): its top eigenvalue(s) and trace +- standard error, in per_layer.csv, per_layer.png/.pdf and hessian.json")
+@click.option("--per-layer-top", type=int, default=HESSIAN_DEFAULTS.per_layer_top, show_default=True, help="top eigenvalues per block with --per-layer")
+@click.option("--loss", default=HESSIAN_DEFAULTS.loss, help="module:function or path/to/file.py:function, loss(model, batch) -> the batch's mean loss, instead of cross-entropy (batch: the (inputs, targets) pair); imported as --model-factory is")
 @click.option("--exact-residuals", is_flag=True, default=HESSIAN_DEFAULTS.exact_residuals,
               help="recompute each residual ||Hv - lambda v|| with one more HVP (without it, Lanczos reports the "
               "residual of its recurrence: an estimate that can understate the true one by orders of magnitude)")
@@ -67,6 +71,7 @@ def hessian(checkpoint, out, threads, **opts):
     from ..analysis.hessian_run import run_hessian
 
     apply_threads(threads)
+    out, where = _out_folder(checkpoint, out, "hessian")
     report = run_hessian(checkpoint, out, **opts)
     values = report["top_eigenvalues"]
     found = []
@@ -83,8 +88,40 @@ def hessian(checkpoint, out, threads, **opts):
         found.append(f"trace {tr['estimate']:.6g} +- {stderr}")
     if report.get("density"):
         found.append("spectral density")
+    layers = report.get("per_layer")
+    if layers:
+        widest = max(layers["blocks"], key=lambda b: b["top_eigenvalues"][0] if b["top_eigenvalues"] else -1e300)
+        click.echo(f"per layer ({len(layers['blocks'])} {layers['grouping']}s): largest top eigenvalue "
+                   f"{widest['top_eigenvalues'][0]:.6g} ({widest['module']}); traces sum to "
+                   f"{layers['trace_sum']:.6g} +- {layers['trace_sum_stderr']:.3g} -> {Path(out) / 'per_layer.csv'}")
+        found.append("per-layer curvature")
     click.echo(f"{', '.join(found)} on {report.get('num_samples')} samples; {report['hvps_total']} HVPs in "
-               f"{report['seconds']:.1f} s -> {Path(out) / 'hessian.json'}")
+               f"{report['seconds']:.1f} s -> {Path(out) / 'hessian.json'}{where}")
+
+
+def _out_folder(checkpoint, out, command: str) -> tuple[str, str]:
+    """``(folder, note)``: ``--out`` as given, or the run's own folder for ``command`` with a note saying so."""
+    if out is not None:
+        return out, ""
+    return str(default_out(checkpoint, command)), " (no --out: the run's analysis folder)"
+
+
+def default_out(checkpoint, command: str) -> Path:
+    """Where ``command`` (``hessian``, ``hessian-clients``, ``surface``) writes when no ``--out`` is given: a fixed
+    folder of the run the checkpoint belongs to (flatfl/runs.py, :func:`flatfl.runs.analysis_dir`). A run folder or
+    its ``final.pt``: ``RUN/hessian`` (``RUN/surface``); ``final-clients-average.pt``: ``RUN/hessian-clients-average``;
+    any other checkpoint (``RUN/checkpoints/round_0010.pt``, a file of its own): ``hessian-<its name>`` beside it in
+    the run (in its folder). Files there that flatfl did not write are refused, never replaced."""
+    from ..checkpoint import resolve_checkpoint_path
+    from ..runs import CLIENTS_DIR, HESSIAN_DIR, MODEL_CHECKPOINTS, SURFACE_DIR, analysis_dir
+
+    # flatfl hessian and hessian-clients share one folder (clients-<protocol>.json beside hessian.json)
+    base = {"hessian": HESSIAN_DIR, "hessian-clients": CLIENTS_DIR, "surface": SURFACE_DIR}[command]
+    path = resolve_checkpoint_path(checkpoint)
+    run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    models = {name: model for model, name in MODEL_CHECKPOINTS.items()}
+    folder = analysis_dir(base, models[path.name]) if path.name in models else f"{base}-{path.stem}"
+    return run / folder
 
 
 def _multiplicity_note(multiplicity) -> str:
@@ -108,7 +145,7 @@ is refused (choose another --out). The run must have been trained with --save-cl
 
 @click.command("hessian-clients", epilog=HESSIAN_CLIENTS_EPILOG)
 @click.argument("checkpoint", type=click.Path())
-@click.option("--out", required=True, type=click.Path(), help="output directory (clients-<protocol>.json and its heat map; each protocol its own files)")
+@click.option("--out", default=None, type=click.Path(), help="output directory (clients-<protocol>.json and its heat map; each protocol its own files; default: the run's 'hessian' folder)")
 @click.option("--protocol", default=CLIENTS_DEFAULTS.protocol, show_default=True, help=f"{' | '.join(PROTOCOLS)} (fedalign: FedAlign's code, to reproduce its Table 1)")
 @click.option("--probes", type=int, default=CLIENTS_DEFAULTS.probes, show_default=True, help="Rademacher probes per client (fedalign: the most, PyHessian's maxIter)")
 @click.option("--groups", type=int, default=CLIENTS_DEFAULTS.groups, show_default=True, help="jackknife groups of probes for the standard errors")
@@ -127,6 +164,7 @@ def hessian_clients(checkpoint, out, threads, **opts):
     from ..analysis.clients_run import run_client_metrics
 
     apply_threads(threads)
+    out, where = _out_folder(checkpoint, out, "hessian-clients")
     c = run_client_metrics(checkpoint, out, **opts)
 
     def show(value, err):
@@ -137,7 +175,7 @@ def hessian_clients(checkpoint, out, threads, **opts):
     click.echo(f"H_D: {show(c['H_D'], c['H_D_stderr'])}")
     click.echo(f"H_N {show(c['H_N'], c['H_N_stderr'])}, H_D {show(c['H_D'], c['H_D_stderr'])} "
                f"({c['protocol']} protocol, {c['num_clients']} clients); {c['hvps']} HVPs in {c['seconds']:.1f} s "
-               f"-> {Path(out) / c['files'][-1]}")
+               f"-> {Path(out) / c['files'][-1]}{where}")
 
 
 # --------------------------------------------------------------------------------------------------------- surface
@@ -153,7 +191,7 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 
 @click.command(epilog=SURFACE_EPILOG)
 @click.argument("checkpoint", type=click.Path())
-@click.option("--out", required=True, type=click.Path(), help="output directory (surface.npz/.csv/.json, figures)")
+@click.option("--out", default=None, type=click.Path(), help="output directory (surface.npz/.csv/.json, figures; default: the run's 'surface' folder)")
 @click.option("--directions", default=SURFACE_DEFAULTS.directions, show_default=True, help=f"{' | '.join(DIRECTION_KINDS)} (random: filter-normalised; hessian: top-2 eigenvectors)")
 @click.option("--grid", type=int, default=SURFACE_DEFAULTS.grid, show_default=True, help="points per axis (linspace(-R, R, N))")
 @click.option("--range", "range_", type=float, default=SURFACE_DEFAULTS.range, show_default=True, help="half-width R of the square")
@@ -177,9 +215,10 @@ def surface(checkpoint, out, range_, threads, **opts):
     from ..analysis.surface_run import run_surface
 
     apply_threads(threads)
+    out, where = _out_folder(checkpoint, out, "surface")
     report = run_surface(checkpoint, out, range=range_, **opts)
     origin = report["loss_at_origin"]
     shown = "" if origin is None else f", loss at origin {origin:.6g}"
     click.echo(f"loss min {report['loss_min']:.6g}, max {report['loss_max']:.6g}{shown}; {report['points']} points "
                f"({report['points_computed_now']} computed now) in {report['seconds']:.1f} s "
-               f"-> {Path(out) / 'surface.json'}")
+               f"-> {Path(out) / 'surface.json'}{where}")

@@ -192,6 +192,9 @@ class HessianSettings(Settings):
     exact_residuals: bool = False
     data_dir: str | None = None  # None: the folder the checkpoint recorded
     model_factory: str | None = None
+    per_layer: bool = False  # each module's Hessian block too (per_layer.csv, figures, hessian.json's per_layer)
+    per_layer_top: int = 1  # top eigenvalues per block
+    loss: str | None = None  # "module:function", loss(model, batch) -> scalar, instead of cross-entropy
 
     def validate(self) -> "HessianSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
@@ -221,8 +224,13 @@ class HessianSettings(Settings):
         if self.batch_size <= 0:
             raise ConfigError(f"--batch-size must be a positive integer, got {self.batch_size}")
         check_seed(self.seed)
-        if not (self.top or self.trace or self.density):
-            raise ConfigError("nothing to compute: ask for --top K >= 1, --trace or --density")
+        if self.per_layer_top < 1:
+            raise ConfigError(f"--per-layer-top must be a positive integer, got {self.per_layer_top}")
+        if self.loss is not None and (":" not in self.loss or not all(self.loss.rpartition(":")[::2])):
+            raise ConfigError(f"--loss must be 'module:function' or 'path/to/file.py:function' (a function "
+                              f"loss(model, batch) -> scalar), got {self.loss!r}")
+        if not (self.top or self.trace or self.density or self.per_layer):
+            raise ConfigError("nothing to compute: ask for --top K >= 1, --trace, --density or --per-layer")
         if self.save_eigenvectors and self.top < 1:
             raise ConfigError("--save-eigenvectors needs --top >= 1")
         return self
@@ -252,7 +260,8 @@ _KINDS = (("top", int, False), ("trace", bool, False), ("density", bool, False),
           ("batch_size", int, False), ("split", str, False), ("method", str, False), ("save_eigenvectors", bool, False),
           ("tol", float, False), ("trace_method", str, True), ("trace_hvps", int, False), ("trace_rtol", float, True),
           ("density_steps", int, False), ("density_starts", int, False), ("exact_residuals", bool, False),
-          ("model_factory", str, True))
+          ("model_factory", str, True), ("per_layer", bool, False), ("per_layer_top", int, False),
+          ("loss", str, True))
 
 
 

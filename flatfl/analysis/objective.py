@@ -1,0 +1,169 @@
+"""Any objective for the Hessian: ``loss(model, batch) -> scalar`` over batches of any structure (docs/analysis.md,
+"Any objective").
+
+The criterion path (``loss_fn(model(inputs), targets)`` over ``(inputs, targets)`` pairs) covers classifiers; a
+``loss`` function covers everything else: a HuggingFace-style dict ``{"input_ids": ..., "labels": ...}``, a tuple of
+several inputs, a model that computes its own loss. The objective is the **sample-weighted mean** over batches,
+as for the criterion (docs/analysis-protocols.md §1): ``L = sum_b (n_b / N) loss(model, batch_b)``, where a batch's
+``n_b`` is the first dimension of its first tensor with at least one dimension (dict values in order, tuple and
+list items in order, depth first). The loss must be the mean over its batch for that weighting to give the mean
+over all samples.
+
+* :func:`loss_batches`: the evaluation set of a ``loss`` as a list of batches on a device: one dict or tuple is one
+  batch; a list, a DataLoader or any other iterable holds batches;
+* :func:`batch_samples`: a batch's ``n_b``;
+* :func:`move`: a batch of any structure (dict, Mapping such as a tokenizer's ``BatchEncoding``, tuple, namedtuple,
+  list) with its tensors on a device;
+* :func:`load_loss`: ``--loss module:function`` (or ``path/to/file.py:function``) imported as ``--model-factory``
+  is (flatfl/models/factory.py): only the named module is imported, nothing is called until the analysis runs.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..errors import ConfigError
+
+__all__ = ["loss_batches", "batch_samples", "move", "load_loss", "LOSS_DATA"]
+
+#: what the evaluation set of a ``loss`` may be, as error messages name it
+LOSS_DATA = ("one batch (a dict, or a tuple, of tensors of any structure), or a list of batches or a DataLoader "
+             "that yields them")
+
+
+def _leaves(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, Mapping):
+        for v in x.values():
+            yield from _leaves(v)
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            yield from _leaves(v)
+
+
+def batch_samples(batch, index: int = 0) -> int:
+    """The number of samples in ``batch``: the first dimension of its first tensor with at least one dimension."""
+    for t in _leaves(batch):
+        if t.dim() >= 1:
+            if t.shape[0] == 0:
+                raise ConfigError(f"batch {index} is empty: every batch needs at least one sample")
+            return int(t.shape[0])
+    raise ConfigError(f"batch {index} holds no tensor with a batch dimension ({_kind(batch)}): the Hessian weighs "
+                      "each batch by its number of samples, the first dimension of its first tensor")
+
+
+def move(x, device):
+    """``x`` with every tensor moved to ``device``, its containers rebuilt as the same types where possible."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, Mapping):
+        items = {k: move(v, device) for k, v in x.items()}
+        try:
+            return type(x)(items)
+        except Exception:  # a Mapping type that cannot be built from a dict: a plain dict is as good to a loss
+            return items
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple
+        return type(x)(*(move(v, device) for v in x))
+    if isinstance(x, (tuple, list)):
+        return type(x)(move(v, device) for v in x)
+    return x
+
+
+def _kind(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    if isinstance(x, Mapping):
+        return f"a {type(x).__name__} with keys {', '.join(map(repr, list(x)[:4]))}"
+    if x is None:
+        return "None"
+    return f"a {type(x).__name__}"
+
+
+def loss_batches(data, device=None, *, one_batch: bool = False) -> list:
+    """The evaluation set of a ``loss``: a list of batches (moved to ``device`` when given).
+
+    ``one_batch=True`` (``hessian(data=batch, loss=fn)``): ``data`` is one batch, whatever its structure. Otherwise a
+    dict (any Mapping) or a tuple is one batch, and a list, a DataLoader or any other iterable yields batches.
+    """
+    if data is None:
+        raise ConfigError(f"the data must be {LOSS_DATA}; got None")
+    if one_batch or isinstance(data, (Mapping, tuple)):
+        items = [data]
+    elif isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset):
+        raise ConfigError(f"the data must be {LOSS_DATA}; got a {type(data).__name__} (a dataset of single samples): "
+                          "wrap it in a DataLoader, e.g. DataLoader(dataset, batch_size=128)")
+    elif isinstance(data, (torch.Tensor, str, bytes)) or not hasattr(data, "__iter__"):
+        raise ConfigError(f"the data must be {LOSS_DATA}; got {_kind(data)}")
+    else:
+        items = data
+    batches = []
+    for i, batch in enumerate(items):
+        batch_samples(batch, i)  # checked now: one line for a batch without samples
+        batches.append(move(batch, device) if device is not None else batch)
+    if not batches:
+        raise ConfigError(f"the data is empty (no batch); give {LOSS_DATA}")
+    return batches
+
+
+def _split(spec) -> tuple[str, str, str | None]:
+    forms = "'module:function' or 'path/to/file.py:function' (e.g. my_losses:lm_loss)"
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ConfigError(f"--loss must be {forms}, got {spec!r}")
+    where, func = spec.rsplit(":", 1)
+    file = where if where.endswith(".py") else None
+    module = os.path.basename(where)[:-3] if file else where
+    if not all(p.isidentifier() for p in module.split(".") + func.split(".")):
+        raise ConfigError(f"--loss must be {forms}, got {spec!r}")
+    return module, func, file
+
+
+def load_loss(spec: str) -> Callable:
+    """The function ``spec`` names (``module:function``: the current directory is searched first, then
+    ``sys.path``; ``path/to/file.py:function``: that file's folder first), imported, not called. The same rules as
+    ``--model-factory``: nothing but the named module is imported."""
+    module_name, func_name, file = _split(spec)
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        if file is not None:
+            path = Path(file).expanduser().resolve()
+            if not path.is_file():
+                raise ConfigError(f"--loss {spec}: no file {file} (from {cwd})")
+            loaded = sys.modules.get(module_name)
+            if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() != path:
+                raise ConfigError(f"--loss {spec}: another module named {module_name!r} is already imported; rename "
+                                  f"{path.name}")
+            if str(path.parent) not in sys.path:
+                sys.path.insert(0, str(path.parent))
+        module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
+    except ModuleNotFoundError as e:
+        top = module_name.split(".")[0]
+        if file is None and e.name == top:
+            raise ConfigError(f"--loss {spec}: cannot import {module_name!r}: no {top}.py in the current directory "
+                              f"({cwd}) nor on PYTHONPATH; name its file: --loss PATH/{top}.py:{func_name}") from None
+        raise ConfigError(f"--loss {spec}: cannot import {module_name!r} ({e})") from None
+    except SystemExit as e:
+        raise ConfigError(f"--loss {spec}: importing {module_name!r} called sys.exit({e.code!r})") from None
+    except SyntaxError as e:
+        raise ConfigError(f"--loss {spec}: {module_name!r} has a syntax error (line {e.lineno}: {e.msg})") from None
+    except Exception as e:  # the module raised while it was imported
+        raise ConfigError(f"--loss {spec}: importing {module_name!r} failed: {type(e).__name__}: "
+                          f"{str(e)[:160]}") from None
+    target = module
+    for part in func_name.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ConfigError(f"--loss {spec}: {module_name!r} has no {func_name!r}")
+    if not callable(target):
+        raise ConfigError(f"--loss {spec}: {func_name!r} is not callable")
+    return target
