@@ -12,7 +12,9 @@ in a :class:`~.results.TableResult` -> the files, written into ``out``:
 * ``report.md``: the tables and the agreement counts as Markdown; ``summary.json``: the same counts, what is missing;
 * ``report.pdf``: the pages of :mod:`.pages`.
 
-Every file is written atomically (:mod:`flatfl.utils.io`); the PDF is rendered in memory first.
+Every file is written atomically (:mod:`flatfl.utils.io`); the PDF is rendered in memory first. A file of one of
+these names in ``out`` that flatfl did not write (its folder's manifest, :mod:`flatfl.utils.manifest`, does not list
+it) is never replaced: the report is refused before any work (:func:`report_files`).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from ..utils.device import resolve_device
 from ..utils.hessian_settings import HessianSettings
 from ..utils.io import atomic_write_json, atomic_write_text, csv_text
 from ..utils.lock import locks_output
+from ..utils.manifest import refuse_foreign
 from . import figures, pdf
 from .files import directions_csv, run_rows, summary, table_csv
 from .layouts import TABLES, fills, matching_tables, model_for, paper_values, scale_label, tables_for
@@ -35,7 +38,16 @@ from .provenance import check_runs_belong_together, version_notices
 from .records import find_run_dirs, load_run
 from .results import table_result
 
-__all__ = ["build_report"]
+__all__ = ["build_report", "report_files"]
+
+#: the files every report writes, whatever its layouts
+_ALWAYS = ("runs.csv", "report.md", "report.pdf", "summary.json")
+
+
+def report_files(specs) -> list[str]:
+    """The names of the files a report of the layouts ``specs`` writes into its folder."""
+    tables = [f"{s.key}.csv" for s in specs]
+    return ["runs.csv", *tables, *(["directions.csv"] if tables else []), "report.md", "report.pdf", "summary.json"]
 
 
 def _model_of(specs, model: str | None):
@@ -108,12 +120,14 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
+    refuse_foreign(out, _ALWAYS)  # a user's report.md is never replaced: refused before the runs are read
 
     # ---- records
     run_dirs = find_run_dirs(paths)
     records = [load_run(d) for d in run_dirs]
     check_runs_belong_together(records)
     specs = tables_for(tables) if tables else [TABLES[k] for k in matching_tables(records)]
+    refuse_foreign(out, report_files(specs))  # and each table's CSV, before any analysis is computed
     model_of, accept = _model_of(specs, model), settings_ok(asked)
     for rec in records:
         rec.select(model_of(rec), accept)

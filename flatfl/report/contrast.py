@@ -6,14 +6,18 @@ and tables, each table's CSV for the rows' values, ``directions.csv`` for the ch
 (one row per comparison and report), ``contrast.md`` (the values side by side, a table per metric of the changes,
 and per metric the verdict counts and where the reports resolve a change the same or opposite ways, every sentence
 built from the numbers) and ``contrast.json``. Nothing is recomputed: each report's numbers and verdicts are its own.
+
+* A change and its interval are of the same seeds: where a report has a paired interval (two or more seeds shared
+  by both rows), the change shown is the mean per-seed difference over those seeds (``paired_change``), in % of the
+  reference's mean, beside the interval; the change of the means over all seeds is kept as
+  ``all_seeds_change_pct`` (and shown where it differs). Without an interval the change is that of the means.
+* Each report's model and analysis settings are shown (summary.json's ``models``, the tables' ``ours_<metric>_setting``
+  columns, runs.csv's data set and network), since reports of other settings are what a contrast sets side by side.
+* A comparison that some reports do not hold is listed as dropped (``dropped``), with the reports that hold it.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
-import math
-import re
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -21,141 +25,61 @@ from ..utils.io import atomic_write_many, csv_text
 from ..utils.lock import folder_lock
 from ..utils.plots import format_number
 from .layouts import METRIC_NAMES
+from .report_folder import KEY as _KEY, MAX_FILE_BYTES, read_report
 from .verdicts import TOO_FEW_SEEDS, VERDICTS
 
 __all__ = ["read_report", "contrast_rows", "write_contrast", "MAX_FILE_BYTES"]
 
-#: directions.csv and summary.json of a report are kilobytes; anything far larger is not one
-MAX_FILE_BYTES = 20_000_000
-_KEY = ("table", "partition", "reference", "compared", "metric")
-_NUMBERS = ("ours_reference", "ours_compared", "ours_change_pct", "paper_change_pct", "paired_ci_low",
-            "paired_ci_high")
-_NEEDED = _KEY + _NUMBERS + ("verdict", "paired_seeds")
 _JUDGED = ("agree", "disagree", "inconclusive")
-_TABLE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,60}")
-
-
-def _read_text(path: Path) -> str:
-    if not path.is_file():
-        raise ConfigError(f"{path.parent} is not a flatfl report folder: it has no {path.name} "
-                          "(make one with flatfl report or flatfl reproduce)")
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ConfigError(f"{path}: {size:,} bytes, more than a report's {MAX_FILE_BYTES:,}")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
-
-
-def _csv_rows(path: Path, needed, what: str) -> tuple[list[str], list[tuple[int, dict]]]:
-    """A report CSV's header and its rows with their line numbers; a missing column or a short or long row is one
-    ConfigError line."""
-    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
-    fields = reader.fieldnames or []
-    missing = [c for c in needed if c not in fields]
-    if missing:
-        raise ConfigError(f"{path}: not a flatfl {what} (no column {', '.join(missing)})")
-    rows = []
-    for line, row in enumerate(reader, start=2):
-        if None in row or any(v is None for v in row.values()):
-            raise ConfigError(f"{path} line {line}: not as many fields as the header")
-        rows.append((line, row))
-    return fields, rows
-
-
-def _number(path: Path, line: int, column: str, text: str) -> float | None:
-    if text.strip() == "":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{path} line {line}: {column} is not a number: {text[:40]!r}") from None
-    if not math.isfinite(value):
-        raise ConfigError(f"{path} line {line}: {column} is not finite: {text[:40]!r}")
-    return value
-
-
-def read_report(folder: str | Path) -> dict:
-    """One report folder: ``{"folder", "scale", "tables", "checks", "values"}``, the checks being directions.csv's rows
-    with their numbers parsed, the values its tables' rows (:func:`_read_values`); a folder that is not a report, or
-    a file that is not what flatfl writes there, is one ConfigError line naming it."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ConfigError(f"{folder} is not a folder (give report folders, e.g. reports/man-tables-quick)")
-    summary_path = folder / "summary.json"
-    try:
-        summary = json.loads(_read_text(summary_path))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{summary_path}: not JSON ({e.msg}, line {e.lineno})") from None
-    if not isinstance(summary, dict) or not isinstance(summary.get("ours_scale"), str) \
-            or not isinstance(summary.get("tables"), list) \
-            or not all(isinstance(t, str) for t in summary["tables"]):
-        raise ConfigError(f"{summary_path}: not a flatfl report summary (no 'ours_scale' text or 'tables' list)")
-    path = folder / "directions.csv"
-    checks, seen = [], set()
-    for line, row in _csv_rows(path, _NEEDED, "directions table")[1]:
-        key = tuple(row[k] for k in _KEY)
-        if key in seen:
-            raise ConfigError(f"{path} line {line}: {' / '.join(key)} appears twice")
-        seen.add(key)
-        if row["verdict"] not in VERDICTS:
-            raise ConfigError(f"{path} line {line}: unknown verdict {row['verdict'][:40]!r}; "
-                              f"one of {', '.join(VERDICTS)}")
-        check = {k: row[k] for k in _KEY + ("verdict",)}
-        check.update({k: _number(path, line, k, row[k]) for k in _NUMBERS})
-        seeds = _number(path, line, "paired_seeds", row["paired_seeds"])
-        if seeds is not None and (seeds < 0 or seeds != int(seeds)):
-            raise ConfigError(f"{path} line {line}: paired_seeds must be a count, got {row['paired_seeds'][:40]!r}")
-        check["paired_seeds"] = None if seeds is None else int(seeds)
-        checks.append(check)
-    return {"folder": str(folder), "scale": summary["ours_scale"], "tables": list(summary["tables"]),
-            "checks": checks, "values": _read_values(folder, summary["tables"])}
-
-
-def _read_values(folder: Path, tables: list[str]) -> dict:
-    """(table, method, partition) -> {metric: (mean, sd, n, paper)} from each table's CSV (``<table>.csv``), for the
-    metrics it has."""
-    out = {}
-    for table in tables:
-        if not _TABLE_NAME.fullmatch(table):
-            raise ConfigError(f"{folder / 'summary.json'}: {table[:40]!r} is not a table name")
-        path = folder / f"{table}.csv"
-        fields, rows = _csv_rows(path, ("method", "partition"), "table")
-        metrics = [m for m in dict.fromkeys(f[len("ours_"):] for f in fields) if m in METRIC_NAMES]  # CSV order
-        for line, row in rows:
-            values = {}
-            for m in metrics:
-                n = _number(path, line, f"ours_{m}_n", row.get(f"ours_{m}_n", ""))
-                values[m] = (_number(path, line, f"ours_{m}", row[f"ours_{m}"]),
-                             _number(path, line, f"ours_{m}_sd", row.get(f"ours_{m}_sd", "")),
-                             None if n is None else int(n),
-                             _number(path, line, f"paper_{m}", row.get(f"paper_{m}", "")))
-            out[(table, row["method"], row["partition"])] = values
-    return out
 
 
 def _relative(value: float | None, reference: float | None) -> float | None:
     return None if value is None or not reference else 100.0 * value / abs(reference)
 
 
+def _paired_change(c: dict) -> float | None:
+    """The mean per-seed difference over the seeds of the paired interval: directions.csv's ``paired_change``, else
+    (a report without the column) the interval's midpoint, which a t interval is centred on; None without one."""
+    if c["paired_ci_low"] is None or c["paired_ci_high"] is None:
+        return None
+    if c.get("paired_change") is not None:
+        return c["paired_change"]
+    return (c["paired_ci_low"] + c["paired_ci_high"]) / 2
+
+
 def contrast_rows(reports: list[dict], labels: list[str]) -> list[dict]:
     """One row per comparison every report holds and per report, in the first report's order: the label, both
-    values, the change in % of the reference, its paired 95% interval in % (None without one), the verdict and the
-    paper's change."""
+    values, the change in % of the reference over the seeds of its interval (``change_over``), its paired 95%
+    interval in % (None without one), the change of the means over all seeds, the verdict and the paper's
+    change."""
     keyed = [{tuple(c[k] for k in _KEY): c for c in r["checks"]} for r in reports]
     common = [k for k in keyed[0] if all(k in other for other in keyed[1:])]
     rows = []
     for key in common:
         for label, checks in zip(labels, keyed):
             c = checks[key]
+            paired = _paired_change(c)
             rows.append(dict(zip(_KEY, key), report=label, ours_reference=c["ours_reference"],
-                             ours_compared=c["ours_compared"], ours_change_pct=c["ours_change_pct"],
+                             ours_compared=c["ours_compared"],
+                             ours_change_pct=(c["ours_change_pct"] if paired is None
+                                              else _relative(paired, c["ours_reference"])),
+                             change_over=("all seeds (no paired interval)" if paired is None
+                                          else f"{c['paired_seeds']} shared seeds"),
                              ci_low_pct=_relative(c["paired_ci_low"], c["ours_reference"]),
                              ci_high_pct=_relative(c["paired_ci_high"], c["ours_reference"]),
+                             all_seeds_change_pct=c["ours_change_pct"],
                              paired_seeds=c["paired_seeds"], verdict=c["verdict"],
                              paper_change_pct=c["paper_change_pct"]))
     return rows
+
+
+def dropped_comparisons(reports: list[dict], labels: list[str]) -> list[dict]:
+    """The comparisons some reports hold and others do not (left out of the contrast), in the reports' order: each
+    with the labels of the reports that hold it."""
+    keyed = [{tuple(c[k] for k in _KEY) for c in r["checks"]} for r in reports]
+    every = list(dict.fromkeys(k for r in reports for k in (tuple(c[k] for k in _KEY) for c in r["checks"])))
+    return [dict(zip(_KEY, key), held_by=[label for label, keys in zip(labels, keyed) if key in keys])
+            for key in every if not all(key in keys for keys in keyed)]
 
 
 def _pct(x: float | None) -> str:
@@ -170,7 +94,9 @@ def _end(x: float) -> str:
 def _cell(row: dict) -> str:
     interval = ("" if row["ci_low_pct"] is None else
                 f" [{_end(row['ci_low_pct'])}, {_end(row['ci_high_pct'])}]")
-    return f"{_pct(row['ours_change_pct'])}{interval} {row['verdict']}"
+    every = _pct(row.get("all_seeds_change_pct", row["ours_change_pct"]))
+    also = f" (all seeds {every})" if every != _pct(row["ours_change_pct"]) else ""
+    return f"{_pct(row['ours_change_pct'])}{interval} {row['verdict']}{also}"
 
 
 def _counts(rows: list[dict], label: str, metric: str) -> dict:
@@ -228,14 +154,37 @@ def _paragraph(rows: list[dict], labels: list[str], metrics: list[str]) -> list[
     return out
 
 
-def _markdown(reports: list[dict], labels: list[str], rows: list[dict], metrics: list[str], together: list[str]) -> str:
+def settings_lines(report: dict) -> list[str]:
+    """What a report's numbers were made with, as lines: the data set and network of its runs, the model each
+    table measures, and per metric the settings its values were computed with."""
+    out = []
+    if report.get("runs"):
+        out.append("runs: " + "; ".join(f"{k} {', '.join(v)}" for k, v in report["runs"].items() if v))
+    if report.get("models"):
+        out.append("model: " + "; ".join(f"{t} {m}" for t, m in report["models"].items()))
+    for metric, settings in (report.get("settings") or {}).items():
+        if settings:
+            out.append(f"{METRIC_NAMES.get(metric, metric)}: {' | '.join(settings)}")
+    return out
+
+
+def _markdown(reports: list[dict], labels: list[str], rows: list[dict], metrics: list[str], together: list[str],
+              dropped: list[dict] = ()) -> str:
     lines = ["# flatfl contrast", ""]
-    lines += [f"- **{label}** ({r['folder']}): {r['scale']}" for label, r in zip(labels, reports)]
-    lines += ["", "Each cell: the change compared - reference in % of the reference, its paired 95% t interval over "
-              "seeds (where the report has one), and that report's verdict on the paper's direction. Nothing is "
-              "recomputed here: each report's numbers are its own.", ""]
+    for label, r in zip(labels, reports):
+        lines.append(f"- **{label}** ({r['folder']}): {r['scale']}")
+        lines += [f"  - {line}" for line in settings_lines(r)]
+    lines += ["", "Each cell: the change compared - reference in % of the reference, over the seeds of its paired 95% "
+              "t interval where the report has one (then the interval; the change of the means over all seeds in "
+              "parentheses where it differs), else the change of the means, and that report's verdict on the "
+              "paper's direction. Nothing is recomputed here: each report's numbers are its own.", ""]
     lines += ["## What the reports show together", ""]
     lines += [f"- {s}" for s in together]
+    if dropped:
+        lines += ["", "## Comparisons not in every report (dropped)", "",
+                  "| table | comparison | partition | metric | held by |", "|---|---|---|---|---|"]
+        lines += [f"| {d['table']} | {d['compared']} vs {d['reference']} | {d['partition']} | {d['metric']} | "
+                  f"{', '.join(d['held_by'])} |" for d in dropped]
     lines += _values_markdown(reports, labels)
     for metric in metrics:
         lines += ["", f"## {METRIC_NAMES.get(metric, metric)}", "",
@@ -276,8 +225,9 @@ def _values_markdown(reports: list[dict], labels: list[str]) -> list[str]:
     return lines
 
 
-_CSV_COLUMNS = list(_KEY) + ["report", "ours_reference", "ours_compared", "ours_change_pct", "ci_low_pct",
-                             "ci_high_pct", "paired_seeds", "verdict", "paper_change_pct"]
+_CSV_COLUMNS = list(_KEY) + ["report", "ours_reference", "ours_compared", "ours_change_pct", "change_over",
+                             "ci_low_pct", "ci_high_pct", "all_seeds_change_pct", "paired_seeds", "verdict",
+                             "paper_change_pct"]
 
 
 def write_contrast(folders, out, labels=None) -> dict:
@@ -298,15 +248,18 @@ def write_contrast(folders, out, labels=None) -> dict:
         raise ConfigError("these reports share no comparison (same table, partition, pair and metric)")
     metrics = list(dict.fromkeys(r["metric"] for r in rows))
     together = _paragraph(rows, labels, metrics)
-    summary = {"reports": [{"label": label, "folder": r["folder"], "scale": r["scale"]}
+    dropped = dropped_comparisons(reports, labels)
+    summary = {"reports": [{"label": label, "folder": r["folder"], "scale": r["scale"], "models": r["models"],
+                            "settings": r["settings"], "runs": r["runs"]}
                            for label, r in zip(labels, reports)],
                "comparisons": len(rows) // len(labels),
+               "dropped": dropped,
                "counts": {label: {m: _counts(rows, label, m) for m in metrics} for label in labels},
                "together": together,
                "files": ["contrast.csv", "contrast.md", "contrast.json"]}
     out = Path(out)
     with folder_lock(out):
         atomic_write_many({out / "contrast.csv": csv_text(rows, _CSV_COLUMNS),
-                           out / "contrast.md": _markdown(reports, labels, rows, metrics, together),
+                           out / "contrast.md": _markdown(reports, labels, rows, metrics, together, dropped),
                            out / "contrast.json": json.dumps(summary, indent=2) + "\n"})
     return summary

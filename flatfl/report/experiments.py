@@ -3,17 +3,23 @@ differ in the method only.
 
 The rule is the project's one (:mod:`flatfl.utils.run_identity`, :func:`flatfl.train.identity.experiment_settings`):
 settings that change no number (:data:`NEUTRAL_SETTINGS`) do not split an experiment and are shown where seeds
-differ in them; any other setting does.
+differ in them; any other setting does, and so do the network and data of the user's that a run records beside
+its settings (:func:`run_identity`: their class, factory, structure and data digest). What a run's analyses were
+measured with (model, estimator, samples, split, loss) is each value's own setting
+(:meth:`flatfl.report.records.RunRecord.setting`): values of other settings are never averaged in a row, and a pair
+of them is marked 'incomparable' (:mod:`.verdicts`).
 """
 from __future__ import annotations
+
+import re
 
 from ..errors import ConfigError
 from ..paper_tables import TableSpec
 from ..train.identity import experiment_settings
 from ..utils.run_identity import NO_NUMBER_SETTINGS
 
-__all__ = ["NEUTRAL_SETTINGS", "training_settings", "shown_value", "neutral_differences", "one_run_per_seed",
-           "check_same_settings", "method_keys", "settings_differences"]
+__all__ = ["NEUTRAL_SETTINGS", "training_settings", "run_identity", "shown_value", "neutral_differences",
+           "one_run_per_seed", "check_same_settings", "method_keys", "settings_differences"]
 
 #: run settings that change no number beyond rounding (:mod:`flatfl.utils.run_identity`): runs differing only in
 #: these are seeds of one experiment; the differences are shown.
@@ -22,10 +28,30 @@ _NEUTRAL_SHOWN = tuple(k for k in NEUTRAL_SETTINGS if k not in ("out", "quiet"))
 _METHOD_KEYS = ("algo", "local_opt", "reg")
 #: what decides a run's numbers besides its seed (:func:`flatfl.train.identity.experiment_settings`)
 training_settings = experiment_settings
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def run_identity(run) -> dict | None:
+    """What decides a run's numbers besides its seed: :func:`training_settings` of its config with the network and
+    data it records (a :class:`~.records.RunRecord`'s ``identity``); None for a run without a config."""
+    if not isinstance(getattr(run, "config", None), dict):
+        return None
+    identity = getattr(run, "identity", None)
+    if isinstance(identity, dict):
+        return identity
+    return training_settings(run.config, network=getattr(run, "network", None), data=getattr(run, "data", None),
+                             data_digest=getattr(run, "data_digest", None))
 
 
 def shown_value(v) -> str:
+    """A setting as messages show it: 'default' for None, floats as %g, a sha256 by its first 12 digits."""
+    if isinstance(v, str) and _DIGEST.fullmatch(v):
+        return v[:12]
     return "default" if v is None else format(v, "g") if isinstance(v, float) else str(v)
+
+
+def _shown_repr(v) -> str:
+    return v[:12] if isinstance(v, str) and _DIGEST.fullmatch(v) else repr(v)
 
 
 def neutral_differences(runs) -> str:
@@ -61,12 +87,12 @@ def check_same_settings(spec: TableSpec, method: str, part: str, runs) -> None:
     lr, round count, client count...) than the row's first, naming the settings and both settings digests."""
     from ..utils.provenance import json_digest, short
 
-    configs = [(r, training_settings(r.config)) for r in runs if isinstance(getattr(r, "config", None), dict)]
+    configs = [(r, run_identity(r)) for r in runs if isinstance(getattr(r, "config", None), dict)]
     for r, cfg in configs[1:]:
         first, base = configs[0]
         changed = sorted(k for k in set(base) | set(cfg) if base.get(k) != cfg.get(k))
         if changed:
-            shown = ", ".join(f"{k} {base.get(k)!r} vs {cfg.get(k)!r}" for k in changed[:3])
+            shown = ", ".join(f"{k} {_shown_repr(base.get(k))} vs {_shown_repr(cfg.get(k))}" for k in changed[:3])
             raise ConfigError(f"{spec.key} row {method} {part}: {first.name} and {r.name} were trained with other "
                               f"settings ({shown}; settings sha256 {short(json_digest(base))} vs "
                               f"{short(json_digest(cfg))}) and cannot be averaged as seeds; report them separately")

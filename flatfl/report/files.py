@@ -68,7 +68,8 @@ def run_rows(records) -> list[dict]:
         rows.append({
             "run": r.name, "method": r.method, "partition": r.partition, "dataset": r.dataset, "seed": r.seed,
             "hessian_model": MODEL_NAMES[r.model], "hessian_dir": r.hessian_dir,
-            "model": r.config.get("model") or "default", "clients": r.config.get("clients"),
+            "model": getattr(r, "network_label", None) or r.config.get("model") or "default",
+            "clients": r.config.get("clients"),
             "rounds": r.config.get("rounds"), "rounds_done": r.rounds_done, "finished": r.finished,
             "test_acc": r.accuracy("test_acc"), "all_test_acc": r.accuracy("all_test_acc"),
             "top_eigenvalue": r.value("top_eigenvalue"), "trace": r.value("trace"), "trace_stderr": r.stderr("trace"),

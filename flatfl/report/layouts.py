@@ -96,12 +96,14 @@ def scale_label(records) -> str:
 
     from ..train.config import RunConfig
 
-    models = sorted({RunConfig.from_dict(r.config).resolved_model()
+    models = sorted({getattr(r, "network_label", None) or RunConfig.from_dict(r.config).resolved_model()
                      + (f" {r.config['model_args']}" if r.config.get("model_args") else "") for r in records})
     model = "/".join(models)
     part = one("participation", lambda p: f"{100 * float(p):g}%")
     seeds = sorted({r.seed for r in records})
-    return (f"ours: {one('dataset')}, {model}, {one('clients')} clients, {part} participation "
+    datasets = sorted({r.dataset if str(r.dataset).startswith("custom") else str(r.config.get("dataset"))
+                       for r in records}, key=str)
+    return (f"ours: {'/'.join(datasets)}, {model}, {one('clients')} clients, {part} participation "
             f"({one('sampling')}), {one('rounds')} rounds x {one('local_epochs')} local epochs, "
             f"{len(seeds)} seed(s); {training_path_label(records)}")
 
@@ -147,11 +149,15 @@ def _run_differences(paper_run: dict, runs) -> list[str]:
     for key, want in paper_run.items():
         if key in _BOOKKEEPING:
             continue
-        if key == "model":
-            got = _shown(RunConfig.from_dict(r.config).resolved_model() for r in runs)
-            args = _shown(str(r.config.get("model_args") or "") for r in runs)
+        if key == "model":  # a network of the user's by its record (config.json's model), else by the settings
+            got = _shown(getattr(r, "network_label", None) or RunConfig.from_dict(r.config).resolved_model()
+                         for r in runs)
+            args = _shown(str(r.config.get("model_args") or "") for r in runs if not getattr(r, "network_label", None))
             if args:
                 got += f" {args}"
+        elif key == "dataset":  # data of the user's by its record, else by the settings
+            got = _shown(r.dataset if str(getattr(r, "dataset", "")).startswith("custom") else r.config.get(key)
+                         for r in runs)
         else:
             got = _shown(r.config.get(key) for r in runs)
         if got != str(want):

@@ -44,12 +44,14 @@ def _folder_tag(asked: dict) -> str:
 
 
 def settings_ok(asked: dict):
-    """A test of a hessian.json's settings against the asked ones; None when nothing is asked."""
+    """A test of a hessian.json's settings against the asked ones (and of the default split and loss, which the
+    report cannot ask otherwise); None when nothing is asked."""
     from ..runs import settings_match
+    from .records import measures_defaults
 
     if not asked:
         return None
-    return lambda h: settings_match(h.get("settings"), asked)
+    return lambda h: settings_match(h.get("settings"), asked) and measures_defaults(h)
 
 
 def _analysis_folder(rec, asked: dict, need: list[str]) -> tuple[str, list[str]]:

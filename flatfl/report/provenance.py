@@ -11,12 +11,14 @@ from .run_files import MODELS, RECOMPUTE_HINT, analysis_model, measured_round
 __all__ = ["check_provenance", "recorded_versions", "check_runs_belong_together", "version_notices"]
 
 
-def check_provenance(d: Path, cfg: dict, rounds_done: int, analyses: dict, clients_all: dict) -> dict:
+def check_provenance(d: Path, cfg: dict, rounds_done: int, analyses: dict, clients_all: dict, *,
+                     network: dict | None = None) -> dict:
     """Every result of a finished run checked against the run it sits in (one ConfigError line naming both
     digests otherwise): config.json's training settings are final.pt's (a hand-edited config.json would file the
-    run under another algorithm), metrics.csv reaches final.pt's round (a truncated one would pair an early
-    accuracy with a later Hessian), and each hessian.json, clients-*.json and surface.json measured the weights of
-    the model it names (not another run's, copied in). Returns {'server': digest, 'clients-average': digest}."""
+    run under another algorithm), its record of a network of the user's (``network``: class, factory, structure)
+    is final.pt's, metrics.csv reaches final.pt's round (a truncated one would pair an early accuracy with a later
+    Hessian), and each hessian.json, clients-*.json and surface.json measured the weights of the model it names
+    (not another run's, copied in). Returns {'server': digest, 'clients-average': digest}."""
     from ..analysis.result_files import read_surface_file
     from ..checkpoint import read_checkpoint
     from ..runs import MODEL_CHECKPOINTS, analysis_dir
@@ -32,6 +34,15 @@ def check_provenance(d: Path, cfg: dict, rounds_done: int, analyses: dict, clien
         shown = ", ".join(f"{k} {cfg.get(k)!r} (final.pt: {trained.get(k)!r})" for k in changed[:3])
         raise ConfigError(f"{d / 'config.json'} does not describe the run final.pt holds ({shown}; run settings "
                           f"sha256 {short(settings_digest(cfg))} vs {short(settings_digest(trained))}): it was "
+                          "edited; restore it")
+    from ..train.identity import network_identity
+
+    ours, theirs = network_identity(network), network_identity(payload.get("model_spec"))
+    edited = [k for k in ours if k in theirs and ours[k] != theirs[k] and theirs[k] is not None]
+    if edited:
+        shown = ", ".join(f"{k} {short(ours[k]) if k == 'model_structure' else repr(ours[k])} (final.pt: "
+                          f"{short(theirs[k]) if k == 'model_structure' else repr(theirs[k])})" for k in edited)
+        raise ConfigError(f"{d / 'config.json'} does not describe the network final.pt holds ({shown}): it was "
                           "edited; restore it")
     if rounds_done < payload["round"]:
         raise ConfigError(f"{d / 'metrics.csv'} stops at round {rounds_done} but final.pt is of round "

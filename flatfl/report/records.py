@@ -16,12 +16,16 @@ from typing import Callable
 from ..errors import ConfigError, unknown_name
 from ..train.catalog import display_name
 from ..train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
+from ..train.identity import data_identity
 from .provenance import check_provenance, check_runs_belong_together, recorded_versions
 from .run_files import (MODEL_ACCURACY, MODEL_NAMES, MODELS, analysis_model, clients_results, measured_round,
                         protocol_order, read_analyses, read_metrics)
 
 __all__ = ["RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_label", "partition_label",
-           "choose_clients_protocol"]
+           "choose_clients_protocol", "own_data_digest", "DEFAULT_SPLIT"]
+
+DEFAULT_SPLIT = "train"  # the split a Hessian is measured on unless --split says otherwise
+_DEFAULT_LOSSES = (None, "cross_entropy")  # how hessian.json records the default loss (none given: cross-entropy)
 
 CROSS_CLIENT = {"hessian_norm_gap": "H_N", "hessian_direction": "H_D"}  # metric -> key in a clients result
 
@@ -81,6 +85,24 @@ class RunRecord:
     training_path: dict = field(default_factory=dict)  # config.json's record of how it trained (device, clients at once)
     weights_sha256: str | None = None  # the digest of final.pt's weights (a finished run)
     versions: dict = field(default_factory=dict)  # (flatfl, torch) -> what was made with them ('training', ...)
+    network: dict | None = None  # config.json's record of the network ('model': a custom network's class, structure)
+    data: dict | None = None  # config.json's record of the data ('dataset': custom, the file saved)
+    data_digest: str | None = None  # of the own data saved with the run (data.pt; :func:`own_data_digest`)
+
+    @property
+    def identity(self) -> dict:
+        """What decides this run's numbers besides its seed (:func:`flatfl.train.identity.experiment_settings`, the
+        network and data of the user's by their records)."""
+        from ..train.identity import experiment_settings
+
+        return experiment_settings(self.config, network=self.network, data=self.data, data_digest=self.data_digest)
+
+    @property
+    def network_label(self) -> str | None:
+        """'custom my_models.Net' for a network of the user's; None for flatfl's own (its settings name it)."""
+        from ..train.identity import network_identity
+
+        return network_identity(self.network).get("model")
 
     @property
     def name(self) -> str:
@@ -111,12 +133,14 @@ class RunRecord:
             raise unknown_name("model", model, MODELS)
         self.model = model
         names = [n for n in self.candidates(model) if settings_ok is None or settings_ok(self.analyses[n])]
-        # the table needs a top eigenvalue and a trace: prefer an analysis that has both
-        names.sort(key=lambda n: not (self.analyses[n].get("top_eigenvalues")
-                                      and (self.analyses[n].get("trace") or {}).get("estimate") is not None))
+        # an analysis of the default split and loss first (the one other runs' are comparable with), then one
+        # with a top eigenvalue and a trace, which the table needs
+        names.sort(key=lambda n: (not measures_defaults(self.analyses[n]),
+                                  not (self.analyses[n].get("top_eigenvalues")
+                                       and (self.analyses[n].get("trace") or {}).get("estimate") is not None)))
         self.hessian = self.analyses[names[0]] if names else None
         self.hessian_path = self.run_dir / names[0] / "hessian.json" if names else None
-        spec = self.candidates(model, "spectrum")
+        spec = sorted(self.candidates(model, "spectrum"), key=lambda n: not measures_defaults(self.analyses[n]))
         self.spectrum = self.analyses[spec[0]] if spec else None
         surface = self.run_dir / analysis_dir("surface", model) / "surface.npz"
         self.surface_path = surface if surface.is_file() else None
@@ -189,18 +213,74 @@ class RunRecord:
             return None
         s = h.get("settings") or {}
         how = s.get("method", "?") if metric == "top_eigenvalue" else s.get("trace_method", "?")
-        return f"{MODEL_NAMES[self.model]}, {how}, {h.get('num_samples', '?')} samples"
+        return f"{MODEL_NAMES[self.model]}, {how}, {h.get('num_samples', '?')} samples{data_setting(s)}"
+
+
+def data_setting(settings: dict) -> str:
+    """What of a Hessian's settings changes what it measures besides the model, method and sample count, as the
+    end of :meth:`RunRecord.setting`: ', test split' (another split than :data:`DEFAULT_SPLIT`), ', train mode' (not
+    the evaluation mode), ', loss M:F' (a loss of the user's); '' for the defaults."""
+    out = ""
+    split = settings.get("split", DEFAULT_SPLIT)
+    if split not in (None, DEFAULT_SPLIT):
+        out += f", {split} split"
+    if settings.get("mode") not in (None, "eval"):
+        out += f", {settings['mode']} mode"
+    if settings.get("loss") not in _DEFAULT_LOSSES:
+        out += f", loss {settings['loss']}"
+    return out
+
+
+def measures_defaults(h: dict | None) -> bool:
+    """A hessian.json measured on the default split with the default loss (the one a preset asks for)."""
+    return data_setting((h or {}).get("settings") or {}) == ""
+
+
+_DATA_DIGESTS: dict = {}
+
+
+def own_data_digest(path: Path) -> str | None:
+    """sha256 of the own data a run saved (``data.pt``: its four tensors, then its other fields as JSON), None
+    without the file; a damaged one is one ConfigError line. Kept per (path, size, mtime) within a process."""
+    from ..utils.provenance import json_digest, state_digest
+
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _DATA_DIGESTS:
+        import torch
+
+        try:
+            d = torch.load(path, map_location="cpu", weights_only=True)
+            tensors = {k: d[k] for k in ("train_x", "train_y", "test_x", "test_y")}
+            if not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+                raise TypeError
+        except Exception:
+            raise ConfigError(f"{path} is not a readable flatfl data file: the run's data cannot be identified; "
+                              "restore it") from None
+        rest = {k: v for k, v in d.items() if k not in tensors and k not in ("name", "class_names")}
+        _DATA_DIGESTS[key] = json_digest([state_digest(tensors), rest])
+    return _DATA_DIGESTS[key]
 
 
 def _read_config(d: Path) -> dict:
     f = d / "config.json"
     if not f.is_file():
         raise ConfigError(f"{d} is not a flatfl run directory (no config.json)")
+    from .bounded import check_depth
+
     try:
         info = json.loads(f.read_text())
         info["config"]
+    except RecursionError:
+        raise ConfigError(f"{f}: JSON nested too deeply to be a flatfl run config") from None
     except Exception:
         raise ConfigError(f"{f} is not a readable flatfl run config") from None
+    check_depth(info, f)
+    if not isinstance(info["config"], dict):
+        raise ConfigError(f"{f} is not a readable flatfl run config (its 'config' is not a table)")
     return info
 
 
@@ -227,9 +307,14 @@ def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
              if final_round is not None and measured_round(h) not in (None, final_round)}
     analyses = {n: h for n, h in analyses.items() if n not in stale}
     clients_all = clients_results(d, analyses, final_round)
-    digests = check_provenance(d, cfg, rounds_done, analyses, clients_all)
+    network = info.get("model") if isinstance(info.get("model"), dict) else None
+    data = info.get("dataset") if isinstance(info.get("dataset"), dict) else None
+    digests = check_provenance(d, cfg, rounds_done, analyses, clients_all, network=network)
+    own = data_identity(data, None)
+    digest = own_data_digest(d / "data.pt") if own and not isinstance(data.get("sha256"), str) else None
     rec = RunRecord(run_dir=d, config=cfg, method=method_label(cfg), partition=partition_label(cfg),
-                    dataset=str(cfg.get("dataset", "?")), seed=int(cfg.get("seed", 0)),
+                    dataset=own.get("dataset") or str(cfg.get("dataset", "?")), seed=int(cfg.get("seed", 0)),
+                    network=network, data=data, data_digest=digest,
                     rounds_done=rounds_done, curve=curve, analyses=analyses,
                     clients_all=clients_all, stale=stale, tracking=tracking, training_path=path,
                     weights_sha256=digests.get("server"),

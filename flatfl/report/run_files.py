@@ -6,8 +6,9 @@ The folder names are :mod:`flatfl.runs`'s; the file formats are read by :mod:`fl
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
+
+from ..errors import ConfigError
 
 __all__ = ["MODELS", "MODEL_NAMES", "MODEL_ACCURACY", "RECOMPUTE_HINT", "CLIENTS_PREFERENCE", "analysis_model",
            "measured_round", "read_metrics", "read_analyses", "clients_results", "protocol_order",
@@ -41,18 +42,23 @@ def measured_round(data: dict | None) -> int | None:
 
 def read_metrics(path: Path) -> list[dict]:
     """metrics.csv's rows, every value a float (None where empty or not a number); [] without the file."""
+    from .bounded import csv_rows
+
     if not path.is_file():
         return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text; the file is damaged or not flatfl's") from None
     rows = []
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            parsed = {}
-            for k, v in row.items():
-                try:
-                    parsed[k] = float(v) if v not in ("", None) else None
-                except ValueError:
-                    parsed[k] = None
-            rows.append(parsed)
+    for _, row in csv_rows(text, path)[1]:  # a field over the bound is one line naming the file
+        parsed = {}
+        for k, v in row.items():
+            try:
+                parsed[k] = float(v) if isinstance(v, str) and v != "" else None
+            except ValueError:
+                parsed[k] = None
+        rows.append(parsed)
     return rows
 
 

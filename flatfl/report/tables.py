@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..paper_tables import TableSpec
 from .experiments import (NEUTRAL_SETTINGS, check_same_settings, neutral_differences, one_run_per_seed,
-                          settings_differences, training_settings)
+                          run_identity, settings_differences, training_settings)
 from .layouts import (METRIC_NAMES, TABLES, fills, matching_tables, model_for, paper_differences, paper_lookup,
                       paper_values, scale_label, tables_for)
 from .records import RunRecord, collect_runs, find_run_dirs, load_run, method_label, partition_label
@@ -63,7 +63,7 @@ class TableRow:
     unfinished: str  # runs not finished (in no column), with their rounds
     same_seed_left_out: str  # second runs of a seed (counted once)
     settings_not_changing_numbers: str  # settings that change no number in which the runs differ
-    training: dict | None = None  # the settings the row's runs were trained with (training_settings)
+    training: dict | None = None  # what decides the row's runs' numbers besides the seed (run_identity)
     cells: dict[str, MetricCell] = field(default_factory=dict)
 
     def cell(self, metric: str) -> MetricCell:
@@ -138,8 +138,7 @@ def _row(spec: TableSpec, method: str, part: str, records, common: dict, paper: 
                              f"{(getattr(r, 'config', None) or {}).get('rounds', '?')} rounds)" for r in unfinished),
         same_seed_left_out="; ".join(f"{r.name} (seed {r.seed}, as {k.name})" for r, k in same_seed),
         settings_not_changing_numbers=neutral_differences(runs),
-        training=(training_settings(runs[0].config)
-                  if runs and isinstance(getattr(runs[0], "config", None), dict) else None),
+        training=run_identity(runs[0]) if runs else None,
         cells={m: _metric_cell(runs, m, common[m], paper.get((spec.paper_name(method), part, m)))
                for m in spec.metrics})
 

@@ -1,0 +1,84 @@
+"""Reading the files a report is made of, bounded: a CSV field or a JSON nesting that no flatfl file holds is one
+ConfigError line naming the file, never a crash of the reader.
+
+* CSV: Python's csv module refuses fields over 131,072 characters by default, yet flatfl writes longer ones itself
+  (a table row's ``runs``: the names of every run it averages). :func:`csv_rows` reads with a limit of
+  :data:`MAX_FIELD_CHARS` (far above what flatfl writes, and below the file sizes readers accept) and restores the
+  process's limit afterwards.
+* JSON: :func:`loads` refuses a nesting deeper than :data:`MAX_JSON_DEPTH` (flatfl's files nest a few levels), both
+  where the parser itself would run out of stack and where it would parse but a later reader would recurse.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import ConfigError
+
+__all__ = ["MAX_FIELD_CHARS", "MAX_JSON_DEPTH", "field_limit", "csv_rows", "loads", "check_depth"]
+
+#: the longest CSV field read (a table row naming 100,000 runs of 100 characters each fits 10 times over)
+MAX_FIELD_CHARS = 16 * 1024 * 1024
+#: the deepest JSON nesting read (flatfl's summary.json, config.json and results nest at most a handful of levels)
+MAX_JSON_DEPTH = 64
+
+
+@contextlib.contextmanager
+def field_limit(limit: int | None = None) -> Iterator[None]:
+    """csv's field size limit set to ``limit`` (default :data:`MAX_FIELD_CHARS`) inside the block, the previous one
+    restored after it."""
+    before = csv.field_size_limit(MAX_FIELD_CHARS if limit is None else limit)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(before)
+
+
+def csv_rows(text: str, path) -> tuple[list[str], list[tuple[int, dict]]]:
+    """The header and the rows (with their line numbers, counting from 2 for the first row) of CSV ``text`` read
+    from ``path``; a field over :data:`MAX_FIELD_CHARS` characters, or text csv cannot read, is one ConfigError
+    line naming the file."""
+    rows = []
+    with field_limit():
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        try:
+            fields = list(reader.fieldnames or [])
+            for row in reader:
+                rows.append((reader.line_num, row))
+        except csv.Error as e:
+            line = reader.line_num + 1  # the line being read (not yet counted)
+            if "field larger than field limit" in str(e):
+                raise ConfigError(f"{path} line {line}: a field over {csv.field_size_limit():,} characters, more than "
+                                  "flatfl writes; the file is damaged or not flatfl's") from None
+            raise ConfigError(f"{path} line {line}: not readable as CSV ({' '.join(str(e).split())[:80]})") from None
+    return fields, rows
+
+
+def check_depth(value, path, limit: int = MAX_JSON_DEPTH) -> None:
+    """ConfigError when ``value`` (parsed JSON) nests lists and objects deeper than ``limit`` (walked without
+    recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > limit:
+                raise ConfigError(f"{path}: JSON nested more than {limit} levels deep, more than flatfl writes; "
+                                  "the file is damaged or not flatfl's")
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+
+
+def loads(text: str, path: Path | str, limit: int = MAX_JSON_DEPTH):
+    """``json.loads(text)`` with its nesting bounded (:func:`check_depth`); not JSON is one ConfigError line."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested more than {limit} levels deep, more than flatfl writes; the file "
+                          "is damaged or not flatfl's") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    check_depth(value, path, limit)
+    return value
