@@ -1,7 +1,7 @@
 """One answer on every path: clients trained together give the numbers of clients trained one at a time.
 
 The cases are generated from the registries (every model of ``flatfl models``, every regularizer, algorithm and local
-optimizer: :mod:`flatfl.train.combinations`), so a model or method registered later is covered without editing this
+optimizer: ``tests/combinations.py``), so a model or method registered later is covered without editing this
 file. Each case trains the same run three times in float64: one client at a time (N = 1, the reference), all of a
 round's clients together (N = all) and two at a time (N = 2), on unequal Dirichlet partitions with Bernoulli
 participation (cohorts whose size changes from round to round, cohorts of one included), and compares the server
@@ -12,11 +12,16 @@ Which combinations: every model x regularizer x algorithm x optimizer a run admi
 runs a covering set: every pair of (model, regularizer), (model, algorithm), (model, optimizer), (regularizer,
 algorithm), (regularizer, optimizer) and (algorithm, optimizer) that a run admits is in some case, except that a
 model of over a million parameters is paired with every regularizer but not with every algorithm and optimizer,
-and trains with N = 1 and all only (:func:`flatfl.train.combinations.required_pairs`). ``FLATFL_EVERY_PATH=full`` runs every admitted combination.
-The schedule of a case (:func:`flatfl.train.combinations.case_settings`): batches of 4 without BatchNorm (unequal
+and trains with N = 1 and all only (``required_pairs`` of ``tests/combinations.py``). ``FLATFL_EVERY_PATH=full``
+runs every admitted combination.
+The schedule of a case (``case_settings`` of ``tests/combinations.py``): batches of 4 without BatchNorm (unequal
 step counts, steps that only some clients take, a batch of one sample); with BatchNorm, one step a round on each
 client's data, since deep BatchNorm networks on a few samples amplify rounding past any tolerance (a relative
 change of 1e-15 in ResNet-56's initial weights grows past 1e-2 in two rounds of small batches).
+
+The registries include an algorithm defined outside the package (``tests/external_algorithm.py``, registered
+with the public API while this module's cases are made and while its tests run): the cases pair it as they pair the
+package's own, and their ids name it.
 
 A second test is structural: for every model and every regularizer (and MOON's projection), the network of stacked
 clients hooks the same modules, by name, as the plain network.
@@ -36,13 +41,13 @@ from flatfl.models import model_names
 from flatfl.models.slimmable import Slimmable
 from flatfl.models.stacking import stacked_clients
 from flatfl.train.catalog import load_all
-from flatfl.train.combinations import (CASE_CLASSES, CASE_CLIENTS, CASE_SEED, Combination, admitted, case_data,
-                                       case_settings, differences, every_combination, factors, pairs_held,
-                                       large_model, pairwise_combinations, required_pairs, smallest_input,
-                                       train_case)
+from combinations import (CASE_CLASSES, CASE_CLIENTS, CASE_SEED, Combination, admitted, case_data, case_settings,
+                          differences, every_combination, factors, pairs_held, large_model, pairwise_combinations,
+                          required_pairs, smallest_input, train_case)
 from flatfl.train.components import REGULARIZERS
 from flatfl.train.config import RunConfig
 from flatfl.train.engine import Trainer
+from external_algorithm import ProxServerStep, registered
 
 load_all()
 RTOL = 1e-9
@@ -62,16 +67,28 @@ def settings(model: str, reg: str, algo: str, opt: str) -> dict:
 
 
 def cases() -> list[Combination]:
-    if os.environ.get("FLATFL_EVERY_PATH") == "full":
-        return every_combination()
-    return pairwise_combinations()
+    """The cases, read off the registries with the outside algorithm registered."""
+    with registered():
+        if os.environ.get("FLATFL_EVERY_PATH") == "full":
+            return every_combination()
+        return pairwise_combinations()
+
+
+CASES = cases()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def outside_algorithm():
+    """The outside algorithm registered while this module's tests run (taken out after)."""
+    with registered():
+        yield
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-@pytest.mark.parametrize("case", cases(), ids=lambda c: c.label)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
 def test_clients_together_give_the_numbers_of_one_at_a_time(tmp_path, case):
     try:
         one = train_case(case, tmp_path / "one", 1)
@@ -97,6 +114,18 @@ def test_the_cases_cover_every_registered_name():
         assert {c[i] for c in chosen} == set(names)
     assert pairs_held(chosen) >= required_pairs(every_combination())
     assert len(chosen) < len(every_combination()) / 5
+
+
+def test_an_algorithm_defined_outside_the_package_is_among_the_cases():
+    """The outside algorithm is in the registries and in the cases the differential test runs (their ids name it),
+    paired with every regularizer and local optimizer a run admits with it."""
+    assert "proxstep" in factors()[2]
+    ours = [c for c in CASES if c.algo == ProxServerStep.name]
+    assert ours and all("-proxstep-" in c.label for c in ours)
+    held = pairs_held(CASES)
+    for reg in factors()[1]:
+        if admitted(Combination("tiny", reg, "proxstep", "sgd")):
+            assert ((1, reg), (2, "proxstep")) in held
 
 
 # ----- the structure: what is hooked -----

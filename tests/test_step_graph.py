@@ -6,7 +6,7 @@ those semantics (:class:`graph_replay.RecordedStep`: recorded operations rerun o
 rerun; random numbers drawn anew), put in place of the CUDA recorder for the ``cpu`` device type:
 
 * for every algorithm, regularizer, local optimizer and model of the registries
-  (:func:`flatfl.train.combinations.step_graph_combinations`), a run with replayed steps gives exactly, to the last
+  (``step_graph_combinations`` of ``tests/combinations.py``), a run with replayed steps gives exactly, to the last
   bit, the numbers of the same run stepped eagerly (float64, a cohort of 5 clients, full steps replayed between
   partial eager ones), and the steps were replayed unless a piece draws random numbers at every step (then the
   run says so in one line);
@@ -25,8 +25,8 @@ from click.testing import CliRunner
 import flatfl.train.step_graph as step_graph
 from flatfl.cli import main
 from flatfl.errors import ConfigError
-from flatfl.train.combinations import (CASE_CLASSES, case_data, differences, smallest_input,
-                                       step_graph_combinations, step_graph_settings, train_case)
+from combinations import (CASE_CLASSES, case_data, differences, smallest_input, step_graph_combinations,
+                          step_graph_settings, train_case)
 from flatfl.train.config import RunConfig
 from flatfl.train.engine import Trainer
 from flatfl.train.step_graph import GraphedSteps, StepProbe
@@ -66,7 +66,7 @@ def test_replayed_steps_give_the_eager_numbers(tmp_path, case, replay_on_cpu):
 
 
 def test_the_cases_hold_every_registered_piece():
-    from flatfl.train.combinations import factors, large_model
+    from combinations import factors, large_model
 
     models, regs, algos, opts = factors()
     cases = step_graph_combinations()
@@ -164,7 +164,7 @@ def test_cuda_graphs_on_a_cpu_run_is_one_line(tmp_path):
 
 
 def test_augmentation_trains_eagerly_with_a_notice(tmp_path, replay_on_cpu):
-    from flatfl.train.combinations import Combination
+    from combinations import Combination
 
     case = Combination("tiny", "none", "fedavg", "sgd")
     lines: list[str] = []
@@ -186,7 +186,7 @@ PAPER_METHODS = [("cifar-cnn", "none", "fedavg", "sgd"), ("cifar-cnn", "man", "f
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("case", PAPER_METHODS, ids="-".join)
 def test_cuda_graphs_give_the_eager_numbers_on_cuda(tmp_path, case):
-    from flatfl.train.combinations import Combination
+    from combinations import Combination
 
     c = Combination(*case)
     eager = train(c, tmp_path / "eager", graphs=False, device="cuda")
@@ -201,7 +201,7 @@ def test_the_report_scale_line_says_steps_were_graphs(tmp_path, replay_on_cpu):
     import json
 
     from flatfl.report.tables import load_run, scale_label
-    from flatfl.train.combinations import Combination
+    from combinations import Combination
 
     settings = dict(step_graph_settings(Combination("tiny", "man", "fedavg", "sgd")), rounds=1, eval_every=1,
                     checkpoint_every=1)

@@ -5,8 +5,8 @@ resolution. A stacked network (:mod:`flatfl.models.stacking`) runs M clients sid
 :meth:`Canvas.slots` runs n sub-networks of each of them, n * M *slots* (slot t * M + k is client k's t-th
 sub-network), in one pass:
 
-* the stacked convolutions and the classifier use each client's weights once per sub-network (their ``repeats``),
-  so a slot's gradient reaches its client's weights;
+* the stacked convolutions and the classifier use each client's weights once per sub-network (:class:`Repeated`,
+  their adapter for the pass), so a slot's gradient reaches its client's weights;
 * each slot's images, resized to the slot's size r (bilinear, ``align_corners=True``, as one product with an r x s
   interpolation matrix on each side), sit in the top-left r x r corner of an s x s canvas, zeros elsewhere;
 * a zero-padded convolution whose input is zero outside the slot's corner computes, inside the corner of its output
@@ -14,7 +14,7 @@ sub-network), in one pass:
   reads a zero where the small image reads padding. So does the stem's max-pool, which follows a ReLU (its inputs
   are >= 0, so a zero never exceeds a window's maximum); its output is then zeroed outside its corner;
 * each BatchNorm normalises a slot with the statistics of the slot's corner and zeroes everything outside it, and
-  the channels beyond the slot's width (:class:`~flatfl.models.stacking.NormRegion`), so the next convolution
+  the channels beyond the slot's width (:class:`NormRegion`, its adapter for the pass), so the next convolution
   again reads zeros;
 * the global average pool scales the canvas mean by canvas area / corner area.
 
@@ -28,17 +28,75 @@ followed by a BatchNorm, max-pooling only after a ReLU and pooling only global.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 from typing import Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .resnet import ResidualBlock, ResNet
 from .slimmable import slim_channels
-from .stacking import (NormRegion, StackedBatchNorm2d, StackedConv2d, StackedGroupNorm, StackedLinear,
-                       stacked_clients)
+from .stacking import StackedBatchNorm2d, StackedConv2d, StackedGroupNorm, StackedLinear, stacked_clients
+
+
+class Repeated:
+    """The adapter (:class:`~flatfl.models.stacking.LayerAdapter`) of a stacked convolution or linear layer that
+    runs each client's weights ``repeats`` times side by side: the layout of repeats * N clients whose block
+    t * N + k is client k's. Full width only."""
+
+    def __init__(self, repeats: int):
+        self.repeats = repeats
+
+    def weights(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer's (N*out, ...) or (N, ...) weight and bias as ``repeats`` copies of all N clients' blocks."""
+        if layer.width != 1.0:
+            raise RuntimeError("a stacked layer repeats its clients' weights at full width only")
+        w, b = layer.weight, layer.bias
+        return (w.repeat(self.repeats, *[1] * (w.dim() - 1)),
+                None if b is None else b.repeat(self.repeats, *[1] * (b.dim() - 1)))
+
+    def __call__(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weights(layer)
+        if isinstance(layer, StackedLinear):
+            return layer.product(x, weight, bias)
+        n = layer.weight.shape[0] // layer.out_channels
+        return F.conv2d(x, weight, bias, layer.stride, layer.padding, layer.dilation, layer.groups * n * self.repeats)
+
+
+@dataclasses.dataclass
+class NormRegion:
+    """The adapter (:class:`~flatfl.models.stacking.LayerAdapter`) of a stacked BatchNorm in a pass of J slots:
+    slot j's valid corner of the (H, W) map and its active channels. Masks broadcast over (B, J, C, H, W) or
+    (B, J*C, H, W).
+
+    Each slot is normalised with the batch statistics of its valid corner alone, running statistics untouched, and
+    its output is zero outside that corner and beyond its width. With rho the canvas area over the corner's, the
+    input z = sqrt(rho) x inside the corner and sqrt(rho) times the corner's mean outside has canvas mean
+    sqrt(rho) mean(x) and canvas variance var(x) (over the corner), so torch's batch norm of z with weight
+    gamma / sqrt(rho) is the corner's own normalisation, eps included. The fill value is computed from x, so
+    autograd differentiates the corner's normalisation exactly."""
+    inside: torch.Tensor  # (1, J, 1, H, W): sqrt(rho_j) inside slot j's corner, 0 outside
+    outside: torch.Tensor  # (1, J, 1, H, W): 1 outside the corner, 0 inside
+    rho: torch.Tensor  # (J, 1): canvas area / corner area
+    root: torch.Tensor  # (J, 1): sqrt(rho)
+    keep: torch.Tensor  # (1, J*C, H, W): 1 on a slot's active channels inside its corner, 0 elsewhere
+
+    def __call__(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = x.shape
+        c, j = layer.per_client, self.rho.shape[0]
+        a = x.view(b, j, c, h, w) * self.inside
+        fill = a.mean((0, 3, 4)) * self.rho  # sqrt(rho) * the corner's mean, (J, C)
+        z = torch.addcmul(a, fill.view(1, j, c, 1, 1), self.outside).view(b, j * c, h, w)
+        if layer.affine:
+            m = layer.weight.shape[0] // c  # clients; J = repeats * m slots
+            weight = (layer.weight.view(1, m, c) / self.root.view(j // m, m, 1)).reshape(-1)
+            bias = layer.bias.view(1, m, c).expand(j // m, m, c).reshape(-1)
+        else:
+            weight, bias = (1.0 / self.root).expand(j, c).reshape(-1), None
+        return F.batch_norm(z, None, None, weight, bias, True, 0.0, layer.eps) * self.keep
 
 
 def interpolation_matrix(size: int, out: int) -> torch.Tensor:
@@ -189,7 +247,7 @@ class Canvas:
             if (geo, c) not in keeps:  # channel within the slot's width and position inside its corner
                 keeps[geo, c] = ((t.arange[c].view(1, c, 1, 1) < on[c]) * masks[:, 2:3]).view(1, j * c, *geo[0])
             per_slot = (1, j, 1, *geo[0])
-            bn.region = NormRegion(inside=masks[:, 0].view(per_slot), outside=masks[:, 1].view(per_slot),
+            bn.adapter = NormRegion(inside=masks[:, 0].view(per_slot), outside=masks[:, 1].view(per_slot),
                                    rho=scales[:, 0:1], root=scales[:, 1:2], keep=keeps[geo, c])
 
         def pooled(module, args, out):  # canvas mean -> corner mean
@@ -202,15 +260,14 @@ class Canvas:
 
         handles = [p.register_forward_hook(pooled) for p in self.pools]
         handles += [p.register_forward_hook(cornered) for p in self.maxpools]
+        repeated = Repeated(n)
         for layer in self.repeated:
-            layer.repeats = n
+            layer.adapter = repeated
         try:
             interp = t.interp[pick].view(n, m, 1, 1, self.size, self.size)
             yield torch.matmul(torch.matmul(interp, x.unsqueeze(0)), interp.transpose(-1, -2)).view(j, *x.shape[1:])
         finally:
             for h in handles:
                 h.remove()
-            for layer in self.repeated:
-                layer.repeats = 1
-            for bn in self.norms:
-                bn.region = None
+            for layer in self.repeated + self.norms:
+                layer.adapter = None

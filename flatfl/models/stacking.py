@@ -15,12 +15,22 @@ conversion), so one-at-a-time training is this code with N = 1.
 
 Only flatfl's own layer types and model classes are stacked (their forward passes are known to act per channel);
 :func:`stacking_refusal` says why another network cannot be (it then trains one client at a time).
+
+Extension points (this module knows no regularizer or algorithm; those that need more of a stacked network supply
+it here):
+
+* :data:`STACKING_HOOKS` / :func:`on_stack`: functions ``hook(stacked, n)`` called on every network
+  :func:`stack_network` builds (N > 1), after its layers are stacked: what a piece must set or guard on the copy;
+* :class:`LayerAdapter`: another way to run a stacked layer for a while (``layer.adapter``), e.g. several
+  sub-networks per client in one pass (:mod:`flatfl.models.canvas`);
+* :attr:`StackedLayout.live`: the rows of a parameter that got no gradient in a backward pass, for a piece that runs
+  a part of the network for some of the clients only (the SGD step skips those rows).
 """
 from __future__ import annotations
 
 import copy
-import dataclasses
 import weakref
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -42,12 +52,12 @@ def _slim_sides(layer: nn.Module) -> tuple[bool, bool]:
     return False, False
 
 
-def _repeated(t: torch.Tensor | None, repeats: int, width: float = 1.0) -> torch.Tensor | None:
-    """A stacked weight (N*out, ...) or (N, ...) as ``repeats`` copies of all N clients' blocks, one after another
-    (the layout of repeats * N clients whose block t * N + k is client k's)."""
-    if width != 1.0:
-        raise RuntimeError("a stacked layer repeats its clients' weights at full width only")
-    return None if t is None else t.repeat(repeats, *[1] * (t.dim() - 1))
+class LayerAdapter(Protocol):
+    """Another way to run a stacked layer, for a while: set as the layer's ``adapter``, it is called as
+    ``adapter(layer, x)`` in place of the layer's own computation (reading the layer's weights, so gradients reach
+    them); ``layer.adapter = None`` restores the layer. Every stacked layer class has the slot."""
+
+    def __call__(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor: ...
 
 
 class StackedConv2d(Slimmable, nn.Module):
@@ -62,13 +72,12 @@ class StackedConv2d(Slimmable, nn.Module):
         self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().repeat(n))
         self.slim_in, self.slim_out = _slim_sides(conv)
         self.width = 1.0
-        self.repeats = 1  # each client's weights run this many times side by side (flatfl.models.canvas)
+        self.adapter: LayerAdapter | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.adapter is not None:
+            return self.adapter(self, x)
         n = self.weight.shape[0] // self.out_channels
-        if self.repeats != 1:
-            weight, bias = _repeated(self.weight, self.repeats, self.width), _repeated(self.bias, self.repeats)
-            return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups * n * self.repeats)
         if self.width == 1.0 or not (self.slim_in or self.slim_out):
             return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups * n)
         n_out, n_in = self.leading(self.out_channels, self.slim_out), self.leading(self.in_channels, self.slim_in)
@@ -94,17 +103,23 @@ class StackedLinear(Slimmable, nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().unsqueeze(0).repeat(n, 1))
         self.slim_in, self.slim_out = _slim_sides(linear)
         self.width = 1.0
-        self.repeats = 1  # each client's weights run this many times side by side (flatfl.models.canvas)
+        self.adapter: LayerAdapter | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, bias, n_in = self.weight, self.bias, self.in_features
-        if self.repeats != 1:
-            weight, bias = _repeated(weight, self.repeats, self.width), _repeated(bias, self.repeats)
-        n, b = weight.shape[0], x.shape[0]
+        if self.adapter is not None:
+            return self.adapter(self, x)
+        weight, bias = self.weight, self.bias
         if self.width != 1.0 and (self.slim_in or self.slim_out):
             n_in, n_out = self.leading(self.in_features, self.slim_in), self.leading(self.out_features, self.slim_out)
             weight = weight[:, :n_out, :n_in]
             bias = None if bias is None else bias[:, :n_out]
+        return self.product(x, weight, bias)
+
+    @staticmethod
+    def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The batched product of the clients' (N, out, in) ``weight`` and (N, out) ``bias`` with their inputs
+        (B, N*in) or (B, N, in): (B, N, out)."""
+        n, b, n_in = weight.shape[0], x.shape[0], weight.shape[2]
         xt = x.reshape(b, n, n_in).permute(1, 2, 0)  # (N, in, B)
         if bias is None:
             out = torch.bmm(weight, xt)
@@ -124,6 +139,7 @@ class StackedGroupNorm(Slimmable, nn.Module):
         self.bias = None if norm.bias is None else nn.Parameter(norm.bias.detach().repeat(n))
         self.slim = isinstance(norm, Slimmable)
         self.width = 1.0
+        self.adapter: LayerAdapter | None = None
 
     def check_width(self, width: float) -> float:
         """Validate ``width`` as the slimmable GroupNorm does (its channels must split into groups)."""
@@ -133,6 +149,8 @@ class StackedGroupNorm(Slimmable, nn.Module):
         self.width = self.check_width(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.adapter is not None:
+            return self.adapter(self, x)
         c = self.leading(self.num_channels, self.slim)
         n = x.shape[1] // c
         weight, bias = self.weight, self.bias
@@ -142,37 +160,17 @@ class StackedGroupNorm(Slimmable, nn.Module):
         return F.group_norm(x, self.num_groups * n, weight, bias, self.eps)
 
 
-@dataclasses.dataclass
-class NormRegion:
-    """Where a stacked BatchNorm's input holds data in a pass of J slots (:mod:`flatfl.models.canvas`): slot j's
-    valid corner of the (H, W) map and its active channels. Masks broadcast over (B, J, C, H, W) or (B, J*C, H, W).
-    """
-    inside: torch.Tensor  # (1, J, 1, H, W): sqrt(rho_j) inside slot j's corner, 0 outside
-    outside: torch.Tensor  # (1, J, 1, H, W): 1 outside the corner, 0 inside
-    rho: torch.Tensor  # (J, 1): canvas area / corner area
-    root: torch.Tensor  # (J, 1): sqrt(rho)
-    keep: torch.Tensor  # (1, J*C, H, W): 1 on a slot's active channels inside its corner, 0 elsewhere
-
-
 class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
     """N BatchNorms as one over N*C channels: batch statistics and running statistics per client. At width w < 1
     (a slimmable source layer) each client's leading ceil(w*C) channels, normalised as the slimmable layer does
-    (batch statistics in training, running statistics untouched).
-
-    With a :class:`NormRegion` set (``region``; several sub-networks per client at their own widths and input sizes
-    in one pass, :mod:`flatfl.models.canvas`), each slot is normalised with the batch statistics of its valid corner
-    alone, running statistics untouched, and its output is zero outside that corner and beyond its width. With
-    rho the canvas area over the corner's, the input z = sqrt(rho) x inside the corner and sqrt(rho) times the
-    corner's mean outside has canvas mean sqrt(rho) mean(x) and canvas variance var(x) (over the corner), so torch's
-    batch norm of z with weight gamma / sqrt(rho) is the corner's own normalisation, eps included. The fill value is
-    computed from x, so autograd differentiates the corner's normalisation exactly."""
+    (batch statistics in training, running statistics untouched)."""
 
     def __init__(self, norm: nn.BatchNorm2d, n: int):
         super().__init__(norm.num_features * n, norm.eps, norm.momentum, norm.affine, norm.track_running_stats)
         self.per_client = norm.num_features
         self.slim = isinstance(norm, Slimmable)
         self.width = 1.0
-        self.region: NormRegion | None = None  # see the class docstring
+        self.adapter: LayerAdapter | None = None
         with torch.no_grad():
             if norm.affine:
                 self.weight.copy_(norm.weight.repeat(n))
@@ -183,8 +181,8 @@ class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
                 self.num_batches_tracked.copy_(norm.num_batches_tracked)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.region is not None:
-            return self._in_region(x, self.region)
+        if self.adapter is not None:
+            return self.adapter(self, x)
         if self.width == 1.0 or not self.slim:
             return super().forward(x)
         c = self.leading(self.per_client)
@@ -197,20 +195,6 @@ class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
             return F.batch_norm(x, None, None, lead(self.weight), lead(self.bias), True, 0.0, self.eps)
         return F.batch_norm(x, lead(self.running_mean), lead(self.running_var), lead(self.weight), lead(self.bias),
                             False, 0.0, self.eps)
-
-    def _in_region(self, x: torch.Tensor, region: NormRegion) -> torch.Tensor:
-        b, _, h, w = x.shape
-        c, j = self.per_client, region.rho.shape[0]
-        a = x.view(b, j, c, h, w) * region.inside
-        fill = a.mean((0, 3, 4)) * region.rho  # sqrt(rho) * the corner's mean, (J, C)
-        z = torch.addcmul(a, fill.view(1, j, c, 1, 1), region.outside).view(b, j * c, h, w)
-        if self.affine:
-            m = self.weight.shape[0] // c  # clients; J = repeats * m slots
-            weight = (self.weight.view(1, m, c) / region.root.view(j // m, m, 1)).reshape(-1)
-            bias = self.bias.view(1, m, c).expand(j // m, m, c).reshape(-1)
-        else:
-            weight, bias = (1.0 / region.root).expand(j, c).reshape(-1), None
-        return F.batch_norm(z, None, None, weight, bias, True, 0.0, self.eps) * region.keep
 
 
 def stacking_refusal(model: nn.Module) -> str | None:
@@ -235,6 +219,19 @@ def stacking_refusal(model: nn.Module) -> str | None:
     return None
 
 
+#: functions ``hook(stacked, n)`` that :func:`stack_network` calls on every network it builds (N > 1), after its
+#: layers are stacked and before it is returned: what a piece whose per-client behaviour the layers cannot know must
+#: set or guard on the stacked copy (registered with :func:`on_stack`, by the module that defines the piece)
+STACKING_HOOKS: list[Callable[[nn.Module, int], None]] = []
+
+
+def on_stack(hook: Callable[[nn.Module, int], None]) -> Callable[[nn.Module, int], None]:
+    """Add ``hook`` to :data:`STACKING_HOOKS` (once); returns it, so it serves as a decorator."""
+    if hook not in STACKING_HOOKS:
+        STACKING_HOOKS.append(hook)
+    return hook
+
+
 def stack_network(model: nn.Module, n: int) -> nn.Module:
     """N copies of ``model`` as one channel-stacked network (each copy holding ``model``'s weights); ``model``
     itself when N = 1. Raise ValueError when the network cannot be stacked (:func:`stacking_refusal`)."""
@@ -252,12 +249,17 @@ def stack_network(model: nn.Module, n: int) -> nn.Module:
                 if isinstance(child, kind):
                     setattr(parent, name, cls(child, n))
                     break
-    for block in stacked.modules():  # stochastic depth needs one draw per client: StochDepth.attach supplies them
-        if isinstance(block, ResidualBlock) and block.survival < 1.0:
-            block.gate_source = _no_gate_source
+    for hook in STACKING_HOOKS:
+        hook(stacked, n)
     stacked.flatfl_stacked = n
     stacked.flatfl_source = weakref.ref(model)  # not a submodule: the plain network the copies were made from
     return stacked.train(model.training)  # the new layers start in training mode: the model's mode throughout
+
+
+def stacked_copy(model: nn.Module, n: int) -> nn.Module:
+    """N copies of ``model`` as one network that is never ``model`` itself (for N = 1 a deep copy): a network to
+    load other parameters into while ``model`` keeps its own."""
+    return copy.deepcopy(model) if n == 1 else stack_network(model, n)
 
 
 def stacked_clients(network: nn.Module) -> int:
@@ -290,11 +292,6 @@ def counterparts(network: nn.Module, modules: list[nn.Module]) -> list[nn.Module
     if missing:
         raise ValueError(f"{missing[0]} is not a registered submodule of the network")
     return [network.get_submodule(names[id(m)]) for m in modules]
-
-
-def _no_gate_source(block: nn.Module):
-    raise RuntimeError("a stacked network's stochastic-depth block ran in training mode without per-client draws "
-                       "(only --reg stochdepth supplies them)")
 
 
 def stack_inputs(x: torch.Tensor) -> torch.Tensor:
@@ -337,9 +334,9 @@ class StackedLayout:
         self.buffer_names = list(buffers)
         self.buffers = list(buffers.values())
         #: parameter index -> (N,) 0/1, 0 for the clients whose row of it got no gradient in this step's backward
-        #: pass (a stochastic-depth branch the client dropped): a client alone would have left that parameter
-        #: without a gradient and its SGD step would skip it; cleared by :meth:`grads` when a caller adds to every
-        #: gradient. A parameter not named has a gradient in every row.
+        #: pass (set by a piece that runs a part of the network for some clients only): a client alone would have
+        #: left that parameter without a gradient and its SGD step would skip it; cleared by :meth:`grads` when a
+        #: caller adds to every gradient. A parameter not named has a gradient in every row.
         self.live: dict[int, torch.Tensor] = {}
 
     def rows(self, t: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -21,11 +21,6 @@ from .optimizers import LocalOptimizer
 from .regularizers.base import Regularizer
 
 
-def local_steps(n: int, batch_size: int, epochs: int) -> int:
-    """K = E * ceil(n / B)."""
-    return epochs * math.ceil(n / batch_size)
-
-
 def batch_schedule(cctx: ClientContext, *, epochs: int, batch_size: int, steps: int | None
                    ) -> Iterator[torch.Tensor]:
     """Client ``cctx``'s local batches, one per step, as indices into its data (a host tensor), drawn lazily from
@@ -48,16 +43,13 @@ def batch_schedule(cctx: ClientContext, *, epochs: int, batch_size: int, steps: 
 
 class CohortData:
     """The training data of a cohort's clients as one tensor (their inputs side by side along the sample axis,
-    gathered once per cohort; with one client its own tensors), so that one step's batches of M clients are one
-    gather, (M, B, ...), however many clients train."""
+    gathered once per cohort), so that one step's batches of M clients are one gather, (M, B, ...), however many
+    clients train."""
 
     def __init__(self, cohort: Cohort):
         clients = cohort.clients
-        if len(clients) == 1:
-            self.x, self.y = clients[0].x, clients[0].y
-        else:
-            self.x = torch.cat([c.x for c in clients])
-            self.y = torch.cat([c.y for c in clients])
+        self.x = torch.cat([c.x for c in clients])
+        self.y = torch.cat([c.y for c in clients])
         self.offsets = np.cumsum([0] + [c.num_samples for c in clients[:-1]])
         self.device = self.x.device
 

@@ -28,16 +28,10 @@ def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return logits.gather(1, others + (others >= y.unsqueeze(1)))
 
 
-def not_true_distillation(local: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:
-    """tau^2 * mean_b KL( softmax(teacher_nt / tau) || softmax(local_nt / tau) )."""
-    log_t = F.log_softmax(not_true_logits(teacher, y) / tau, dim=1)
-    log_s = F.log_softmax(not_true_logits(local, y) / tau, dim=1)
-    return tau ** 2 * (log_t.exp() * (log_t - log_s)).sum(1).mean()
-
-
 def clients_not_true_distillation(local: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor,
                                   tau: float) -> torch.Tensor:
-    """:func:`not_true_distillation` of each client: logits (M, B, K), labels (M, B) -> (M,)."""
+    """tau^2 * mean_b KL( softmax(teacher_nt / tau) || softmax(local_nt / tau) ) of each client: logits (M, B, K),
+    labels (M, B) -> (M,)."""
     m, b, k = local.shape
     log_t = F.log_softmax(not_true_logits(teacher.reshape(m * b, k), y.reshape(-1)) / tau, dim=1)
     log_s = F.log_softmax(not_true_logits(local.reshape(m * b, k), y.reshape(-1)) / tau, dim=1)
@@ -61,6 +55,4 @@ class FedNTD(Algorithm):
             with torch.no_grad():
                 teacher = step.cohort.round.global_model(step.x.reshape(m * b, *step.x.shape[2:])).view(m, b, -1)
             cached = step.scratch["ntd_teacher"] = (step.x, teacher)
-        if local.shape[0] == 1:
-            return self.beta * not_true_distillation(local[0], cached[1][0], step.y[0], self.tau).reshape(1)
         return self.beta * clients_not_true_distillation(local, cached[1], step.y, self.tau)

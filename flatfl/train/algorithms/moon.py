@@ -28,7 +28,6 @@ CIFAR-10 README example uses 5). The MOON code's local optimizer (momentum 0.9, 
 """
 from __future__ import annotations
 
-import copy
 import weakref
 
 import torch
@@ -36,8 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...models.projection import ProjectionHeadModel
-from ...models.stacking import StackedLayout, run_rows, stack_inputs, stack_network, unstack_outputs
+from ...models.stacking import StackedLayout, run_rows, stack_inputs, stacked_copy, unstack_outputs
 from ..components import HParam
+from ..regularizers.base import per_client_cross_entropy
 from .base import Algorithm, register
 
 MoonModel = ProjectionHeadModel  # the network MOON trains (flatfl.models.projection)
@@ -46,27 +46,17 @@ MoonModel = ProjectionHeadModel  # the network MOON trains (flatfl.models.projec
 
 
 def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
-    """mean_b -log( e^{cos(z, z_glob)/tau} / (e^{cos(z, z_glob)/tau} + e^{cos(z, z_prev)/tau}) )."""
+    """mean_b -log( e^{cos(z, z_glob)/tau} / (e^{cos(z, z_glob)/tau} + e^{cos(z, z_prev)/tau}) ), one client."""
     logits = torch.stack([F.cosine_similarity(z, z_glob, dim=1), F.cosine_similarity(z, z_prev, dim=1)], 1) / tau
     return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
 
 
 def clients_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
-    """:func:`model_contrastive_loss` of each client: (M, B, d) projections -> (M,)."""
+    """Each client's mean_b -log( e^{cos(z, z_glob)/tau} / (e^{cos(z, z_glob)/tau} + e^{cos(z, z_prev)/tau}) ):
+    (M, B, d) projections -> (M,)."""
     logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)], -1) / tau
     m, b = logits.shape[:2]
-    target = torch.zeros(m * b, dtype=torch.long, device=z.device)
-    return F.cross_entropy(logits.reshape(m * b, 2), target, reduction="none").view(m, b).mean(1)
-
-
-def copy_with(frozen: nn.Module, params: dict[str, torch.Tensor]) -> nn.Module:
-    """A copy of a frozen model with the named parameters replaced (the previous local model)."""
-    model = copy.deepcopy(frozen)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name in params:
-                p.copy_(params[name])
-    return model
+    return per_client_cross_entropy(logits, torch.zeros(m, b, dtype=torch.long, device=z.device))
 
 
 @register
@@ -116,11 +106,7 @@ class Moon(Algorithm):
         self._hook(cohort.network)
         self._captured.clear()
         prev_rows = torch.stack([self.clients["prev"][c.client_id] for c in cohort.clients])
-        if cohort.n == 1:
-            prev = self.layout.views(prev_rows[0])
-            cohort.extras["moon_prev"] = copy_with(cohort.round.global_model, dict(zip(self.layout.names, prev)))
-            return
-        network = stack_network(cohort.round.global_model, cohort.n)
+        network = stacked_copy(cohort.round.global_model, cohort.n)
         for p in network.parameters():
             p.requires_grad_(False)
         layout = StackedLayout(network, cohort.n, self.layout)
@@ -135,8 +121,6 @@ class Moon(Algorithm):
     def _previous_features(self, step) -> torch.Tensor:
         """z_prev of each client of the step: (M, B, d)."""
         net = step.cohort.extras["moon_prev"]
-        if step.cohort.n == 1:
-            return net.features(step.x[0]).unsqueeze(0)
         xs = stack_inputs(step.x)
         if step.rows is None:
             z = net.features(xs)
@@ -159,7 +143,7 @@ class Moon(Algorithm):
                 z_glob = z_glob.view(m, b, -1)
                 z_prev = self._previous_features(step)
             cached = step.scratch["moon_targets"] = (step.x, z_glob, z_prev)
-        if m == 1:
+        if m == 1:  # one client's batch: the MOON code's formula, whose sums the batched one orders otherwise
             return self.mu * model_contrastive_loss(z[0], cached[1][0], cached[2][0], self.tau).reshape(1)
         return self.mu * clients_contrastive_loss(z, cached[1], cached[2], self.tau)
 

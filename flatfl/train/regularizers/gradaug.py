@@ -17,20 +17,20 @@ and mu = 1.75 (``--gradaug-mu``). The FedAlign code's argparse defaults are num_
 FedAlign), mult 1.0; pass those flags to reproduce them.
 
 The network must be slimmable as a whole (``set_width(w, stages="all")``): flatfl's ResNets. Other models raise
-:class:`ConfigError` at ``attach``. The width is restored to 1.0 after every batch, also on errors. Random widths and
-resolutions come from torch's global generator, which the engine seeds per client and round.
+:class:`ConfigError` at ``attach``. The width is restored to 1.0 after every batch, also on errors.
 
-Clients trained together (a channel-stacked network, ``--parallel-clients``): each client draws its widths and
-resolutions from its own stream (:func:`client_rng`), in the order it draws them alone. Then one pass runs every
-client's sub-networks at once (:class:`~flatfl.models.canvas.Canvas`): client k's t-th sub-network is slot
-t * M + k of the stacked network, at its own width (channels beyond it zeroed after each BatchNorm), on its own
-resized batch in the top-left corner of a full-size canvas (BatchNorm statistics and the global pool over that
-corner). Each slot computes its client's slimmed sub-network on its resized batch, BatchNorm running statistics
-untouched, as a slimmed BatchNorm leaves them. So a step costs one full pass and one canvas pass (one client alone:
-one full pass and n sub-network passes). GroupNorm networks (their group statistics would span the canvas and the
-masked channels) and ``--width 1`` (every sub-network is the full network, whose BatchNorm statistics move) train
-one client at a time. GroupNorm of more than one group is refused at ``attach``: most random widths leave channel
-counts it cannot split (one client at a time fails on them too).
+A step of a cohort of M clients (one at a time: M = 1): each client draws its widths and resolutions from its own
+stream (:func:`client_rng`, seeded per client and round). A network of one client runs its sub-networks one after
+another at their widths. A channel-stacked network (``--parallel-clients``) runs every client's sub-networks at once
+(:class:`~flatfl.models.canvas.Canvas`): client k's t-th sub-network is slot t * M + k of the stacked network, at
+its own width (channels beyond it zeroed after each BatchNorm), on its own resized batch in the top-left corner of a
+full-size canvas (BatchNorm statistics and the global pool over that corner). Each slot computes its client's
+slimmed sub-network on its resized batch, BatchNorm running statistics untouched, as a slimmed BatchNorm leaves
+them. So a step costs one full pass and one canvas pass (one client alone: one full pass and n sub-network passes).
+GroupNorm networks (their group statistics would span the canvas and the masked channels) and ``--width 1`` (every
+sub-network is the full network, whose BatchNorm statistics move) train one client at a time. GroupNorm of more than
+one group is refused at ``attach``: most random widths leave channel counts it cannot split (one client at a time
+fails on them too).
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ from torch import nn
 from ...errors import ConfigError
 from ...models.canvas import Canvas, canvas_refusal
 from ...models.slimmable import check_width
+from ...models.stacking import stacked_clients
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext, client_rng
 from .base import Regularizer, per_client_cross_entropy
@@ -116,57 +117,50 @@ class GradAug(Regularizer):
         return sorted([self.width] + extra, reverse=True)
 
     def forward(self, step: StepContext) -> torch.Tensor:
-        if step.cohort.n == 1:
-            return self.client_loss(step).reshape(1)
-        return self.clients_loss(step)
-
-    def clients_loss(self, step: StepContext) -> torch.Tensor:
-        """Each of the step's M clients' loss, (M,): one full pass, then one canvas pass of every client's
-        sub-networks (module docstring)."""
-        m = step.m
+        """Each of the step's M clients' loss, (M,): one full pass, each client's draws from its own stream (the
+        widths, then one resolution per sub-network: the order of a client alone), then the sub-networks' KL
+        terms (:meth:`subnetworks_kl`)."""
         logits = step.model(step.x)
         step.logits = logits
         loss = per_client_cross_entropy(logits, step.y)
         if not self.mu:
             return loss
-        size = step.x.shape[-1]
-        sizes = resolutions(size)
+        sizes = resolutions(step.x.shape[-1])
         draws = []
         for c in step.clients:
-            with client_rng(c):  # the widths, then one resolution per sub-network: a client's own order
+            with client_rng(c):
                 widths = self.sample_widths()
                 draws.append((widths, torch.randint(len(sizes), (len(widths),)).tolist()))
-        n = len(draws[0][0])  # slot t * M + k: client k's t-th sub-network
+        kl_total = self.subnetworks_kl(step, logits.detach(), draws, sizes)
+        step.scratch["gradaug_kl"] = kl_total.detach()
+        return loss + self.mu * kl_total
+
+    def subnetworks_kl(self, step: StepContext, target: torch.Tensor, draws: list[tuple[list[float], list[int]]],
+                       sizes: list[int]) -> torch.Tensor:
+        """sum_t KL(softmax(target) || softmax(sub-network t)) of each client, (M,): on a channel-stacked network
+        one canvas pass of every client's sub-networks (slot t * M + k: client k's t-th); on a network of one
+        client (a canvas needs stacked layers) its sub-networks one after another at their widths, each on the
+        bilinearly resized batch. The two agree up to summation order (``tests/test_canvas.py``)."""
+        network, m = step.cohort.network, step.m
+        if stacked_clients(network) == 1:
+            model, x, _ = step.single()
+            kl_total = 0.0
+            try:
+                for w, pick in zip(*draws[0]):
+                    model.set_width(w, stages="all")
+                    r = sizes[pick]
+                    xr = x if r == x.shape[-1] else F.interpolate(x, size=(r, r), mode="bilinear", align_corners=True)
+                    kl_total = kl_total + batch_kl(target[0], model(xr))
+            finally:
+                model.set_width(1.0)
+            return kl_total.reshape(1)
+        n = len(draws[0][0])
         widths = [draws[k][0][t] for t in range(n) for k in range(m)]
         picks = [draws[k][1][t] for t in range(n) for k in range(m)]
-        network = step.cohort.network
+        size = step.x.shape[-1]
         canvas = self._canvases.get(network)
         if canvas is None or canvas.size != size:
             canvas = self._canvases[network] = Canvas(network, size, sizes)
         with canvas.slots(step.x, widths, picks) as inputs:
             student = step.model(inputs)
-        kl_total = clients_kl(F.log_softmax(logits.detach(), dim=2), student.view(n, m, *student.shape[1:])).sum(0)
-        step.scratch["gradaug_kl"] = kl_total.detach()
-        return loss + self.mu * kl_total
-
-    def client_loss(self, step: StepContext) -> torch.Tensor:
-        """The loss of a cohort of one client: its sub-networks one after another at their widths."""
-        model, x, y = step.single()
-        logits = model(x)
-        step.logits = logits.unsqueeze(0)
-        loss = F.cross_entropy(logits, y)
-        if not self.mu:
-            return loss
-        target = logits.detach()
-        sizes = resolutions(x.shape[-1])
-        kl_total = 0.0
-        try:
-            for w in self.sample_widths():
-                model.set_width(w, stages="all")
-                r = sizes[int(torch.randint(len(sizes), ()))]
-                xr = x if r == x.shape[-1] else F.interpolate(x, size=(r, r), mode="bilinear", align_corners=True)
-                kl_total = kl_total + batch_kl(target, model(xr))
-        finally:
-            model.set_width(1.0)
-        step.scratch["gradaug_kl"] = kl_total.detach()
-        return loss + self.mu * kl_total
+        return clients_kl(F.log_softmax(target, dim=2), student.view(n, m, *student.shape[1:])).sum(0)

@@ -13,7 +13,10 @@ Clients trained together (a channel-stacked network, ``--parallel-clients``): at
 forward pass every client draws all its blocks' keep/drop values from its own stream (:func:`client_rng`), in block
 order, as it does alone; they reach the device as one (blocks, M) tensor, and each block multiplies its branch by
 the clients' 0/1 gates (:meth:`flatfl.models.resnet.ResidualBlock._gated`; a block kept or dropped by all needs no
-mask). So the cohort gets each client's numbers, and a step costs about one client's kernels.
+mask). So the cohort gets each client's numbers, and a step costs about one client's kernels. Every network
+:func:`~flatfl.models.stacking.stack_network` builds gets, through its stacking hook (:func:`guard_gated_blocks`),
+gated blocks that refuse to run in training mode until :meth:`StochDepth.attach` gives them the cohort's draws: one
+draw for the whole stacked network would give every client the same blocks.
 
 ``--survival-last``: default 0.9, the FedAlign paper's rho_L (Sec. 3.2); the FedAlign code's argparse default
 ``stoch_depth`` is 0.5. Models without residual blocks raise :class:`ConfigError`.
@@ -26,10 +29,24 @@ import torch
 from torch import nn
 
 from ...models.resnet import BlockGate, ResidualBlock, set_stochastic_depth
-from ...models.stacking import stacked_clients
+from ...models.stacking import on_stack, stacked_clients
 from ..components import REGULARIZERS, HParam
 from ..context import Cohort, StepContext, client_rng
 from .base import Regularizer
+
+
+@on_stack
+def guard_gated_blocks(stacked: nn.Module, n: int) -> None:
+    """The stacking hook: each gated block of a stacked network refuses to train until :meth:`StochDepth.attach`
+    supplies the clients' own draws."""
+    for block in stacked.modules():
+        if isinstance(block, ResidualBlock) and block.survival < 1.0:
+            block.gate_source = _no_gate_source
+
+
+def _no_gate_source(block: nn.Module):
+    raise RuntimeError("a stacked network's stochastic-depth block ran in training mode without per-client draws "
+                       "(only --reg stochdepth supplies them)")
 
 
 @REGULARIZERS.register

@@ -1,5 +1,6 @@
-"""Every combination of model, regularizer, algorithm and local optimizer that a run admits, read off the registries,
-and a small set of them that holds every admitted pair: what the differential tests of the fast paths run over
+"""Test support (not part of the package): every combination of model, regularizer, algorithm and local optimizer
+that a run admits, read off the registries (the pieces of the package and any registered from outside it), and a
+small set of them that holds every admitted pair: what the differential tests of the fast paths run over
 (``tests/test_every_path.py``, ``benchmarks/cuda_equivalence.py``), so a model or method registered later is covered
 without editing them; and one small run of a combination (:func:`train_case`) with the comparison of two such runs
 (:func:`differences`).
@@ -18,12 +19,12 @@ from typing import NamedTuple
 
 import torch
 
-from ..errors import ConfigError
-from ..models import build_model, model_names
-from .algorithms.base import Algorithm
-from .catalog import load_all
-from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
-from .config import RunConfig
+from flatfl.errors import ConfigError
+from flatfl.models import build_model, model_names
+from flatfl.train.algorithms.base import Algorithm
+from flatfl.train.catalog import load_all
+from flatfl.train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
+from flatfl.train.config import RunConfig
 
 __all__ = ["Combination", "factors", "admitted", "every_combination", "pairwise_combinations", "pairs_held", "required_pairs", "large_model",
            "smallest_input", "case_data", "case_settings", "train_case", "differences",
@@ -216,8 +217,8 @@ def case_data(size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @functools.lru_cache(maxsize=None)
 def _client_sizes(size: int) -> tuple[int, ...]:
-    from ..data.datasets import as_image_dataset
-    from ..data.partition import make_partition
+    from flatfl.data.datasets import as_image_dataset
+    from flatfl.data.partition import make_partition
 
     labels = as_image_dataset(case_data(size)).train_y.numpy()
     return tuple(int(n) for n in make_partition(labels, CASE_CLIENTS, "fedml-dirichlet", 0.5, CASE_SEED).sizes)
@@ -225,7 +226,7 @@ def _client_sizes(size: int) -> tuple[int, ...]:
 
 def batch_statistics(model: str) -> bool:
     """Whether the model normalises with batch statistics (BatchNorm) when it trains."""
-    from .engine import BATCH_NORMS
+    from flatfl.train.engine import BATCH_NORMS
 
     return any(isinstance(m, BATCH_NORMS) for m in _plain(model, CASE_CLASSES).modules())
 
@@ -256,7 +257,7 @@ def train_case(c: Combination, run_dir, parallel, *, device: str = "cpu", dtype:
     ``dtype`` (torch's default floating type is set around the run, so the model is built in it), its steps
     replayed as graphs with ``cuda_graphs``; returns the :class:`~flatfl.train.engine.Trainer` (``theta``,
     ``latest``, ``buffers``, ``algo`` state). Writes no files."""
-    from .engine import Trainer
+    from flatfl.train.engine import Trainer
 
     cfg = RunConfig(**settings(c), parallel_clients=parallel, device=device, cuda_graphs=cuda_graphs).validate()
     old = torch.get_default_dtype()
