@@ -54,6 +54,61 @@ def save_clients_average(run_dir: str | Path, payload: dict) -> Path:
     return path
 
 
+#: a custom dataset saved with its run (``flatfl.data.datasets.dataset_payload``, tensors only)
+CUSTOM_DATA_FILE = "data.pt"
+CHECKPOINTS_DIR = "checkpoints"  # a run's round checkpoints: RUN/checkpoints/round_XXXX.pt
+_DATA_TENSORS = ("train_x", "train_y", "test_x", "test_y")
+
+
+def own_data_sha256(payload) -> str:
+    """sha256 of a custom dataset as ``data.pt`` holds it (:func:`flatfl.data.datasets.dataset_payload`): its four
+    tensors, then its other fields but the name and class names, as JSON. A run records it as its dataset's
+    ``sha256`` in ``config.json`` and in every checkpoint when it saves ``data.pt``; the same value
+    ``flatfl.report.records.own_data_digest`` computes from the file."""
+    tensors = {k: payload[k] for k in _DATA_TENSORS}
+    rest = {k: v for k, v in payload.items() if k not in _DATA_TENSORS and k not in ("name", "class_names")}
+    return json_digest([state_digest(tensors), rest])
+
+
+def dataset_sha256(ds) -> str:
+    """:func:`own_data_sha256` of an :class:`~flatfl.data.ImageDataset` (as it would be saved in ``data.pt``)."""
+    from .data.datasets import dataset_payload
+
+    return own_data_sha256(dataset_payload(ds))
+
+
+def run_data_file(checkpoint_path: str | Path, file_name: str = CUSTOM_DATA_FILE) -> Path:
+    """Where the run a checkpoint belongs to keeps its ``data.pt``: beside ``final.pt`` (the run folder), or for a
+    round checkpoint in ``RUN/checkpoints/`` in the run folder above. Never a parent folder's otherwise: a run
+    without its own ``data.pt`` is missing it, whatever a folder above holds."""
+    checkpoint_path = Path(checkpoint_path)
+    here = checkpoint_path.parent
+    name = Path(str(file_name)).name  # a recorded file name, never a path elsewhere
+    if here.name == CHECKPOINTS_DIR and checkpoint_path.name.startswith("round_"):
+        return here.parent / name
+    return here / name
+
+
+def load_run_data(path: str | Path, recorded_sha256: str | None, whose: str | Path):
+    """Read a run's saved custom dataset (``data.pt``, :func:`flatfl.data.datasets.load_saved_dataset`) and check it
+    is that run's: its :func:`own_data_sha256` against ``recorded_sha256`` (what the run recorded when it wrote the
+    file; None for a run made before the digest was recorded: not checked). A missing file or another run's data is
+    one CheckpointError line naming ``whose`` (the checkpoint or run) and both digests."""
+    from .data.datasets import load_saved_dataset
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{whose}: the run's saved data {path} is missing (a custom dataset is analysed with "
+                              "the data.pt its run wrote)")
+    ds = load_saved_dataset(path)
+    if isinstance(recorded_sha256, str):
+        found = dataset_sha256(ds)
+        if found != recorded_sha256:
+            raise CheckpointError(f"{path} is not the data {whose} was trained on (its sha256 {short(found)}, the run "
+                                  f"recorded {short(recorded_sha256)}): another run's data.pt; restore the run's own")
+    return ds
+
+
 def refused_objects(error: BaseException) -> bool:
     """Whether ``torch.load(weights_only=True)`` failed because the file names Python objects (classes, functions:
     what a pickle would import and run), as opposed to bytes that are no pickle at all."""
@@ -113,6 +168,17 @@ def short_reason(error: BaseException, limit: int = 160) -> str:
     if len(reason) > limit:
         reason = reason[:limit].rsplit(" ", 1)[0].rstrip(" ,;:(") + " ..."
     return reason
+
+
+def load_tensors(path: Path, what: str):
+    """A file of tensors flatfl wrote (``torch.load(weights_only=True)``: no code executed), or one
+    :class:`CheckpointError` line naming ``what``."""
+    if not path.is_file():  # a pipe would block the read forever, a device never ends
+        raise CheckpointError(f"{path} is not a regular file, not a {what}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        raise CheckpointError(f"{path} is not a readable {what} (corrupt or truncated)") from None
 
 
 def read_checkpoint(path: str | Path) -> dict:
@@ -331,14 +397,11 @@ class Checkpoint:
         if self._dataset is None:
             info = self.payload["dataset"]
             if info.get("custom"):
-                from .data.datasets import load_saved_dataset
-
                 if not info.get("file"):
                     raise CheckpointError(f"{self.path}: the run's custom dataset {self.dataset_name!r} was not "
                                           "saved with it (over 1 GiB); evaluate the model on your own batches")
-                here = self.path.parent
-                f = here / info["file"] if (here / info["file"]).is_file() else here.parent / info["file"]
-                self._dataset = load_saved_dataset(f)
+                self._dataset = load_run_data(run_data_file(self.path, info["file"]), info.get("sha256"),
+                                              self.path)
             else:
                 from .data import load_dataset
 
@@ -381,10 +444,7 @@ class Checkpoint:
             f = self.path.parent.parent / "clients.pt"
         if not f.is_file():
             raise CheckpointError(f"no client models next to {self.path}: train the run with --save-clients")
-        try:
-            state = torch.load(f, map_location="cpu", weights_only=True)
-        except Exception:
-            raise CheckpointError(f"{f} is not a readable client-models file (corrupt or truncated)") from None
+        state = load_tensors(f, "client-models file")
         if not isinstance(state, dict) or not isinstance(state.get("params"), torch.Tensor) or state["params"].dim() != 2:
             raise CheckpointError(f"{f} is not a flatfl client-models file (no 'params' table)")
         mine = settings_digest(self.config)

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..checkpoint import load_tensors
 from ..errors import CheckpointError, ConfigError
 from ..utils.hessian_settings import DEFAULT_DENSITY_METHOD, HessianSettings
 from ..utils.io import json_safe
@@ -242,10 +243,7 @@ def load_eigenvectors(path) -> EigenvectorFile:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"eigenvector file not found: {path}")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        raise CheckpointError(f"{path} is not a readable eigenvector file (corrupt or truncated)") from None
+    payload = load_tensors(path, "eigenvector file")
     if not isinstance(payload, dict) or payload.get("format") != EIGENVECTOR_FORMAT:
         raise CheckpointError(f"{path} is not a flatfl eigenvector file")
     return EigenvectorFile(

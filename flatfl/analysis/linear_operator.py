@@ -28,8 +28,8 @@ import torch
 
 from ..errors import ConfigError
 
-__all__ = ["CurvatureOperator", "ProductSource", "MatrixOperator", "FunctionOperator", "DeflatedOperator",
-           "ForwardedOperator", "as_operator", "project_out", "block_size_for"]
+__all__ = ["CurvatureOperator", "ProductSource", "MatrixOperator", "FunctionOperator", "DerivedOperator",
+           "DeflatedOperator",            "ForwardedOperator", "as_operator", "project_out", "block_size_for"]
 
 
 class CurvatureOperator(abc.ABC):
@@ -174,7 +174,22 @@ class ForwardedOperator(CurvatureOperator):
         return self.source.matmat(V)
 
 
-class DeflatedOperator(CurvatureOperator):
+class DerivedOperator(CurvatureOperator):
+    """An operator made from another one, ``op``: it keeps ``op``'s layout flag and preferred block size (set
+    ``op``, ``dim``, ``dtype`` and ``device`` in ``__init__``)."""
+
+    op: CurvatureOperator
+
+    @property
+    def has_param_layout(self) -> bool:
+        return self.op.has_param_layout
+
+    @property
+    def preferred_block_size(self) -> int:
+        return self.op.preferred_block_size
+
+
+class DeflatedOperator(DerivedOperator):
     """``P H P`` with ``P = I - X^T X`` (X: orthonormal rows): ``op`` with the vectors X taken out (``locked``)."""
 
     def __init__(self, op: CurvatureOperator, X: torch.Tensor) -> None:
@@ -188,14 +203,6 @@ class DeflatedOperator(CurvatureOperator):
     @property
     def param_shapes(self) -> list[tuple[int, ...]]:
         return self.op.param_shapes
-
-    @property
-    def has_param_layout(self) -> bool:
-        return self.op.has_param_layout
-
-    @property
-    def preferred_block_size(self) -> int:
-        return self.op.preferred_block_size
 
     @property
     def locked(self) -> torch.Tensor:

@@ -19,11 +19,7 @@ over all samples.
 """
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -112,58 +108,10 @@ def loss_batches(data, device=None, *, one_batch: bool = False) -> list:
     return batches
 
 
-def _split(spec) -> tuple[str, str, str | None]:
-    forms = "'module:function' or 'path/to/file.py:function' (e.g. my_losses:lm_loss)"
-    if not isinstance(spec, str) or ":" not in spec:
-        raise ConfigError(f"--loss must be {forms}, got {spec!r}")
-    where, func = spec.rsplit(":", 1)
-    file = where if where.endswith(".py") else None
-    module = os.path.basename(where)[:-3] if file else where
-    if not all(p.isidentifier() for p in module.split(".") + func.split(".")):
-        raise ConfigError(f"--loss must be {forms}, got {spec!r}")
-    return module, func, file
-
-
 def load_loss(spec: str) -> Callable:
     """The function ``spec`` names (``module:function``: the current directory is searched first, then
     ``sys.path``; ``path/to/file.py:function``: that file's folder first), imported, not called. The same rules as
     ``--model-factory``: nothing but the named module is imported."""
-    module_name, func_name, file = _split(spec)
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        if file is not None:
-            path = Path(file).expanduser().resolve()
-            if not path.is_file():
-                raise ConfigError(f"--loss {spec}: no file {file} (from {cwd})")
-            loaded = sys.modules.get(module_name)
-            if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() != path:
-                raise ConfigError(f"--loss {spec}: another module named {module_name!r} is already imported; rename "
-                                  f"{path.name}")
-            if str(path.parent) not in sys.path:
-                sys.path.insert(0, str(path.parent))
-        module = importlib.import_module(module_name)
-    except ConfigError:
-        raise
-    except ModuleNotFoundError as e:
-        top = module_name.split(".")[0]
-        if file is None and e.name == top:
-            raise ConfigError(f"--loss {spec}: cannot import {module_name!r}: no {top}.py in the current directory "
-                              f"({cwd}) nor on PYTHONPATH; name its file: --loss PATH/{top}.py:{func_name}") from None
-        raise ConfigError(f"--loss {spec}: cannot import {module_name!r} ({e})") from None
-    except SystemExit as e:
-        raise ConfigError(f"--loss {spec}: importing {module_name!r} called sys.exit({e.code!r})") from None
-    except SyntaxError as e:
-        raise ConfigError(f"--loss {spec}: {module_name!r} has a syntax error (line {e.lineno}: {e.msg})") from None
-    except Exception as e:  # the module raised while it was imported
-        raise ConfigError(f"--loss {spec}: importing {module_name!r} failed: {type(e).__name__}: "
-                          f"{str(e)[:160]}") from None
-    target = module
-    for part in func_name.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            raise ConfigError(f"--loss {spec}: {module_name!r} has no {func_name!r}")
-    if not callable(target):
-        raise ConfigError(f"--loss {spec}: {func_name!r} is not callable")
-    return target
+    from ..models.factory import import_function
+
+    return import_function(spec, "--loss", "my_losses:lm_loss")

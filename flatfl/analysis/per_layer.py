@@ -27,7 +27,7 @@ import torch
 
 from ..errors import ConfigError
 from .eigen import top_eigenvalues
-from .linear_operator import CurvatureOperator, as_operator
+from .linear_operator import CurvatureOperator, DerivedOperator, as_operator
 from .trace import hutchpp_trace
 
 __all__ = ["GROUPINGS", "BlockOperator", "LayerCurvature", "PerLayerResult", "layer_groups", "per_layer_curvature",
@@ -37,7 +37,7 @@ GROUPINGS = ("module", "parameter")
 ROOT = "(model)"
 
 
-class BlockOperator(CurvatureOperator):
+class BlockOperator(DerivedOperator):
     """The principal block ``H[idx, idx]`` of ``op`` for the flat indices ``idx`` (in order)."""
 
     def __init__(self, op: CurvatureOperator, index: torch.Tensor, shapes: list[tuple[int, ...]] | None = None) -> None:
@@ -52,14 +52,6 @@ class BlockOperator(CurvatureOperator):
     @property
     def param_shapes(self) -> list[tuple[int, ...]]:
         return list(self.shapes)
-
-    @property
-    def has_param_layout(self) -> bool:
-        return self.op.has_param_layout
-
-    @property
-    def preferred_block_size(self) -> int:
-        return self.op.preferred_block_size
 
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
         V = torch.as_tensor(V).to(device=self.device, dtype=self.dtype)

@@ -25,6 +25,24 @@ def _trace_default_text() -> str:
     return f"(default: {DEFAULT_TRACE_METHOD}{pairs})"
 
 
+def model_source_options(defaults):
+    """``--device``, ``--data-dir`` and ``--model-factory``: where an analysis runs and how it rebuilds the
+    checkpoint's model and data, with the analysis' own defaults."""
+    options = (
+        click.option("--device", default=defaults.device, show_default=True, help="cpu | cuda | cuda:N | mps"),
+        click.option("--data-dir", default=defaults.data_dir,
+                     help="dataset folder (default: the one recorded in the checkpoint)"),
+        click.option("--model-factory", default=defaults.model_factory,
+                     help="module:function or path/to/file.py:function building your own network (default: the one "
+                     "the run recorded); only its weights are loaded"))
+
+    def add(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return add
+
+
 HESSIAN_EPILOG = """\b
 Examples:
   flatfl hessian runs/x                                          # top eigenvalue + Hutch++ trace -> runs/x/hessian
@@ -53,10 +71,8 @@ Examples:
 @click.option("--density-steps", type=int, default=HESSIAN_DEFAULTS.density_steps, show_default=True, help="Lanczos steps per SLQ start")
 @click.option("--density-starts", type=int, default=HESSIAN_DEFAULTS.density_starts, show_default=True, help="number of SLQ starts")
 @click.option("--seed", type=int, default=HESSIAN_DEFAULTS.seed, show_default=True, help="seed of the sample draw and of every random vector")
-@click.option("--device", default=HESSIAN_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
-@click.option("--data-dir", default=HESSIAN_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
+@model_source_options(HESSIAN_DEFAULTS)
 @click.option("--save-eigenvectors", is_flag=True, default=HESSIAN_DEFAULTS.save_eigenvectors, help="also write eigenvectors.pt (parameter layout included)")
-@click.option("--model-factory", default=HESSIAN_DEFAULTS.model_factory, help="module:function or path/to/file.py:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--per-layer", is_flag=True, default=HESSIAN_DEFAULTS.per_layer, help="also each module's Hessian block (weights and bias together): its top eigenvalue(s) and trace +- standard error, in per_layer.csv, per_layer.png/.pdf and hessian.json")
 @click.option("--per-layer-top", type=int, default=HESSIAN_DEFAULTS.per_layer_top, show_default=True, help="top eigenvalues per block with --per-layer")
 @click.option("--loss", default=HESSIAN_DEFAULTS.loss, help="module:function or path/to/file.py:function, loss(model, batch) -> the batch's mean loss, instead of cross-entropy (batch: the (inputs, targets) pair); imported as --model-factory is")
@@ -153,9 +169,7 @@ is refused (choose another --out). The run must have been trained with --save-cl
 @click.option("--batch-size", type=int, default=CLIENTS_DEFAULTS.batch_size, help="evaluation batch size (default 256; fedalign 64)")
 @click.option("--tol", type=float, default=CLIENTS_DEFAULTS.tol, show_default=True, help="fedalign: PyHessian's relative stopping tolerance")
 @click.option("--seed", type=int, default=CLIENTS_DEFAULTS.seed, show_default=True, help="seed of the sample draws and the probes")
-@click.option("--device", default=CLIENTS_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
-@click.option("--data-dir", default=CLIENTS_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
-@click.option("--model-factory", default=CLIENTS_DEFAULTS.model_factory, help="module:function or path/to/file.py:function building your own network (default: the one the run recorded); only its weights are loaded")
+@model_source_options(CLIENTS_DEFAULTS)
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @threads_option
 @friendly_errors
@@ -203,10 +217,8 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 @click.option("--include-bn-bias", is_flag=True, default=SURFACE_DEFAULTS.include_bn_bias, help="random directions also move 1-D tensors (biases, norm affine)")
 @click.option("--eigenvectors", type=click.Path(), default=SURFACE_DEFAULTS.eigenvectors, help="eigenvectors.pt from 'flatfl hessian --save-eigenvectors'")
 @click.option("--tol", type=float, default=SURFACE_DEFAULTS.tol, show_default=True, help="Lanczos tolerance for --directions hessian")
-@click.option("--device", default=SURFACE_DEFAULTS.device, show_default=True, help="cpu | cuda | cuda:N | mps")
-@click.option("--data-dir", default=SURFACE_DEFAULTS.data_dir, help="dataset folder (default: the one recorded in the checkpoint)")
+@model_source_options(SURFACE_DEFAULTS)
 @click.option("--force", is_flag=True, default=SURFACE_DEFAULTS.force, help="start over instead of resuming surface.npz in --out")
-@click.option("--model-factory", default=SURFACE_DEFAULTS.model_factory, help="module:function or path/to/file.py:function building your own network (default: the one the run recorded); only its weights are loaded")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @threads_option
 @friendly_errors

@@ -114,7 +114,39 @@ class TinyImageNetCNN(FeatureClassifier):
         return [self.relu1, self.relu2, self.pool3, self.relu4, self.relu5]
 
 
-class EmnistCNN(FeatureClassifier):
+class ConvPoolNet(FeatureClassifier):
+    """Two 'same'-padded convolutions, each followed by ReLU and 2x2 max pooling, then one hidden fully connected
+    layer with ReLU and the classifier; MAN's activations are the three ReLUs."""
+
+    def __init__(self, name: str, num_classes: int, in_channels: int, image_size: int, channels: tuple[int, int],
+                 kernel: int, hidden: int):
+        super().__init__()
+        size = image_size
+        for stage in (1, 2):
+            size //= 2
+            require_positive_size(name, image_size, size, f"pool{stage}")
+        self.conv1 = nn.Conv2d(in_channels, channels[0], kernel_size=kernel, padding=kernel // 2)
+        self.relu1 = nn.ReLU()
+        self.pool1 = nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(channels[0], channels[1], kernel_size=kernel, padding=kernel // 2)
+        self.relu2 = nn.ReLU()
+        self.pool2 = nn.MaxPool2d(2, 2)
+        self.flatten = nn.Flatten()
+        self.fc1 = nn.Linear(channels[1] * size * size, hidden)
+        self.relu3 = nn.ReLU()
+        self.feature_dim = hidden
+        self.classifier = nn.Linear(hidden, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool1(self.relu1(self.conv1(x)))
+        x = self.pool2(self.relu2(self.conv2(x)))
+        return self.relu3(self.fc1(self.flatten(x)))
+
+    def activation_modules(self) -> list[nn.Module]:
+        return [self.relu1, self.relu2, self.relu3]
+
+
+class EmnistCNN(ConvPoolNet):
     """The LEAF FEMNIST CNN (Caldas et al. 2018, ``models/femnist/cnn.py``), the standard CNN for 28x28 EMNIST.
 
     Conv(in->32, 5x5, 'same') -> ReLU -> MaxPool2 -> Conv(32->64, 5x5, 'same') -> ReLU -> MaxPool2 -> flatten
@@ -124,33 +156,10 @@ class EmnistCNN(FeatureClassifier):
     """
 
     def __init__(self, num_classes: int, in_channels: int = 1, image_size: int = 28):
-        super().__init__()
-        size = image_size
-        for stage in (1, 2):
-            size //= 2
-            require_positive_size("emnist-cnn", image_size, size, f"pool{stage}")
-        self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=5, padding=2)
-        self.relu1 = nn.ReLU()
-        self.pool1 = nn.MaxPool2d(2, 2)
-        self.conv2 = nn.Conv2d(32, 64, kernel_size=5, padding=2)
-        self.relu2 = nn.ReLU()
-        self.pool2 = nn.MaxPool2d(2, 2)
-        self.flatten = nn.Flatten()
-        self.fc1 = nn.Linear(64 * size * size, 2048)
-        self.relu3 = nn.ReLU()
-        self.feature_dim = 2048
-        self.classifier = nn.Linear(2048, num_classes)
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool1(self.relu1(self.conv1(x)))
-        x = self.pool2(self.relu2(self.conv2(x)))
-        return self.relu3(self.fc1(self.flatten(x)))
-
-    def activation_modules(self) -> list[nn.Module]:
-        return [self.relu1, self.relu2, self.relu3]
+        super().__init__("emnist-cnn", num_classes, in_channels, image_size, (32, 64), 5, 2048)
 
 
-class DigitsCNN(FeatureClassifier):
+class DigitsCNN(ConvPoolNet):
     """A small, fast CNN for 8x8 grey digits (scikit-learn ``load_digits``), the default of the quick runs.
 
     Conv(in->16, 3x3, pad 1) -> ReLU -> MaxPool2 -> Conv(16->32, 3x3, pad 1) -> ReLU -> MaxPool2 -> flatten
@@ -159,30 +168,7 @@ class DigitsCNN(FeatureClassifier):
     """
 
     def __init__(self, num_classes: int, in_channels: int = 1, image_size: int = 8):
-        super().__init__()
-        size = image_size
-        for stage in (1, 2):
-            size //= 2
-            require_positive_size("digits-cnn", image_size, size, f"pool{stage}")
-        self.conv1 = nn.Conv2d(in_channels, 16, kernel_size=3, padding=1)
-        self.relu1 = nn.ReLU()
-        self.pool1 = nn.MaxPool2d(2, 2)
-        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)
-        self.relu2 = nn.ReLU()
-        self.pool2 = nn.MaxPool2d(2, 2)
-        self.flatten = nn.Flatten()
-        self.fc1 = nn.Linear(32 * size * size, 64)
-        self.relu3 = nn.ReLU()
-        self.feature_dim = 64
-        self.classifier = nn.Linear(64, num_classes)
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool1(self.relu1(self.conv1(x)))
-        x = self.pool2(self.relu2(self.conv2(x)))
-        return self.relu3(self.fc1(self.flatten(x)))
-
-    def activation_modules(self) -> list[nn.Module]:
-        return [self.relu1, self.relu2, self.relu3]
+        super().__init__("digits-cnn", num_classes, in_channels, image_size, (16, 32), 3, 64)
 
 
 def _two_widths(model_name: str, what: str, widths) -> tuple[int, int]:

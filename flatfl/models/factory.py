@@ -19,18 +19,17 @@ from torch import nn
 
 from ..errors import ConfigError
 
-__all__ = ["check_factory_name", "model_from_factory", "describe_model_class", "network_structure",
+__all__ = ["check_factory_name", "import_function", "model_from_factory", "describe_model_class", "network_structure",
            "structure_difference", "code_changes"]
 
 
-_FORMS = "'module:function' or 'path/to/file.py:function' (e.g. my_models:my_net)"
-
-
-def split_factory(spec) -> tuple[str, str, str | None]:
-    """``(module, function, file)`` of a factory name: ``module:function`` (dotted module path, dotted attribute
-    path; file None) or ``path/to/file.py:function`` (the module is the file's name), else a :class:`ConfigError`."""
+def split_factory(spec, flag: str = "--model-factory", example: str = "my_models:my_net") -> tuple[str, str, str | None]:
+    """``(module, function, file)`` of a function's name: ``module:function`` (dotted module path, dotted attribute
+    path; file None) or ``path/to/file.py:function`` (the module is the file's name), else a :class:`ConfigError`
+    naming ``flag``."""
+    forms = f"'module:function' or 'path/to/file.py:function' (e.g. {example})"
     if not isinstance(spec, str) or ":" not in spec:
-        raise ConfigError(f"--model-factory must be {_FORMS}, got {spec!r}")
+        raise ConfigError(f"{flag} must be {forms}, got {spec!r}")
     where, func = spec.rsplit(":", 1)
     file = None
     if where.endswith(".py"):
@@ -41,7 +40,7 @@ def split_factory(spec) -> tuple[str, str, str | None]:
         module = where
         parts = module.split(".") + func.split(".")
     if not all(p.isidentifier() for p in parts):
-        raise ConfigError(f"--model-factory must be {_FORMS}, got {spec!r}")
+        raise ConfigError(f"{flag} must be {forms}, got {spec!r}")
     return module, func, file
 
 
@@ -51,17 +50,17 @@ def check_factory_name(spec) -> str:
     return spec
 
 
-def _import_file(spec: str, module_name: str, file: str):
+def _import_file(spec: str, flag: str, module_name: str, file: str):
     """The module of ``file``: its folder first on ``sys.path`` (worker processes unpickling the model import it
     the same way), then imported by its name; a different module of that name already imported is refused."""
     path = Path(file).expanduser().resolve()
     if not path.is_file():
-        raise ConfigError(f"--model-factory {spec}: no file {file} (from {os.getcwd()})")
+        raise ConfigError(f"{flag} {spec}: no file {file} (from {os.getcwd()})")
     loaded = sys.modules.get(module_name)
     if loaded is not None:
         origin = getattr(loaded, "__file__", None)
         if origin is None or Path(origin).resolve() != path:
-            raise ConfigError(f"--model-factory {spec}: another module named {module_name!r} is already imported "
+            raise ConfigError(f"{flag} {spec}: another module named {module_name!r} is already imported "
                               f"(from {origin or 'a built-in'}); rename {path.name}")
         return loaded
     if str(path.parent) not in sys.path:
@@ -69,40 +68,50 @@ def _import_file(spec: str, module_name: str, file: str):
     return importlib.import_module(module_name)
 
 
-def model_from_factory(spec: str) -> nn.Module:
-    """Import ``module:function`` (or ``path/to/file.py:function``), call it with no arguments and check that it
-    returns an ``nn.Module``."""
-    module_name, func_name, file = split_factory(spec)
+def import_function(spec: str, flag: str = "--model-factory", example: str = "my_models:my_net"):
+    """The function ``spec`` names (``module:function``: the current directory is searched first, as ``python -m``
+    does, then ``sys.path``; ``path/to/file.py:function``: that file's folder first), imported, not called: nothing
+    but the named module is imported. Every failure is one :class:`ConfigError` line naming ``flag``."""
+    module_name, func_name, file = split_factory(spec, flag, example)
     top = module_name.split(".")[0]
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:  # kept: worker processes unpickling the model import it too
         sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name) if file is None else _import_file(spec, module_name, file)
+        module = importlib.import_module(module_name) if file is None else \
+            _import_file(spec, flag, module_name, file)
     except ModuleNotFoundError as e:
         if file is None and e.name == top:
-            raise ConfigError(f"--model-factory {spec}: cannot import {module_name!r}: no {top}.py in the current "
+            raise ConfigError(f"{flag} {spec}: cannot import {module_name!r}: no {top}.py in the current "
                               f"directory ({cwd}) nor on PYTHONPATH; run flatfl from the folder that holds it, or "
-                              f"name its file: --model-factory PATH/{top}.py:{func_name}") from None
-        raise ConfigError(f"--model-factory {spec}: cannot import {module_name!r} ({e})") from None
+                              f"name its file: {flag} PATH/{top}.py:{func_name}") from None
+        raise ConfigError(f"{flag} {spec}: cannot import {module_name!r} ({e})") from None
     except SystemExit as e:  # sys.exit() while imported: an error, not flatfl's own exit status
-        raise ConfigError(f"--model-factory {spec}: importing {module_name!r} called sys.exit({e.code!r}); the "
-                          "module must define the factory, not exit") from None
+        raise ConfigError(f"{flag} {spec}: importing {module_name!r} called sys.exit({e.code!r}); the "
+                          "module must define the function, not exit") from None
     except ImportError as e:
-        raise ConfigError(f"--model-factory {spec}: cannot import {module_name!r} ({e})") from None
+        raise ConfigError(f"{flag} {spec}: cannot import {module_name!r} ({e})") from None
     except SyntaxError as e:
-        raise ConfigError(f"--model-factory {spec}: {module_name!r} has a syntax error ({os.path.basename(e.filename or '?')} "
+        raise ConfigError(f"{flag} {spec}: {module_name!r} has a syntax error ({os.path.basename(e.filename or '?')} "
                           f"line {e.lineno}: {e.msg})") from None
     except Exception as e:  # the module raised while it was imported
-        raise ConfigError(f"--model-factory {spec}: importing {module_name!r} failed: {type(e).__name__}: "
+        raise ConfigError(f"{flag} {spec}: importing {module_name!r} failed: {type(e).__name__}: "
                           f"{str(e)[:160]}") from None
     target = module
     for part in func_name.split("."):
         target = getattr(target, part, None)
         if target is None:
-            raise ConfigError(f"--model-factory {spec}: {module_name!r} has no {func_name!r}")
+            raise ConfigError(f"{flag} {spec}: {module_name!r} has no {func_name!r}")
     if not callable(target):
-        raise ConfigError(f"--model-factory {spec}: {func_name!r} is not callable")
+        raise ConfigError(f"{flag} {spec}: {func_name!r} is not callable")
+    return target
+
+
+def model_from_factory(spec: str) -> nn.Module:
+    """Import ``module:function`` (or ``path/to/file.py:function``), call it with no arguments and check that it
+    returns an ``nn.Module``."""
+    target = import_function(spec)
+    func_name = spec.rsplit(":", 1)[1]
     try:
         model = target()
     except SystemExit as e:

@@ -74,7 +74,33 @@ def check_group_width(width: float, channels: int, groups: int) -> float:
     return width
 
 
-class SlimConv2d(Slimmable, nn.Conv2d):
+class SlicedWeight(Slimmable):
+    """Mixin of a layer with a weight of shape (out, in, ...) that runs on the leading slice of either side
+    (``slim_in`` / ``slim_out``: which side follows the width multiplier); subclasses give :meth:`sliced`."""
+
+    slim_in: bool = True
+    slim_out: bool = True
+
+    @property
+    def active_in(self) -> int:
+        return self.leading(self.weight.shape[1], self.slim_in)
+
+    @property
+    def active_out(self) -> int:
+        return self.leading(self.weight.shape[0], self.slim_out)
+
+    def sliced(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.width == 1.0:
+            return super().forward(x)
+        n_out, n_in = self.active_out, self.active_in
+        bias = None if self.bias is None else self.bias[:n_out]
+        return self.sliced(x, self.weight[:n_out, :n_in], bias)
+
+
+class SlimConv2d(SlicedWeight, nn.Conv2d):
     """A 2-D convolution (no groups) that can run on its leading input / output channels.
 
     ``slim_in`` / ``slim_out`` say which side follows the width multiplier.
@@ -87,23 +113,11 @@ class SlimConv2d(Slimmable, nn.Conv2d):
         self.slim_out = slim_out
         self.width = 1.0
 
-    @property
-    def active_in(self) -> int:
-        return self.leading(self.in_channels, self.slim_in)
-
-    @property
-    def active_out(self) -> int:
-        return self.leading(self.out_channels, self.slim_out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.width == 1.0:
-            return super().forward(x)
-        n_out, n_in = self.active_out, self.active_in
-        bias = None if self.bias is None else self.bias[:n_out]
-        return F.conv2d(x, self.weight[:n_out, :n_in], bias, self.stride, self.padding, self.dilation, 1)
+    def sliced(self, x, weight, bias):
+        return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, 1)
 
 
-class SlimLinear(Slimmable, nn.Linear):
+class SlimLinear(SlicedWeight, nn.Linear):
     """A linear layer whose input (and optionally output) follows the width multiplier.
 
     It is an ``nn.Linear``, so code that looks for the final ``nn.Linear`` classifier finds it.
@@ -116,20 +130,8 @@ class SlimLinear(Slimmable, nn.Linear):
         self.slim_out = slim_out
         self.width = 1.0
 
-    @property
-    def active_in(self) -> int:
-        return self.leading(self.in_features, self.slim_in)
-
-    @property
-    def active_out(self) -> int:
-        return self.leading(self.out_features, self.slim_out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.width == 1.0:
-            return super().forward(x)
-        n_out, n_in = self.active_out, self.active_in
-        bias = None if self.bias is None else self.bias[:n_out]
-        return F.linear(x, self.weight[:n_out, :n_in], bias)
+    def sliced(self, x, weight, bias):
+        return F.linear(x, weight, bias)
 
 
 class SlimBatchNorm2d(Slimmable, nn.BatchNorm2d):

@@ -22,32 +22,32 @@ SPEC = TableSpec(
            "H_N and H_D: cross-client Hessian diagonals (flatfl.analysis.client_metrics); the protocol used is in the "
            "subtitle, each run's in runs.csv (clients_protocol)."))
 
+#: what every preset's runs share: FedAlign's training recipe (all clients every round, the FedML Dirichlet 0.5
+#: split, SGD with Nesterov momentum, no learning-rate decay) and the files its analyses need
+FEDML_TRAINING = dict(participation=1.0, sampling="fraction", partition="fedml-dirichlet", alpha=0.5, batch_size=64,
+                      lr=0.01, lr_decay=1.0, momentum=0.9, nesterov=True, weight_decay=1e-4, clip=0.0, eval_every=1,
+                      save_clients=True)
+
 PRESETS = {
     "paper": {
-        "run": dict(dataset="cifar100", model="resnet56", clients=16, participation=1.0, sampling="fraction",
-                    partition="fedml-dirichlet", alpha=0.5, rounds=25, local_epochs=20, batch_size=64, lr=0.01,
-                    lr_decay=1.0, momentum=0.9, nesterov=True, weight_decay=1e-4, clip=0.0, eval_every=1,
-                    checkpoint_every=1, save_clients=True),
+        "run": dict(FEDML_TRAINING, dataset="cifar100", model="resnet56", clients=16, rounds=25, local_epochs=20,
+                    checkpoint_every=1),
         "hessian": dict(top=1, method="power", tol=1e-3, trace=True, trace_method="pyhessian", trace_hvps=100,
                         samples=None, batch_size=64),
         "clients": dict(protocol="fedalign", probes=100, tol=1e-3),
         "surface": dict(directions="hessian", grid=21, range=1.0, samples=2560, batch_size=256),
     },
     "quick": {
-        "run": dict(dataset="digits", model="resnet20", clients=16, participation=1.0, sampling="fraction",
-                    partition="fedml-dirichlet", alpha=0.5, rounds=10, local_epochs=2, batch_size=64, lr=0.01,
-                    lr_decay=1.0, momentum=0.9, nesterov=True, weight_decay=1e-4, clip=0.0, eval_every=1,
-                    checkpoint_every=5, save_clients=True),
+        "run": dict(FEDML_TRAINING, dataset="digits", model="resnet20", clients=16, rounds=10, local_epochs=2,
+                    checkpoint_every=5),
         "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=40,
                         trace_rtol=0.02, samples=512, batch_size=256),
         "clients": dict(protocol="default", probes=20, groups=5, samples=64),
         "surface": dict(directions="hessian", grid=9, range=1.0, samples=256, batch_size=256),
     },
     "tiny": {
-        "run": dict(dataset="digits", model="resnet20", clients=4, participation=1.0, sampling="fraction",
-                    partition="fedml-dirichlet", alpha=0.5, rounds=1, local_epochs=1, batch_size=64, lr=0.01,
-                    lr_decay=1.0, momentum=0.9, nesterov=True, weight_decay=1e-4, clip=0.0, eval_every=1,
-                    checkpoint_every=1, save_clients=True),
+        "run": dict(FEDML_TRAINING, dataset="digits", model="resnet20", clients=4, rounds=1, local_epochs=1,
+                    checkpoint_every=1),
         "hessian": dict(top=1, method="lanczos", tol=1e-2, trace=True, trace_method="hutchpp", trace_hvps=6,
                         trace_rtol=None, samples=32, batch_size=32),
         "clients": dict(protocol="default", probes=4, groups=2, samples=16),

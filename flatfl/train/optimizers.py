@@ -52,6 +52,12 @@ class LocalOptimizer(Component):
         """One local step of the clients ``rows`` (None: all); returns the closure's (M,) losses."""
         raise NotImplementedError
 
+    def descend(self, correct: Callable[[], None], rows: torch.Tensor | None) -> None:
+        """A step's end, once its gradient is in place: the algorithm's gradient terms, clipping, the SGD update."""
+        correct()
+        self.clip_gradients()
+        self.sgd.step(rows)
+
 
 def per_row(coef: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """An (N,) coefficient shaped to multiply an (N, ...) tensor row by row."""
@@ -172,9 +178,7 @@ class SGD(LocalOptimizer):
 
     def step(self, closure, correct, rows=None):
         loss = closure()
-        correct()
-        self.clip_gradients()
-        self.sgd.step(rows)
+        self.descend(correct, rows)
         return loss
 
 
@@ -217,9 +221,7 @@ class SAM(LocalOptimizer):
         closure()
         with torch.no_grad():
             torch._foreach_copy_(self.params, theta)
-        correct()
-        self.clip_gradients()
-        self.sgd.step(rows)
+        self.descend(correct, rows)
         return loss
 
 
