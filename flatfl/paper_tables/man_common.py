@@ -21,8 +21,8 @@ def pair(label: str, settings: dict, spectrum: bool = False) -> tuple[Method, Me
                    spectrum))
 
 
-#: the fmnist preset: Fashion-MNIST with an MLP, real images on a 2-core CPU, <= 60 min for 72 runs with 3 seeds
-#: (docs/reproductions.md, "Fashion-MNIST"); fmnist-cnn is the same with the paper's CNN family
+#: the fmnist preset: Fashion-MNIST with an MLP, real images, 72 runs with 3 seeds (docs/reproductions.md,
+#: "Fashion-MNIST", says what it costs); fmnist-cnn is the same with the paper's CNN family
 _FMNIST = {
     "run": dict(dataset="fashion-mnist", model="mlp", model_args={"hidden": [64, 64]}, clients=100,
                 participation=0.1, sampling="bernoulli", partition="dirichlet", rounds=20, local_epochs=2,
@@ -46,7 +46,7 @@ PRESETS = {
         "spectrum": dict(top=200, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=100,
                          density_starts=4, samples=None, batch_size=256),
     },
-    "quick": {  # sized for <= 15 min on 2 quiet cores with 3 seeds (docs/reproductions.md, the quick preset)
+    "quick": {  # the README's main job, sized for a laptop (docs/reproductions.md, the quick preset)
         "run": dict(dataset="digits", model="digits-cnn", clients=20, participation=0.5, sampling="bernoulli",
                     partition="dirichlet", rounds=30, local_epochs=2, batch_size=50, lr=0.1, lr_decay=0.998,
                     weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10,
@@ -55,7 +55,7 @@ PRESETS = {
                         trace_rtol=0.01, samples=None, batch_size=512),
         "spectrum": dict(top=50, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=80,
                          density_starts=2, samples=None, batch_size=512),
-        "spectrum_seeds": "first",  # the Fig. 4 spectrum of the first seed only: 45 s a run, the largest cost
+        "spectrum_seeds": "first",  # the Fig. 4 spectrum of the first seed only: the preset's largest cost
     },
     "fmnist": _FMNIST,
     # the same protocol with the paper's CNN family at LeNet-5 widths: only the network differs (<= 60 min too)

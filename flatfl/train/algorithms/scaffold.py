@@ -45,7 +45,7 @@ CV_LR = HParam("cv_lr", "current", "learning rate in the control-variate update:
                flag="cv-lr", choices=("current", "initial"))
 
 
-STEPS_RULE = HParam("steps_rule", "own", "local steps K: 'own' = E * ceil(n_i / B) for client i (spec section 4, "
+STEPS_RULE = HParam("steps_rule", "own", "local steps K: 'own' = E * ceil(n_i / B) for client i (docs/update-rules.md §4, "
                     "the default); 'mean' = E * ceil(mean(n) / B) for every client, as the official FedDyn/FedDC/"
                     "fedMAN scripts (SCAFFOLD takes that many steps; FedDC trains E epochs and divides by it)",
                     flag="steps-rule", choices=("own", "mean"))
