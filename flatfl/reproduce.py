@@ -57,11 +57,14 @@ the ``fedalign`` protocol of H_N / H_D. It has no SCAFFOLD or FedDC run, so ``--
 arise; SCAFFOLD used elsewhere (``flatfl train``) keeps flatfl's defaults unless asked.
 
 ``methods``: any subset of a table's rows by name (``--methods FedAvg,FedAvg+MAN``), for a reduced reproduction in
-one command; the report then fills only those rows.
+one command; the report then fills only those rows, and shows only the tables they belong to.
 
 Layout: the runs in ``RUNS_DIR/<method>-<partition>-s<seed>/`` (default ``runs/reproduce-<preset>``), the report in
-``OUT`` (default ``reports/<target>-<preset>``). Re-running skips finished runs and analyses and resumes unfinished
-runs, so an interrupted reproduction continues where it stopped.
+``OUT`` (default ``reports/<target>-<preset>``). A reproduction restricted by ``methods`` or by seeds other than the
+preset's has a default ``OUT`` of its own, ``reports/<target>-<preset>-<selection>`` (:func:`default_out`), so it
+never replaces the full report; and no reproduction writes its report over one in ``OUT`` that holds runs it does
+not run (:func:`check_out`: one error line naming ``--out``, before any training). Re-running skips finished runs
+and analyses and resumes unfinished runs, so an interrupted reproduction continues where it stopped.
 """
 from __future__ import annotations
 
@@ -76,7 +79,10 @@ from .paper_tables.spec import Method, PaperTable
 from .sweep import SECTION_SETTINGS, RunTask, run_tasks
 
 __all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method", "PaperTable",
-           "tables_of", "methods_of", "Progress"]
+           "tables_of", "methods_of", "Progress", "default_out", "check_out", "REPORTS_DIR"]
+
+#: where reports go when no ``out`` is given (:func:`default_out`)
+REPORTS_DIR = Path("reports")
 
 PRESETS = paper_tables.PRESETS
 DEFAULT_SEEDS = paper_tables.DEFAULT_SEEDS
@@ -114,6 +120,64 @@ def _chosen_methods(target: str, methods) -> set[str] | None:
         what = f"unknown method(s) {', '.join(map(repr, unknown))}" if unknown else "no method named"
         raise ConfigError(f"--methods: {what} for {target}; choose from {', '.join(valid)}")
     return {lookup[str(n).lower()] for n in names}
+
+
+def _selection(target: str, preset: str, methods=None, seeds=None) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """What a restricted reproduction leaves out: (the rows asked for, in table order, or () for all; the seeds
+    asked for, or () for the preset's)."""
+    chosen = _chosen_methods(target, methods)
+    rows = () if chosen is None or set(chosen) == set(methods_of(target)) else \
+        tuple(m for m in methods_of(target) if m in chosen)
+    own = () if seeds is None or sorted(set(seeds)) == sorted(set(DEFAULT_SEEDS[preset])) else tuple(seeds)
+    return rows, own
+
+
+def default_out(target: str, preset: str, methods=None, seeds=None) -> Path:
+    """The report folder when none is given: ``REPORTS_DIR/<target>-<preset>`` for the whole table; a reproduction
+    restricted by ``methods`` or by other seeds than the preset's gets one of its own, named after the selection
+    (``man-tables-quick-fedavg_fedavg-man-s0-1``; a short digest of it where that name would be long), so that it
+    never replaces the full report."""
+    rows, own = _selection(target, preset, methods, seeds)
+    base = f"{target}-{preset}"
+    if not rows and not own:
+        return REPORTS_DIR / base
+    parts = ([("_".join(_slug(m) for m in rows))] if rows else []) + (
+        ["s" + "-".join(str(s) for s in own)] if own else [])
+    name = "-".join(parts)
+    if len(name) > 60:
+        import hashlib
+
+        name = "subset-" + hashlib.sha256(repr((rows, own)).encode()).hexdigest()[:10]
+    return REPORTS_DIR / f"{base}-{name}"
+
+
+def check_out(out: Path, tasks: list[RunTask]) -> None:
+    """Refuse (one ConfigError line naming ``--out``) to write a report into ``out`` when the report already there
+    holds runs that ``tasks`` do not run: a reproduction restricted by ``--methods`` or ``--seeds`` never replaces a
+    fuller report. A report of the same runs or of fewer of them is replaced, as re-running does."""
+    import csv
+    import json
+
+    out = Path(out)
+    if not (out / "summary.json").is_file():
+        return
+    ours = {t.name for t in tasks}
+    try:
+        if (out / "runs.csv").is_file():
+            with open(out / "runs.csv", newline="", encoding="utf-8") as f:
+                theirs = {row.get("run") or "" for row in csv.DictReader(f)}
+            count, extra = len(theirs), sorted(theirs - ours)
+        else:  # a report without its runs.csv: only its count of runs is known
+            count = json.loads((out / "summary.json").read_text(encoding="utf-8")).get("runs")
+            extra = ["?"] if isinstance(count, int) and count > len(ours) else []
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        raise ConfigError(f"--out {out} holds a report that cannot be read (summary.json, runs.csv); choose "
+                          "another --out or remove it") from None
+    if extra:
+        which = f", {len(extra)} of them not in this reproduction (e.g. {extra[0]})" if extra != ["?"] else ""
+        raise ConfigError(f"--out {out} holds a report of {count} runs{which}; a report of fewer runs would replace "
+                          "it: choose another --out (a reproduction restricted by --methods or --seeds has one of "
+                          "its own when --out is not given)")
 
 
 def _slug(label: str) -> str:
@@ -219,7 +283,8 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
         threads = REPRODUCE_THREADS
     tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads,
                  model=model, track_hessian=track_hessian, methods=methods)
-    out = Path(out or Path("reports") / f"{target}-{preset}")
+    out = Path(out) if out else default_out(target, preset, methods, seeds)
+    check_out(out, tasks)  # before any run trains
     if echo:
         echo(f"{target} ({preset}): {len(tasks)} runs in {Path(tasks[0].run_dir).parent}, report in {out}")
     progress = Progress(tasks, echo, bar=progress_bar) if echo else None
@@ -229,13 +294,16 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
         if progress:
             progress.close()
     failed = [r for r in records if r.get("error")]
-    tables = tables_of(target)
+    rows, _ = _selection(target, preset, methods, seeds)
+    tables = tuple(key for key in tables_of(target)  # a restricted reproduction: only the tables of its rows
+                   if not rows or any(m.label in rows for m in paper_tables.REPRODUCED[key].methods))
     done = [t.run_dir for t in tasks if Path(t.run_dir, "config.json").is_file()]
     if not done:
         raise ConfigError(f"no run of {target} could start; first error: {failed[0]['error'] if failed else '?'}")
     summary = build_report(done, out, tables=tables, title=f"flatfl reproduce {target} --preset {preset}",
                            echo=echo, model=model)
     summary["tasks"] = records
+    summary["out"] = str(out)
     summary["failed"] = [f"{r['name']}: {r['error']}" for r in failed]
     summary["seconds"] = round(time.perf_counter() - start, 1)
     return summary

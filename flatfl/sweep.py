@@ -46,6 +46,7 @@ Python API: :func:`read_grid`, :func:`expand_grid`, :class:`RunTask`, :func:`run
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -93,8 +94,8 @@ def run_state(run_dir: str | Path, expected=None) -> str:
     """'new' (nothing there), 'partial' (started, not finished) or 'finished'. With ``expected`` (a RunConfig),
     a directory holding a run with other settings raises :class:`ConfigError` naming the first differences."""
     d = Path(run_dir)
-    if not d.exists() or (d.is_dir() and not any(d.iterdir())):
-        return "new"
+    if not d.exists() or (d.is_dir() and not any(not _leftover(p.name) for p in d.iterdir())):
+        return "new"  # empty, or only what a writer stopped before its first file leaves: its lock, a temporary
     if not d.is_dir():
         raise ConfigError(f"{d} exists and is not a directory")
     cfg_file = d / "config.json"
@@ -114,6 +115,15 @@ def run_state(run_dir: str | Path, expected=None) -> str:
             shown = ", ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} asked" for k in diff[:3])
             raise ConfigError(f"{d} holds a run with other settings ({shown}); delete it or choose another out")
     return "finished" if (d / "final.pt").is_file() else "partial"
+
+
+def _leftover(name: str) -> bool:
+    """A run folder's lock file or a flatfl temporary (``.NAME.PID.XXXXXXXX.tmp``): all that a run stopped (Ctrl-C,
+    kill) between taking its folder's lock and writing config.json leaves behind."""
+    from .utils.atomic import TEMPORARY_NAME
+    from .utils.lock import LOCK_NAME
+
+    return name == LOCK_NAME or bool(TEMPORARY_NAME.match(name))
 
 
 def _train(task: RunTask, log: Callable[[str], None]) -> str:
@@ -203,27 +213,30 @@ def run_tasks(tasks: list[RunTask], executor=None, *, echo: Callable[[str], None
     records: list[dict | None] = [None] * len(tasks)
     done = 0
     last_error = None
-    for outcome in executor.map(run_task, tasks):
-        task = tasks[outcome.index]
-        done += 1
-        if outcome.ok:
-            rec = dict(outcome.result, error=None)
-            what = ", ".join(f"{k} {rec[k]}" for k in ("train", "hessian", "clients", "spectrum", "surface")
-                             if rec.get(k))
-            msg = f"[{done}/{len(tasks)}] {task.name}: {what} ({rec['seconds']:.1f} s)"
-        else:
-            rec = {"name": task.name, "run_dir": task.run_dir, "train": None, "hessian": None, "clients": None,
-                   "spectrum": None, "surface": None, "seconds": None, "error": outcome.error}
-            same = outcome.error == last_error and not outcome.details
-            msg = f"[{done}/{len(tasks)}] {task.name}: FAILED: " + ("the same error" if same else outcome.error)
-            if outcome.details:
-                msg += "\n" + outcome.details.rstrip()
-            last_error = outcome.error
-        records[outcome.index] = rec
-        if on_done:
-            on_done(task, rec, msg)
-        elif echo:
-            echo(msg)
+    # closed on any exception here (Ctrl-C while a line is printed included): the executor's pool then stops its
+    # workers at once, not when the interpreter collects the generator after waiting for them
+    with contextlib.closing(executor.map(run_task, tasks)) as outcomes:
+        for outcome in outcomes:
+            task = tasks[outcome.index]
+            done += 1
+            if outcome.ok:
+                rec = dict(outcome.result, error=None)
+                what = ", ".join(f"{k} {rec[k]}" for k in ("train", "hessian", "clients", "spectrum", "surface")
+                                 if rec.get(k))
+                msg = f"[{done}/{len(tasks)}] {task.name}: {what} ({rec['seconds']:.1f} s)"
+            else:
+                rec = {"name": task.name, "run_dir": task.run_dir, "train": None, "hessian": None, "clients": None,
+                       "spectrum": None, "surface": None, "seconds": None, "error": outcome.error}
+                same = outcome.error == last_error and not outcome.details
+                msg = f"[{done}/{len(tasks)}] {task.name}: FAILED: " + ("the same error" if same else outcome.error)
+                if outcome.details:
+                    msg += "\n" + outcome.details.rstrip()
+                last_error = outcome.error
+            records[outcome.index] = rec
+            if on_done:
+                on_done(task, rec, msg)
+            elif echo:
+                echo(msg)
     return [r for r in records if r is not None]
 
 
@@ -312,7 +325,10 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
     threads = check_threads(raw.get("threads"), f"'threads' in {source}")
     tasks, seen = [], {}
     fixed_used: set[str] = set()
+    from .train.config import canonical_method_names
+
     for point in points:
+        point = canonical_method_names(point)  # algo = ["FedAvg", "fedavg"] is one run, named algo-fedavg
         own = normalize_settings(point, source=f"a run of {source}")
         settings = _merge(fixed, own)
         settings = _drop_unused_fixed(settings, set(own.get("params", {})), fixed_used)

@@ -433,6 +433,21 @@ def _report_nested_json(c):
     return ["report", str(run), "--out", str(c.ws / "rep")]
 
 
+def _fuller_report(c, extra=("--methods", "FedSpeed")):
+    """A report of every run of MAN Table 6 (tiny preset) in the folder a restricted reproduction is pointed at."""
+    from flatfl.reproduce import plan
+
+    names = [t.name for t in plan("man-table6", "tiny", runs_dir=c.ws / "r", seeds=(0, 1))]
+    c.write("full/summary.json", json.dumps({"runs": len(names), "tables": ["man-table6"]}))
+    c.write("full/runs.csv", "run,method\n" + "".join(f"{n},x\n" for n in names))
+    return ["reproduce", "man-table6", "--preset", "tiny", "--runs-dir", str(c.ws / "r"), "--out",
+            str(c.ws / "full"), *extra]
+
+
+def _fuller_report_seeds(c):
+    return _fuller_report(c, ("--seeds", "1"))
+
+
 CASES = {
     # ---- issue 29: sizes bounded before allocation (the limit named), failures named instead of 'internal error'
     "sweep-grid-120000-points": (_big_grid, "at most 10,000"),
@@ -666,6 +681,23 @@ CASES = {
     "threads-huge-train": (_train("--threads", str(2**70)), "--threads"),
     "reproduce-workers-zero": (lambda c: ["reproduce", "man-table2", "--preset", "tiny", "--workers", "0",
                                           "--runs-dir", str(c.ws / "r"), "--out", str(c.ws / "o")], "--workers"),
+    # ---- a reproduction restricted by --methods / --seeds never replaces a fuller report
+    "reproduce-methods-over-a-fuller-report": (_fuller_report, "--out"),
+    "reproduce-seeds-over-a-fuller-report": (_fuller_report_seeds, "--out"),
+    # ---- config and grid files read as YAML 1.2, a key set twice refused
+    "cfg-yaml-sexagesimal": (_cfg("c.yaml", "model: tiny\nrounds: 1:1\n"), "--rounds must be an integer, got '1:1'"),
+    "cfg-yaml-yes": (_cfg("c.yaml", "model: tiny\naugment: yes\n"), "--augment must be true or false"),
+    "cfg-yaml-duplicate": (_cfg("c.yaml", "model: tiny\nlr: 0.1\nlr: 0.2\n"), "sets 'lr' twice (lines 2 and 3)"),
+    "cfg-toml-duplicate": (_cfg("c.toml", 'model = "tiny"\nlr = 0.1\nlr = 0.2\n'), "sets 'lr' twice"),
+    "grid-yaml-duplicate": (lambda c: ["sweep", str(c.write("g.yaml", "fixed:\n  model: tiny\n  rounds: 1\ngrid:\n"
+                                                                      "  algo: [fedavg]\n  algo: [fedprox]\n"))],
+                            "sets 'algo' twice"),
+    # ---- float settings beyond the float32 range: named before training, not an overflow inside a step
+    "lr-1e308": (_train("--lr", "1e308"), "--lr must be at most 3.403e+38"),
+    "cfg-lr-1e308": (_cfg("c.yaml", "model: tiny\nlr: 1e308\n"), "--lr must be at most"),
+    "weight-decay-1e308": (_train("--weight-decay", "1e308"), "--weight-decay must be at most"),
+    "mu-1e308": (_train("--algo", "fedprox", "--mu", "1e308"), "--mu must be at most"),
+    "feddyn-alpha-1e308": (_train("--algo", "feddyn", "--feddyn-alpha", "1e308"), "--feddyn-alpha must be at most"),
 }
 
 

@@ -276,3 +276,45 @@ def test_a_factory_in_another_folder_is_named_by_its_file(tmp_path, monkeypatch)
         assert not (b / "hf").exists() and not (b / "h2").exists()
     finally:
         forget()
+
+
+def test_data_pt_is_tied_to_its_run_by_a_digest(tmp_path):
+    """A run's data.pt is recorded by its sha256 (config.json and every checkpoint); analysing or resuming the run
+    with another run's data.pt is one line naming both digests, and a run whose data.pt is gone never reads a
+    parent folder's instead (one line: missing)."""
+    import shutil
+
+    from flatfl.checkpoint import own_data_sha256
+
+    cfg = RunConfig(model="tiny", rounds=1, clients=2, batch_size=20, checkpoint_every=1).validate()
+    runs = {}
+    for seed in (0, 1):
+        run = tmp_path / "runs" / f"r{seed}"
+        Trainer(cfg, run, dataset=PairDataset(80, seed), quiet=True).run()
+        runs[seed] = run
+    saved = torch.load(runs[0] / "data.pt", weights_only=True)
+    recorded = json.loads((runs[0] / "config.json").read_text())["dataset"]["sha256"]
+    assert recorded == own_data_sha256(saved)
+    assert torch.load(runs[0] / "final.pt", weights_only=True)["dataset"]["sha256"] == recorded
+    assert recorded != json.loads((runs[1] / "config.json").read_text())["dataset"]["sha256"]
+    round_ckpt = runs[0] / "checkpoints" / "round_0001.pt"
+    assert flatfl.load_checkpoint(round_ckpt).dataset().num_classes == 4  # a round checkpoint: the run's data.pt
+
+    def one_line(argv, fragment):
+        r = CliRunner().invoke(main, argv)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.exit_code == 2 and len(lines) == 1 and fragment in lines[0], r.output
+        assert "Traceback" not in r.output
+        return lines[0]
+
+    shutil.copy(runs[1] / "data.pt", runs[0] / "data.pt")  # another run's data
+    line = one_line(["hessian", str(runs[0] / "final.pt"), "--quiet", "--out", str(tmp_path / "h")],
+                    "is not the data")
+    assert recorded[:12] in line
+    one_line(["train", "--resume", str(runs[0]), "--quiet"], "is not the data")
+    (runs[0] / "data.pt").unlink()  # gone; the folder above holds a data.pt of another run
+    shutil.copy(runs[1] / "data.pt", tmp_path / "runs" / "data.pt")
+    shutil.copy(runs[1] / "data.pt", runs[0] / "checkpoints" / "data.pt")
+    one_line(["hessian", str(runs[0] / "final.pt"), "--quiet", "--out", str(tmp_path / "h")], "is missing")
+    one_line(["hessian", str(round_ckpt), "--quiet", "--out", str(tmp_path / "h")], "is missing")
+    assert not (tmp_path / "h").exists()

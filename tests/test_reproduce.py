@@ -341,3 +341,49 @@ def test_progress_estimates_the_time_left_from_the_runs_trained(tmp_path):
                      "r1: done | 11 s elapsed, about 22 s left",  # 11 s for 1 run trained, 2 left
                      "r2: done | 31 s elapsed, about 16 s left",  # 31 / 2 x 1 = 15.5
                      "r3: done | 61 s elapsed, no run left to train"]
+
+
+def _fake_full_report(folder, names):
+    """A report folder as build_report leaves it, for the runs ``names`` (summary.json, runs.csv, report.md)."""
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"runs": len(names), "tables": ["man-table2", "man-table6"]}))
+    (folder / "runs.csv").write_text("run,method\n" + "".join(f"{n},x\n" for n in names))
+    (folder / "report.md").write_text("# the full report\n")
+
+
+def test_a_restricted_reproduction_never_replaces_a_fuller_report(tmp_path, monkeypatch):
+    """--methods / --seeds other than the preset's: the report goes to a folder of its own (named after the
+    selection) and shows only the tables of the rows asked for; an explicit --out holding a report of runs this
+    reproduction does not run is refused in one line naming --out, before any run trains."""
+    import flatfl.reproduce as rep
+
+    monkeypatch.setattr(rep, "REPORTS_DIR", tmp_path / "reports")
+    full = tmp_path / "reports" / "man-tables-tiny"
+    _fake_full_report(full, [t.name for t in plan("man-tables", "tiny", runs_dir=tmp_path / "runs")])
+    before = {p.name: p.read_bytes() for p in full.iterdir()}
+    runs = tmp_path / "runs"
+    args = ["reproduce", "man-tables", "--preset", "tiny", "--runs-dir", str(runs), "--threads", "1", "--workers", "1",
+            "--methods", "fedspeed"]
+
+    bad = CliRunner().invoke(main, args + ["--out", str(full)])
+    assert bad.exit_code == 2, bad.output
+    assert bad.stderr.strip().splitlines() == [
+        f"flatfl: error: --out {full} holds a report of 24 runs, 22 of them not in this reproduction (e.g. "
+        "fedasam-dirichlet0.3-s0); a report of fewer runs would replace it: choose another --out (a reproduction "
+        "restricted by --methods or --seeds has one of its own when --out is not given)"]
+    assert not runs.exists() and {p.name: p.read_bytes() for p in full.iterdir()} == before
+
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    own = tmp_path / "reports" / "man-tables-tiny-fedspeed"
+    assert rep.default_out("man-tables", "tiny", "FedSpeed") == own
+    assert res.output.strip().splitlines()[-1].endswith(f"-> {own}/report.pdf"), res.output
+    assert {p.name: p.read_bytes() for p in full.iterdir()} == before  # the full report untouched
+    summary = json.loads((own / "summary.json").read_text())
+    assert summary["tables"] == ["man-table6"] and summary["runs"] == 2  # FedSpeed is a row of Table 6 only
+    # the same selection again replaces its own report; other seeds than the preset's get another folder
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert rep.default_out("man-tables", "tiny", "FedSpeed", (0, 1)).name == "man-tables-tiny-fedspeed-s0-1"
+    assert rep.default_out("man-tables", "tiny", None, (0,)) == full  # the preset's seeds: the full report
+    long = rep.default_out("man-tables", "tiny", ",".join(rep.methods_of("man-tables")[:-1]))
+    assert long.name.startswith("man-tables-tiny-subset-") and len(long.name) < 40

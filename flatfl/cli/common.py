@@ -15,8 +15,8 @@ import click
 from ..errors import FlatflError, error_line, unknown_name
 from ..utils.startup import import_torch_uninterruptibly, settle_source_date_epoch
 
-__all__ = ["friendly_errors", "describe_failure", "FlatflGroup", "NameChoice", "THREADS_HELP", "threads_option",
-           "apply_threads"]
+__all__ = ["friendly_errors", "describe_failure", "interrupted_line", "FlatflGroup", "NameChoice", "THREADS_HELP",
+           "threads_option", "apply_threads"]
 
 
 def friendly_errors(fn):
@@ -29,8 +29,8 @@ def friendly_errors(fn):
         except FlatflError as e:
             click.echo(f"flatfl: error: {error_line(e)}", err=True)
             sys.exit(2)
-        except KeyboardInterrupt:
-            click.echo("flatfl: interrupted", err=True)
+        except KeyboardInterrupt as e:
+            click.echo(interrupted_line(e), err=True)
             sys.exit(130)
         except Exception as e:  # no traceback for the user: one line, exit 1 (FLATFL_DEBUG=1 shows it)
             if os.environ.get("FLATFL_DEBUG"):
@@ -39,6 +39,17 @@ def friendly_errors(fn):
             sys.exit(2 if isinstance(e, (OSError, UnicodeDecodeError, ValueError)) else 1)
 
     return wrapper
+
+
+#: what Ctrl-C leaves, when the command says nothing more precise (every output is written atomically)
+INTERRUPTED = "interrupted; nothing half-written was kept, run the same command again"
+
+
+def interrupted_line(e: BaseException | None = None) -> str:
+    """The one line for Ctrl-C: 'flatfl: interrupted; ' and what was kept and how to go on, from the exception's
+    ``hint`` attribute when the command set one (``train``, ``sweep``, ``reproduce``), else :data:`INTERRUPTED`."""
+    hint = getattr(e, "hint", None)
+    return f"flatfl: interrupted; {hint}" if isinstance(hint, str) and hint else f"flatfl: {INTERRUPTED}"
 
 
 def describe_failure(e: BaseException) -> str:

@@ -1,6 +1,7 @@
 """``flatfl report``, ``contrast``, ``reproduce`` and ``sweep``: many runs at once, and the tables made of them."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from pathlib import Path
@@ -88,6 +89,9 @@ def contrast(reports, out, labels):
     summary = write_contrast(list(reports), out, list(labels) or None)
     for line in summary["together"]:
         click.echo(line)
+    if summary.get("dropped"):
+        click.echo(f"notice: {len(summary['dropped'])} comparisons not held by every report are left out (listed in "
+                   f"{Path(out) / 'contrast.md'})", err=True)
     click.echo(f"{summary['comparisons']} comparisons in {len(summary['reports'])} reports -> {Path(out) / 'contrast.md'}")
 
 
@@ -100,6 +104,21 @@ Examples:
   flatfl reproduce man-table2 --preset quick --methods FedAvg,FedAvg+MAN --seeds 0,1   # two rows only
 Re-running the same command skips finished runs and analyses and resumes interrupted runs.
 """
+
+
+#: what Ctrl-C leaves of a sweep or a reproduction (its workers are stopped: flatfl.utils.processes.worker_pool)
+RUNS_KEPT = "finished runs are kept, rerun the same command to resume"
+
+
+@contextlib.contextmanager
+def _runs_kept_on_interrupt():
+    """Ctrl-C in a sweep or a reproduction: the one line says that finished runs stay and the same command resumes
+    (:func:`flatfl.cli.common.interrupted_line`)."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        e.hint = RUNS_KEPT
+        raise
 
 
 def _default_seeds_text() -> str:
@@ -126,7 +145,9 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 @click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"), metavar="TARGET")
 @click.option("--preset", type=NameChoice(PRESETS, kind="preset"), default="quick", show_default=True,
               help="quick: digits on a CPU; fmnist: Fashion-MNIST, MLP, on a CPU (<= 1 h on 2 cores); fmnist-cnn: Fashion-MNIST, the paper's CNN at LeNet-5 widths, on a CPU (<= 1 h on 2 cores); paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
-@click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>)")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>; "
+              "with --methods or other --seeds than the preset's, reports/<target>-<preset>-<selection>); a report "
+              "there of runs this reproduction does not run is refused")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None, help="run folder (default runs/reproduce-<preset>)")
 @click.option("--seeds", default=None, help=f"comma-separated seeds, e.g. 0,1,2 (default: {_default_seeds_text()})")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | mps")
@@ -155,10 +176,11 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, tra
 
     check_threads(threads)
     ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
-    summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
-                               device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model,
-                               track_hessian=track_hessian, methods=methods, progress_bar=sys.stderr.isatty())
-    report_dir = out or f"reports/{target}-{preset}"
+    with _runs_kept_on_interrupt():
+        summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
+                                   device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model,
+                                   track_hessian=track_hessian, methods=methods, progress_bar=sys.stderr.isatty())
+    report_dir = summary.get("out") or out
     echo_summary(summary, report_dir)
     tasks = summary.get("tasks") or []
     n_failed = len(summary["failed"])
@@ -206,7 +228,8 @@ def sweep(grid_file, out, dry_run, executor, workers, threads, ray_address, gpus
     from ..sweep import run_sweep
 
     ex = None if dry_run else make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
-    records = run_sweep(grid_file, executor=ex, out=out, threads=threads, dry_run=dry_run, echo=click.echo)
+    with _runs_kept_on_interrupt():
+        records = run_sweep(grid_file, executor=ex, out=out, threads=threads, dry_run=dry_run, echo=click.echo)
     if dry_run:
         return
     failed = [r for r in records if r.get("error")]

@@ -72,10 +72,13 @@ def load_run_dataset(cfg: RunConfig, run_dir: Path, resume: bool, dataset=None, 
     """The run's :class:`~flatfl.data.ImageDataset`: ``dataset`` (and ``test_dataset``) when given (see
     :func:`flatfl.data.datasets.as_image_dataset`), else a resumed run's saved custom data (data.pt), else the
     config's dataset by name. A resumed custom-data run whose data was not saved is refused."""
-    from ..data.datasets import as_image_dataset, load_saved_dataset
+    from ..data.datasets import as_image_dataset
 
     if dataset is None and resume and (run_dir / CUSTOM_DATA_FILE).is_file():
-        dataset = load_saved_dataset(run_dir / CUSTOM_DATA_FILE)
+        from ..checkpoint import load_run_data
+
+        recorded = (saved_run_info(run_dir).get("dataset") or {}).get("sha256")
+        dataset = load_run_data(run_dir / CUSTOM_DATA_FILE, recorded, run_dir)  # another run's data.pt is refused
     elif dataset is None and resume and (saved_run_info(run_dir).get("dataset") or {}).get("custom"):
         raise ConfigError(f"{run_dir} was trained on a custom dataset that was not saved with it: resume it "
                           "from Python, Trainer(cfg, run_dir, resume=True, dataset=...)")

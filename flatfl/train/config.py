@@ -18,6 +18,10 @@ from ..errors import ConfigError, unknown_name
 MAX_SEED = 2**32 - 1
 MAX_COUNT = 10**7  # rounds and clients
 MIN_ROUND_PROBABILITY = 0.01  # Bernoulli sampling: a draw must seat at least one client with this probability
+#: the largest float32: a float setting that torch multiplies into the (float32) weights or gradients as a scalar
+#: (--lr, --weight-decay, a hyper-parameter) cannot be larger (torch: "cannot be converted to type float without
+#: overflow"); such a value is refused naming its option
+FLOAT32_MAX = 3.4028234663852886e38
 
 DEFAULT_MODELS = {
     "digits": "digits-cnn",
@@ -129,6 +133,8 @@ class RunConfig:
                 raise ConfigError(msg)
 
         self.check_types()
+        names = canonical_method_names({k: getattr(self, k) for k in METHOD_SETTINGS})
+        self.algo, self.local_opt, self.reg = (names[k] for k in METHOD_SETTINGS)
         need(0 <= self.seed <= MAX_SEED, f"--seed must be in 0..{MAX_SEED}, got {self.seed}")
         need(self.rounds <= MAX_COUNT, f"--rounds must be at most {MAX_COUNT}, got {self.rounds}")
         need(self.clients <= MAX_COUNT, f"--clients must be at most {MAX_COUNT}, got {self.clients}")
@@ -142,6 +148,9 @@ class RunConfig:
                  f"--participation {self.participation:g} with {self.clients} clients leaves a round empty with "
                  f"probability {1 - p_any:.6g}: choose participation * clients of at least about 0.01")
         need(self.lr > 0 and math.isfinite(self.lr), f"--lr must be > 0, got {self.lr}")
+        for name, value in (("--lr", self.lr), ("--weight-decay", self.weight_decay)):
+            need(abs(value) <= FLOAT32_MAX, f"{name} must be at most {FLOAT32_MAX:.4g} (the largest float32; a "
+                 f"step of the float32 weights overflows beyond it), got {value:g}")
         need(0 < self.lr_decay <= 1.5, f"--lr-decay must be in (0, 1.5], got {self.lr_decay}")
         need(self.batch_size >= 1, f"--batch-size must be a positive integer, got {self.batch_size}")
         need(self.local_epochs >= 1, f"--local-epochs must be a positive integer, got {self.local_epochs}")
@@ -180,6 +189,10 @@ class RunConfig:
                                    fallback=f"unknown hyper-parameter {k!r}: see 'flatfl algos' for the valid names")
         for reg, name in ((ALGORITHMS, self.algo), (LOCAL_OPTIMIZERS, self.local_opt), (REGULARIZERS, self.reg)):
             reg.get_class(name).resolve(self.params)  # raises ConfigError on bad names or values
+        for k, v in self.params.items():
+            if isinstance(v, float) and math.isfinite(v) and abs(v) > FLOAT32_MAX:
+                raise ConfigError(f"--{k.replace('_', '-')} must be at most {FLOAT32_MAX:.4g} in magnitude (the "
+                                  f"largest float32), got {v:g}")
         from .catalog import check_used_hparams
 
         check_used_hparams(self.params, self.algo, self.local_opt, self.reg)  # e.g. --zeta without --reg man
@@ -191,6 +204,29 @@ class RunConfig:
         if self.partition not in PARTITIONS:
             raise unknown_name("partition", self.partition, PARTITIONS)
         return self
+
+
+#: the settings that name a registered piece, and their registries (flatfl.train.components)
+METHOD_SETTINGS = ("algo", "local_opt", "reg")
+
+
+def canonical_method_names(settings: dict) -> dict:
+    """``settings`` with each algorithm, local optimizer and regularizer name (keys ``algo``, ``local_opt`` /
+    ``local-opt``, ``reg``) written as its registry's name, whatever its case (``FedAvg`` -> ``fedavg``, ``MAN`` ->
+    ``man``, ``SAM`` -> ``sam``), so that runs of one method group together in sweeps and reports. A name no
+    registry knows is left as written, for the error that names it."""
+    from .catalog import load_all
+    from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
+
+    registries = dict(zip(METHOD_SETTINGS, (ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS)))
+    out = dict(settings)
+    for key, value in settings.items():
+        registry = registries.get(str(key).replace("-", "_"))
+        if registry is not None and isinstance(value, str) and value.lower() != value:
+            load_all()
+            if value.lower() in registry:
+                out[key] = value.lower()
+    return out
 
 
 def with_defaults(stored: dict) -> dict:
@@ -214,11 +250,120 @@ MAX_SETTINGS_VALUES = 100_000
 MAX_SETTINGS_DEPTH = 64
 
 
+class DuplicateKey(Exception):
+    """A key set twice in one table of a settings file: the key and the lines (1-based) of both."""
+
+    def __init__(self, key, first: int, second: int):
+        super().__init__(f"duplicate key {key!r} (lines {first} and {second})")
+        self.key, self.first, self.second = key, first, second
+
+
+_YAML_LOADER = None
+
+
+def yaml12_loader():
+    """PyYAML's SafeLoader reading plain scalars by the YAML 1.2 core schema instead of YAML 1.1's, and refusing a
+    key set twice in one mapping (:class:`DuplicateKey`; a ``<<`` merge may still be overridden):
+
+    * integers: ``[-+]?[0-9]+`` in decimal (``010`` is 10, not octal 8), ``0o17``, ``0x1f``; no ``1_000``, no
+      sexagesimal (``1:1`` is the string '1:1', not 61), no ``0b``;
+    * floats: ``1e-2``, ``.5``, ``-2.5E3``, ``.inf``, ``.nan`` (1.1 wanted a dot: ``1e-2`` was a string);
+    * booleans only ``true`` / ``false`` (any case as 1.2 writes them): ``yes``, ``no``, ``on``, ``off`` are strings,
+      which every boolean setting then refuses; ``null`` / ``~`` / nothing is None; no timestamps (``2024-01-01``
+      is a string).
+    """
+    global _YAML_LOADER
+    if _YAML_LOADER is not None:
+        return _YAML_LOADER
+    import math
+    import re
+
+    import yaml
+    from yaml.constructor import ConstructorError
+    from yaml.nodes import MappingNode
+
+    int_re = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+    float_re = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                          r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+    bool_re = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+    null_re = re.compile(r"^(?:~|null|Null|NULL|)$")
+
+    class Yaml12Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        if key in seen:
+                            raise DuplicateKey(key, seen[key] + 1, key_node.start_mark.line + 1)
+                        seen[key] = key_node.start_mark.line
+                    except TypeError:  # an unhashable key: refused by PyYAML itself below
+                        pass
+            return super().construct_mapping(node, deep=deep)
+
+        def construct_yaml12_int(self, node):
+            text = str(self.construct_scalar(node)).strip()
+            if not int_re.match(text):
+                raise ConstructorError(None, None, f"{text!r} is not a YAML 1.2 integer", node.start_mark)
+            if text.startswith("0o"):
+                return int(text[2:], 8)
+            if text.startswith("0x"):
+                return int(text[2:], 16)
+            return int(text, 10)
+
+        def construct_yaml12_float(self, node):
+            text = str(self.construct_scalar(node)).strip()
+            if not float_re.match(text):
+                raise ConstructorError(None, None, f"{text!r} is not a YAML 1.2 float", node.start_mark)
+            low = text.lower()
+            if low.endswith(".inf"):
+                return -math.inf if low.startswith("-") else math.inf
+            if low == ".nan":
+                return math.nan
+            return float(text)
+
+    # the 1.1 resolvers of bool, int, float, null and timestamp are replaced by 1.2's; the others (merge, value,
+    # yaml) are kept
+    dropped = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+               "tag:yaml.org,2002:null", "tag:yaml.org,2002:timestamp"}
+    Yaml12Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in dropped]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for tag, regexp, first in (("tag:yaml.org,2002:bool", bool_re, list("tTfF")),
+                               ("tag:yaml.org,2002:int", int_re, list("-+0123456789")),
+                               ("tag:yaml.org,2002:float", float_re, list("-+.0123456789")),
+                               ("tag:yaml.org,2002:null", null_re, ["~", "n", "N", ""])):
+        Yaml12Loader.add_implicit_resolver(tag, regexp, first)
+    Yaml12Loader.add_constructor("tag:yaml.org,2002:int", Yaml12Loader.construct_yaml12_int)
+    Yaml12Loader.add_constructor("tag:yaml.org,2002:float", Yaml12Loader.construct_yaml12_float)
+    _YAML_LOADER = Yaml12Loader
+    return Yaml12Loader
+
+
+def _toml_duplicate(text: str, message: str) -> str | None:
+    """The key a TOML 'Cannot overwrite a value' / 'Cannot declare' error is about, read from the line it names."""
+    import re
+
+    m = re.search(r"\(at line (\d+)", message)
+    if not m or not ("overwrite" in message or "declare" in message):
+        return None
+    lines = text.splitlines()
+    k = int(m.group(1)) - 1
+    if not 0 <= k < len(lines):
+        return None
+    key = re.match(r"\s*\[*\s*([^=\]]+?)\s*(?:=|\]|$)", lines[k])
+    return key.group(1).strip() if key else None
+
+
 def read_settings_file(path: str | Path, what: str = "config file") -> dict:
     """Parse a TOML (.toml) or YAML (.yaml/.yml) file holding a table; errors name ``what`` and the file. The file,
     its values (aliases expanded) and their nesting are bounded (:data:`MAX_SETTINGS_BYTES`,
     :data:`MAX_SETTINGS_VALUES`, :data:`MAX_SETTINGS_DEPTH`): a larger one is refused in one line before any of
-    its values is used."""
+    its values is used. YAML is read by the YAML 1.2 core schema (:func:`yaml12_loader`: ``seed: 010`` is 10,
+    ``rounds: 1:1`` a string); a key set twice in one table is refused in one line naming it, in YAML and TOML."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} not found: {path}")
@@ -243,13 +388,19 @@ def read_settings_file(path: str | Path, what: str = "config file") -> dict:
         elif path.suffix.lower() in (".yaml", ".yml"):
             import yaml
 
-            raw = yaml.safe_load(text) or {}
+            raw = yaml.load(text, Loader=yaml12_loader())  # noqa: S506 - a SafeLoader subclass
+            raw = {} if raw is None else raw
         else:
             raise ConfigError(f"{what} {path} must end in .toml, .yaml or .yml")
     except ConfigError:
         raise
+    except DuplicateKey as e:
+        raise ConfigError(f"{what} {path} sets {e.key!r} twice (lines {e.first} and {e.second}); keep one") from None
     except Exception as e:  # parser errors carry line numbers
         first = (str(e).splitlines() or [type(e).__name__])[0]
+        key = _toml_duplicate(text, first) if path.suffix.lower() == ".toml" else None
+        if key:
+            raise ConfigError(f"{what} {path} sets {key!r} twice ({first}); keep one") from None
         raise ConfigError(f"cannot parse {what} {path}: {first[:300]}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{what} {path} must hold a table of settings")
@@ -322,7 +473,7 @@ def normalize_settings(raw: dict, source: str = "settings") -> dict:
                                fallback=f"unknown hyper-parameter {pk!r} in {source}")
     if params:
         out["params"] = params
-    return out
+    return canonical_method_names(out)
 
 
 def build_config(file_settings: dict | None = None, cli_settings: dict | None = None) -> RunConfig:

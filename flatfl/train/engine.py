@@ -220,11 +220,17 @@ class Trainer(RoundLoop):
         d = self.run_dir
         d.mkdir(parents=True, exist_ok=True)
         record = {"flatfl_version": __version__, "config": self._recorded_config(), "model": self.model_spec,
-                  "resolved": self.resolved, "dataset": dataset_info(self.ds, self.custom_data),
+                  "resolved": self.resolved, "dataset": self._data_info(),
                   "environment": environment(), "training_path": self.training_path(),
                   **({"tracking": self.observer.settings} if self.observer else {})}
         write_run_record(d, record, start_round=self.start_round)
         save_run_data(d, self.ds, self.custom_data, self.partition, self.label_counts, self.log)
+
+    def _data_info(self) -> dict:
+        """config.json's and every checkpoint's record of the data (:func:`dataset_info`), its digest computed once."""
+        if getattr(self, "_data_record", None) is None:
+            self._data_record = dataset_info(self.ds, self.custom_data)
+        return dict(self._data_record)
 
     def _model_payload(self, rnd: int) -> dict:
         """The checkpoint of round ``rnd`` (:mod:`flatfl.checkpoint`): the server model, the all-clients average,
@@ -240,7 +246,7 @@ class Trainer(RoundLoop):
             "all_state_dict": all_sd,
             "dataset": {"name": self.ds.name, "data_dir": str(Path(self.cfg.data_dir).resolve()),
                         "num_classes": self.ds.num_classes, "input_shape": list(self.ds.input_shape),
-                        **dataset_info(self.ds, self.custom_data)},
+                        **self._data_info()},
             "partition": self.partition.to_dict(),
             "config": self._recorded_config(),
             "resolved": self.resolved,

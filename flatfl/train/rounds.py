@@ -8,7 +8,9 @@ the state it starts from only, whatever ran before it in the process.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
 from typing import Callable
 
 import numpy as np
@@ -16,9 +18,10 @@ import torch
 
 from ..data.partition import Partition
 from ..errors import DivergenceError
+from ..models.functional_stack import StackingRefused
 from ..models.params import ParamLayout
 from .algorithms.base import Algorithm, weighted_mean
-from .config import RunConfig
+from .config import FLOAT32_MAX, RunConfig
 from .context import ClientContext, Cohort, RoundContext, client_rng, frozen_copy
 from .evaluate import evaluate
 from .local import train_cohort
@@ -45,6 +48,21 @@ def sample_clients(seed: int, rnd: int, num_clients: int, participation: float, 
 def client_seed(seed: int, rnd: int, client: int) -> int:
     # int() before the shift: numpy 1.x turns uint64 >> a Python int into float64 and refuses the shift
     return int(np.random.SeedSequence([seed, rnd, client, 1]).generate_state(1, dtype=np.uint64)[0]) >> 1
+
+
+@contextlib.contextmanager
+def _overflow_is_divergence(r: int):
+    """A scalar too large for the weights' float type inside a step (torch: "value cannot be converted to type
+    float without overflow") ends the run as diverged in round ``r + 1``, in one line, as a non-finite loss does.
+    Settings beyond the float32 range are refused before training (:meth:`RunConfig.validate`); this catches one
+    that grows there."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "overflow" not in str(e):
+            raise
+        raise DivergenceError(f"the run diverged in round {r + 1}: a step overflowed the weights' float type "
+                              f"({' '.join(str(e).split())[:120]})") from None
 
 
 class RoundLoop:
@@ -91,6 +109,26 @@ class RoundLoop:
         """Normalised copies of the splits on the device, for splits of up to :data:`CACHE_LIMIT_BYTES`."""
         self._train_cache = self._maybe_cache(self.ds.train_x)
         self._test_cache = self._maybe_cache(self.ds.test_x)
+        self._probe_stacking()
+
+    def _probe_stacking(self) -> None:
+        """Before training (config.json records the outcome): a network that only torch.func stacks runs one
+        stacked step on a few of the data's inputs (:func:`~flatfl.models.stacking.probe_stacking`); one it cannot
+        run trains one client at a time, said in one line."""
+        from ..models.stacking import probe_stacking, stacking_path
+
+        if self.parallel > 1 and stacking_path(self.model) == "torch.func":
+            x = self._as_model_dtype(self.ds.normalize(self.ds.train_x[:4].to(self.device)))
+            why = probe_stacking(self.model, x)
+            if why is not None:
+                self._refuse_stacking(why)
+
+    def _refuse_stacking(self, why: str) -> None:
+        """One client at a time from now on, said in one line: the model cannot be stacked (``why``)."""
+        self.log(f"--parallel-clients {self.cfg.parallel_clients or 'all'}: training one client at a time (the "
+                 f"model cannot be stacked: {why})")
+        self.parallel, self.parallel_reason = 1, f"the model cannot be stacked: {why}"
+        self._networks = {k: v for k, v in self._networks.items() if k == 1}
 
     # ----- data -----
     def _maybe_cache(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -150,7 +188,13 @@ class RoundLoop:
         metrics when it is evaluated (every ``eval_every`` rounds, the last, and those the observer wants), else
         None. ``Trainer.run`` calls it for each round; benchmarks time it. It writes no files."""
         cfg = self.cfg
-        lr = cfg.lr * cfg.lr_decay ** r
+        try:
+            lr = cfg.lr * cfg.lr_decay ** r
+        except OverflowError:
+            lr = math.inf
+        if not lr <= FLOAT32_MAX:  # --lr-decay > 1 over many rounds
+            raise DivergenceError(f"the run diverged in round {r + 1}: the learning rate --lr {cfg.lr:g} x --lr-decay "
+                                  f"{cfg.lr_decay:g}^{r} is beyond the float32 range")
         participants = sample_clients(cfg.seed, r, self.partition.num_clients, cfg.participation, cfg.sampling)
         rctx = RoundContext(r, lr, self.theta, _build_model=self._frozen_global(self.theta))
         self.algo.round_start(rctx)
@@ -161,7 +205,8 @@ class RoundLoop:
             ids, pending = pending[:self.parallel], pending[self.parallel:]
             saved = self._client_state_rows(ids) if len(ids) > 1 else {}
             try:
-                cohort_results, cohort_buffers = self._train_cohort(rctx, ids, lr, augment)
+                with _overflow_is_divergence(r):
+                    cohort_results, cohort_buffers = self._train_cohort(rctx, ids, lr, augment)
             except torch.OutOfMemoryError:
                 if len(ids) == 1:
                     raise
@@ -169,9 +214,15 @@ class RoundLoop:
                 self._halve_parallel(len(ids))
                 pending = ids + pending
                 continue
+            except StackingRefused as e:  # torch.func met an operation it cannot run for several clients
+                self._restore_client_state_rows(ids, saved)
+                self._refuse_stacking(str(e))
+                pending = ids + pending
+                continue
             results += cohort_results
             client_buffers += cohort_buffers
-        theta = self.algo.aggregate(rctx, results)
+        with _overflow_is_divergence(r):
+            theta = self.algo.aggregate(rctx, results)
         if not torch.isfinite(theta).all():
             raise DivergenceError(f"the server model became non-finite in round {r + 1}")
         self.theta = theta

@@ -1,6 +1,7 @@
 """Glue between the command line and the engine: build the config, pick the run directory, train or resume."""
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
                               "would be ignored: leave them out (or start a new run with another --out)")
         cfg = read_run_config(resume_dir)
         apply_threads(opts.get("threads") if opts.get("threads") is not None else cfg.threads)
-        with folder_lock(resume_dir):
+        with _resume_hint(Path(resume_dir)), folder_lock(resume_dir):
             trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet, observer=observer_for(cfg))
             return trainer.run()
     from .catalog import all_hparams
@@ -64,7 +65,22 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
                 raise ConfigError(f"run directory {run_dir} already exists: use --resume {run_dir} to continue it, "
                                   "--force to overwrite it, or another --out")
             _clear_run_dir(run_dir)
-        return Trainer(cfg, run_dir, quiet=quiet, observer=observer_for(cfg)).run()
+        with _resume_hint(run_dir):
+            return Trainer(cfg, run_dir, quiet=quiet, observer=observer_for(cfg)).run()
+
+
+@contextlib.contextmanager
+def _resume_hint(run_dir: Path):
+    """Ctrl-C while ``run_dir`` trains: the KeyboardInterrupt carries, as ``hint``, what was kept and the command
+    that continues (the command line prints it, :func:`flatfl.cli.common.interrupted_line`)."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if (run_dir / "config.json").is_file():
+            e.hint = f"the run is kept up to its last checkpoint: flatfl train --resume {run_dir} continues it"
+        else:
+            e.hint = "the run had not started; run the same command again"
+        raise
 
 
 def _clear_run_dir(run_dir: Path) -> None:

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..checkpoint import FINAL_FILE, save_checkpoint, save_clients_average
+from ..checkpoint import CUSTOM_DATA_FILE, FINAL_FILE, dataset_sha256, save_checkpoint, save_clients_average
 from ..data.partition import Partition
 from ..errors import ConfigError
 from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -40,7 +40,6 @@ CONFIG_FILE = "config.json"
 PARTITION_FILE = "partition.json"
 RESUME_FILE = "resume.pt"
 CLIENTS_FILE = "clients.pt"  # each client's latest local model (--save-clients)
-CUSTOM_DATA_FILE = "data.pt"  # a custom dataset saved with its run (tensors only)
 CUSTOM_DATA_LIMIT_BYTES = 1 << 30
 
 
@@ -98,12 +97,16 @@ def read_run_config(run_dir: str | Path) -> RunConfig:
 
 
 # ----------------------------------------------------------------------------------------------- writing
-def dataset_info(ds, custom: bool) -> dict:
-    """Where the run's data comes from: a dataset name, or (custom data) the run's data.pt when saved."""
+def dataset_info(ds, custom: bool, digest: bool = True) -> dict:
+    """Where the run's data comes from: a dataset name, or (custom data) the run's data.pt when saved, with its
+    ``sha256`` (:func:`flatfl.checkpoint.own_data_sha256`; ``digest=False``: not computed), which ties the file to
+    its run: readers refuse another run's data.pt (:func:`flatfl.checkpoint.load_run_data`)."""
     info = {"name": ds.name, "custom": custom, "file": None}
     if custom:
         size = sum(t.numel() * t.element_size() for t in (ds.train_x, ds.train_y, ds.test_x, ds.test_y))
         info["file"] = CUSTOM_DATA_FILE if size <= CUSTOM_DATA_LIMIT_BYTES else None
+        if info["file"] and digest:
+            info["sha256"] = dataset_sha256(ds)
     return info
 
 
@@ -125,11 +128,12 @@ def write_run_record(run_dir: Path, record: dict, *, start_round: int) -> None:
 
 def save_run_data(run_dir: Path, ds, custom: bool, partition: Partition, label_counts,
                   log: Callable[[str], None]) -> None:
-    """A custom dataset's data.pt (up to :data:`CUSTOM_DATA_LIMIT_BYTES`) and partition.json, unless there."""
+    """A custom dataset's data.pt (up to :data:`CUSTOM_DATA_LIMIT_BYTES`) and partition.json, unless there (a
+    resumed run's data.pt was checked against its recorded digest when it was read: flatfl.train.build)."""
     if custom and not (run_dir / CUSTOM_DATA_FILE).is_file():
         from ..data.datasets import dataset_payload
 
-        if dataset_info(ds, custom)["file"]:
+        if dataset_info(ds, custom, digest=False)["file"]:
             atomic_torch_save(dataset_payload(ds), run_dir / CUSTOM_DATA_FILE)
         else:
             log(f"the custom dataset is over {CUSTOM_DATA_LIMIT_BYTES >> 20} MiB and was not saved with "

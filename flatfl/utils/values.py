@@ -1,7 +1,8 @@
 """Strict typing of settings read from files and the command line.
 
 The one rule for numbers written as text: a *float* setting accepts a string that is a plain decimal or scientific
-literal (``"1e-2"``, ``"0.5"``), because PyYAML reads ``lr: 1e-2`` as the string ``"1e-2"``. Nothing else is
+literal (``"1e-2"``, ``"0.5"``), as a quoted value in a file or a YAML 1.1 reader would give it (flatfl reads YAML
+by the 1.2 core schema, where ``lr: 1e-2`` is already a number: flatfl/train/config.py). Nothing else is
 converted: a bool must be ``true``/``false`` (the string ``"no"`` is refused, not read as on or off), an integer
 must be an integer (not ``2.5``, not ``"3"``), and every float must be finite.
 """
