@@ -301,7 +301,7 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     if not done:
         raise ConfigError(f"no run of {target} could start; first error: {failed[0]['error'] if failed else '?'}")
     summary = build_report(done, out, tables=tables, title=f"flatfl reproduce {target} --preset {preset}",
-                           echo=echo, model=model)
+                           echo=echo, model=model, rows=rows or None)
     summary["tasks"] = records
     summary["out"] = str(out)
     summary["failed"] = [f"{r['name']}: {r['error']}" for r in failed]

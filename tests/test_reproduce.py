@@ -381,6 +381,8 @@ def test_a_restricted_reproduction_never_replaces_a_fuller_report(tmp_path, monk
     assert {p.name: p.read_bytes() for p in full.iterdir()} == before  # the full report untouched
     summary = json.loads((own / "summary.json").read_text())
     assert summary["tables"] == ["man-table6"] and summary["runs"] == 2  # FedSpeed is a row of Table 6 only
+    with (own / "man-table6.csv").open() as f:  # and the table shows only the row asked for, no empty ones
+        assert {row["method"] for row in csv.DictReader(f)} == {"FedSpeed"}
     # the same selection again replaces its own report; other seeds than the preset's get another folder
     assert CliRunner().invoke(main, args).exit_code == 0
     assert rep.default_out("man-tables", "tiny", "FedSpeed", (0, 1)).name == "man-tables-tiny-fedspeed-s0-1"

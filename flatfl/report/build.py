@@ -101,7 +101,7 @@ def _write_pdf(out: Path, records, results, ours_scale: str, sections, title: st
 @locks_output  # one writer per report folder
 def build_report(paths, out, *, tables=None, compute_missing: bool = False, hessian: dict | None = None,
                  clients: dict | None = None, device: str = "cpu", title: str = "flatfl report",
-                 echo: Callable[[str], None] | None = None, model: str | None = None) -> dict:
+                 echo: Callable[[str], None] | None = None, model: str | None = None, rows=None) -> dict:
     """Write the report of the runs under ``paths`` into ``out``; returns the summary (also summary.json).
 
     ``tables``: layout keys ('man-table2', 'man-table6', 'man-tables', 'fedalign-table1'); None picks every layout
@@ -110,7 +110,8 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     settings asked for; with ``compute_missing`` a run lacking a Hessian of its model with those settings gets one
     (into a folder of its own when an analysis with other settings exists), without it such a run is listed as
     missing; the table then uses only analyses with the asked settings. ``clients``: H_N / H_D settings
-    (defaults :data:`~.missing.DEFAULT_HESSIAN`, :data:`~.missing.DEFAULT_CLIENTS`).
+    (defaults :data:`~.missing.DEFAULT_HESSIAN`, :data:`~.missing.DEFAULT_CLIENTS`). ``rows``: the row labels to
+    show (a reproduction restricted by ``--methods``; None: every row of each layout).
     """
     stamp = pdf.made_at()  # checked before any work
     asked = {k: v for k, v in (hessian or {}).items() if v is not None or k == "samples"}
@@ -148,7 +149,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     # ---- tables and verdicts
     values = paper_values()
     ours_scale = scale_label(records)
-    results = [table_result(spec, records, model, values) for spec in specs]
+    results = [table_result(spec, records, model, values, only=rows) for spec in specs]
 
     # ---- files
     out.mkdir(parents=True, exist_ok=True)

@@ -85,12 +85,12 @@ def _table_figure(result, ours_scale: str):
             header += [f"{pre}{SHORT[m]} ours", f"{pre}{SHORT[m]} paper"]
     by = {(r.method, r.partition): r for r in rows}
     cells = []
-    for method in spec.rows:
+    for method in [m for m in spec.rows if any((m, part) in by for part in spec.partitions)]:  # rows shown only
         line = [method if spec.paper_name(method) == method else f"{method}\n(paper: {spec.paper_name(method)})"]
         for part in spec.partitions:
-            r = by[(method, part)]
+            r = by.get((method, part))
             for m in spec.metrics:
-                line += [cell_text(r.cells[m], newline=True), r.cells[m].paper]
+                line += [cell_text(r.cells[m], newline=True), r.cells[m].paper] if r is not None else ["", None]
         cells.append(line)
     subtitle = [spec.paper_scale, ours_scale + (f"; {result.difference}" if result.difference else ""),
                 f"model: every row measures the {MODEL_NAMES[result.model]} (accuracy and Hessian); "

@@ -25,11 +25,14 @@ class TableResult:
     findings: list[str]
 
 
-def table_result(spec: TableSpec, records, model: str | None, values: list[dict]) -> TableResult:
+def table_result(spec: TableSpec, records, model: str | None, values: list[dict], only=None) -> TableResult:
     """Fill ``spec``'s layout from ``records`` (which already hold the analyses of the layout's model) and judge
-    its comparisons; ``model``: the model asked for (None: the layout's default); ``values``: the papers'."""
+    its comparisons; ``model``: the model asked for (None: the layout's default); ``values``: the papers';
+    ``only``: the row labels to keep (a restricted reproduction; None: every row of the layout)."""
     mine = records_of(spec, records)
     rows = build_table(spec, mine, values)
+    if only is not None:
+        rows = [r for r in rows if r.method in only]
     checks = direction_checks(spec, rows)
     return TableResult(spec=spec, model=model_for(spec, model), records=mine, rows=rows, checks=checks,
                        counts=summary_counts(checks), difference=paper_differences(spec, mine),
