@@ -89,6 +89,7 @@ PAPER_NAMES = {
     "mimelite": "MimeLite", "fedrobust": "FedRobust", "moon": "MOON", "fedntd": "FedNTD", "feddisco": "FedDisco",
     "man": "MAN", "asd": "ASD", "fedalign": "FedAlign", "gradaug": "GradAug", "mixup": "Mixup",
     "stochdepth": "StochDepth", "sam": "SAM", "asam": "ASAM",
+    "fedsmoo": "FedSMOO", "fedgamma": "FedGAMMA", "fedlesam": "FedLESAM", "fedgloss": "FedGloSS",
 }
 
 
