@@ -17,18 +17,38 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_discovered_tables_and_their_order():
-    assert paper_tables.TARGETS == ("man-table2", "man-table6", "man-tables", "fedalign-table1")
+    assert paper_tables.TARGETS == ("man-table2", "man-table6", "man-tables", "fedalign-table1", "sam-family")
     assert paper_tables.GROUPS == {"man-tables": ("man-table2", "man-table6")}
     modules = sorted(p.stem for p in (ROOT / "flatfl" / "paper_tables").glob("*.py"))
-    assert modules == ["__init__", "fedalign_table1", "man_common", "man_table2", "man_table6", "spec"]
+    assert modules == ["__init__", "fedalign_table1", "man_common", "man_table2", "man_table6", "sam_family", "spec"]
 
 
 def test_every_table_has_paper_values_for_its_rows():
     values = paper_values()
     for key, spec in paper_tables.TABLES.items():
         mine = {(r["method"], r["partition"]) for r in values if r["source"] == spec.source and r["table"] == spec.table}
-        assert mine, key
+        borrowed = {(r["method"], r["partition"]) for r in values if r["source"] == spec.source
+                    and r["table"] in spec.also_tables and r["partition"] in spec.partitions
+                    and r["method"] in {spec.paper_name(row) for row in spec.rows}}
+        assert mine or borrowed, key
         assert {p for _, p in mine} <= set(spec.partitions), key
+
+
+def test_a_layout_sets_the_values_of_other_tables_beside_the_rows_it_shares():
+    """The SAM family has no paper table: the MAN paper's Table 2 and Table 6 values stand beside its FedAvg,
+    FedSAM, FedASAM and FedSpeed rows, for delta 0.3 only (the layout's one partition)."""
+    from flatfl.report.layouts import paper_lookup
+
+    spec = paper_tables.TABLES["sam-family"]
+    got = paper_lookup(spec, paper_values())
+    assert got[("FedSAM", "dirichlet-0.3", "top_eigenvalue")] == 32.46  # MAN Table 2
+    have = {(m, metric) for m, p, metric in got if metric in ("top_eigenvalue", "trace")}
+    assert {m for m, _ in have} == {"FedAvg", "FedSAM", "FedSAM+MAN", "FedASAM", "FedASAM+MAN",
+                                    "FedSpeed", "FedSpeed+MAN"}
+    assert {p for _, p, metric in got if metric != "accuracy"} == {"dirichlet-0.3"}
+    want = {r["value"] for r in paper_values() if r["table"] == "Table 6 (supplementary)" and r["method"] == "FedSpeed"
+            and r["partition"] == "dirichlet-0.3" and r["metric"] == "trace"}
+    assert {got[("FedSpeed", "dirichlet-0.3", "trace")]} == want
 
 
 NEW_TABLE = '''

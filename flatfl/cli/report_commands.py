@@ -141,7 +141,7 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 
 
 @click.command(epilog=REPRODUCE_EPILOG, help="Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign "
-              "Table 1.\n\n\b\nTARGET: " + ", ".join(TARGETS))  # a name per target, none broken at its hyphens
+              "Table 1, or the SAM family's curvature side by side.\n\n\b\nTARGET: " + ", ".join(TARGETS))  # a name per target, none broken at its hyphens
 @click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"), metavar="TARGET")
 @click.option("--preset", type=NameChoice(PRESETS, kind="preset"), default="quick", show_default=True,
               help="quick: digits on a CPU; fmnist: Fashion-MNIST, MLP, on a CPU (<= 1 h on 2 cores); fmnist-cnn: Fashion-MNIST, the paper's CNN at LeNet-5 widths, on a CPU (<= 1 h on 2 cores); paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
@@ -163,7 +163,7 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 @friendly_errors
 def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, track_hessian, methods, executor, workers,
               threads, ray_address, gpus_per_task):
-    """Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign Table 1."""
+    """Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign Table 1, or the SAM family."""
     from ..errors import ConfigError
     from ..executors import make_executor
     from ..reproduce import reproduce as run_reproduction

@@ -15,7 +15,9 @@ class TableSpec:
     """A paper table's layout. ``rows`` are our method names; ``paper_names`` maps those the paper names
     differently; ``comparisons`` are (reference, compared) row pairs whose direction of change is checked.
     ``notes``: printed under the table; ``curated_notes``: (row, note) pairs of measurements made outside the
-    report, printed among the findings (marked as curated) when the row has runs."""
+    report, printed among the findings (marked as curated) when the row has runs; ``also_tables``: other tables of
+    the same source whose published values are set beside the rows (and partitions) this layout shares with them
+    (a layout no paper has as such)."""
 
     key: str
     source: str  # "MAN" / "FedAlign", as in paper_values.csv
@@ -30,6 +32,7 @@ class TableSpec:
     paper_names: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
     curated_notes: tuple[tuple[str, str], ...] = ()
+    also_tables: tuple[str, ...] = ()  # other tables of ``source`` whose values stand beside the rows they have
 
     def paper_name(self, row: str) -> str:
         return dict(self.paper_names).get(row, row)

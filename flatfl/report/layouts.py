@@ -35,13 +35,15 @@ def paper_values() -> list[dict]:
 
 
 def paper_lookup(spec: TableSpec, values: list[dict]) -> dict:
-    """(paper method, partition, metric) -> value for ``spec``; accuracy of MAN tables from MAN Table 1."""
+    """(paper method, partition, metric) -> value for ``spec`` (its own table, and ``also_tables`` for the rows they
+    have); accuracy of MAN tables from MAN Table 1."""
     out = {}
     for r in values:
         if r["source"] != spec.source:
             continue
         metric = r["metric"]
-        if r["table"] == spec.table:
+        if r["table"] == spec.table or (r["table"] in spec.also_tables and r["partition"] in spec.partitions
+                                        and r["method"] in {spec.paper_name(row) for row in spec.rows}):
             out[(r["method"], r["partition"], metric)] = r["value"]
         elif spec.source == "MAN" and r["table"] == "Table 1" and metric == "accuracy_after_500_rounds":
             out[(r["method"], r["partition"], "accuracy")] = r["value"]

@@ -1,0 +1,53 @@
+"""The SAM family's curvature, side by side: FedSAM, FedASAM, MoFedSAM, FedSpeed and the methods that came after the
+source papers (FedSMOO, FedGAMMA, FedLESAM, FedGloSS), each with and without MAN, against FedAvg, Dirichlet delta
+0.3 (top Hessian eigenvalue, trace, accuracy).
+
+No paper publishes this table; the MAN paper's values for the rows it has (FedAvg, FedSAM and FedSAM+MAN in its
+Table 2; FedASAM, FedSpeed and their +MAN rows in its supplementary Table 6; CIFAR-100) stand beside ours
+(``also_tables``), and give the direction of those rows' comparisons. The others' rules: docs/update-rules.md
+§7-§10 and §23-§26.
+"""
+from __future__ import annotations
+
+from .man_common import MAN_CODE, PRESETS, pair
+from .spec import Method, PaperTable, TableSpec, with_reg
+
+BASES = ("FedSAM", "FedASAM", "MoFedSAM", "FedSpeed", "FedSMOO", "FedGAMMA", "FedLESAM", "FedGloSS")
+
+SPEC = TableSpec(
+    key="sam-family", source="MAN", table="SAM family (no paper table)",
+    title="The SAM family: top Hessian eigenvalue and trace, with and without MAN, against FedAvg",
+    rows=("FedAvg",) + tuple(label for base in BASES for label in (base, f"{base}+MAN")),
+    partitions=("dirichlet-0.3",), metrics=("top_eigenvalue", "trace", "accuracy"),
+    comparisons=with_reg(BASES) + tuple(("FedAvg", base) for base in BASES),
+    paper_scale="no paper table: the MAN paper's CIFAR-100 values (Table 2, supplementary Table 6) where it has the "
+                "row; the newer methods' papers publish no Hessian values for this protocol",
+    default_model="clients-average",
+    also_tables=("Table 2", "Table 6 (supplementary)"),
+    notes=("paper values: MAN Table 2 (FedAvg, FedSAM) and supplementary Table 6 (FedASAM, FedSpeed), CIFAR-100 "
+           "at 500 rounds; the MAN paper's FedASAM rows repeat its FedAvg rows digit for digit.",
+           "each method at its authors' code's defaults (flatfl algos); FedSAM, FedASAM and FedSpeed at the MAN "
+           "tables' settings."))
+
+TABLE = PaperTable(
+    spec=SPEC, position=40, presets=PRESETS, alphas=(0.3,),
+    methods=((Method("FedAvg", {"algo": "fedavg"}),)
+             + pair("FedSAM", {"algo": "fedsam", "rho": 0.05})
+             + pair("FedASAM", {"algo": "fedasam", "rho": 0.5, "eta": 0.2})
+             + pair("MoFedSAM", {"algo": "mofedsam"})
+             + pair("FedSpeed", {"algo": "fedspeed", "rho": 0.1, "fedspeed_lambda": 0.01})
+             + pair("FedSMOO", {"algo": "fedsmoo"})
+             + pair("FedGAMMA", {"algo": "fedgamma"})
+             + pair("FedLESAM", {"algo": "fedlesam"})
+             + pair("FedGloSS", {"algo": "fedgloss"})),
+    code_followed={
+        "FedSAM": "fedMAN man_code_sam SAM minimiser: flatfl's SAM (as in MAN Table 2)",
+        "FedASAM": "fedMAN man_code_sam ASAM minimiser: flatfl's ASAM (as in MAN Table 6)",
+        "MoFedSAM": "the FedSpeed authors' simulator, client/mofedsam.py",
+        "FedSpeed": "fedMAN train_model_speed (as in MAN Table 6)",
+        "FedSMOO": "the FedSpeed authors' simulator, client/fedsmoo.py and optimizer/DRegSAM.py",
+        "FedGAMMA": "the FedSpeed authors' simulator, client/fedgamma.py",
+        "FedLESAM": "the FedLESAM authors' code (FedLESAM, the global change of the last round)",
+        "FedGloSS": "the FedGloSS authors' code (server-side SAM, ADMM duals); no warm-up of the radii",
+        **MAN_CODE},
+)
