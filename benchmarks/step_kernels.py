@@ -20,8 +20,14 @@ Host synchronisations: ``aten._local_scalar_dense`` (``.item()``, ``float()``, `
 the line of flatfl code that asked for each (the innermost frame under flatfl/). A device-to-host copy
 (``.cpu()``, ``.tolist()``) cannot be seen on a CPU run.
 
+A network of one's own (:class:`OwnNet`: convolutions, GELU, a LayerNorm residual block, a buffer used in forward),
+which channel stacking does not cover, is stacked by torch.func (``flatfl/models/functional_stack.py``); its rows
+(``--own``, on by default) print the same kernel counts and the CPU time of a round of all clients at once against
+one at a time (the second round of a fresh Trainer, best of 3).
+
     python benchmarks/step_kernels.py --batch 10             # the table of the README (MAN CIFAR CNN)
     python benchmarks/step_kernels.py --methods FedAvg --ops # and the operations of a step, most frequent first
+    python benchmarks/step_kernels.py --methods --batch 10   # the own network's rows only
 """
 from __future__ import annotations
 
@@ -127,11 +133,51 @@ def step_counts(make: Callable, clients: int, where: bool = False) -> StepCounts
     return StepCounts(per_client, per_cohort, bat, seq, step_ops)
 
 
+class OwnNet(torch.nn.Module):
+    """A user's network of classes flatfl does not channel-stack: convolutions with GELU, a pre-norm residual block
+    (LayerNorm, Linear, GELU), SiLU and a fixed per-channel gain buffer read in forward."""
+
+    def __init__(self, classes: int = 100):
+        super().__init__()
+        nn = torch.nn
+        self.conv1, self.conv2 = nn.Conv2d(3, 32, 5), nn.Conv2d(32, 64, 5)
+        self.act1, self.act2, self.pool = nn.GELU(), nn.GELU(), nn.MaxPool2d(2)
+        self.register_buffer("gain", torch.linspace(0.5, 1.5, 64))
+        self.inp, self.act3 = nn.Linear(64 * 5 * 5, 256), nn.SiLU()
+        self.norm, self.mix, self.act4 = nn.LayerNorm(256), nn.Linear(256, 256), nn.GELU()
+        self.hidden, self.act = nn.Linear(256, 128), nn.GELU()
+        self.classifier = nn.Linear(128, classes)
+
+    def forward(self, x):
+        h = self.pool(self.act1(self.conv1(x)))
+        h = self.pool(self.act2(self.conv2(h))) * self.gain.view(-1, 1, 1)
+        h = self.act3(self.inp(h.flatten(1)))
+        h = h + self.act4(self.mix(self.norm(h)))
+        return self.classifier(self.act(self.hidden(h)))
+
+
+def round_seconds(make: Callable, repeats: int = 3) -> float:
+    """CPU seconds of the second round of a fresh Trainer ``make()`` (the first builds what is built once), best of
+    ``repeats``."""
+    import time
+
+    best = float("inf")
+    for _ in range(repeats):
+        tr = make()
+        tr.run_round(0)
+        t0 = time.perf_counter()
+        tr.run_round(1)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="*", default=[m[0] for m in METHODS + RESNET_METHODS])
     ap.add_argument("--clients", type=int, default=10, help="clients a round (all of them take part)")
     ap.add_argument("--batch", type=int, default=50)
+    ap.add_argument("--own", action=argparse.BooleanOptionalAction, default=True,
+                    help="the rows of a network of one's own, stacked by torch.func (--no-own: none)")
     ap.add_argument("--ops", action="store_true", help="print the operations of one cohort step and of one client "
                     "step, by the flatfl line that ran them")
     args = ap.parse_args()
@@ -139,17 +185,24 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     ds = synthetic(args.clients, 2 * args.batch, 100)
 
-    def maker(algo: str, reg: str, own: bool = False):
+    def maker(algo: str, reg: str, own: bool = False, network: bool = False):
         def make(epochs: int, parallel) -> Trainer:
             model = "resnet20" if reg in RESNET_REGS else "cifar-cnn"
+            net = None
+            if network:
+                torch.manual_seed(0)
+                net = OwnNet()
             cfg = RunConfig(dataset="digits", model=model, partition="iid", clients=args.clients, participation=1.0,
                             sampling="fraction", rounds=10_000, local_epochs=epochs,
                             batch_size=args.batch, lr=0.1, weight_decay=1e-3, clip=10.0, algo=algo, reg=reg,
                             eval_every=10_000, checkpoint_every=10_000, seed=0, device="cpu",
                             parallel_clients=parallel).validate()
-            return Trainer(cfg, tmp / f"{algo}-{reg}-{epochs}-{parallel}", quiet=True, log=lambda s: None,
-                           dataset=TensorDataset(ds.train_x, ds.train_y) if own else ds,
-                           test_dataset=TensorDataset(ds.test_x, ds.test_y) if own else None)
+            tr = Trainer(cfg, tmp / f"{algo}-{reg}-{epochs}-{parallel}-{network}", quiet=True, log=lambda s: None,
+                         dataset=TensorDataset(ds.train_x, ds.train_y) if own else ds,
+                         test_dataset=TensorDataset(ds.test_x, ds.test_y) if own else None, model=net)
+            if network and parallel != 1:
+                assert tr.parallel == args.clients, tr.parallel_reason  # trained together, not a fallback
+            return tr
         return make
 
     print(f"torch {torch.__version__}; MAN CIFAR CNN (ResNet-20 for FedAlign, GradAug, StochDepth), {args.clients} "
@@ -168,6 +221,19 @@ def main() -> None:
               f"{sum(c.batched[0].syncs.values()):>27} {sum(c.sequential[0].syncs.values()):>14}"
               + (f"  ({inside:g} a step inside the step loop)" if inside else ""), flush=True)
         details.append((label, c.batched[0], c.step_ops))
+    if args.own:
+        print(f"\nnetwork of one's own (OwnNet: conv + GELU, LayerNorm residual, buffer in forward), stacked by "
+              f"torch.func; goal <= 1.3x kernels")
+        print(f"{'method':<18} {'kernels/client step (1 at a time)':>34} {'kernels/cohort step':>20} "
+              f"{'cohort/one':>11} {'CPU s/round 1 at a time':>24} {'all at once':>12} {'ratio':>7}")
+        for label, algo, reg in (("own, FedAvg", "fedavg", "none"), ("own, MAN", "fedavg", "man"),
+                                 ("own, FedDyn+MAN", "feddyn", "man")):
+            make = maker(algo, reg, network=True)
+            c = step_counts(make, args.clients, args.ops)
+            one, together = (round_seconds(lambda p=p: make(1, p)) for p in (1, "all"))
+            print(f"{label:<18} {c.per_client_step:>34.1f} {c.per_cohort_step:>20.1f} {c.ratio:>10.2f}x "
+                  f"{one:>24.3f} {together:>12.3f} {together / one:>6.2f}x", flush=True)
+            details.append((label, c.batched[0], c.step_ops))
     print("\nhost syncs of one batched round, by the flatfl line that asked:")
     for label, bat, _ in details:
         where = ", ".join(f"{line} x{n}" for line, n in bat.syncs.most_common())

@@ -18,6 +18,7 @@ import itertools
 from typing import NamedTuple
 
 import torch
+from torch import nn
 
 from flatfl.errors import ConfigError
 from flatfl.models import build_model, model_names
@@ -28,7 +29,8 @@ from flatfl.train.config import RunConfig
 
 __all__ = ["Combination", "factors", "admitted", "every_combination", "pairwise_combinations", "pairs_held", "required_pairs", "large_model",
            "smallest_input", "case_data", "case_settings", "train_case", "differences",
-           "step_graph_combinations", "step_graph_settings"]
+           "step_graph_combinations", "step_graph_settings", "OWN_NETWORKS", "own_combinations",
+           "EXPECTED_REFUSALS", "expected_refusal", "case_cohorts", "OWN_CASES"]
 
 
 class Combination(NamedTuple):
@@ -188,7 +190,15 @@ def step_graph_settings(c: Combination) -> dict:
     (captured and replayed) and partial ones (eager) in turn. (A replay runs the eager step's operations, so the
     two agree exactly, and the amplification of rounding by BatchNorm on small batches, see :func:`case_settings`,
     does not arise.)"""
-    return dict(case_settings(c), partition="iid", participation=1.0, local_epochs=2, batch_size=4)
+    return dict(case_settings(c), partition="iid", participation=1.0, local_epochs=2, batch_size=4, rounds=2,
+                seed=11, eval_every=2, checkpoint_every=2)
+
+
+def case_cohorts() -> list[int]:
+    """How many clients take part in each round of a differential case (:func:`case_settings`)."""
+    from flatfl.train.rounds import sample_clients
+
+    return [len(sample_clients(CASE_SEED, r, CASE_CLIENTS, 0.5, "bernoulli")) for r in range(CASE_ROUNDS)]
 
 
 def pairs_held(combinations) -> set:
@@ -200,8 +210,10 @@ def pairs_held(combinations) -> set:
 
 CASE_CLASSES = 4
 CASE_CLIENTS = 5
-CASE_ROUNDS = 2
-CASE_SEED = 11
+#: 3 rounds whose Bernoulli(0.5) cohorts (seed 25) are all 5 clients, then 3 of them (an odd size, a cohort of
+#: another size stacked after the first round), then one (plain): :func:`case_cohorts`
+CASE_ROUNDS = 3
+CASE_SEED = 25
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,7 +245,8 @@ def batch_statistics(model: str) -> bool:
 
 def case_settings(c: Combination) -> dict:
     """The run settings of a combination's differential case: 5 clients of unequal sizes (Dirichlet 0.5), each
-    joining a round with probability 0.5 (cohorts from one client to all), 2 rounds, momentum, learning rate 0.01.
+    joining a round with probability 0.5, 3 rounds whose cohorts are all 5, then 3, then 1 client
+    (:func:`case_cohorts`), momentum, learning rate 0.01. An own network (:data:`OWN_NETWORKS`) takes 8 x 8 images.
 
     The batches: without batch statistics, batches of 4, so that clients take unequal numbers of steps and the
     last batches are of several sizes (steps that only some clients of a cohort take, a batch of one sample).
@@ -241,10 +254,11 @@ def case_settings(c: Combination) -> dict:
     separate groups): a deep BatchNorm network on a few samples amplifies rounding (a relative change of 1e-15 in
     its initial weights grows past 1e-2 in a few steps), and one step a round keeps that amplification below the
     tolerance while every piece of the step still runs."""
-    size = smallest_input(c.model, CASE_CLASSES)
+    own = c.model in OWN_NETWORKS
+    size = OWN_INPUT if own else smallest_input(c.model, CASE_CLASSES)
     sizes = _client_sizes(size)
-    batch = max(sizes) if batch_statistics(c.model) else 4
-    return dict(model=c.model, reg=c.reg, algo=c.algo, local_opt=c.opt, clients=CASE_CLIENTS, participation=0.5,
+    batch = max(sizes) if (c.model in OWN_BATCH_NORMS if own else batch_statistics(c.model)) else 4
+    return dict(model="mlp" if own else c.model, reg=c.reg, algo=c.algo, local_opt=c.opt, clients=CASE_CLIENTS, participation=0.5,
                 sampling="bernoulli", partition="fedml-dirichlet", alpha=0.5, rounds=CASE_ROUNDS, local_epochs=1,
                 batch_size=batch, lr=0.01, momentum=0.5, seed=CASE_SEED, eval_every=CASE_ROUNDS,
                 checkpoint_every=CASE_ROUNDS)
@@ -263,8 +277,15 @@ def train_case(c: Combination, run_dir, parallel, *, device: str = "cpu", dtype:
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        tr = Trainer(cfg, run_dir, quiet=True, log=log, dataset=case_data(smallest_input(c.model, CASE_CLASSES)))
-        for r in range(CASE_ROUNDS):
+        own = c.model in OWN_NETWORKS
+        network = None
+        if own:  # the user's own network, built in the run's floating type from the case's seed
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(CASE_SEED)
+                network = OWN_NETWORKS[c.model]()
+        size = OWN_INPUT if own else smallest_input(c.model, CASE_CLASSES)
+        tr = Trainer(cfg, run_dir, quiet=True, log=log, dataset=case_data(size), model=network)
+        for r in range(cfg.rounds):
             tr.run_round(r)
     finally:
         torch.set_default_dtype(old)
@@ -294,3 +315,167 @@ def differences(reference, other) -> dict[str, float]:
             both = name in mine and name in theirs
             out[f"{kind} {name}"] = _relative(theirs[name], mine[name]) if both else float("inf")
     return out
+
+
+# ----- networks of one's own (a user's nn.Module), stacked by torch.func where channel stacking does not apply -----
+
+OWN_INPUT = 8  # the own networks take 1 x 8 x 8 images (64 inputs)
+HIDDEN = 12
+
+
+class _Own(nn.Module):
+    """A user's network with the flatfl model interface (features, classifier, feature_dim), so that MOON's
+    projection head and FedAlign's final block (the last hidden Linear and non-linearity feeding the classifier)
+    compose with it."""
+
+    feature_dim = HIDDEN
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+class GeluLayerNormResidual(_Own):
+    """GELU activations and a pre-norm residual block (LayerNorm, Linear, GELU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.act0 = nn.Linear(64, HIDDEN), nn.GELU()
+        self.norm, self.mix, self.act1 = nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, HIDDEN), nn.GELU()
+        self.hidden, self.act = nn.Linear(HIDDEN, HIDDEN), nn.GELU()
+        self.classifier = nn.Linear(HIDDEN, CASE_CLASSES)
+
+    def features(self, x):
+        h = self.act0(self.inp(x.flatten(1)))
+        h = h + self.act1(self.mix(self.norm(h)))
+        return self.act(self.hidden(h))
+
+
+class SiluConvBuffer(_Own):
+    """SiLU after a convolution, scaled by a buffer the forward reads (a fixed per-channel gain)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.act0 = nn.Conv2d(1, 3, 3, padding=1), nn.SiLU()
+        self.register_buffer("gain", torch.linspace(0.5, 1.5, 3).view(3, 1, 1))
+        self.hidden, self.act = nn.Linear(48, HIDDEN), nn.SiLU()
+        self.classifier = nn.Linear(HIDDEN, CASE_CLASSES)
+
+    def features(self, x):
+        h = torch.nn.functional.avg_pool2d(self.act0(self.conv(x)) * self.gain, 2)
+        return self.act(self.hidden(h.flatten(1)))
+
+
+class TiedWeight(_Own):
+    """One weight shared by two layers (``mix.weight is hidden.weight``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.act0 = nn.Linear(64, HIDDEN), nn.Tanh()
+        self.mix, self.act1 = nn.Linear(HIDDEN, HIDDEN, bias=False), nn.Tanh()
+        self.hidden, self.act = nn.Linear(HIDDEN, HIDDEN), nn.SiLU()
+        self.mix.weight = self.hidden.weight
+        self.classifier = nn.Linear(HIDDEN, CASE_CLASSES)
+
+    def features(self, x):
+        h = self.act0(self.inp(x.flatten(1)))
+        h = h + self.act1(self.mix(h))
+        return self.act(self.hidden(h))
+
+
+class ModuleReused(_Own):
+    """One Linear (and its activation) applied twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.act0 = nn.Linear(64, HIDDEN), nn.ReLU()
+        self.twice, self.act1 = nn.Linear(HIDDEN, HIDDEN), nn.Tanh()
+        self.hidden, self.act = nn.Linear(HIDDEN, HIDDEN), nn.ReLU()
+        self.classifier = nn.Linear(HIDDEN, CASE_CLASSES)
+
+    def features(self, x):
+        h = self.act0(self.inp(x.flatten(1)))
+        h = self.act1(self.twice(self.act1(self.twice(h))))
+        return self.act(self.hidden(h))
+
+
+class FrozenLayer(_Own):
+    """A first layer that does not train (requires_grad False), GELU after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.act0 = nn.Linear(64, HIDDEN), nn.GELU()
+        self.inp.requires_grad_(False)
+        self.hidden, self.act = nn.Linear(HIDDEN, HIDDEN), nn.ReLU()
+        self.classifier = nn.Linear(HIDDEN, CASE_CLASSES)
+
+    def features(self, x):
+        return self.act(self.hidden(self.act0(self.inp(x.flatten(1)))))
+
+
+class MomentumNone(_Own):
+    """BatchNorm1d(momentum=None): running statistics as the cumulative average over num_batches_tracked."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.bn, self.act0 = nn.Linear(64, HIDDEN), nn.BatchNorm1d(HIDDEN, momentum=None), nn.ReLU()
+        self.hidden, self.act = nn.Linear(HIDDEN, HIDDEN), nn.ReLU()
+        self.classifier = nn.Linear(HIDDEN, CASE_CLASSES)
+
+    def features(self, x):
+        return self.act(self.hidden(self.act0(self.bn(self.inp(x.flatten(1))))))
+
+
+def sequential_reused() -> nn.Module:
+    """nn.Sequential using one Linear twice (flatfl's own layer types: channel stacking would apply but for the
+    second use)."""
+    twice = nn.Linear(HIDDEN, HIDDEN)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, HIDDEN), nn.ReLU(), twice, nn.ReLU(), twice, nn.ReLU(),
+                         nn.Linear(HIDDEN, CASE_CLASSES))
+
+
+def sequential_frozen() -> nn.Module:
+    """nn.Sequential of flatfl's layer types (channel-stacked) with a frozen first layer."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+                        nn.Linear(HIDDEN, CASE_CLASSES))
+    net[1].requires_grad_(False)
+    return net
+
+
+#: the own networks the differential test trains, by the name its cases give them
+OWN_NETWORKS = {"own-gelu-layernorm-residual": GeluLayerNormResidual, "own-silu-conv-buffer": SiluConvBuffer,
+                "own-tied-weight": TiedWeight, "own-module-reused": ModuleReused, "own-frozen-layer": FrozenLayer,
+                "own-momentum-none": MomentumNone, "own-sequential-reused": sequential_reused,
+                "own-sequential-frozen": sequential_frozen}
+
+OWN_BATCH_NORMS = {"own-momentum-none"}  # the own networks with BatchNorm (one step a round, see case_settings)
+
+#: cases whose clients are expected to train one at a time, with the words their notice must hold, and why
+EXPECTED_REFUSALS = {
+    "own-momentum-none": ("momentum=None", "the cumulative running average counts batches across all clients in "
+                          "turn one at a time (num_batches_tracked of one network): no stacked network can count so"),
+}
+
+
+def expected_refusal(c: Combination) -> tuple[str, str] | None:
+    """(words of the notice, reason) when the case is expected to train one client at a time, else None."""
+    return EXPECTED_REFUSALS.get(c.label) or EXPECTED_REFUSALS.get(c.model)
+
+
+#: the own networks' cases (network -> (regularizer, algorithm) pairs): MAN and FedDyn + MAN, FedAlign and MOON
+#: with the two networks of the issue; the other shapes with FedDyn + MAN (MAN's hooks, FedDyn's per-client state)
+#: and FedAlign or MOON where they compose (features, a classifier fed by the last hidden Linear and non-linearity)
+OWN_CASES = {
+    "own-gelu-layernorm-residual": (("man", "fedavg"), ("man", "feddyn"), ("fedalign", "fedavg"), ("none", "moon")),
+    "own-silu-conv-buffer": (("man", "fedavg"), ("man", "feddyn"), ("fedalign", "fedavg"), ("none", "moon")),
+    "own-tied-weight": (("man", "feddyn"), ("fedalign", "fedavg")),
+    "own-module-reused": (("man", "feddyn"), ("none", "moon")),
+    "own-frozen-layer": (("man", "feddyn"),),
+    "own-momentum-none": (("man", "fedavg"),),
+    "own-sequential-reused": (("man", "fedavg"),),
+    "own-sequential-frozen": (("man", "feddyn"),),
+}
+
+
+def own_combinations() -> list[Combination]:
+    """The own networks' cases (:data:`OWN_CASES`), with plain SGD."""
+    return [Combination(name, reg, algo, "sgd") for name, pairs in OWN_CASES.items() for reg, algo in pairs]

@@ -41,9 +41,10 @@ from flatfl.models import model_names
 from flatfl.models.slimmable import Slimmable
 from flatfl.models.stacking import stacked_clients
 from flatfl.train.catalog import load_all
-from combinations import (CASE_CLASSES, CASE_CLIENTS, CASE_SEED, Combination, admitted, case_data, case_settings,
-                          differences, every_combination, factors, pairs_held, large_model, pairwise_combinations,
-                          required_pairs, smallest_input, train_case)
+from combinations import (CASE_CLASSES, CASE_CLIENTS, CASE_ROUNDS, CASE_SEED, EXPECTED_REFUSALS, OWN_NETWORKS,
+                          Combination, admitted, case_cohorts, case_data, case_settings, differences,
+                          every_combination, expected_refusal, factors, pairs_held, large_model,
+                          own_combinations, pairwise_combinations, required_pairs, smallest_input, train_case)
 from flatfl.train.components import REGULARIZERS
 from flatfl.train.config import RunConfig
 from flatfl.train.engine import Trainer
@@ -67,11 +68,11 @@ def settings(model: str, reg: str, algo: str, opt: str) -> dict:
 
 
 def cases() -> list[Combination]:
-    """The cases, read off the registries with the outside algorithm registered."""
+    """The cases, read off the registries with the outside algorithm registered, and the own networks' cases."""
     with registered():
         if os.environ.get("FLATFL_EVERY_PATH") == "full":
-            return every_combination()
-        return pairwise_combinations()
+            return every_combination() + own_combinations()
+        return pairwise_combinations() + own_combinations()
 
 
 CASES = cases()
@@ -88,22 +89,81 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
+def together_runs(case: Combination) -> tuple:
+    """The N each case trains with besides N = 1: all of a round's clients (cohorts of 5, then 3, then 1); for the
+    own networks with FedDyn also 2 at a time (a round's clients in several cohorts, one of them of one client)."""
+    return ("all", 2) if case.model in OWN_NETWORKS and case.algo == "feddyn" else ("all",)
+
+
+def check_case(case: Combination, where) -> list[str]:
+    """What is wrong with ``case`` trained together against one at a time (empty: nothing): a quantity off by more
+    than 1e-9 relative, or a run that trained one client at a time although the case is not listed as expected to
+    be refused (:data:`~combinations.EXPECTED_REFUSALS`), or one listed so that trained together. Raises
+    ConfigError when the case is refused before training."""
+    one = train_case(case, where / "one", 1)
+    assert one.theta.dtype == torch.float64 and one.parallel == 1
+    expected = expected_refusal(case)
+    failures = []
+    for parallel in together_runs(case):
+        said = []
+        other = train_case(case, where / str(parallel), parallel, log=said.append)
+        if other.parallel == 1:  # refused: one notice; a failure unless the case is listed with its reason
+            notice = [line for line in said if "one client at a time" in line]
+            if expected is None:
+                failures.append(f"N={parallel} fell back to one client at a time: {said}")
+            elif len(notice) != 1 or expected[0] not in notice[0]:
+                failures.append(f"N={parallel}: expected one notice naming {expected[0]!r}, got {said}")
+            continue
+        if expected is not None:
+            failures.append(f"N={parallel} trained together, but the case is listed as refused: {expected[1]}")
+        off = {k: v for k, v in differences(one, other).items() if not v <= RTOL}
+        if off:
+            failures.append(f"N={parallel} vs N=1: {off}")
+    return failures
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
 def test_clients_together_give_the_numbers_of_one_at_a_time(tmp_path, case):
     try:
-        one = train_case(case, tmp_path / "one", 1)
+        failures = check_case(case, tmp_path)
     except ConfigError as e:
         assert "\n" not in str(e)
         pytest.skip(f"refused before training: {e}")
-    assert one.theta.dtype == torch.float64 and one.parallel == 1
-    for parallel in ("all",) if large_model(case.model) else ("all", 2):
-        said = []
-        other = train_case(case, tmp_path / str(parallel), parallel, log=said.append)
-        if other.parallel == 1:  # the regularizer or the model trains one client at a time, with one notice
-            assert said and "one client at a time" in said[-1], said
-            continue
-        off = {k: v for k, v in differences(one, other).items() if not v <= RTOL}
-        assert not off, f"N={parallel} vs N=1: {off}"
+    assert not failures, failures
+
+
+def test_the_cases_stack_cohorts_of_several_sizes():
+    """The cases' rounds give N = all a full cohort, then one of an odd size (a stacked network of another size
+    after the first round), then a cohort of one; every listed refusal names a case that exists."""
+    sizes = case_cohorts()
+    assert CASE_ROUNDS >= 3 and sizes[0] == CASE_CLIENTS and any(s % 2 == 1 and 1 < s < CASE_CLIENTS for s in sizes)
+    labels = {c.label for c in CASES} | {c.model for c in CASES}
+    assert set(EXPECTED_REFUSALS) <= labels
+
+
+@pytest.mark.parametrize("how", ["before training", "while training"])
+def test_a_fallback_to_one_at_a_time_fails_the_check(tmp_path, monkeypatch, how):
+    """The checker counts a case that trains one client at a time as a failure: a refusal forced before training
+    (the model declared unstackable) and one raised by a stacked forward part-way through the first round (torch.func meets an
+    operation it cannot run) both make an own network's case fail, with the notice in the report."""
+    from flatfl.models import functional_stack, stacking
+
+    case = Combination("own-gelu-layernorm-residual", "man", "fedavg", "sgd")
+    if how == "before training":
+        monkeypatch.setattr(stacking, "stacking_refusal", lambda model: "refused on purpose")
+    else:
+        real, calls = functional_stack.run_stacked, []
+
+        def refusing(net, *args, **kwargs):
+            calls.append(1)
+            if len(calls) > 2:  # the probe and the first stacked step ran
+                raise functional_stack.StackingRefused("torch.func cannot run the model (refused on purpose)")
+            return real(net, *args, **kwargs)
+
+        monkeypatch.setattr(functional_stack, "run_stacked", refusing)
+    failures = check_case(case, tmp_path)
+    assert failures and all("fell back to one client at a time" in f and "refused on purpose" in f
+                            for f in failures), failures
 
 
 def test_the_cases_cover_every_registered_name():

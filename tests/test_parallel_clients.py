@@ -18,7 +18,8 @@ from flatfl.errors import ConfigError
 from flatfl.models import build_model
 from flatfl.models.resnet import ResNet
 from flatfl.models.params import ParamLayout
-from flatfl.models.stacking import StackedLayout, stack_inputs, stack_network, stacking_refusal, unstack_outputs
+from flatfl.models.stacking import (StackedLayout, stack_inputs, stack_network, stacking_path, stacking_refusal,
+                                    unstack_outputs)
 from flatfl.train import local as local_module
 from flatfl.train.catalog import load_all
 from flatfl.train.config import RunConfig, parallel_clients_value
@@ -208,10 +209,13 @@ def test_models_that_cannot_be_stacked_are_named():
         def forward(self, x):
             return self.fc(x.flatten(1))
 
-    assert "Custom" in stacking_refusal(Custom())
+    # a class of one's own is stacked by torch.func (tests/test_user_modules.py); what neither path stacks is named
+    assert stacking_refusal(Custom()) is None and stacking_path(Custom()) == "torch.func"
     assert stacking_refusal(build_model("digits-cnn", num_classes=10, in_channels=1, image_size=8)) is None
+    cumulative = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.BatchNorm1d(3, momentum=None), nn.Linear(3, 2))
+    assert "2 is a BatchNorm1d with momentum=None" in stacking_refusal(cumulative)
     with pytest.raises(ValueError):
-        stack_network(Custom(), 2)
+        stack_network(cumulative, 2)
 
 
 @pytest.mark.parametrize("bad", [0, -1, "none", "1.5", True, 2.0])

@@ -13,13 +13,17 @@ Every stacked parameter has a free view of shape (N, *the original shape), :meth
 orders the original model's flat vector. With N = 1 the stacked network is the original network itself (no
 conversion), so one-at-a-time training is this code with N = 1.
 
-Only flatfl's own layer types and model classes are stacked (their forward passes are known to act per channel);
-:func:`stacking_refusal` says why another network cannot be (it then trains one client at a time).
+Only flatfl's own layer types and model classes are channel-stacked (their forward passes are known to act per
+channel), each module and parameter used at one place. Any other network - the user's own module, a layer used
+twice, a tied weight, a buffer used in forward - is stacked by :mod:`flatfl.models.functional_stack` (the module's
+own forward under ``torch.func.vmap``), which presents the same parameter layout, module names and stacked
+activations; :func:`stacking_refusal` says why a network can be stacked by neither (it then trains one client at a
+time), and :func:`stacking_path` which of the two stacks it.
 
 Extension points (this module knows no regularizer or algorithm; those that need more of a stacked network supply
 it here):
 
-* :data:`STACKING_HOOKS` / :func:`on_stack`: functions ``hook(stacked, n)`` called on every network
+* :data:`STACKING_HOOKS` / :func:`on_stack`: functions ``hook(stacked, n)`` called on every channel-stacked network
   :func:`stack_network` builds (N > 1), after its layers are stacked: what a piece must set or guard on the copy;
 * :class:`LayerAdapter`: another way to run a stacked layer for a while (``layer.adapter``), e.g. several
   sub-networks per client in one pass (:mod:`flatfl.models.canvas`);
@@ -197,13 +201,24 @@ class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
                             False, 0.0, self.eps)
 
 
-def stacking_refusal(model: nn.Module) -> str | None:
+def channel_refusal(model: nn.Module) -> str | None:
     """Why ``model`` cannot be channel-stacked (a layer or model class whose forward pass is not known to act per
-    channel block, a narrowed slimmable layer), or None when it can."""
+    channel block, a narrowed slimmable layer, a module registered at two places, a parameter shared by two
+    modules), or None when it can."""
     from .base import FeatureClassifier
     from .projection import ProjectionHeadModel
 
     known = (FeatureClassifier, ProjectionHeadModel, ResidualBlock)
+    places: dict[int, str] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if id(module) in places:  # stacking replaces a layer by walking its parent's children: one place only
+            return f"{name} is the module {places[id(module)] or 'the model'} used a second time"
+        places[id(module)] = name
+    owners: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in owners:
+            return f"{name} is the parameter {owners[id(p)]} shared (tied)"
+        owners[id(p)] = name
     for name, module in model.named_modules():
         where = name or "the model"
         if isinstance(module, (nn.Conv2d, nn.Linear, nn.GroupNorm, nn.BatchNorm2d)):
@@ -211,12 +226,51 @@ def stacking_refusal(model: nn.Module) -> str | None:
                 return f"{where} runs at width {module.width} (a slimmed sub-network)"
             if isinstance(module, nn.Conv2d) and (module.padding_mode != "zeros" or isinstance(module.padding, str)):
                 return f"{where} uses padding {module.padding!r} / {module.padding_mode}"
-            continue
+            if type(module).__module__.startswith(("torch.", "flatfl.")):
+                continue
         if isinstance(module, ELEMENTWISE) or isinstance(module, known):
             if type(module).__module__.startswith(("torch.", "flatfl.")):
                 continue
         return f"{where} is a {type(module).__name__}, whose forward pass flatfl cannot stack"
     return None
+
+
+def stacking_path(model: nn.Module) -> str | None:
+    """How :func:`stack_network` stacks ``model``: 'channels' (flatfl's stacked layers), 'torch.func' (the module's
+    own forward under vmap, :mod:`flatfl.models.functional_stack`), or None when neither can
+    (:func:`stacking_refusal`)."""
+    from .functional_stack import functional_refusal, shared_refusal
+
+    if shared_refusal(model) is not None:
+        return None
+    if channel_refusal(model) is None:
+        return "channels"
+    return "torch.func" if functional_refusal(model) is None else None
+
+
+def stacking_refusal(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be stacked at all (None when it can be: channel-stacked, or by torch.func). What torch.func
+    cannot run shows only when it runs: :func:`probe_stacking` before training, and any stacked forward raises
+    :class:`~flatfl.models.functional_stack.StackingRefused` (one line naming the module and the operation)."""
+    from .functional_stack import functional_refusal, shared_refusal
+
+    why = shared_refusal(model)
+    if why is not None or channel_refusal(model) is None:
+        return why
+    return functional_refusal(model)
+
+
+def probe_stacking(model: nn.Module, x: torch.Tensor, n: int = 2) -> str | None:
+    """Why ``n`` clients of ``model`` cannot train stacked (None when they can): :func:`stacking_refusal`, and for a
+    network stacked by torch.func one training step of stacked clients on the inputs ``x`` (B, ...) compared with
+    the network's own (:func:`~flatfl.models.functional_stack.probe_refusal`). Draws nothing from the run's random
+    generators."""
+    why = stacking_refusal(model)
+    if why is not None or stacking_path(model) == "channels":
+        return why
+    from .functional_stack import probe_refusal
+
+    return probe_refusal(model, stack_network(model, n), x)
 
 
 #: functions ``hook(stacked, n)`` that :func:`stack_network` calls on every network it builds (N > 1), after its
@@ -233,24 +287,33 @@ def on_stack(hook: Callable[[nn.Module, int], None]) -> Callable[[nn.Module, int
 
 
 def stack_network(model: nn.Module, n: int) -> nn.Module:
-    """N copies of ``model`` as one channel-stacked network (each copy holding ``model``'s weights); ``model``
-    itself when N = 1. Raise ValueError when the network cannot be stacked (:func:`stacking_refusal`)."""
+    """N copies of ``model`` as one stacked network (each copy holding ``model``'s weights): channel-stacked when
+    flatfl's stacked layers apply, else by torch.func (:func:`stacking_path`); ``model`` itself when N = 1. Raise
+    ValueError when the network cannot be stacked (:func:`stacking_refusal`)."""
     if n == 1:
         return model
     why = stacking_refusal(model)
     if why is not None:
         raise ValueError(why)
-    stacked = copy.deepcopy(model)
-    kinds = ((nn.BatchNorm2d, StackedBatchNorm2d), (nn.Conv2d, StackedConv2d), (nn.Linear, StackedLinear),
-             (nn.GroupNorm, StackedGroupNorm))
-    for parent in list(stacked.modules()):
-        for name, child in list(parent.named_children()):
-            for kind, cls in kinds:
-                if isinstance(child, kind):
-                    setattr(parent, name, cls(child, n))
-                    break
-    for hook in STACKING_HOOKS:
-        hook(stacked, n)
+    if stacking_path(model) == "torch.func":
+        from .functional_stack import functional_stack
+
+        stacked = functional_stack(model, n)
+    else:
+        stacked = copy.deepcopy(model)
+        kinds = ((nn.BatchNorm2d, StackedBatchNorm2d), (nn.Conv2d, StackedConv2d), (nn.Linear, StackedLinear),
+                 (nn.GroupNorm, StackedGroupNorm))
+        for parent in list(stacked.modules()):
+            for name, child in list(parent.named_children()):
+                for kind, cls in kinds:
+                    if isinstance(child, kind):
+                        layer = cls(child, n)
+                        for pname, p in child.named_parameters(recurse=False):  # a frozen layer stays frozen
+                            getattr(layer, pname).requires_grad_(p.requires_grad)
+                        setattr(parent, name, layer)
+                        break
+        for hook in STACKING_HOOKS:
+            hook(stacked, n)
     stacked.flatfl_stacked = n
     stacked.flatfl_source = weakref.ref(model)  # not a submodule: the plain network the copies were made from
     return stacked.train(model.training)  # the new layers start in training mode: the model's mode throughout
@@ -423,6 +486,10 @@ def run_rows(network: nn.Module, layout: StackedLayout, rows: torch.Tensor, xs: 
     """Run the stacked network for the clients ``rows`` only (their parameters gathered, so gradients reach just
     those blocks; BatchNorm running statistics updated for those clients only). ``xs`` holds len(rows) blocks."""
     n = layout.n
+    from .functional_stack import is_functional_stack, run_clients
+
+    if is_functional_stack(network):
+        return run_clients(network, rows, xs, method)
     params = {name: _gathered(p, n, rows) for name, p in network.named_parameters()}
     buffers = {name: _gathered(b, n, rows) for name, b in network.named_buffers() if b.is_floating_point()}
     tensors = {**params, **buffers}

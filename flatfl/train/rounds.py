@@ -228,7 +228,8 @@ class RoundLoop:
         self.theta = theta
         if self.buffers:
             sizes = [res.num_samples for res in results]
-            self.buffers = {k: weighted_mean([b[k] for b in client_buffers], sizes) for k in self.buffers}
+            self.buffers = {k: weighted_mean([b[k].reshape(-1) for b in client_buffers], sizes).view_as(v)
+                            for k, v in self.buffers.items()}  # a buffer of any shape (a user's (C, 1, 1) gain)
         if (r + 1) % cfg.eval_every != 0 and r + 1 != cfg.rounds and \
                 not (self.observer is not None and self.observer.wants(r + 1, cfg.rounds)):
             return None
