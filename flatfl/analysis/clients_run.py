@@ -9,42 +9,27 @@ from ..errors import CheckpointError, ConfigError
 from ..utils.client_metrics_settings import ClientMetricsSettings
 from ..utils.lock import locks_output
 from .client_metrics import FEDALIGN_BATCH, FEDALIGN_SAMPLES, cross_client_metrics
-from .command import AnalysisCommand, progress_bar, versions, weights_digest
+from .command import AnalysisCommand, keyword_signature, progress_bar, versions, weights_digest
 from .figures import clients_heatmap
 from .result_files import clients_file, read_clients_file, read_hessian_file
 
 __all__ = ["run_client_metrics", "clients_file"]
 
-DEFAULTS = ClientMetricsSettings()  # every default below is one of its fields
 
 
 @locks_output
-def run_client_metrics(
-    checkpoint,
-    out,
-    *,
-    protocol: str = DEFAULTS.protocol,
-    probes: int = DEFAULTS.probes,
-    groups: int = DEFAULTS.groups,
-    samples: int | None = DEFAULTS.samples,
-    batch_size: int | None = DEFAULTS.batch_size,
-    seed: int = DEFAULTS.seed,
-    tol: float = DEFAULTS.tol,
-    device: str = DEFAULTS.device,
-    data_dir=DEFAULTS.data_dir,
-    quiet: bool = False,
-    model_factory: str | None = DEFAULTS.model_factory,
-    replace: bool = False,
-) -> dict:
+def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = False, **settings) -> dict:
     """What ``flatfl hessian-clients`` does: a run saved with ``--save-clients`` in; ``clients-<protocol>.json`` and
-    ``clients_heatmap-<protocol>.png/.pdf`` out (every file atomic; nothing written on bad input).
+    ``clients_heatmap-<protocol>.png/.pdf`` out (every file atomic; nothing written on bad input). ``settings``: the
+    fields of :class:`~flatfl.utils.client_metrics_settings.ClientMetricsSettings` (each defaults to its field).
 
     Each protocol has files of its own, so the two protocols' results live side by side in one folder. Results of
     the same protocol with other settings (probes, groups, samples, batch size, seed, tol) already in ``out`` are
     never replaced silently: a :class:`ConfigError` names them, unless ``replace`` (a sweep re-running with its
     grid's new settings). An ``out/hessian.json`` of another checkpoint is refused as before."""
-    ClientMetricsSettings(protocol=protocol, probes=probes, groups=groups, samples=samples, batch_size=batch_size,
-                          seed=seed, tol=tol, device=device, data_dir=data_dir, model_factory=model_factory).validate()
+    s = ClientMetricsSettings(**settings).validate()
+    protocol, probes, groups, samples, batch_size = s.protocol, s.probes, s.groups, s.samples, s.batch_size
+    seed, tol, device, data_dir, model_factory = s.seed, s.tol, s.device, s.data_dir, s.model_factory
     heatmap = clients_file(protocol, "heatmap")
     target_name = clients_file(protocol)
     cmd = AnalysisCommand.open(checkpoint, out, device=device, outputs=[target_name, f"{heatmap}.png",
@@ -119,6 +104,9 @@ def run_client_metrics(
                   files=sorted(figures) + [target.name])
     cmd.write(dict(sorted(figures.items())), target.name, report)
     return report
+
+
+keyword_signature(run_client_metrics, ClientMetricsSettings, tail=(("quiet", False), ("replace", False)))
 
 
 # settings that change no number: where it ran

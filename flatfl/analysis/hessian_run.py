@@ -23,8 +23,6 @@ Fig. 4b: every SLQ start averaged, Gaussian width stated, log axis from 1e-4 of 
 """
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import io
 import time
 from collections import OrderedDict
@@ -39,7 +37,8 @@ from ..errors import CheckpointError, ConfigError
 from ..utils.hessian_settings import DEFAULT_DENSITY_METHOD, HessianSettings
 from ..utils.io import json_safe
 from ..utils.lock import locks_output
-from .command import AnalysisCommand, check_out_folder, progress_bar, versions, weights_digest, write_result
+from .command import (AnalysisCommand, check_out_folder, keyword_signature, progress_bar, versions, weights_digest,
+                      write_result)
 from .estimators import estimate_density, estimate_eigenvalues, estimate_trace
 from .figures import hessian_figures
 from .linear_operator import CurvatureOperator, as_operator
@@ -121,17 +120,7 @@ def analyse(op: CurvatureOperator, *, keep_vectors: bool = False, **settings):
     return compute(op, HessianSettings(**settings), keep_vectors=keep_vectors)
 
 
-def _keyword_signature(fn, head: list[inspect.Parameter], fields, tail: list[inspect.Parameter]) -> None:
-    """Give ``fn`` (which takes ``**settings``) the signature naming each settings field with its default."""
-    defaults = HessianSettings()
-    own = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, name))
-           for name in fields]
-    fn.__signature__ = inspect.Signature(head + own + tail, return_annotation=fn.__annotations__.get("return"))
-
-
-_KW = inspect.Parameter.KEYWORD_ONLY
-_keyword_signature(analyse, [inspect.Parameter("op", inspect.Parameter.POSITIONAL_OR_KEYWORD)], ANALYSE_FIELDS,
-                   [inspect.Parameter("keep_vectors", _KW, default=False)])
+keyword_signature(analyse, HessianSettings, ANALYSE_FIELDS, head=("op",), tail=(("keep_vectors", False),))
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -310,7 +299,4 @@ def run_hessian(checkpoint, out, *, quiet: bool = False, **settings) -> dict:
     return hessian_command(checkpoint, out, HessianSettings(**settings), quiet=quiet)
 
 
-_keyword_signature(run_hessian, [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                                 for n in ("checkpoint", "out")],
-                   [f.name for f in dataclasses.fields(HessianSettings)],
-                   [inspect.Parameter("quiet", _KW, default=False)])
+keyword_signature(run_hessian, HessianSettings, tail=(("quiet", False),))

@@ -3,6 +3,8 @@ are the fields of the typed settings (:mod:`flatfl.utils.hessian_settings`, ...)
 labels and pairings come from the registry there."""
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 
 import click
@@ -23,6 +25,20 @@ def _trace_default_text() -> str:
     pairs = "".join(f"; {estimator('eigenvalues', name).trace_method} with --method {name}"
                     for name in estimator_names("eigenvalues") if estimator("eigenvalues", name).trace_method)
     return f"(default: {DEFAULT_TRACE_METHOD}{pairs})"
+
+
+def on_a_checkpoint(command: str):
+    """What every analysis command shares: ``--quiet`` and ``--threads``, errors as one line, the threads applied
+    and the output folder resolved (``--out``, else the run's own folder for ``command``); the command gets ``out``
+    and ``where`` (a note for its last line when the folder was chosen for it)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(checkpoint, out, threads, **opts):
+            apply_threads(threads)
+            out, where = _out_folder(checkpoint, out, command)
+            return fn(checkpoint, out, where, **opts)
+        return click.option("--quiet", is_flag=True, help="no progress bar")(threads_option(friendly_errors(run)))
+    return wrap
 
 
 def model_source_options(defaults):
@@ -79,15 +95,11 @@ Examples:
 @click.option("--exact-residuals", is_flag=True, default=HESSIAN_DEFAULTS.exact_residuals,
               help="recompute each residual ||Hv - lambda v|| with one more HVP (without it, Lanczos reports the "
               "residual of its recurrence: an estimate that can understate the true one by orders of magnitude)")
-@click.option("--quiet", is_flag=True, help="no progress bar")
-@threads_option
-@friendly_errors
-def hessian(checkpoint, out, threads, **opts):
+@on_a_checkpoint("hessian")
+def hessian(checkpoint, out, where, **opts):
     """Top Hessian eigenvalues, trace and spectral density of a checkpoint's model (mean loss, eval mode)."""
     from ..analysis.hessian_run import run_hessian
 
-    apply_threads(threads)
-    out, where = _out_folder(checkpoint, out, "hessian")
     report = run_hessian(checkpoint, out, **opts)
     values = report["top_eigenvalues"]
     found = []
@@ -170,15 +182,11 @@ is refused (choose another --out). The run must have been trained with --save-cl
 @click.option("--tol", type=float, default=CLIENTS_DEFAULTS.tol, show_default=True, help="fedalign: PyHessian's relative stopping tolerance")
 @click.option("--seed", type=int, default=CLIENTS_DEFAULTS.seed, show_default=True, help="seed of the sample draws and the probes")
 @model_source_options(CLIENTS_DEFAULTS)
-@click.option("--quiet", is_flag=True, help="no progress bar")
-@threads_option
-@friendly_errors
-def hessian_clients(checkpoint, out, threads, **opts):
+@on_a_checkpoint("hessian-clients")
+def hessian_clients(checkpoint, out, where, **opts):
     """Cross-client Hessian metrics H_N and H_D (FedAlign Eq. 3-4) with standard errors."""
     from ..analysis.clients_run import run_client_metrics
 
-    apply_threads(threads)
-    out, where = _out_folder(checkpoint, out, "hessian-clients")
     c = run_client_metrics(checkpoint, out, **opts)
 
     def show(value, err):
@@ -219,15 +227,11 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 @click.option("--tol", type=float, default=SURFACE_DEFAULTS.tol, show_default=True, help="Lanczos tolerance for --directions hessian")
 @model_source_options(SURFACE_DEFAULTS)
 @click.option("--force", is_flag=True, default=SURFACE_DEFAULTS.force, help="start over instead of resuming surface.npz in --out")
-@click.option("--quiet", is_flag=True, help="no progress bar")
-@threads_option
-@friendly_errors
-def surface(checkpoint, out, range_, threads, **opts):
+@on_a_checkpoint("surface")
+def surface(checkpoint, out, where, range_, **opts):
     """Loss and accuracy on a 2-D grid around a checkpoint's model (contour and 3-D figures)."""
     from ..analysis.surface_run import run_surface
 
-    apply_threads(threads)
-    out, where = _out_folder(checkpoint, out, "surface")
     report = run_surface(checkpoint, out, range=range_, **opts)
     origin = report["loss_at_origin"]
     shown = "" if origin is None else f", loss at origin {origin:.6g}"

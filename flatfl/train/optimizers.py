@@ -172,8 +172,7 @@ class RowSGD:
 
 @LOCAL_OPTIMIZERS.register
 class SGD(LocalOptimizer):
-    name = "sgd"
-    display_name = "SGD"
+    name, display_name = "sgd", "SGD"
     summary = "plain local SGD (momentum and Nesterov through --momentum / --nesterov)"
 
     def step(self, closure, correct, rows=None):
@@ -201,8 +200,7 @@ class SAM(LocalOptimizer):
     and MoFedSAM code; loss terms of the closure (regularizers, MOON, FedNTD) enter both passes.
     """
 
-    name = "sam"
-    display_name = "SAM"
+    name, display_name = "sam", "SAM"
     summary = "SAM: gradient at theta + rho g/||g||, then an SGD step from theta (two forward/backward passes)"
     hparams = (HParam("rho", 0.05, "SAM/ASAM radius rho (SAM: MAN --search_param 0.05; SAMC CIFAR-10 0.1; "
                       "ASAM: MAN 0.5)", check="nonnegative"),)
@@ -237,8 +235,7 @@ class ASAM(SAM):
     CIFAR-10 script uses (0.7, 0.2).
     """
 
-    name = "asam"
-    display_name = "ASAM"
+    name, display_name = "asam", "ASAM"
     summary = "ASAM: SAM with the ascent scaled by T = |w| + eta on weight tensors"
     hparams = (HParam("rho", 0.5, "SAM/ASAM radius rho (SAM: MAN --search_param 0.05; ASAM: MAN 0.5)",
                       check="nonnegative"),

@@ -8,6 +8,5 @@ from .base import Algorithm, register
 
 @register
 class FedAvg(Algorithm):
-    name = "fedavg"
-    display_name = "FedAvg"
+    name, display_name = "fedavg", "FedAvg"
     summary = "FedAvg: local SGD, sample-weighted average of the participants' models"

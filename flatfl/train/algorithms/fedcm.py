@@ -32,8 +32,7 @@ SERVER_LR = HParam("server_lr", 1.0, "server learning rate eta_g: theta += eta_g
 
 @register
 class FedCM(Algorithm):
-    name = "fedcm"
-    display_name = "FedCM"
+    name, display_name = "fedcm", "FedCM"
     summary = "FedCM: local steps along alpha g + (1 - alpha) Delta, Delta the last round's mean update per step"
     hparams = (HParam("alpha", 0.1, FEDCM_ALPHA_HELP, flag="fedcm-alpha", check="unit"), SERVER_LR)
 

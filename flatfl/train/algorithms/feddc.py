@@ -43,8 +43,7 @@ from .scaffold import CV_LR, STEPS_RULE, control_variate_lr, mean_size_steps
 
 @register
 class FedDC(Algorithm):
-    name = "feddc"
-    display_name = "FedDC"
+    name, display_name = "feddc", "FedDC"
     summary = "FedDC: FedDyn-style drift h_i with SCAFFOLD-style gradient correction G/w_i - g_i"
     all_model_weighting = "uniform"
     hparams = (HParam("alpha", 0.01, "FedDC penalty alpha; client i uses alpha / w_i (fedMAN, FedDC scripts)",

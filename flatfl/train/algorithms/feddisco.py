@@ -36,8 +36,7 @@ def disco_weights(sizes, label_counts, a: float, b: float) -> np.ndarray:
 
 @register
 class FedDisco(Algorithm):
-    name = "feddisco"
-    display_name = "FedDisco"
+    name, display_name = "feddisco", "FedDisco"
     summary = "FedDisco: FedAvg aggregation reweighted by each client's label-distribution discrepancy"
     hparams = (HParam("a", 0.5, "FedDisco discrepancy weight a (official code; ASD's port uses 0.1)", flag="disco-a",
                       check="nonnegative"),

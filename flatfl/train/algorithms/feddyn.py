@@ -30,8 +30,7 @@ from .base import Algorithm, plain_mean, register
 
 @register
 class FedDyn(Algorithm):
-    name = "feddyn"
-    display_name = "FedDyn"
+    name, display_name = "feddyn", "FedDyn"
     summary = "FedDyn: dynamic regularization alpha_i<theta, h_i - theta^t> + alpha_i/2 ||theta||^2"
     all_model_weighting = "uniform"
     hparams = (HParam("alpha", 0.01, "FedDyn alpha; client i uses alpha / w_i (DYN example, fedMAN --alpha_coef)",

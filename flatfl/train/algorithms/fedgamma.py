@@ -35,8 +35,7 @@ from .scaffold import CV_LR, STEPS_RULE, Scaffold
 
 @register
 class FedGAMMA(Scaffold):
-    name = "fedgamma"
-    display_name = "FedGAMMA"
+    name, display_name = "fedgamma", "FedGAMMA"
     summary = "FedGAMMA: SCAFFOLD's control variates c/w_i - c_i with SAM local steps"
     local_opt = "sam"
     hparams = (CV_LR, STEPS_RULE, SERVER_LR,

@@ -45,8 +45,7 @@ from .fedcm import SERVER_LR
 
 @register
 class FedGloSS(Algorithm):
-    name = "fedgloss"
-    display_name = "FedGloSS"
+    name, display_name = "fedgloss", "FedGloSS"
     summary = "FedGloSS: server-side SAM along the previous pseudo-gradient, ADMM duals, local SAM"
     local_opt = "sam"
     hparams = (HParam("rho", 0.15, "clients' SAM radius for FedGloSS (fedgloss scripts --rho-l 0.15)",

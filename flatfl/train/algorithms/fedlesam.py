@@ -43,8 +43,7 @@ from ..sam_family import Perturbed, scaled_direction
 
 @register
 class FedLESAM(Algorithm):
-    name = "fedlesam"
-    display_name = "FedLESAM"
+    name, display_name = "fedlesam", "FedLESAM"
     summary = "FedLESAM: one gradient a step, at theta + rho d/||d||, d the global model's change (-S, -D variants)"
     all_model_weighting = "uniform"
     local_opt = "sgd"

@@ -40,8 +40,7 @@ def clients_not_true_distillation(local: torch.Tensor, teacher: torch.Tensor, y:
 
 @register
 class FedNTD(Algorithm):
-    name = "fedntd"
-    display_name = "FedNTD"
+    name, display_name = "fedntd", "FedNTD"
     summary = "FedNTD: CE + beta * tau^2 * KL of the not-true-class distributions (global -> local)"
     hparams = (HParam("tau", 1.0, "FedNTD temperature tau (config/fedntd.json)", flag="ntd-tau", check="positive"),
                HParam("beta", 1.0, "FedNTD distillation weight beta (config/fedntd.json)", flag="ntd-beta",

@@ -10,8 +10,7 @@ from .base import Algorithm, register
 
 @register
 class FedProx(Algorithm):
-    name = "fedprox"
-    display_name = "FedProx"
+    name, display_name = "fedprox", "FedProx"
     summary = "FedProx: FedAvg with a proximal term (mu/2)||theta - theta^t||^2"
     hparams = (HParam("mu", 1e-4, "proximal coefficient mu", check="nonnegative"),)
 

@@ -44,8 +44,7 @@ def project_ball(v: torch.Tensor, radius: float) -> torch.Tensor:
 
 @register
 class FedRobust(Algorithm):
-    name = "fedrobust"
-    display_name = "FedRobust"
+    name, display_name = "fedrobust", "FedRobust"
     summary = "FedRobust: descent on theta, ascent on each client's affine input shift (Lambda_i, delta_i)"
     hparams = (
         HParam("ascent_lr", 0.1, "ascent rate on (Lambda_i, delta_i) (unverified)", flag="robust-lr",

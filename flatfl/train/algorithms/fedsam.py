@@ -13,15 +13,13 @@ from .fedavg import FedAvg
 
 @register
 class FedSAM(FedAvg):
-    name = "fedsam"
-    display_name = "FedSAM"
+    name, display_name = "fedsam", "FedSAM"
     summary = "FedSAM: FedAvg with local SAM steps (= fedavg --local-opt sam)"
     local_opt = "sam"
 
 
 @register
 class FedASAM(FedAvg):
-    name = "fedasam"
-    display_name = "FedASAM"
+    name, display_name = "fedasam", "FedASAM"
     summary = "FedASAM: FedAvg with local ASAM steps (= fedavg --local-opt asam)"
     local_opt = "asam"

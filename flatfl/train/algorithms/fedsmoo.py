@@ -38,8 +38,7 @@ from ..sam_family import linear_term, sam_pass
 
 @register
 class FedSMOO(FedDyn):
-    name = "fedsmoo"
-    display_name = "FedSMOO"
+    name, display_name = "fedsmoo", "FedSMOO"
     summary = "FedSMOO: FedDyn's dynamic regularizer with a SAM step whose ascent is corrected by mu_i and s"
     all_model_weighting = "uniform"
     local_opt = "sam"

@@ -30,8 +30,7 @@ from .feddyn import FedDyn
 
 @register
 class FedSpeed(FedDyn):
-    name = "fedspeed"
-    display_name = "FedSpeed"
+    name, display_name = "fedspeed", "FedSpeed"
     summary = "FedSpeed: FedDyn's prox-correction lambda_i(theta - theta^t + h_i) with a SAM local step"
     local_opt = "sam"
     hparams = (HParam("lam", 0.01, "FedSpeed prox-correction lambda; client i uses lambda / w_i (fedMAN "

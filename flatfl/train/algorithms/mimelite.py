@@ -33,8 +33,7 @@ from .fedcm import SERVER_LR
 
 @register
 class MimeLite(Algorithm):
-    name = "mimelite"
-    display_name = "MimeLite"
+    name, display_name = "mimelite", "MimeLite"
     summary = "MimeLite: local steps with the server's frozen momentum; momentum advanced by full-batch gradients"
     hparams = (HParam("beta", 0.9, "MimeLite momentum beta: local steps along (1 - beta) g + beta m "
                       "(unverified: no published default found)", flag="mime-beta", check="prob"),

@@ -21,8 +21,7 @@ from .fedcm import FEDCM_ALPHA_HELP, SERVER_LR, FedCM
 
 @register
 class MoFedSAM(FedCM):
-    name = "mofedsam"
-    display_name = "MoFedSAM"
+    name, display_name = "mofedsam", "MoFedSAM"
     summary = "MoFedSAM: FedCM's client momentum with local SAM steps"
     local_opt = "sam"
     hparams = (HParam("alpha", 0.1, FEDCM_ALPHA_HELP, flag="fedcm-alpha", check="unit"), SERVER_LR,

@@ -61,8 +61,7 @@ def clients_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torc
 
 @register
 class Moon(Algorithm):
-    name = "moon"
-    display_name = "MOON"
+    name, display_name = "moon", "MOON"
     summary = "MOON: CE + mu * model-contrastive loss (projection head; previous local model as negative)"
     hparams = (
         HParam("mu", 1.0, "MOON contrastive weight mu (paper: 1 on CIFAR-100/Tiny-ImageNet, 5 in the code's "

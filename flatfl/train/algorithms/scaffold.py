@@ -63,8 +63,7 @@ def control_variate_lr(choice: str, cctx: ClientContext, config) -> float:
 
 @register
 class Scaffold(Algorithm):
-    name = "scaffold"
-    display_name = "SCAFFOLD"
+    name, display_name = "scaffold", "SCAFFOLD"
     summary = "SCAFFOLD: local steps corrected by c/w_i - c_i, option-II control variates"
     all_model_weighting = "uniform"
     hparams = (CV_LR, STEPS_RULE)

@@ -57,8 +57,7 @@ def kl_global_local(teacher_logits: torch.Tensor, student_logits: torch.Tensor, 
 
 @REGULARIZERS.register
 class ASD(Regularizer):
-    name = "asd"
-    display_name = "ASD"
+    name, display_name = "asd", "ASD"
     summary = "ASD: CE + lambda * sum_i alpha_i KL(global || local) at temperature tau, adaptive sample weights"
     hparams = (
         HParam("lam", 20.0, "ASD distillation weight lambda (run_exp.sh and the paper's Tiny-ImageNet value)",

@@ -288,8 +288,7 @@ def find_final_block(model: nn.Module, width: float) -> _FinalBlock:
 
 @REGULARIZERS.register
 class FedAlign(Regularizer):
-    name = "fedalign"
-    display_name = "FedAlign"
+    name, display_name = "fedalign", "FedAlign"
     summary = "FedAlign: match the Lipschitz constant of the final block at width omega to the full one"
     hparams = (
         HParam("mu", 0.45, "FedAlign weight mu: the Lipschitz loss is rescaled to mu * CE", flag="fedalign-mu",

@@ -79,8 +79,7 @@ def clients_kl(log_target: torch.Tensor, student_logits: torch.Tensor) -> torch.
 
 @REGULARIZERS.register
 class GradAug(Regularizer):
-    name = "gradaug"
-    display_name = "GradAug"
+    name, display_name = "gradaug", "GradAug"
     summary = "GradAug: CE + mu * KL of slimmed, resized sub-networks to the full network's prediction"
     hparams = (
         HParam("num_subnets", 2, "GradAug sub-networks per batch: the minimum width plus num_subnets-1 random ones",

@@ -179,8 +179,7 @@ def _sum_terms(terms: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
 
 @REGULARIZERS.register
 class MAN(Regularizer):
-    name = "man"
-    display_name = "MAN"
+    name, display_name = "man", "MAN"
     summary = "MAN: CE + (zeta/2) * sum over layers of the mean squared post-non-linearity activation"
     hparams = (HParam("zeta", 0.15, "MAN weight as in the fedMAN code (--mu_mean): loss = CE + (zeta/2) * "
                       "sum_l mean(a_l^2); 0.15 CIFAR-100, 0.1 Tiny-ImageNet", check="nonnegative"),)

@@ -41,8 +41,7 @@ def mixup_loss(logits: torch.Tensor, y_a: torch.Tensor, y_b: torch.Tensor, lam: 
 
 @REGULARIZERS.register
 class Mixup(Regularizer):
-    name = "mixup"
-    display_name = "Mixup"
+    name, display_name = "mixup", "Mixup"
     summary = "Mixup: train on convex mixtures of batch pairs, lambda ~ Beta(gamma, gamma)"
     hparams = (HParam("gamma", 0.1, "Mixup Beta(gamma, gamma) concentration; 0 switches mixup off",
                       flag="mixup-gamma", check="nonnegative"),)

@@ -51,8 +51,7 @@ def _no_gate_source(block: nn.Module):
 
 @REGULARIZERS.register
 class StochDepth(Regularizer):
-    name = "stochdepth"
-    display_name = "StochDepth"
+    name, display_name = "stochdepth", "StochDepth"
     summary = "stochastic depth: residual blocks dropped at random, survival 1.0 -> --survival-last"
     hparams = (HParam("survival_last", 0.9, "stochastic depth: survival probability of the last residual block "
                       "(linear from 1.0 at the first)", check="unit"),)
