@@ -19,6 +19,12 @@ from ..errors import ConfigError
 from .base import FeatureClassifier, conv_output_size, require_positive_size
 
 
+def conv_stages(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The two convolution stages the CNNs here share: conv1 -> ReLU -> pool1, conv2 -> ReLU -> pool2."""
+    x = net.pool1(net.relu1(net.conv1(x)))
+    return net.pool2(net.relu2(net.conv2(x)))
+
+
 class CifarCNN(FeatureClassifier):
     """The FedDyn / MAN CIFAR CNN (docs/update-rules.md §20; MAN supp. Table 4, left column).
 
@@ -59,9 +65,7 @@ class CifarCNN(FeatureClassifier):
         self.classifier = nn.Linear(h2, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool1(self.relu1(self.conv1(x)))
-        x = self.pool2(self.relu2(self.conv2(x)))
-        x = self.relu3(self.fc1(self.flatten(x)))
+        x = self.relu3(self.fc1(self.flatten(conv_stages(self, x))))
         return self.relu4(self.fc2(x))
 
     def activation_modules(self) -> list[nn.Module]:
@@ -138,9 +142,7 @@ class ConvPoolNet(FeatureClassifier):
         self.classifier = nn.Linear(hidden, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool1(self.relu1(self.conv1(x)))
-        x = self.pool2(self.relu2(self.conv2(x)))
-        return self.relu3(self.fc1(self.flatten(x)))
+        return self.relu3(self.fc1(self.flatten(conv_stages(self, x))))
 
     def activation_modules(self) -> list[nn.Module]:
         return [self.relu1, self.relu2, self.relu3]

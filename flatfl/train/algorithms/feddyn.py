@@ -28,13 +28,17 @@ from ..components import HParam
 from .base import Algorithm, plain_mean, register
 
 
+#: FedDyn's alpha (client i uses alpha / w_i)
+ALPHA = HParam("alpha", 0.01, "FedDyn alpha; client i uses alpha / w_i (DYN example, fedMAN --alpha_coef)",
+               flag="feddyn-alpha", check="nonnegative")
+
+
 @register
 class FedDyn(Algorithm):
     name, display_name = "feddyn", "FedDyn"
     summary = "FedDyn: dynamic regularization alpha_i<theta, h_i - theta^t> + alpha_i/2 ||theta||^2"
     all_model_weighting = "uniform"
-    hparams = (HParam("alpha", 0.01, "FedDyn alpha; client i uses alpha / w_i (DYN example, fedMAN --alpha_coef)",
-                      flag="feddyn-alpha", check="nonnegative"),)
+    hparams = (ALPHA,)
 
     def init_state(self) -> None:
         self.clients["h"] = self.zeros(self.num_clients)
