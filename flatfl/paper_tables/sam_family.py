@@ -23,7 +23,7 @@ SPEC = TableSpec(
     paper_scale="no paper table: the MAN paper's CIFAR-100 values (Table 2, supplementary Table 6) where it has the "
                 "row; the newer methods' papers publish no Hessian values for this protocol",
     default_model="clients-average",
-    also_tables=("Table 2", "Table 6 (supplementary)"),
+    also_tables=("Table 2", "Table 6 (supplementary)"), auto_match=False,  # its rows are other tables' too
     notes=("paper values: MAN Table 2 (FedAvg, FedSAM) and supplementary Table 6 (FedASAM, FedSpeed), CIFAR-100 "
            "at 500 rounds; the MAN paper's FedASAM rows repeat its FedAvg rows digit for digit.",
            "each method at its authors' code's defaults (flatfl algos); FedSAM, FedASAM and FedSpeed at the MAN "

@@ -33,6 +33,7 @@ class TableSpec:
     notes: tuple[str, ...] = ()
     curated_notes: tuple[tuple[str, str], ...] = ()
     also_tables: tuple[str, ...] = ()  # other tables of ``source`` whose values stand beside the rows they have
+    auto_match: bool = True  # made by ``flatfl report`` whenever a run fills it (False: only when named)
 
     def paper_name(self, row: str) -> str:
         return dict(self.paper_names).get(row, row)

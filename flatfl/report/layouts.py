@@ -61,8 +61,9 @@ def records_of(spec: TableSpec, records) -> list:
 
 
 def matching_tables(records) -> list[str]:
-    """The layouts that at least one run fills (a run of one of its methods on one of its partitions)."""
-    return [key for key, spec in TABLES.items() if any(fills(spec, r) for r in records)]
+    """The layouts that at least one run fills (a run of one of its methods on one of its partitions); a layout
+    that only gathers other tables' methods (``auto_match`` False: the SAM family) is made when it is named."""
+    return [key for key, spec in TABLES.items() if spec.auto_match and any(fills(spec, r) for r in records)]
 
 
 def tables_for(keys) -> list[TableSpec]:
