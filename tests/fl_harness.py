@@ -83,3 +83,12 @@ def np_ce_grad(theta: np.ndarray, x: np.ndarray, y: np.ndarray, classes: int) ->
     p /= len(y)
     return np.concatenate([(p.T @ x).ravel(), p.sum(0)])
 
+
+def flat_params(model: nn.Module) -> np.ndarray:
+    """A model's parameters as one float64 numpy vector (the order of ``model.parameters()``)."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double().numpy()
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor as a float64 numpy array on the host."""
+    return t.detach().double().cpu().numpy()

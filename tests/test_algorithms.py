@@ -8,7 +8,8 @@ import scipy.stats
 import torch
 
 import flatfl
-from fl_harness import Linear, client_arrays, make_dataset, np_ce_grad, run, split_theta
+from fl_harness import (Linear, as_numpy as _np, client_arrays, flat_params as _flat, make_dataset, np_ce_grad, run,
+                        split_theta)
 from flatfl.train.config import RunConfig
 from flatfl.errors import ConfigError
 from flatfl.train.algorithms.feddisco import disco_weights
@@ -25,14 +26,6 @@ DIM, C = 3, 3
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-def _flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double().numpy()
-
-
-def _np(t):
-    return t.detach().double().cpu().numpy()
 
 
 def _setup(seed, num_samples=25):

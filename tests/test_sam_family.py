@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from fl_harness import Linear, client_arrays, make_dataset, np_ce_grad, run
+from fl_harness import (Linear, as_numpy as _np, client_arrays, flat_params as _flat, make_dataset, np_ce_grad,
+                        run)
 from combinations import Combination, case_settings, differences, train_case
 from flatfl.errors import ConfigError
 from flatfl.train.catalog import describe, load_all
@@ -18,14 +19,6 @@ DIM, C = 3, 3
 RTOL = 1e-9
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-def _flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double().numpy()
-
-
-def _np(t):
-    return t.detach().double().cpu().numpy()
 
 
 def _setup(seed, num_samples=25):
