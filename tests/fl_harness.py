@@ -92,3 +92,23 @@ def flat_params(model: nn.Module) -> np.ndarray:
 def as_numpy(t: torch.Tensor) -> np.ndarray:
     """A tensor as a float64 numpy array on the host."""
     return t.detach().double().cpu().numpy()
+
+
+def check_resume_equals_uninterrupted(cfg: RunConfig, tmp_path, crash_in_round) -> dict:
+    """Train ``cfg`` through, and again with a crash in round 3 (after the round-2 checkpoint; ``crash_in_round``:
+    the conftest fixture) then ``--resume``: the resumed run starts at round 2 and ends with the same weights and
+    the same algorithm state, key for key. Returns that state."""
+    import pytest
+
+    ref = Trainer(cfg, tmp_path / "ref", quiet=True)
+    ref.run()
+    with crash_in_round(3), pytest.raises(RuntimeError, match="simulated crash"):
+        Trainer(cfg, tmp_path / "crashed", quiet=True).run()
+    resumed = Trainer(cfg, tmp_path / "crashed", resume=True, quiet=True)
+    assert resumed.start_round == 2
+    resumed.run()
+    assert torch.equal(ref.theta, resumed.theta)
+    a, b = ref.algo.state_dict(), resumed.algo.state_dict()
+    assert a["server"].keys() == b["server"].keys() and a["clients"].keys() == b["clients"].keys()
+    assert all(torch.equal(a[s][k], b[s][k]) for s in ("server", "clients") for k in a[s])
+    return a

@@ -8,8 +8,8 @@ import scipy.stats
 import torch
 
 import flatfl
-from fl_harness import (Linear, as_numpy as _np, client_arrays, flat_params as _flat, make_dataset, np_ce_grad, run,
-                        split_theta)
+from fl_harness import (Linear, as_numpy as _np, check_resume_equals_uninterrupted, client_arrays, flat_params as _flat,
+                        make_dataset, np_ce_grad, run, split_theta)
 from flatfl.train.config import RunConfig
 from flatfl.errors import ConfigError
 from flatfl.train.algorithms.feddisco import disco_weights
@@ -525,17 +525,6 @@ def test_learns_digits(tmp_path, algo):
 @pytest.mark.parametrize("algo", ["feddyn", "scaffold", "fedrobust", "moon"])
 def test_resume_after_crash_equals_uninterrupted(tmp_path, crash_in_round, algo):
     cfg = _digits_config(algo, clients=6, participation=0.5, rounds=5, checkpoint_every=2)
-    ref = Trainer(cfg, tmp_path / "ref", quiet=True)
-    ref.run()
-    # after the round-2 checkpoint, with round 3 done but not checkpointed
-    with crash_in_round(3), pytest.raises(RuntimeError, match="simulated crash"):
-        Trainer(cfg, tmp_path / "crashed", quiet=True).run()
-    resumed = Trainer(cfg, tmp_path / "crashed", resume=True, quiet=True)
-    assert resumed.start_round == 2
-    resumed.run()
-    assert torch.equal(ref.theta, resumed.theta)
-    a, b = ref.algo.state_dict(), resumed.algo.state_dict()
-    assert a["server"].keys() == b["server"].keys() and a["clients"].keys() == b["clients"].keys()
-    assert a["server"] or a["clients"]
-    assert all(torch.equal(a[s][k], b[s][k]) for s in ("server", "clients") for k in a[s])
+    state = check_resume_equals_uninterrupted(cfg, tmp_path, crash_in_round)
+    assert state["server"] or state["clients"]
 

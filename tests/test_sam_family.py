@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from fl_harness import (Linear, as_numpy as _np, client_arrays, flat_params as _flat, make_dataset, np_ce_grad,
-                        run)
+from fl_harness import (Linear, as_numpy as _np, check_resume_equals_uninterrupted, client_arrays, flat_params as _flat,
+                        make_dataset, np_ce_grad, run)
 from combinations import Combination, case_settings, differences, train_case
 from flatfl.errors import ConfigError
 from flatfl.train.catalog import describe, load_all
@@ -300,18 +300,7 @@ def test_trains_with_and_without_man_and_together_equals_one_at_a_time(tmp_path,
 def test_resume_after_crash_equals_uninterrupted(tmp_path, crash_in_round, algo, params):
     """The server and client state (s and mu_i; the last global models; G and the duals) survive --resume."""
     from flatfl.train.config import RunConfig
-    from flatfl.train.engine import Trainer
 
     cfg = RunConfig(dataset="digits", model="tiny", clients=6, participation=0.5, rounds=5, local_epochs=1,
                     batch_size=64, algo=algo, params=params, eval_every=1000, checkpoint_every=2, seed=0).validate()
-    ref = Trainer(cfg, tmp_path / "ref", quiet=True)
-    ref.run()
-    with crash_in_round(3), pytest.raises(RuntimeError, match="simulated crash"):
-        Trainer(cfg, tmp_path / "crashed", quiet=True).run()
-    resumed = Trainer(cfg, tmp_path / "crashed", resume=True, quiet=True)
-    assert resumed.start_round == 2
-    resumed.run()
-    assert torch.equal(ref.theta, resumed.theta)
-    a, b = ref.algo.state_dict(), resumed.algo.state_dict()
-    assert a["server"].keys() == b["server"].keys() and a["clients"].keys() == b["clients"].keys()
-    assert all(torch.equal(a[s][k], b[s][k]) for s in ("server", "clients") for k in a[s])
+    check_resume_equals_uninterrupted(cfg, tmp_path, crash_in_round)
