@@ -104,3 +104,13 @@ def hold_lock():
     for proc in holders:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture
+def float64_default():
+    """torch's default dtype float64 for a test, restored afterwards. Use it with
+    ``pytestmark = pytest.mark.usefixtures("float64_default")``."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)

@@ -112,3 +112,10 @@ def check_resume_equals_uninterrupted(cfg: RunConfig, tmp_path, crash_in_round) 
     assert a["server"].keys() == b["server"].keys() and a["clients"].keys() == b["clients"].keys()
     assert all(torch.equal(a[s][k], b[s][k]) for s in ("server", "clients") for k in a[s])
     return a
+
+
+def client_data(trainer: Trainer) -> tuple[list, np.ndarray, np.ndarray]:
+    """Each client's (x, y) arrays, their sample counts n_i and weights w_i = n_i / mean(n)."""
+    data = [client_arrays(trainer, i) for i in range(trainer.partition.num_clients)]
+    n = np.array([len(y) for _, y in data], float)
+    return data, n, n / n.mean()

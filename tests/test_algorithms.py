@@ -8,8 +8,8 @@ import scipy.stats
 import torch
 
 import flatfl
-from fl_harness import (Linear, as_numpy as _np, check_resume_equals_uninterrupted, client_arrays, flat_params as _flat,
-                        make_dataset, np_ce_grad, run, split_theta)
+from fl_harness import (Linear, as_numpy as _np, check_resume_equals_uninterrupted,
+                        client_data as _clients, flat_params as _flat, make_dataset, np_ce_grad, run, split_theta)
 from flatfl.train.config import RunConfig
 from flatfl.errors import ConfigError
 from flatfl.train.algorithms.feddisco import disco_weights
@@ -34,12 +34,6 @@ def _setup(seed, num_samples=25):
     torch.manual_seed(seed)
     model = Linear(DIM, C)
     return ds, model, _flat(model)
-
-
-def _clients(tr):
-    data = [client_arrays(tr, i) for i in range(tr.partition.num_clients)]
-    n = np.array([len(y) for _, y in data], float)
-    return data, n, n / n.mean()
 
 
 def g(theta, x, y):

@@ -20,12 +20,7 @@ from flatfl.models.stacking import StackedLayout, stack_inputs, stack_network, u
 from flatfl.train.regularizers.gradaug import resolutions
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_default")  # tests/conftest.py
 
 
 def rel(a, b):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from fl_harness import (Linear, as_numpy as _np, check_resume_equals_uninterrupted, client_arrays, flat_params as _flat,
-                        make_dataset, np_ce_grad, run)
+from fl_harness import (Linear, as_numpy as _np, check_resume_equals_uninterrupted,
+                        client_data as _clients, flat_params as _flat, make_dataset, np_ce_grad, run)
 from combinations import Combination, case_settings, differences, train_case
 from flatfl.errors import ConfigError
 from flatfl.train.catalog import describe, load_all
@@ -39,12 +39,6 @@ def run64(tmp_path, **kw):
         torch.set_default_dtype(old)
     assert tr.theta.dtype == torch.float64
     return tr
-
-
-def _clients(tr):
-    data = [client_arrays(tr, i) for i in range(tr.partition.num_clients)]
-    n = np.array([len(y) for _, y in data], float)
-    return data, n, n / n.mean()
 
 
 def g(theta, x, y):

@@ -26,12 +26,7 @@ from flatfl.train.config import RunConfig
 from flatfl.train.engine import Trainer
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_default")  # tests/conftest.py
 
 
 def rel(a, b) -> float:
