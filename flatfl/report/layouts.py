@@ -38,12 +38,13 @@ def paper_lookup(spec: TableSpec, values: list[dict]) -> dict:
     """(paper method, partition, metric) -> value for ``spec`` (its own table, and ``also_tables`` for the rows they
     have); accuracy of MAN tables from MAN Table 1."""
     out = {}
+    rows = {spec.paper_name(row) for row in spec.rows}
     for r in values:
         if r["source"] != spec.source:
             continue
         metric = r["metric"]
         if r["table"] == spec.table or (r["table"] in spec.also_tables and r["partition"] in spec.partitions
-                                        and r["method"] in {spec.paper_name(row) for row in spec.rows}):
+                                        and r["method"] in rows):
             out[(r["method"], r["partition"], metric)] = r["value"]
         elif spec.source == "MAN" and r["table"] == "Table 1" and metric == "accuracy_after_500_rounds":
             out[(r["method"], r["partition"], "accuracy")] = r["value"]
