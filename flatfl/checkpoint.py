@@ -271,14 +271,14 @@ def check_spec_size(spec: dict, state: dict, path) -> None:
                               f"{need:,} values, the checkpoint holds {have:,} (refused before building it)")
 
 
-def same_network(recorded, model: nn.Module, what: str, path):
+def same_network(recorded, model: nn.Module, what: str, path, factory=None):
     """Whether your network is the one the checkpoint trained, as far as its recorded structure tells (checkpoints
     of older flatfl record none and pass): None, or a function that says it, to call once the weights are loaded
-    (other modules or settings: a CheckpointError; changed code of your classes: a notice on stderr, as a comment
-    or a refactoring changes it too). A network already wrapped in its projection head is not compared (the
+    (other modules, settings or values: a CheckpointError; changed code of yours, ``factory``'s included: a notice
+    on stderr, as a comment or a refactoring changes it too). A network already wrapped in its projection head is not compared (the
     structure is taken before the wrapping)."""
-    from .models.factory import code_changes, structure_difference
     from .models.projection import ProjectionHeadModel
+    from .models.structure import code_changes, structure_difference
 
     if recorded is None or isinstance(model, ProjectionHeadModel):
         return None
@@ -290,7 +290,11 @@ def same_network(recorded, model: nn.Module, what: str, path):
                                   "trained with")
 
         return refuse
-    changed = code_changes(recorded, model)
+    if isinstance(factory, str):  # imported already, to build the network
+        from .models.factory import import_function
+
+        factory = import_function(factory)
+    changed = code_changes(recorded, model, factory)
     if changed:
         def notice():
             import sys
@@ -300,6 +304,18 @@ def same_network(recorded, model: nn.Module, what: str, path):
 
         return notice
     return None
+
+
+def factory_network(model_factory: str, seed) -> nn.Module:
+    """The network ``model_factory`` builds, called after ``torch.manual_seed(seed)`` (the run's seed) as training
+    called it, so that what it draws at random (a non-persistent buffer no checkpoint holds) is drawn again alike;
+    the caller's random state is kept."""
+    from .models.factory import model_from_factory
+
+    with torch.random.fork_rng(devices=[]):
+        if isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2 ** 63:
+            torch.manual_seed(seed)
+        return model_from_factory(model_factory)
 
 
 def resolve_checkpoint_path(path: str | Path) -> Path:
@@ -342,7 +358,7 @@ class Checkpoint:
         custom = self.model_spec.get("name") == "custom"
         by_file = False  # the factory is the one the checkpoint recorded, not one the caller named
         if model is None and (model_factory or (custom and self.model_spec.get("factory"))):
-            from .models.factory import check_recorded_factory, model_from_factory
+            from .models.factory import check_recorded_factory
 
             recorded = self.model_spec.get("factory")
             if not model_factory:  # named by the file, not by the user: only a module of the current directory
@@ -353,7 +369,7 @@ class Checkpoint:
 
                 print(f"notice: --model-factory {model_factory} is not the factory {path} recorded ({recorded}); its "
                       "weights are loaded into your network", file=sys.stderr, flush=True)
-            model = model_from_factory(model_factory)
+            model = factory_network(model_factory, self.config.get("seed"))
         if model is None and custom:
             raise CheckpointError(f"{path} holds a custom network ({self.model_spec.get('class', '?')}) and no model "
                                   "factory: pass the network, flatfl.load_checkpoint(path, model=net), or "
@@ -363,7 +379,7 @@ class Checkpoint:
              else f"the given {type(model).__name__}")
         # your network against the recorded structure, taken before the spec wraps it; said once the weights fit
         # (a network whose shapes differ gets the weights' message)
-        verdict = same_network(self.model_spec.get("structure"), model, what, path) \
+        verdict = same_network(self.model_spec.get("structure"), model, what, path, model_factory) \
             if model is not None and custom else None
         if model is None:
             check_spec_size(self.model_spec, payload[key], path)  # before any memory is taken for it

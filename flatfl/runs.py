@@ -61,13 +61,35 @@ def _stored(reader, path: Path) -> dict | None:
         return None
 
 
+#: settings where None asks for something of its own, and how a result file may record that: the whole split, no
+#: relative stopping rule, cross-entropy
+_NONE_MEANS = {"samples": (None,), "trace_rtol": (None,), "loss": (None, "cross_entropy")}
+_NEVER_COMPARED = ("device", "quiet", "data_dir", "model_factory")  # where and how it ran, the network's builder
+
+
 def settings_match(saved: dict | None, wanted: dict) -> bool:
-    """True when every setting asked for was used. A None asks for the default (compared only for 'samples',
-    where None means 'the whole split'); device and data folder may differ."""
+    """True when every setting asked for was used. Device, data folder and model factory may differ (the weights
+    and data are checked by digest). A None asks for the default: the whole split (``samples``), no relative stop
+    (``trace_rtol``), cross-entropy (``loss``), the eigenvalue method's own trace estimator (``trace_method``, which
+    result files record as it ran); other None settings (a protocol's own batch size) are not compared."""
     if not isinstance(saved, dict):
         return False
-    return all(saved.get(k) == v for k, v in wanted.items()
-               if k not in ("device", "quiet", "data_dir") and (v is not None or k == "samples"))
+    for key, value in wanted.items():
+        if key in _NEVER_COMPARED:
+            continue
+        if value is None and key == "trace_method":
+            from .utils.hessian_settings import HessianSettings
+
+            try:
+                value = HessianSettings(method=wanted.get("method", HessianSettings.method)).resolved_trace_method
+            except Exception:  # an unknown method: nothing stored matches it
+                return False
+        if value is None:
+            if key in _NONE_MEANS and saved.get(key) not in _NONE_MEANS[key]:
+                return False
+        elif saved.get(key) != value:
+            return False
+    return True
 
 
 def _fresh(result: Path, final: Path, data: dict | None = None) -> bool:
@@ -123,10 +145,21 @@ def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str 
     summary = _stored(read_surface_file, out / "surface.json")
     if summary and _fresh(out / "surface.json", final, summary):
         s = summary.get("settings", {})
-        if all(s.get(k) == v for k, v in wanted.items() if k in s and k not in ("device", "workers")):
+        vectors = wanted.get("eigenvectors")  # recorded by its digest
+        if all(s.get(k) == v for k, v in wanted.items() if k in s and k not in ("device", "workers")) and \
+                (vectors is None or s.get("eigenvectors_sha1") == _file_sha1(vectors)):
             return "skipped"
     run_surface(str(final), str(out), quiet=quiet, **wanted)
     return "computed"
+
+
+def _file_sha1(path) -> str | None:
+    from .analysis.surface_files import file_sha1
+
+    try:
+        return file_sha1(path)
+    except OSError:
+        return None
 
 
 def analyse_run(run_dir: str | Path, *, hessian: dict | None = None, spectrum: dict | None = None,

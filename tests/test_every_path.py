@@ -42,7 +42,7 @@ from flatfl.models.slimmable import Slimmable
 from flatfl.models.stacking import stacked_clients
 from flatfl.train.catalog import load_all
 from combinations import (CASE_CLASSES, CASE_CLIENTS, CASE_ROUNDS, CASE_SEED, EXPECTED_REFUSALS, OWN_NETWORKS,
-                          Combination, admitted, case_cohorts, case_data, case_settings, differences,
+                          OWN_INPUT, Combination, admitted, case_cohorts, case_data, case_settings, differences,
                           every_combination, expected_refusal, factors, pairs_held, large_model,
                           own_combinations, pairwise_combinations, required_pairs, smallest_input, train_case)
 from flatfl.train.components import REGULARIZERS
@@ -141,29 +141,57 @@ def test_the_cases_stack_cohorts_of_several_sizes():
     assert set(EXPECTED_REFUSALS) <= labels
 
 
+def refuse_after_first_stacked_step(monkeypatch) -> None:
+    """torch.func refuses the model once the probe and the first stacked step have run (as it would an operation
+    met only later in a run)."""
+    from flatfl.models import functional_stack
+
+    real, calls = functional_stack.run_stacked, []
+
+    def refusing(net, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:
+            raise functional_stack.StackingRefused("torch.func cannot run the model (refused on purpose)")
+        return real(net, *args, **kwargs)
+
+    monkeypatch.setattr(functional_stack, "run_stacked", refusing)
+
+
 @pytest.mark.parametrize("how", ["before training", "while training"])
 def test_a_fallback_to_one_at_a_time_fails_the_check(tmp_path, monkeypatch, how):
     """The checker counts a case that trains one client at a time as a failure: a refusal forced before training
     (the model declared unstackable) and one raised by a stacked forward part-way through the first round (torch.func meets an
     operation it cannot run) both make an own network's case fail, with the notice in the report."""
-    from flatfl.models import functional_stack, stacking
+    from flatfl.models import stacking
 
     case = Combination("own-gelu-layernorm-residual", "man", "fedavg", "sgd")
     if how == "before training":
         monkeypatch.setattr(stacking, "stacking_refusal", lambda model: "refused on purpose")
     else:
-        real, calls = functional_stack.run_stacked, []
-
-        def refusing(net, *args, **kwargs):
-            calls.append(1)
-            if len(calls) > 2:  # the probe and the first stacked step ran
-                raise functional_stack.StackingRefused("torch.func cannot run the model (refused on purpose)")
-            return real(net, *args, **kwargs)
-
-        monkeypatch.setattr(functional_stack, "run_stacked", refusing)
+        refuse_after_first_stacked_step(monkeypatch)
     failures = check_case(case, tmp_path)
     assert failures and all("fell back to one client at a time" in f and "refused on purpose" in f
                             for f in failures), failures
+
+
+def test_a_refusal_while_training_is_recorded_in_config_json(tmp_path, monkeypatch):
+    """A stacked step refused part-way through a run: config.json's training_path no longer says the clients
+    trained together; it says one at a time, why, and from which round."""
+    refuse_after_first_stacked_step(monkeypatch)
+    case = Combination("own-gelu-layernorm-residual", "none", "fedavg", "sgd")
+    cfg = RunConfig(**case_settings(case), parallel_clients="all").validate()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(CASE_SEED)
+        network = OWN_NETWORKS[case.model]()
+    Trainer(cfg, tmp_path / "run", quiet=True, dataset=case_data(OWN_INPUT), model=network).run()
+    path = json.loads((tmp_path / "run" / "config.json").read_text())["training_path"]
+    assert path["clients_at_once"] == 1 and path["changed_from_round"] == 1, path
+    assert "refused on purpose" in path["clients_at_once_why"], path
+    from types import SimpleNamespace
+
+    from flatfl.report.layouts import training_path_label
+
+    assert "one client at a time from round 1," in training_path_label([SimpleNamespace(training_path=path)])
 
 
 def test_the_cases_cover_every_registered_name():

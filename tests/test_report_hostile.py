@@ -182,6 +182,33 @@ def test_a_report_asking_for_settings_never_takes_a_test_split_hessian(tmp_path)
                .REPRODUCED.values() for p in t.presets.values() for s in ("hessian", "spectrum") if s in p)
 
 
+def test_an_analysis_with_other_settings_is_never_reused_for_the_default(tmp_path):
+    """A result file records what ran; a sweep, reproduce or ``report --compute-missing`` that asks for the
+    defaults (None: cross-entropy, the whole split, no relative stop, the method's own trace estimator) must not
+    skip computing it because a hessian.json made with ``--loss``, ``--samples``, ``--trace-rtol`` or
+    ``--trace-method`` is there."""
+    import dataclasses
+
+    from flatfl.analysis.hessian_run import settings_record
+    from flatfl.runs import settings_match
+    from flatfl.utils.hessian_settings import HessianSettings
+
+    asked = dataclasses.asdict(HessianSettings())
+    assert asked["loss"] is None and asked["samples"] is None and asked["trace_method"] is None
+    assert settings_match(settings_record(HessianSettings(), "cpu"), asked)
+    assert settings_match(settings_record(HessianSettings(device="cuda", data_dir="elsewhere"), "cuda:0"), asked)
+    for other in (dict(loss="my_losses:smooth"), dict(samples=512), dict(trace_rtol=None), dict(trace_rtol=0.1),
+                  dict(trace_method="hutchinson"), dict(split="test"), dict(method="power")):
+        assert not settings_match(settings_record(HessianSettings(**other), "cpu"), asked), other
+    # None asks for the method's own trace estimator: PyHessian's with power iteration
+    power = dataclasses.asdict(HessianSettings(method="power"))
+    assert settings_match(settings_record(HessianSettings(method="power"), "cpu"), power)
+    assert not settings_match(settings_record(HessianSettings(method="power", trace_method="hutchpp"), "cpu"), power)
+    # a file of an older flatfl that recorded no loss measured cross-entropy
+    old = {k: v for k, v in settings_record(HessianSettings(), "cpu").items() if k != "loss"}
+    assert settings_match(old, asked)
+
+
 def test_a_pair_differing_in_a_shared_setting_or_network_is_incomparable(tmp_path):
     spec = TABLES["man-table2"]
 

@@ -46,7 +46,7 @@ from .operator import HessianOperator
 from .result_files import ResultFileError, read_hessian_file
 
 __all__ = ["run_hessian", "hessian_command", "analyse", "compute", "write_outputs", "load_eigenvectors",
-           "EigenvectorFile", "weights_digest", "ANALYSE_FIELDS"]
+           "EigenvectorFile", "weights_digest", "settings_record", "ANALYSE_FIELDS"]
 
 EIGENVECTOR_FORMAT = "flatfl-eigenvectors"
 OUTPUT_NAMES = ("eigenvalues.png", "eigenvalues.pdf", "density.png", "density.pdf", "eigenvalues.csv",
@@ -243,7 +243,7 @@ def load_eigenvectors(path) -> EigenvectorFile:
 
 
 # ---------------------------------------------------------------------------------------------- the command
-def _settings_record(s: HessianSettings, device) -> dict:
+def settings_record(s: HessianSettings, device) -> dict:
     """hessian.json's ``settings``: what made the numbers (the trace method as it ran, the device resolved)."""
     return {"top": s.top, "method": s.method, "tol": s.tol, "trace": s.trace, "trace_method": s.resolved_trace_method,
             "trace_hvps": s.trace_hvps, "trace_rtol": s.trace_rtol, "density": s.density,
@@ -286,7 +286,7 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
         **cmd.header(digest=digest, num_params=op.dim),
         "num_samples": op.num_samples,
         "loss": loss,
-        "settings": _settings_record(s, dev),
+        "settings": settings_record(s, dev),
         **versions(),
     }
     report = {**header, **report}

@@ -19,8 +19,7 @@ from torch import nn
 
 from ..errors import ConfigError
 
-__all__ = ["check_factory_name", "import_function", "model_from_factory", "describe_model_class", "network_structure",
-           "structure_difference", "code_changes"]
+__all__ = ["check_factory_name", "import_function", "model_from_factory", "check_recorded_factory"]
 
 
 def split_factory(spec, flag: str = "--model-factory", example: str = "my_models:my_net") -> tuple[str, str, str | None]:
@@ -149,85 +148,3 @@ def check_recorded_factory(spec, source: str) -> str:
         raise ConfigError(f"{source} names the model factory {spec!r}, whose module is not in the current "
                           f"directory; flatfl imports it only when you name it yourself: --model-factory {spec}{hint}")
     return spec
-
-
-def describe_model_class(model: nn.Module) -> str:
-    cls = type(model)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-# ------------------------------------------------------------------------------------------ the network's structure
-def network_structure(model: nn.Module) -> dict:
-    """What identifies your network beyond its parameter shapes, as plain data (recorded in a custom network's model
-    spec, ``structure``): ``modules``, one ``[name, class, settings]`` per module in ``named_modules()`` order (the
-    settings as its ``extra_repr()`` shows them: sizes, ``eps``, ``p``, ``inplace``...), so that a ReLU that became
-    a Tanh, or a Dropout whose ``p`` changed, tells; and ``code``, for each class of yours (not torch's) the sha256
-    of its source's syntax tree (comments, blank lines and docstrings left out), or None where Python cannot show
-    the source (a class typed at the prompt), so that an activation called in ``forward`` tells too."""
-    modules, code = [], {}
-    for name, module in model.named_modules():
-        cls = type(module)
-        ours = cls.__module__.split(".")[0] != "torch"  # torch's own classes by name alone (they move between files)
-        qualified = f"{cls.__module__}.{cls.__qualname__}" if ours else f"torch.{cls.__qualname__}"
-        try:
-            settings = " ".join(str(module.extra_repr()).split())[:500]
-        except Exception:  # an extra_repr of the user's that fails: the class still counts
-            settings = "?"
-        modules.append([name, qualified, settings])
-        if ours and qualified not in code:
-            code[qualified] = _source_digest(cls)
-    return {"modules": modules, "code": code}
-
-
-def _source_digest(cls) -> str | None:
-    import ast
-    import hashlib
-    import inspect
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError, SyntaxError, ValueError):
-        return None
-    for node in ast.walk(tree):  # docstrings are no code
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
-
-
-def _module_text(entry) -> str:
-    name, qualified, settings = entry
-    where = f"module {name!r}" if name else "the network itself"
-    return f"{where} is {qualified.rsplit('.', 1)[-1]}({settings})"
-
-
-def structure_difference(recorded, model: nn.Module) -> str | None:
-    """How ``model`` differs in its modules from the ``recorded`` :func:`network_structure` (one phrase naming the
-    first difference), or None when they match or nothing usable was recorded (files of older flatfl)."""
-    if not isinstance(recorded, dict) or not isinstance(recorded.get("modules"), list):
-        return None
-    want = [list(e) for e in recorded["modules"] if isinstance(e, (list, tuple)) and len(e) == 3]
-    have = network_structure(model)["modules"]
-    for old, new in zip(want, have):
-        if old != new:
-            if old[0] != new[0]:
-                return f"the trained network's {_module_text(old)}, the network now has {_module_text(new)}"
-            return f"{_module_text(new)}, trained as {old[1].rsplit('.', 1)[-1]}({old[2]})"
-    if len(want) != len(have):
-        extra = (have if len(have) > len(want) else want)[min(len(want), len(have))]
-        return (f"it has {len(have)} modules, the trained network had {len(want)} (first "
-                f"{'new' if len(have) > len(want) else 'missing'}: {_module_text(extra)})")
-    return None
-
-
-def code_changes(recorded, model: nn.Module) -> list[str]:
-    """The classes of ``model`` whose source changed since the ``recorded`` :func:`network_structure` was taken
-    (where both sources were readable)."""
-    if not isinstance(recorded, dict) or not isinstance(recorded.get("code"), dict):
-        return []
-    now = network_structure(model)["code"]
-    then = recorded["code"]
-    return [name for name, digest in now.items()
-            if isinstance(digest, str) and isinstance(then.get(name), str) and then[name] != digest]

@@ -123,12 +123,18 @@ def training_path_label(records) -> str:
     def values(key, fmt=str):
         return "/".join(sorted({fmt(p.get(key, "?")) for p in paths}, key=str))
 
-    def clients(k):
-        return "one client at a time" if k == 1 else f"{k} clients at once"
+    def each(fmt):
+        return "/".join(sorted({fmt(p) for p in paths}, key=str))
+
+    def clients(path):
+        k = path.get("clients_at_once", "?")
+        text = "one client at a time" if k == 1 else f"{k} clients at once"
+        since = path.get("changed_from_round")
+        return text + (f" from round {since}" if isinstance(since, int) and not isinstance(since, bool) else "")
 
     devices = values("device", lambda d: str(d))
     names = sorted({str(p["device_name"]) for p in paths if p.get("device_name")})
-    label = (f"trained on {devices}{' (' + '/'.join(names) + ')' if names else ''}, {values('clients_at_once', clients)}, "
+    label = (f"trained on {devices}{' (' + '/'.join(names) + ')' if names else ''}, {each(clients)}, "
              f"float32 {values('float32_matmul')}")
     graphed = sum(1 for p in paths if p.get("cuda_graphs") is True)
     if graphed:

@@ -137,30 +137,32 @@ def build_network(cfg: RunConfig, ds, partition: Partition, run_dir: Path, resum
     if getattr(model, "flatfl_spec", None):
         spec = dict(model.flatfl_spec)
     else:
-        from ..models.factory import check_factory_name, describe_model_class, network_structure
+        from ..models.factory import check_factory_name, import_function
+        from ..models.structure import describe_model_class, network_structure
 
-        # the structure (modules, their settings, your classes' code) lets analysis tell when the factory
-        # builds another network than the one trained (before the algorithm wraps it)
+        # the structure (modules, their settings and values, the code of yours they and the factory run) lets
+        # analysis tell when the factory builds another network than the one trained (before the algorithm wraps it)
+        factory = None if model_factory is None else import_function(check_factory_name(model_factory))
         spec = {"name": "custom", "kwargs": {}, "custom": True, "class": describe_model_class(model),
-                "factory": None if model_factory is None else check_factory_name(model_factory),
-                "structure": network_structure(model)}
+                "factory": model_factory, "structure": network_structure(model, factory)}
         if resume:
-            check_same_network(run_dir, model, log)
+            check_same_network(run_dir, model, log, factory)
     check_no_batch_of_one(model, partition.sizes, cfg.batch_size, ds.input_shape)
     return model, spec
 
 
-def check_same_network(run_dir: Path, model, log: Callable[[str], None]) -> None:
+def check_same_network(run_dir: Path, model, log: Callable[[str], None], factory=None) -> None:
     """Resuming a custom-network run: the network is the one its earlier rounds trained (the structure config.json
-    recorded); another one is refused, changed code of your classes is said aloud. Runs without a record pass."""
-    from ..models.factory import code_changes, structure_difference
+    recorded); another one is refused, changed code of yours (classes, helpers, the factory) is said aloud. Runs
+    without a record pass."""
+    from ..models.structure import code_changes, structure_difference
 
     saved = (saved_run_info(run_dir).get("model") or {}).get("structure")
     differs = structure_difference(saved, model)
     if differs:
         raise ConfigError(f"--resume {run_dir}: your network is not the one the run trained ({differs}); resume "
                           "with the network it was trained with")
-    changed = code_changes(saved, model)
+    changed = code_changes(saved, model, factory)
     if changed:
         log(f"notice: the code of {', '.join(changed)} changed since {run_dir} was trained; training goes on with "
             "the code as it is now")

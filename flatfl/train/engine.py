@@ -34,7 +34,8 @@ from .network_checks import BATCH_NORMS
 from .resume import rng_state
 from .rounds import RoundLoop, client_seed, sample_clients
 from .run_files import (METRIC_COLUMNS, dataset_info, last_good_checkpoint, load_resume, read_run_config,
-                        recover_final, save_round, save_run_data, write_metrics, write_run_record)
+                        recover_final, save_round, save_run_data, update_training_path, write_metrics,
+                        write_run_record)
 
 # Trainer, and the names callers import from here (defined in the modules named above)
 __all__ = ["Trainer", "read_run_config", "sample_clients", "client_seed", "set_global_seed", "METRIC_COLUMNS",
@@ -171,6 +172,9 @@ class Trainer(RoundLoop):
                 good = last_good_checkpoint(self.run_dir)
                 raise DivergenceError(f"{e}; stopped. Last good checkpoint: {good}") from None
             self.elapsed += time.perf_counter() - t0
+            if getattr(self, "training_path_changed", False):  # clients no longer train together: said in config.json
+                update_training_path(self.run_dir, self.training_path(), start_round=self.start_round, from_round=r + 1)
+                self.training_path_changed = False
             if row is not None:
                 self._record_row(r, row)
                 bar.set_postfix(acc=f"{row['test_acc']:.3f}", loss=f"{row['train_loss']:.3f}")

@@ -129,6 +129,7 @@ class RoundLoop:
                  f"model cannot be stacked: {why})")
         self.parallel, self.parallel_reason = 1, f"the model cannot be stacked: {why}"
         self._networks = {k: v for k, v in self._networks.items() if k == 1}
+        self.training_path_changed = True
 
     # ----- data -----
     def _maybe_cache(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -261,7 +262,9 @@ class RoundLoop:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.parallel = max(1, tried // 2)
+        self.parallel_reason = f"{tried} clients at once did not fit in GPU memory"
         self._networks.clear()
+        self.training_path_changed = True
         self.log(f"--parallel-clients: {tried} clients did not fit in GPU memory; training {self.parallel} at once")
 
     def working_network(self, n: int):

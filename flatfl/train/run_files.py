@@ -31,7 +31,8 @@ from .resume import load_resume_state, save_resume_state
 
 __all__ = ["METRIC_COLUMNS", "CONFIG_FILE", "PARTITION_FILE", "RESUME_FILE", "CLIENTS_FILE", "CUSTOM_DATA_FILE",
            "CUSTOM_DATA_LIMIT_BYTES", "round_checkpoint", "saved_run_info", "saved_factory", "saved_partition",
-           "read_run_config", "dataset_info", "write_run_record", "save_run_data", "write_metrics", "save_round",
+           "read_run_config", "dataset_info", "write_run_record", "update_training_path", "save_run_data",
+           "write_metrics", "save_round",
            "last_good_checkpoint", "load_resume", "recover_final"]
 
 METRIC_COLUMNS = ["round", "lr", "clients", "local_loss", "train_loss", "train_acc", "test_loss", "test_acc",
@@ -123,6 +124,22 @@ def write_run_record(run_dir: Path, record: dict, *, start_round: int) -> None:
                       environment=earlier["environment"], training_path=earlier.get("training_path"),
                       resumed=resumed + [{"from_round": start_round, "environment": environment,
                                           "training_path": training_path}])
+    atomic_write_json(run_dir / CONFIG_FILE, record)
+
+
+def update_training_path(run_dir: Path, training_path: dict, *, start_round: int, from_round: int) -> None:
+    """config.json's ``training_path`` of this process (the last ``resumed`` entry of a resumed run) replaced by
+    ``training_path``, how the run trains from round ``from_round`` on (clients no longer trained together: a
+    model that cannot be stacked, a cohort that did not fit in memory); ``changed_from_round`` says since when."""
+    record = saved_run_info(run_dir)
+    if not record:
+        return
+    path = dict(training_path, changed_from_round=from_round)
+    resumed = record.get("resumed")
+    if start_round > 0 and isinstance(resumed, list) and resumed and isinstance(resumed[-1], dict):
+        resumed[-1] = dict(resumed[-1], training_path=path)
+    else:
+        record["training_path"] = path
     atomic_write_json(run_dir / CONFIG_FILE, record)
 
 
