@@ -149,9 +149,13 @@ def _code_of(roots, code: dict) -> None:
 
 
 def _tensor_text(t: torch.Tensor) -> str:
-    data = t.detach().to("cpu").contiguous()
-    digest = hashlib.sha256(data.view(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()
-    return f"tensor {str(data.dtype).replace('torch.', '')}{list(data.shape)} sha256 {digest[:16]}"
+    kind = f"tensor {str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+    try:
+        data = t.detach().to("cpu").contiguous()
+        raw = data.view(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
+    except (RuntimeError, TypeError, NotImplementedError):  # sparse, quantized, meta: no plain bytes to digest
+        return f"{kind} (values not digested)"
+    return f"{kind} sha256 {hashlib.sha256(raw).hexdigest()[:16]}"
 
 
 def _value_text(value, depth: int = 0) -> str:
@@ -193,7 +197,10 @@ def _values(model: nn.Module) -> dict:
         for attr, value in vars(module).items():
             if attr in _MODULE_INTERNALS or attr.startswith("flatfl") or attr.startswith("__"):
                 continue
-            out[f"{prefix}{attr}"] = _value_text(value)
+            try:
+                out[f"{prefix}{attr}"] = _value_text(value)
+            except Exception:  # a repr of the user's that fails: the value counts by its class
+                out[f"{prefix}{attr}"] = f"a {type(value).__module__}.{type(value).__qualname__}"
     return dict(sorted(out.items()))
 
 
