@@ -7,6 +7,7 @@ network the first version builds with the network an edited version builds, as t
 resumed or analysed: one phrase naming the difference, or the names whose code changed."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -155,6 +156,11 @@ def test_values_of_other_kinds_are_recorded_by_what_they_are(package):
     def own(x):
         return x
 
+    @dataclasses.dataclass
+    class Settings:
+        hidden: int = 8
+        act: str = "relu"
+
     class Holder(nn.Module):
         def __init__(self):
             super().__init__()
@@ -165,6 +171,7 @@ def test_values_of_other_kinds_are_recorded_by_what_they_are(package):
             self.layers = [nn.Linear(2, 2)]  # a plain list: not registered
             self.options = {"p": 0.1, "mode": "fast"}
             self.none = None
+            self.settings = Settings(act="gelu")
 
     values = network_structure(Holder())["values"]
     assert values["fn"] == "partial(torch.clamp, min=0.0)"
@@ -173,6 +180,7 @@ def test_values_of_other_kinds_are_recorded_by_what_they_are(package):
     assert values["mask"].startswith("tensor float32[3] sha256 ")
     assert values["layers"] == "list(0: a torch.nn.modules.linear.Linear)"
     assert values["options"] == "dict('p': 0.1, 'mode': 'fast')"
+    assert values["settings"].endswith(".Settings(act='gelu', hidden=8)")
     assert m is not None
 
 

@@ -7,9 +7,10 @@
   ``extra_repr()`` shows them (sizes, ``eps``, ``p``, ``inplace``...): a ReLU that became a Tanh, or a Dropout whose
   ``p`` changed, tells.
 * ``values``: what a module of the user's holds besides parameters, buffers and submodules (an activation function
-  passed in, a scale, a tensor kept as a plain attribute), and every non-persistent buffer of any module, which no
-  checkpoint saves: the factory must build it again the same way. Functions are named (``torch.tanh``; one of the
-  user's by its source's digest), tensors by dtype, shape and the sha256 of their values.
+  passed in, a scale, a settings object, a tensor kept as a plain attribute), and every non-persistent buffer of
+  any module, which no checkpoint saves: the factory must build it again the same way. Functions are named
+  (``torch.tanh``; one of the user's by its source's digest), tensors by dtype, shape and the sha256 of their
+  values, settings objects by their fields.
 * ``code``: the sha256 of the syntax tree (comments, blank lines and docstrings left out) of the code the network
   runs that is the user's own: each class of the network (its own bases included), the factory, and, followed
   through the names their source uses, the functions, classes and module-level constants of the user's modules
@@ -160,7 +161,8 @@ def _tensor_text(t: torch.Tensor) -> str:
 
 def _value_text(value, depth: int = 0) -> str:
     """How a module's attribute is recorded: plain values as written, functions by name (the user's by the digest
-    of their source), tensors by dtype, shape and digest, other objects by their class."""
+    of their source), tensors by dtype, shape and digest, settings objects (a dataclass) by their fields, other
+    objects by their class."""
     if _constant(value) or (isinstance(value, (list, tuple)) and depth < 2 and len(value) <= 64
                             and all(_constant(v) for v in value)):
         return repr(value)[:MAX_TEXT]
@@ -180,7 +182,13 @@ def _value_text(value, depth: int = 0) -> str:
         items = value.items() if isinstance(value, dict) else enumerate(value)
         inner = ", ".join(f"{k!r}: {_value_text(v, depth + 1)}" for k, v in items)
         return f"{type(value).__name__}({inner})"[:MAX_TEXT]
-    return f"a {type(value).__module__}.{type(value).__qualname__}"
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    fields = getattr(value, "__dict__", None)
+    if isinstance(fields, dict) and not isinstance(value, (nn.Module, types.ModuleType)) and depth < 2 \
+            and len(fields) <= 64:  # a settings object (a dataclass, a config): its fields
+        inner = ", ".join(f"{k}={_value_text(v, depth + 1)}" for k, v in sorted(fields.items()))
+        return f"{kind}({inner})"[:MAX_TEXT]
+    return f"a {kind}"
 
 
 def _values(model: nn.Module) -> dict:
