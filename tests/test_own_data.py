@@ -318,3 +318,25 @@ def test_data_pt_is_tied_to_its_run_by_a_digest(tmp_path):
     one_line(["hessian", str(runs[0] / "final.pt"), "--quiet", "--out", str(tmp_path / "h")], "is missing")
     one_line(["hessian", str(round_ckpt), "--quiet", "--out", str(tmp_path / "h")], "is missing")
     assert not (tmp_path / "h").exists()
+
+
+def test_data_over_the_size_limit_is_recorded_by_its_digest_and_checked_on_resume(tmp_path, monkeypatch):
+    """Data too large to save with its run (the limit lowered here) still records its sha256: the report tells two
+    such data sets apart, and data given again to a resumed run must be the data it trained on."""
+    from flatfl.checkpoint import dataset_sha256
+    from flatfl.data.datasets import as_image_dataset
+    from flatfl.errors import ConfigError
+    from flatfl.train import run_files
+    from flatfl.train.identity import data_identity
+
+    monkeypatch.setattr(run_files, "CUSTOM_DATA_LIMIT_BYTES", 1024)
+    cfg = RunConfig(model="tiny", rounds=1, clients=2, batch_size=20).validate()
+    Trainer(cfg, tmp_path / "r", dataset=PairDataset(80, 0), quiet=True).run()
+    info = json.loads((tmp_path / "r" / "config.json").read_text())["dataset"]
+    assert info["file"] is None and not (tmp_path / "r" / "data.pt").exists()
+    assert info["sha256"] == dataset_sha256(as_image_dataset(PairDataset(80, 0)))
+    other = dataset_sha256(as_image_dataset(PairDataset(80, 1)))
+    assert data_identity(info)["data_sha256"] != data_identity(dict(info, sha256=other))["data_sha256"]
+    with pytest.raises(ConfigError, match="the data given is not the data the run trained on"):
+        Trainer(cfg, tmp_path / "r", dataset=PairDataset(80, 1), resume=True, quiet=True)
+    Trainer(cfg, tmp_path / "r", dataset=PairDataset(80, 0), resume=True, quiet=True)  # its own data: accepted

@@ -83,7 +83,16 @@ def load_run_dataset(cfg: RunConfig, run_dir: Path, resume: bool, dataset=None, 
         raise ConfigError(f"{run_dir} was trained on a custom dataset that was not saved with it: resume it "
                           "from Python, Trainer(cfg, run_dir, resume=True, dataset=...)")
     if dataset is not None:
-        return as_image_dataset(dataset, test_dataset)
+        ds = as_image_dataset(dataset, test_dataset)
+        recorded = (saved_run_info(run_dir).get("dataset") or {}).get("sha256") if resume else None
+        if isinstance(recorded, str) and is_custom_dataset(ds):  # data given to a resumed run: the data it trained on
+            from ..checkpoint import dataset_sha256
+
+            digest = dataset_sha256(ds)
+            if digest != recorded:
+                raise ConfigError(f"resuming {run_dir}: the data given is not the data the run trained on (sha256 "
+                                  f"{digest[:12]}..., the run recorded {recorded[:12]}...): resume it with its own data")
+        return ds
     return load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
 
 

@@ -21,7 +21,8 @@ from ..utils.run_identity import NO_NUMBER_SETTINGS, RESUMABLE_CHANGES, without_
 __all__ = ["run_settings", "experiment_settings", "piece_hparams", "network_identity", "data_identity",
            "OWN_DATA_UNSAVED"]
 
-#: the data identity of a run on own data that was not saved with it (over the size limit) and records no digest
+#: the data identity of a run on own data that records no digest and has no data.pt (a run of an older flatfl
+#: whose data was over the size limit)
 OWN_DATA_UNSAVED = "not saved with the run"
 
 

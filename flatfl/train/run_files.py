@@ -99,14 +99,16 @@ def read_run_config(run_dir: str | Path) -> RunConfig:
 
 # ----------------------------------------------------------------------------------------------- writing
 def dataset_info(ds, custom: bool, digest: bool = True) -> dict:
-    """Where the run's data comes from: a dataset name, or (custom data) the run's data.pt when saved, with its
-    ``sha256`` (:func:`flatfl.checkpoint.own_data_sha256`; ``digest=False``: not computed), which ties the file to
-    its run: readers refuse another run's data.pt (:func:`flatfl.checkpoint.load_run_data`)."""
+    """Where the run's data comes from: a dataset name, or (custom data) the run's data.pt when saved (up to
+    :data:`CUSTOM_DATA_LIMIT_BYTES`), with the data's ``sha256`` (:func:`flatfl.checkpoint.own_data_sha256`;
+    ``digest=False``: not computed), saved or not. It ties data.pt to its run (readers refuse another run's,
+    :func:`flatfl.checkpoint.load_run_data`), data given to a resumed run to the data it trained on, and tells the
+    report which runs trained on the same data."""
     info = {"name": ds.name, "custom": custom, "file": None}
     if custom:
         size = sum(t.numel() * t.element_size() for t in (ds.train_x, ds.train_y, ds.test_x, ds.test_y))
         info["file"] = CUSTOM_DATA_FILE if size <= CUSTOM_DATA_LIMIT_BYTES else None
-        if info["file"] and digest:
+        if digest:
             info["sha256"] = dataset_sha256(ds)
     return info
 
