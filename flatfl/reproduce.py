@@ -257,6 +257,20 @@ def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: s
                    model=model)
 
 
+def check_run_folders(out: Path, tasks: list[RunTask], tables) -> None:
+    """Before any run trains, one ConfigError line for what would stop the reproduction only after hours of
+    training: a file of the user's in ``out`` under a name the report writes, or a folder in a run's place that is
+    not that run (no flatfl run, or a run with other settings)."""
+    from .report.build import report_files
+    from .sweep import run_state
+    from .train.config import build_config
+    from .utils.manifest import refuse_foreign
+
+    refuse_foreign(out, report_files([paper_tables.TABLES[k] for k in tables]))
+    for t in tasks:
+        run_state(t.run_dir, expected=build_config({}, dict(t.settings, out=t.run_dir)))
+
+
 def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = None,
               runs_dir: str | Path | None = None, executor=None, seeds=None, device: str = "cpu",
               data_dir: str | None = None, threads: int | None = None,
@@ -284,7 +298,11 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads,
                  model=model, track_hessian=track_hessian, methods=methods)
     out = Path(out) if out else default_out(target, preset, methods, seeds)
-    check_out(out, tasks)  # before any run trains
+    rows, _ = _selection(target, preset, methods, seeds)
+    tables = tuple(key for key in tables_of(target)  # a restricted reproduction: only the tables of its rows
+                   if not rows or any(m.label in rows for m in paper_tables.REPRODUCED[key].methods))
+    check_out(out, tasks)  # before any run trains: a fuller report, a file of the user's, a folder in a run's place
+    check_run_folders(out, tasks, tables)
     if echo:
         echo(f"{target} ({preset}): {len(tasks)} runs in {Path(tasks[0].run_dir).parent}, report in {out}")
     progress = Progress(tasks, echo, bar=progress_bar) if echo else None
@@ -294,9 +312,6 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
         if progress:
             progress.close()
     failed = [r for r in records if r.get("error")]
-    rows, _ = _selection(target, preset, methods, seeds)
-    tables = tuple(key for key in tables_of(target)  # a restricted reproduction: only the tables of its rows
-                   if not rows or any(m.label in rows for m in paper_tables.REPRODUCED[key].methods))
     done = [t.run_dir for t in tasks if Path(t.run_dir, "config.json").is_file()]
     if not done:
         raise ConfigError(f"no run of {target} could start; first error: {failed[0]['error'] if failed else '?'}")

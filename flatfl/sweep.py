@@ -102,9 +102,13 @@ def run_state(run_dir: str | Path, expected=None) -> str:
     if not cfg_file.is_file():
         raise ConfigError(f"{d} exists but is not a flatfl run (no config.json); move it or choose another out")
     try:
-        stored = json.loads(cfg_file.read_text())["config"]
-    except Exception:
+        record = json.loads(cfg_file.read_text())
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         raise ConfigError(f"{cfg_file} is corrupt; delete {d} to start the run again") from None
+    stored = record.get("config") if isinstance(record, dict) else None
+    if not isinstance(stored, dict) or "flatfl_version" not in record:
+        raise ConfigError(f"{d} exists but is not a flatfl run (its config.json is not flatfl's); move it or choose "
+                          "another out")
     if expected is not None:
         from .train.identity import run_settings
         from .utils.run_identity import differing_keys
@@ -470,7 +474,10 @@ def run_sweep(grid_file: str | Path, *, executor=None, out: str | Path | None = 
         return rows
     from .utils.lock import folder_lock
 
+    from .utils.manifest import refuse_foreign
+
     with folder_lock(grid.root):  # one sweep at a time writes sweep.csv (each run folder has its own lock)
+        refuse_foreign(grid.root, ["sweep.csv"])  # a file of the user's of that name: before any run trains
         records = run_tasks(grid.tasks, executor, echo=echo)
         _write_index(grid.root / "sweep.csv", records)
     return records

@@ -97,6 +97,44 @@ def test_a_seed_trained_twice_counts_once(runs):
                for n in notes)
 
 
+def test_a_seed_trained_again_with_settings_that_change_no_number_is_no_copy(runs, tmp_path):
+    """Seed 0 trained again with its client models saved and checkpoints every round: the same final weights, bit
+    for bit, yet no copy but a second run of the seed, left out of the row by name with the settings that differ
+    (not refused as 'a copy of the other'). A copy under another seed is still refused."""
+    import shutil
+
+    import torch
+
+    from flatfl.errors import ConfigError
+    from flatfl.utils.provenance import state_digest
+
+    again = tmp_path / "fedavg-s0-clients"
+    assert run_tasks([RunTask(again.name, str(again), dict(TINY, seed=0, save_clients=True, checkpoint_every=2),
+                              threads=1)])[0]["error"] is None
+    digests = {state_digest(torch.load(p / "final.pt", weights_only=True)["state_dict"]) for p in (runs / "fedavg-s0",
+                                                                                                   again)}
+    assert len(digests) == 1  # bit-identical: what the copy check used to refuse
+    spec = TABLES["man-table2"]
+    rows = {r.method: r for r in build_table(spec, collect_runs([runs / "fedavg-s0", again, runs / "man-s0"],
+                                                                 model="clients-average"), paper_values())
+            if r.partition == "dirichlet-0.3"}
+    assert rows["FedAvg"].n_runs == 1 and rows["FedAvg"].runs == "fedavg-s0"
+    assert rows["FedAvg"].same_seed_left_out == "fedavg-s0-clients (seed 0, as fedavg-s0)"
+    summary = build_report([runs / "fedavg-s0", again, runs / "man-s0"], tmp_path / "rep", tables=["man-table2"])
+    assert summary["runs"] == 3
+    copy = tmp_path / "copy-s1"  # seed 0's folder passed off as seed 1: config.json and final.pt both edited
+    shutil.copytree(runs / "fedavg-s0", copy)
+    for name in ("final.pt",):
+        payload = torch.load(copy / name, weights_only=True)
+        payload["config"] = dict(payload["config"], seed=1)
+        torch.save(payload, copy / name)
+    record = json.loads((copy / "config.json").read_text())
+    record["config"]["seed"] = 1
+    (copy / "config.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match="one is a copy of the other"):
+        build_report([runs / "fedavg-s0", copy, runs / "man-s0"], tmp_path / "rep2", tables=["man-table2"])
+
+
 def test_an_unfinished_run_is_in_no_column(runs, tmp_path):
     """Seed 3 stopped in round 2 of 2: listed as not finished, left out of the accuracy column (and so of the pair)."""
     summary, rows, checks = _report(runs, ["fedavg-s0", "fedavg-s1", "fedavg-s3-killed", "man-s0", "man-s1"],

@@ -139,7 +139,7 @@ def test_an_edited_network_record_is_refused(runs, tmp_path):
 
 
 def _record(tmp_path: Path, method: str, seed: int, value: float, *, split: str = "train", network=None,
-            config=None) -> RunRecord:
+            config=None, settings=None) -> RunRecord:
     """A finished run's record (an empty final.pt marks it finished) with a Hessian of the all-clients average."""
     d = tmp_path / f"{method}-s{seed}-{split}-{value}"
     d.mkdir(exist_ok=True)
@@ -149,7 +149,7 @@ def _record(tmp_path: Path, method: str, seed: int, value: float, *, split: str 
         cfg.update(reg="man", params={"zeta": 0.6})
     h = {"checkpoint": str(d / "final-clients-average.pt"), "top_eigenvalues": [value], "num_samples": 100,
          "trace": {"estimate": 10 * value}, "settings": {"method": "lanczos", "trace_method": "hutchpp",
-                                                         "split": split}}
+                                                         "split": split, **(settings or {})}}
     rec = RunRecord(run_dir=d, config=cfg, method=method, partition="dirichlet-0.3", dataset="digits", seed=seed,
                     rounds_done=1, analyses={"hessian-clients-average": h}, network=network)
     return rec.select("clients-average")
@@ -171,6 +171,26 @@ def test_a_hessian_of_the_test_split_is_not_averaged_with_training_split_ones(tm
                  and c["partition"] == "dirichlet-0.3" and c["reference"] == "FedAvg")
     assert check["verdict"] == "incomparable" and "test split" in check["incomparable_because"]
     assert any(r.cells["top_eigenvalue"].mark == "†" for r in rows)
+
+
+def test_a_looser_estimate_is_not_averaged_with_tighter_ones(tmp_path):
+    """A Hessian estimated with a loose Lanczos tolerance or a small trace budget is another setting: left out of
+    the row's mean of the others by name, with what differs (a 57% low top eigenvalue measured with --tol 0.9 and
+    3 trace products went into a mean unmarked)."""
+    spec = TABLES["man-table2"]
+    tight = dict(tol=1e-3, trace_hvps=100, trace_rtol=0.01)
+    recs = [_record(tmp_path, "FedAvg", s, 10.0 + s, settings=tight) for s in (0, 2)]
+    recs.append(_record(tmp_path, "FedAvg", 1, 1.0, settings=dict(tol=0.9, trace_hvps=3, trace_rtol=0.01)))
+    recs += [_record(tmp_path, "FedAvg+MAN", s, 5.0 + s, settings=tight) for s in (0, 1, 2)]
+    rows = {r.method: r for r in build_table(spec, recs, []) if r.partition == "dirichlet-0.3"}
+    top, trace = rows["FedAvg"].cells["top_eigenvalue"], rows["FedAvg"].cells["trace"]
+    assert top.n == 2 and top.mean == pytest.approx(11.0) and "FedAvg-s1" in top.left_out and "tol 0.9" in top.left_out
+    assert trace.n == 2 and trace.mean == pytest.approx(110.0) and "<= 3 HVPs" in trace.left_out
+    assert "tol 0.001" in top.setting and "<= 100 HVPs, rtol 0.01" in trace.setting
+    # the tolerance alone: the trace of the same analysis is averaged with the others
+    recs[2] = _record(tmp_path, "FedAvg", 1, 1.0, settings=dict(tight, tol=0.9))
+    rows = {r.method: r for r in build_table(spec, recs, []) if r.partition == "dirichlet-0.3"}
+    assert rows["FedAvg"].cells["top_eigenvalue"].n == 2 and rows["FedAvg"].cells["trace"].n == 3
 
 
 def test_a_report_asking_for_settings_never_takes_a_test_split_hessian(tmp_path):

@@ -389,3 +389,26 @@ def test_a_restricted_reproduction_never_replaces_a_fuller_report(tmp_path, monk
     assert rep.default_out("man-tables", "tiny", None, (0,)) == full  # the preset's seeds: the full report
     long = rep.default_out("man-tables", "tiny", ",".join(rep.methods_of("man-tables")[:-1]))
     assert long.name.startswith("man-tables-tiny-subset-") and len(long.name) < 40
+
+
+@pytest.mark.parametrize("where", ["a report.md of the user's in --out", "a folder of the user's in a run's place"])
+def test_what_would_stop_a_reproduction_is_refused_before_any_run_trains(tmp_path, where):
+    """A file of the user's under a name the report writes, or a folder in a run's place that is not that run
+    (one with a config.json of its own): one line before anything trains, the user's files untouched."""
+    runs, out = tmp_path / "runs", tmp_path / "rep"
+    names = [t.name for t in plan("man-tables", "tiny", runs_dir=runs, methods="FedAvg")]
+    if where.startswith("a report.md"):
+        out.mkdir()
+        (out / "report.md").write_text("my notes\n")
+        fragment, mine = "report.md exists and was not written by flatfl", out / "report.md"
+    else:
+        (runs / names[-1]).mkdir(parents=True)
+        (runs / names[-1] / "config.json").write_text('{"mine": true}\n')
+        fragment, mine = "is not a flatfl run (its config.json is not flatfl's)", runs / names[-1] / "config.json"
+    before = mine.read_bytes()
+    r = CliRunner().invoke(main, ["reproduce", "man-tables", "--preset", "tiny", "--runs-dir", str(runs), "--out",
+                                  str(out), "--threads", "1", "--workers", "1", "--methods", "FedAvg"])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and fragment in lines[0], r.output
+    assert mine.read_bytes() == before
+    assert not any((runs / n / "config.json").is_file() for n in names[:-1])  # nothing trained

@@ -89,6 +89,23 @@ def test_yaml_grid_and_dry_run(tmp_path):
     assert [r["state"] for r in rows] == ["new", "new"]
 
 
+def test_a_sweep_csv_of_the_users_is_refused_before_any_run_trains(tmp_path):
+    """sweep.csv in the sweep's root that flatfl did not write (the user's notes) is never replaced: one line, and
+    no run trains; a sweep.csv flatfl wrote is replaced by the next sweep."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(_grid_text(tmp_path / "runs", 1))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "sweep.csv").write_text("my notes\n")
+    r = CliRunner().invoke(main, ["sweep", str(grid), "--workers", "1"])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "sweep.csv exists and was not written by flatfl" in lines[0], \
+        r.output
+    assert (tmp_path / "runs" / "sweep.csv").read_text() == "my notes\n"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")) == ["sweep.csv"]
+    (tmp_path / "runs" / "sweep.csv").unlink()
+    assert run_sweep(grid)[0]["train"] == "trained" and run_sweep(grid)[0]["train"] == "skipped"
+
+
 # ---------------------------------------------------------------------------------------------- resume after a kill
 def test_killed_sweep_resumes_the_unfinished_run_and_skips_the_finished_one(tmp_path):
     rounds = 15

@@ -99,20 +99,25 @@ def recorded_versions(d: Path, analyses: dict, clients_all: dict) -> dict:
 
 
 def check_runs_belong_together(records) -> None:
-    """Refuse two runs holding the same final weights (a copy of one run would count as a second seed and shrink
-    the standard error)."""
+    """Refuse two runs holding the same final weights unless they are two runs of one seed of one experiment (the
+    same seed and experiment settings: trained again with tracking, client checkpoints or other settings that
+    change no number; a table keeps one of them). Anything else is a copy of one run that would count as a second
+    seed, or as a run of another experiment, and shrink the standard error."""
     from ..utils.provenance import short
+    from .experiments import run_identity
 
     seen: dict = {}
     for r in records:
         digest = getattr(r, "weights_sha256", None)
         if digest is None:
             continue
-        if digest in seen:
-            raise ConfigError(f"{seen[digest].run_dir} and {r.run_dir} hold the same final weights (sha256 "
+        first = seen.get(digest)
+        if first is not None and not (getattr(first, "seed", None) == getattr(r, "seed", None)
+                                      and run_identity(first) is not None and run_identity(first) == run_identity(r)):
+            raise ConfigError(f"{first.run_dir} and {r.run_dir} hold the same final weights (sha256 "
                               f"{short(digest)}): one is a copy of the other and would count as a second seed; "
                               "report only one of them")
-        seen[digest] = r
+        seen.setdefault(digest, r)
 
 
 def version_notices(records) -> list[str]:

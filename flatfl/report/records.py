@@ -22,7 +22,8 @@ from .run_files import (MODEL_ACCURACY, MODEL_NAMES, MODELS, analysis_model, cli
                         protocol_order, read_analyses, read_metrics)
 
 __all__ = ["RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_label", "partition_label",
-           "choose_clients_protocol", "own_data_digest", "DEFAULT_SPLIT"]
+           "choose_clients_protocol", "own_data_digest", "precision_setting", "data_setting", "measures_defaults",
+           "DEFAULT_SPLIT"]
 
 DEFAULT_SPLIT = "train"  # the split a Hessian is measured on unless --split says otherwise
 _DEFAULT_LOSSES = (None, "cross_entropy")  # how hessian.json records the default loss (none given: cross-entropy)
@@ -213,7 +214,28 @@ class RunRecord:
             return None
         s = h.get("settings") or {}
         how = s.get("method", "?") if metric == "top_eigenvalue" else s.get("trace_method", "?")
-        return f"{MODEL_NAMES[self.model]}, {how}, {h.get('num_samples', '?')} samples{data_setting(s)}"
+        return (f"{MODEL_NAMES[self.model]}, {how}{precision_setting(s, metric)}, {h.get('num_samples', '?')} "
+                f"samples{data_setting(s)}")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def precision_setting(settings: dict, metric: str) -> str:
+    """How precisely ``metric`` was estimated, as :meth:`RunRecord.setting` shows it after the method: the
+    eigenvalue method's tolerance (' (tol 0.001)'), the trace's budget of products and relative stopping rule
+    (' (<= 40 HVPs, rtol 0.02)'); '' where a file of an older flatfl recorded none. A looser estimate is another
+    setting: never averaged with tighter ones unmarked."""
+    if metric == "top_eigenvalue":
+        tol = settings.get("tol")
+        return f" (tol {tol:g})" if _number(tol) else ""
+    parts = []
+    if _number(settings.get("trace_hvps")):
+        parts.append(f"<= {settings['trace_hvps']:g} HVPs")
+    if _number(settings.get("trace_rtol")):
+        parts.append(f"rtol {settings['trace_rtol']:g}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def data_setting(settings: dict) -> str:
