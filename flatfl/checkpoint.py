@@ -14,6 +14,7 @@ recorded the projection head and stochastic depth only through the run's algorit
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -253,6 +254,29 @@ def check_provenance(payload: dict, path) -> None:
     if isinstance(recorded, str) and recorded != state_digest(payload["state_dict"]):
         raise CheckpointError(f"{path}: its weights were changed after training (sha256 "
                               f"{short(state_digest(payload['state_dict']))}, recorded {short(recorded)})")
+    check_clients_average(payload, path)
+
+
+def check_clients_average(payload: dict, path) -> None:
+    """A clients-average checkpoint (``final-clients-average.pt``) holds the all-clients average of the ``final.pt``
+    beside it: another run's copied in is refused, naming both digests, before it is measured as this run's."""
+    path = Path(path)
+    final = path.parent / FINAL_FILE
+    if payload.get("model_role") != "clients-average" or path.name == FINAL_FILE or not final.is_file():
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            average = torch.load(final, map_location="cpu", weights_only=True).get("all_state_dict")
+    except Exception:  # final.pt's own problems are named when it is read
+        return
+    if not isinstance(average, dict) or not all(isinstance(v, torch.Tensor) for v in average.values()):
+        return
+    have, want = state_digest(payload["state_dict"]), state_digest(average)
+    if have != want:
+        raise CheckpointError(f"{path} is not the all-clients average of {final} (its weights sha256 {short(have)}, "
+                              f"final.pt's average {short(want)}): another run's, copied in; delete it and flatfl "
+                              "writes it again from final.pt")
 
 
 def check_spec_size(spec: dict, state: dict, path) -> None:

@@ -345,6 +345,19 @@ def _hessian_of_other_run(c, run):
     shutil.copytree(c.base / "hess-other", run / "hessian")  # round 2 as well, but of the other run's weights
 
 
+def _passed_off_as_seed_5(c, run):
+    """A copy of a run whose config.json and final.pt both say seed 5: the same weights as seed 0 (a copy of one
+    run of a seed is no second seed; two runs of one seed with equal settings are, and count once)."""
+    edit_json(run / "config.json", lambda d: d["config"].update(seed=5))
+    edit_checkpoint(run / "final.pt", lambda p: p["config"].update(seed=5))
+
+
+def _clients_average_of_other_run(c, run):
+    from flatfl.runs import model_checkpoint
+
+    shutil.copy(model_checkpoint(c.base / "other", "clients-average"), run / "final-clients-average.pt")
+
+
 def _clients_pt_more_clients(c, run):
     state = torch.load(run / "clients.pt", weights_only=True)
     state["params"] = torch.cat([state["params"], state["params"]])  # 8 client models in a 4-client run
@@ -479,7 +492,11 @@ CASES = {
     "report-hessian-json-nested": (_report_nested_json, "hessian.json"),
     # ---- issue 29: results from other weights, runs that do not belong together
     "report-hessian-of-other-weights": (_report_with(_hessian_of_other_run), "belongs to another run"),
-    "report-duplicate-runs": (_report_with(lambda c, r: None, "run"), "same final weights"),
+    "report-copy-passed-off-as-another-seed": (_report_with(_passed_off_as_seed_5, "run"), "same final weights"),
+    "hessian-clients-average-of-another-run": (_on_run("hessian", "--top", "1", "--no-trace", "--samples", "16",
+                                                       prepare=_clients_average_of_other_run,
+                                                       target="final-clients-average.pt"),
+                                               "is not the all-clients average of"),
     "report-other-settings-same-row": (_report_with(lambda c, r: None, "other"), "other settings (lr"),
     "report-config-edited-algo": (_report_with(lambda c, r: edit_json(
         r / "config.json", lambda d: d["config"].update(algo="fedprox"))), "algo 'fedprox'"),
