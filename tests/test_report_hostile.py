@@ -135,7 +135,21 @@ def test_an_edited_network_record_is_refused(runs, tmp_path):
     info["model"]["structure"]["modules"][2][2] = "in_features=64, out_features=9, bias=True"
     (run / "config.json").write_text(json.dumps(info))
     res = _invoke("report", run, "--out", tmp_path / "r", "--threads", "1")
-    _one_line_error(res, "does not describe the network final.pt holds (model_structure")
+    _one_line_error(res, "does not describe the network of final.pt (model_structure")
+
+
+def test_an_edited_data_record_is_refused(runs, tmp_path):
+    """config.json's record of the user's data made to name another data set (as when another run's data.pt and
+    its record are copied in): the report checks it against final.pt's record, as it does the network's."""
+    run = tmp_path / "own8-s0"
+    shutil.copytree(runs / "own" / "own8-s0", run)
+    info = json.loads((run / "config.json").read_text())
+    recorded = info["dataset"]["sha256"]
+    info["dataset"]["sha256"] = "cd" * 32
+    (run / "config.json").write_text(json.dumps(info))
+    res = _invoke("report", run, "--out", tmp_path / "r", "--threads", "1")
+    _one_line_error(res, f"does not describe the data of final.pt (data_sha256 cdcdcdcdcdcd (final.pt: "
+                         f"{recorded[:12]}))")
 
 
 def _record(tmp_path: Path, method: str, seed: int, value: float, *, split: str = "train", network=None,

@@ -12,11 +12,11 @@ __all__ = ["check_provenance", "recorded_versions", "check_runs_belong_together"
 
 
 def check_provenance(d: Path, cfg: dict, rounds_done: int, analyses: dict, clients_all: dict, *,
-                     network: dict | None = None) -> dict:
+                     network: dict | None = None, data: dict | None = None) -> dict:
     """Every result of a finished run checked against the run it sits in (one ConfigError line naming both
     digests otherwise): config.json's training settings are final.pt's (a hand-edited config.json would file the
     run under another algorithm), its record of a network of the user's (``network``: class, factory, structure)
-    is final.pt's, metrics.csv reaches final.pt's round (a truncated one would pair an early accuracy with a later
+    is final.pt's, so is its record of data of the user's (``data``: name and digest), metrics.csv reaches final.pt's round (a truncated one would pair an early accuracy with a later
     Hessian), and each hessian.json, clients-*.json and surface.json measured the weights of the model it names
     (not another run's, copied in). Returns {'server': digest, 'clients-average': digest}."""
     from ..analysis.result_files import read_surface_file
@@ -35,15 +35,15 @@ def check_provenance(d: Path, cfg: dict, rounds_done: int, analyses: dict, clien
         raise ConfigError(f"{d / 'config.json'} does not describe the run final.pt holds ({shown}; run settings "
                           f"sha256 {short(settings_digest(cfg))} vs {short(settings_digest(trained))}): it was "
                           "edited; restore it")
-    from ..train.identity import network_identity
+    from ..train.identity import data_identity, network_identity
 
-    ours, theirs = network_identity(network), network_identity(payload.get("model_spec"))
-    edited = [k for k in ours if k in theirs and ours[k] != theirs[k] and theirs[k] is not None]
-    if edited:
-        shown = ", ".join(f"{k} {short(ours[k]) if k == 'model_structure' else repr(ours[k])} (final.pt: "
-                          f"{short(theirs[k]) if k == 'model_structure' else repr(theirs[k])})" for k in edited)
-        raise ConfigError(f"{d / 'config.json'} does not describe the network final.pt holds ({shown}): it was "
-                          "edited; restore it")
+    for what, ours, theirs in (("network", network_identity(network), network_identity(payload.get("model_spec"))),
+                               ("data", data_identity(data), data_identity(payload.get("dataset")))):
+        edited = [k for k in ours if k in theirs and ours[k] != theirs[k] and theirs[k] is not None]
+        if edited:
+            shown = ", ".join(f"{k} {_short_value(ours[k])} (final.pt: {_short_value(theirs[k])})" for k in edited)
+            raise ConfigError(f"{d / 'config.json'} does not describe the {what} of final.pt ({shown}): it was "
+                              "edited; restore it")
     if rounds_done < payload["round"]:
         raise ConfigError(f"{d / 'metrics.csv'} stops at round {rounds_done} but final.pt is of round "
                           f"{payload['round']}: metrics.csv is truncated or of another run; its accuracy would be "
@@ -73,6 +73,13 @@ def check_provenance(d: Path, cfg: dict, rounds_done: int, analyses: dict, clien
         if data is not None:
             check(str(f), data, model)
     return digests
+
+
+def _short_value(v) -> str:
+    """A digest by its first 12 digits, anything else as written."""
+    from ..utils.provenance import short
+
+    return short(v) if isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v) else repr(v)
 
 
 def recorded_versions(d: Path, analyses: dict, clients_all: dict) -> dict:

@@ -331,7 +331,7 @@ def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
     clients_all = clients_results(d, analyses, final_round)
     network = info.get("model") if isinstance(info.get("model"), dict) else None
     data = info.get("dataset") if isinstance(info.get("dataset"), dict) else None
-    digests = check_provenance(d, cfg, rounds_done, analyses, clients_all, network=network)
+    digests = check_provenance(d, cfg, rounds_done, analyses, clients_all, network=network, data=data)
     own = data_identity(data, None)
     digest = own_data_digest(d / "data.pt") if own and not isinstance(data.get("sha256"), str) else None
     rec = RunRecord(run_dir=d, config=cfg, method=method_label(cfg), partition=partition_label(cfg),
