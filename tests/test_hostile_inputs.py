@@ -500,6 +500,8 @@ CASES = {
     "report-other-settings-same-row": (_report_with(lambda c, r: None, "other"), "other settings (lr"),
     "report-config-edited-algo": (_report_with(lambda c, r: edit_json(
         r / "config.json", lambda d: d["config"].update(algo="fedprox"))), "algo 'fedprox'"),
+    "report-metrics-row-longer-than-header": (_report_with(lambda c, r: (r / "metrics.csv").write_text(
+        (r / "metrics.csv").read_text().rstrip("\n") + ",extra\n")), "not as many fields as the header"),
     "report-truncated-metrics": (_report_with(lambda c, r: (
         shutil.copytree(c.base / "hess-final", r / "hessian"),
         (r / "metrics.csv").write_text("\n".join((r / "metrics.csv").read_text().splitlines()[:2]) + "\n"))),

@@ -380,3 +380,40 @@ def test_bounded_loads_and_rows():
         check_depth([[[[1]]]], "x.json", 3)
     fields, rows = csv_rows("a,b\n1,2\n", "x.csv")
     assert fields == ["a", "b"] and rows == [(2, {"a": "1", "b": "2"})]
+
+
+def test_a_report_file_the_user_rewrote_is_kept(runs, tmp_path):
+    """report.md that flatfl wrote and the user then replaced with notes of their own counts as the user's (the
+    manifest records the content's digest, not the name alone): the next report refuses, the notes are kept; the
+    report.md flatfl wrote, untouched, is replaced as before."""
+    out = tmp_path / "rep"
+    build_report([runs / "digits"], out, tables=["man-table2"])
+    assert _invoke("report", runs / "digits", "--out", out, "--table", "man-table2").exit_code == 0
+    (out / "report.md").write_text("my notes on this report\n")
+    res = _invoke("report", runs / "digits", "--out", out, "--table", "man-table2")
+    _one_line_error(res, "report.md exists and was changed since flatfl wrote it")
+    assert (out / "report.md").read_text() == "my notes on this report\n"
+
+
+def test_an_earlier_reports_table_of_another_layout_is_removed(runs, tmp_path):
+    """A report written into the folder of an earlier flatfl report of another layout: the earlier table's CSV is
+    removed (it would sit beside the new report as if part of it); a CSV of the user's is never touched."""
+    out = tmp_path / "rep"
+    build_report([runs / "digits"], out, tables=["man-table2"])
+    assert (out / "man-table2.csv").is_file()
+    (out / "notes.csv").write_text("mine\n")
+    summary = build_report([runs / "digits"], out, tables=["man-table6"])
+    assert not (out / "man-table2.csv").exists() and (out / "man-table6.csv").is_file()
+    assert "man-table2.csv" not in summary["files"] and (out / "notes.csv").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("flags, fragment", [(["--top", "-1"], "--top must be a non-negative integer"),
+                                             (["--method", "bogus"], "unknown eigenvalue method 'bogus'"),
+                                             (["--samples", "0"], "--samples must be a positive integer")])
+def test_hessian_settings_asked_of_a_report_are_checked_without_compute_missing(runs, tmp_path, flags, fragment):
+    """Settings no analysis could have been made with are refused in one line, not a report of empty cells; a
+    method name in other case is the method."""
+    _one_line_error(_invoke("report", runs / "digits", "--out", tmp_path / "r", *flags), fragment)
+    assert not (tmp_path / "r").exists()
+    res = _invoke("report", runs / "digits", "--out", tmp_path / "ok", "--method", "Lanczos")
+    assert res.exit_code == 0 and "method lanczos" in res.output, res.output

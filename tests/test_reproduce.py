@@ -330,7 +330,7 @@ def test_progress_estimates_the_time_left_from_the_runs_trained(tmp_path):
 
     tasks = [RunTask(f"r{k}", str(tmp_path / f"r{k}"), {}) for k in range(4)]
     (tmp_path / "r0").mkdir()  # r0 finished before: skipped
-    (tmp_path / "r0" / "config.json").write_text(json.dumps({"config": {}}))
+    (tmp_path / "r0" / "config.json").write_text(json.dumps({"flatfl_version": "0.1.0", "config": {}}))
     (tmp_path / "r0" / "final.pt").write_bytes(b"")
     clock = iter([100.0, 101.0, 111.0, 131.0, 161.0])
     lines = []

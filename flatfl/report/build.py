@@ -26,7 +26,7 @@ from ..utils.device import resolve_device
 from ..utils.hessian_settings import HessianSettings
 from ..utils.io import atomic_write_json, atomic_write_text, csv_text
 from ..utils.lock import locks_output
-from ..utils.manifest import refuse_foreign
+from ..utils.manifest import refuse_foreign, remove_owned
 from . import figures, pdf
 from .files import directions_csv, run_rows, summary, table_csv
 from .layouts import TABLES, fills, matching_tables, model_for, paper_values, scale_label, tables_for
@@ -78,6 +78,10 @@ def _write_tables(out: Path, records, results, ours_scale: str, missing, notices
         atomic_write_text(out / "directions.csv", directions_csv([c for t in results for c in t.checks]))
         written.append("directions.csv")
     atomic_write_text(out / "report.md", report_markdown(results, ours_scale, missing, notices))
+    # an earlier report's table of another layout would sit beside this one as if it were part of it
+    for stale in [f"{key}.csv" for key in TABLES] + ["directions.csv"]:
+        if stale not in written:
+            remove_owned(out / stale)
     return written + ["report.md"]
 
 
@@ -115,9 +119,13 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     """
     stamp = pdf.made_at()  # checked before any work
     asked = {k: v for k, v in (hessian or {}).items() if v is not None or k == "samples"}
+    if isinstance(asked.get("method"), str):  # names are case-folded where they enter
+        asked["method"] = asked["method"].strip().lower()
     if compute_missing:  # one error line before any work, not one per run
         resolve_device(device)
-        HessianSettings.from_mapping(dict(DEFAULT_HESSIAN, **asked, device=device), "the Hessian settings asked for")
+    if asked or compute_missing:  # settings no analysis could have: refused, not a report of empty cells
+        HessianSettings.from_mapping(dict(DEFAULT_HESSIAN, **asked, device=device if compute_missing else "cpu"),
+                                     "the Hessian settings asked for")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")

@@ -51,7 +51,10 @@ def read_metrics(path: Path) -> list[dict]:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text; the file is damaged or not flatfl's") from None
     rows = []
-    for _, row in csv_rows(text, path)[1]:  # a field over the bound is one line naming the file
+    for line, row in csv_rows(text, path)[1]:  # a field over the bound is one line naming the file
+        if None in row or any(v is None for v in row.values()):  # flatfl writes every row in full
+            raise ConfigError(f"{path} line {line}: not as many fields as the header; the file is damaged or not "
+                              "flatfl's")
         parsed = {}
         for k, v in row.items():
             try:

@@ -52,7 +52,9 @@ def atomic_write_many(files: dict) -> None:
                 with contextlib.suppress(OSError):
                     os.fchmod(f.fileno(), file_mode())
                 os.fsync(f.fileno())
-        manifest.record_many([path for _, path in staged])  # before any rename: a full disk here changes nothing
+        digests = {str(Path(path)): manifest.content_digest(data.encode("utf-8") if isinstance(data, str) else data)
+                   for path, data in files.items()}
+        manifest.record_many([path for _, path in staged], digests)  # before any rename: a full disk here changes nothing
         for tmp, path in staged:
             os.replace(tmp, path)
     except BaseException:
@@ -63,7 +65,10 @@ def atomic_write_many(files: dict) -> None:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    with atomic_open(path, "wb") as f:
+    """Write ``data`` atomically; the manifest records the file by its name and content's digest."""
+    path = Path(path)
+    digest = manifest.content_digest(data)
+    with staged_file(path, "wb", before_rename=lambda: manifest.record(path, digest)) as f:
         f.write(data)
 
 

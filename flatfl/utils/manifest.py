@@ -1,8 +1,10 @@
 """Which files in a folder flatfl itself wrote: a small JSON manifest per folder.
 
 Every file written through :mod:`flatfl.utils.io` is recorded, by name, in ``.flatfl-manifest.json`` of its
-folder. Commands that replace or remove outputs (``train --force``, ``hessian``, ``surface``) only ever delete
-files that the manifest lists, so a user's file that merely shares an output's name is never touched.
+folder; a file written from bytes in memory (reports, CSV, JSON: up to :data:`DIGEST_LIMIT`) also by the sha256 of
+its content, so that a file flatfl wrote and the user then overwrote with text of their own counts as the user's.
+Commands that replace or remove outputs (``train --force``, ``hessian``, ``surface``, ``report``) only ever delete
+or replace files that the manifest lists, so a user's file that merely shares an output's name is never touched.
 """
 from __future__ import annotations
 
@@ -11,17 +13,51 @@ import os
 from pathlib import Path
 
 MANIFEST = ".flatfl-manifest.json"
+DIGEST_LIMIT = 64 << 20  # files written from memory up to this size are recorded by their content's sha256 too
 
 
 def _read(folder: Path) -> dict:
     try:
         data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
-        return {"format": "flatfl-manifest", "files": []}
+        return {"format": "flatfl-manifest", "files": [], "sha256": {}}
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
-        return {"format": "flatfl-manifest", "files": []}
+        return {"format": "flatfl-manifest", "files": [], "sha256": {}}
     data["files"] = [f for f in data["files"] if isinstance(f, str)]
+    digests = data.get("sha256")
+    data["sha256"] = {k: v for k, v in digests.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(digests, dict) else {}
     return data
+
+
+def content_digest(data: bytes) -> str | None:
+    """The digest the manifest records of a file of ``data`` (None above :data:`DIGEST_LIMIT`: by name only)."""
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest() if len(data) <= DIGEST_LIMIT else None
+
+
+def _file_digest(path: Path) -> str | None:
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def _unchanged(folder: Path, name: str, data: dict) -> bool:
+    """The file is as flatfl wrote it: no digest recorded (a file written from a stream), no file, or the same
+    content."""
+    recorded = data["sha256"].get(name)
+    path = folder / name
+    if recorded is None or not path.is_file():
+        return True
+    return path.stat().st_size <= DIGEST_LIMIT and _file_digest(path) == recorded
 
 
 def _write(folder: Path, data: dict) -> None:
@@ -30,35 +66,40 @@ def _write(folder: Path, data: dict) -> None:
     atomic_write_bytes_unrecorded(folder / MANIFEST, (json.dumps(data, indent=1) + "\n").encode("utf-8"))
 
 
-def record(path: str | os.PathLike) -> None:
-    """Note that flatfl wrote ``path`` (a file, by its name, in its folder's manifest)."""
-    path = Path(path)
-    if path.name == MANIFEST:
-        return
-    data = _read(path.parent)
-    if path.name not in data["files"]:
-        data["files"].append(path.name)
-        _write(path.parent, data)
+def record(path: str | os.PathLike, digest: str | None = None) -> None:
+    """Note that flatfl wrote ``path`` (a file, by its name, in its folder's manifest; with ``digest``, the sha256
+    of its content, :func:`content_digest`)."""
+    record_many([path], {str(Path(path)): digest})
 
 
-def record_many(paths) -> None:
-    """Note several files at once (one manifest write per folder)."""
+def record_many(paths, digests: dict | None = None) -> None:
+    """Note several files at once (one manifest write per folder); ``digests``: {path: sha256 or None}."""
     by_folder: dict[Path, list[str]] = {}
     for p in map(Path, paths):
         if p.name != MANIFEST:
             by_folder.setdefault(p.parent, []).append(p.name)
     for folder, names in by_folder.items():
         data = _read(folder)
-        new = [n for n in dict.fromkeys(names) if n not in data["files"]]
-        if new:
-            data["files"] += new
+        before = json.dumps(data, sort_keys=True)
+        for name in dict.fromkeys(names):
+            if name not in data["files"]:
+                data["files"].append(name)
+            digest = (digests or {}).get(str(folder / name))
+            if digest is None:
+                data["sha256"].pop(name, None)  # written from a stream: known by name only
+            else:
+                data["sha256"][name] = digest
+        if not data["sha256"]:
+            data.pop("sha256")
+        if json.dumps(data, sort_keys=True) != before:
             _write(folder, data)
 
 
 def owned(path: str | os.PathLike) -> bool:
-    """True when flatfl wrote ``path`` (its folder's manifest lists it)."""
+    """True when flatfl wrote ``path`` (its folder's manifest lists it) and it is as flatfl wrote it."""
     path = Path(path)
-    return path.name in _read(path.parent)["files"]
+    data = _read(path.parent)
+    return path.name in data["files"] and _unchanged(path.parent, path.name, data)
 
 
 def refuse_foreign(folder: str | os.PathLike, names) -> None:
@@ -69,28 +110,35 @@ def refuse_foreign(folder: str | os.PathLike, names) -> None:
     folder = Path(folder)
     if not folder.is_dir():
         return
-    mine = owned_names(folder)
+    mine, listed = owned_names(folder), set(_read(folder)["files"])
     for name in names:
         p = folder / name
         if (p.exists() or p.is_symlink()) and name not in mine:
-            raise ConfigError(f"{p} exists and was not written by flatfl; move it away or choose another --out")
+            how = "was changed since flatfl wrote it" if name in listed else "was not written by flatfl"
+            raise ConfigError(f"{p} exists and {how}; move it away or choose another --out")
 
 
 def owned_names(folder: str | os.PathLike) -> set[str]:
-    return set(_read(Path(folder))["files"])
+    """The names of the files in ``folder`` that flatfl wrote and that are as it wrote them."""
+    folder = Path(folder)
+    data = _read(folder)
+    return {name for name in data["files"] if _unchanged(folder, name, data)}
 
 
 def remove_owned(path: str | os.PathLike) -> bool:
     """Delete ``path`` only if flatfl wrote it; returns whether it was deleted. A user's file is left alone."""
     path = Path(path)
     data = _read(path.parent)
-    if path.name not in data["files"]:
+    if path.name not in data["files"] or not _unchanged(path.parent, path.name, data):
         return False
     try:
         path.unlink()
     except FileNotFoundError:
         pass
     data["files"].remove(path.name)
+    data["sha256"].pop(path.name, None)
+    if not data["sha256"]:
+        data.pop("sha256")
     _write(path.parent, data)
     return True
 
