@@ -21,10 +21,11 @@ HEADER = ("table,partition,reference,compared,metric,ours_reference,ours_compare
 TABLE_HEADER = "table,method,partition,ours_trace,ours_trace_n,ours_trace_sd,paper_trace"
 
 
-def make_report(folder: Path, rows: list[str], scale: str = "ours: test scale", values: list[str] = ()) -> Path:
+def make_report(folder: Path, rows: list[str], scale: str = "ours: test scale", values: list[str] = (),
+                header: str = HEADER, **summary) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "summary.json").write_text(json.dumps({"ours_scale": scale, "tables": ["man-table2"]}))
-    (folder / "directions.csv").write_text("\n".join([HEADER] + rows) + "\n")
+    (folder / "summary.json").write_text(json.dumps({"ours_scale": scale, "tables": ["man-table2"], **summary}))
+    (folder / "directions.csv").write_text("\n".join([header] + rows) + "\n")
     (folder / "man-table2.csv").write_text("\n".join([TABLE_HEADER] + list(values)) + "\n")
     return folder
 
@@ -117,6 +118,13 @@ def test_committed_reports_contrast_as_their_directions_say(tmp_path):
      "ours_trace is not a number"),
     (lambda f: (f / "summary.json").write_text(json.dumps({"ours_scale": "s", "tables": ["../../etc/passwd"]})),
      "is not a table name"),
+    (lambda f: (f / "directions.csv").write_text(HEADER + "\n" + A_ROWS[0].replace("man-table2", "x" * 200_000, 1)
+                                                 + "\n"), "line 2: 'xxxxxxxxxx"),
+    (lambda f: (f / "summary.json").write_text(json.dumps({"ours_scale": "s", "tables": ["man-table99"]})),
+     "'man-table99' is not a table flatfl knows (damaged or not flatfl's)"),
+    (lambda f: (f / "summary.json").write_text(json.dumps({"ours_scale": "s", "tables": ["man-table2"],
+                                                           "training": {"man-table2": [{"method": "FedAvg"}]}})),
+     "'training' is not each table's rows"),
 ])
 def test_a_damaged_report_is_one_line_and_nothing_written(tmp_path, damage, message):
     a = make_report(tmp_path / "a", A_ROWS)
@@ -125,6 +133,7 @@ def test_a_damaged_report_is_one_line_and_nothing_written(tmp_path, damage, mess
     res = CliRunner().invoke(main, ["contrast", str(a), str(b), "--out", str(tmp_path / "out")])
     assert res.exit_code == 2 and message in res.output, res.output
     assert len(res.output.strip().splitlines()) == 1
+    assert len(res.output) < 500  # a damaged field is named by its start, never copied whole
     assert not (tmp_path / "out").exists()
 
 
@@ -173,3 +182,99 @@ def test_a_second_writer_of_one_output_folder_is_refused(tmp_path, hold_lock):
     res = CliRunner().invoke(main, ["contrast", str(a), str(b), "--out", str(out)])
     assert res.exit_code == 2 and "another flatfl process" in res.output, res.output
     assert len(res.output.strip().splitlines()) == 1 and not (out / "contrast.md").exists()
+
+
+# ------------------------------------------------------------------ what the reports were trained with, and seeds
+def _training(**rows) -> dict:
+    """summary.json's ``training`` of man-table2: 'FedAvg' / 'FedAvg+MAN' (dirichlet-0.3) -> their settings."""
+    return {"man-table2": [{"method": m.replace("_MAN", "+MAN"), "partition": "dirichlet-0.3", "settings": s}
+                           for m, s in rows.items()]}
+
+
+BASE = {"dataset": "digits", "lr": "0.1", "batch_size": "50", "params.rho": "0.05", "algo": "fedavg"}
+
+
+def test_contrast_names_the_training_settings_in_which_the_reports_differ(tmp_path):
+    """A: every row lr 0.1; B: lr 0.05, and its FedAvg+MAN row rho 0.5 and batch size 32: the contrast names each
+    with both reports' values (and the row, where not every row differs)."""
+    a = make_report(tmp_path / "a", A_ROWS, training=_training(FedAvg=BASE, FedAvg_MAN=dict(BASE, reg="man")))
+    b = make_report(tmp_path / "b", B_ROWS, training=_training(
+        FedAvg=dict(BASE, lr="0.05"), FedAvg_MAN=dict(BASE, reg="man", lr="0.05", batch_size="32",
+                                                      **{"params.rho": "0.5"})))
+    res = CliRunner().invoke(main, ["contrast", str(a), str(b), "--label", "A", "--label", "B",
+                                    "--out", str(tmp_path / "c")])
+    assert res.exit_code == 0, res.output
+    line = ("settings that differ: lr 0.1 (A) vs 0.05 (B); batch-size 50 (A) vs 32 (B) in FedAvg+MAN dirichlet-0.3; "
+            "rho 0.05 (A) vs 0.5 (B) in FedAvg+MAN dirichlet-0.3")
+    assert line in res.output.splitlines()
+    assert f"- {line}" in (tmp_path / "c" / "contrast.md").read_text().splitlines()
+    summary = json.loads((tmp_path / "c" / "contrast.json").read_text())
+    assert summary["settings_that_differ"][0] == "lr 0.1 (A) vs 0.05 (B)"
+    assert summary["settings_read_from"] == "training"
+    # trained alike: said so, nothing named
+    b2 = make_report(tmp_path / "b2", B_ROWS, training=_training(FedAvg=BASE, FedAvg_MAN=dict(BASE, reg="man")))
+    assert write_contrast([a, b2], tmp_path / "c2")["settings_that_differ"] == []
+    assert "settings that differ: none" in (tmp_path / "c2" / "contrast.md").read_text()
+
+
+def test_reports_without_a_training_record_are_told_apart_by_their_differences_from_the_paper(tmp_path):
+    """man-table2's paper setting has lr 0.1: a report naming no lr difference ran at 0.1."""
+    a = make_report(tmp_path / "a", A_ROWS, differences_from_paper={
+        "man-table2": "differs from the paper: dataset digits (paper cifar100); local epochs 2 (paper 5)"})
+    b = make_report(tmp_path / "b", B_ROWS, differences_from_paper={
+        "man-table2": "differs from the paper: dataset digits (paper cifar100); local epochs 1 (paper 5); "
+                      "lr 0.05 (paper 0.1)"})
+    summary = write_contrast([a, b], tmp_path / "c", ["A", "B"])
+    assert summary["settings_that_differ"] == ["local epochs 2 (A) vs 1 (B)", "lr 0.1 (A) vs 0.05 (B)"]
+    assert summary["settings_read_from"] == "differences_from_paper"
+    # neither record: the reader is told the settings are not known
+    c = make_report(tmp_path / "c0", B_ROWS)
+    assert write_contrast([a, c], tmp_path / "c3")["settings_that_differ"] is None
+    assert "settings that differ: not known" in (tmp_path / "c3" / "contrast.md").read_text()
+
+
+def test_each_reports_seeds_are_listed(tmp_path):
+    a, b = make_report(tmp_path / "a", A_ROWS), make_report(tmp_path / "b", B_ROWS)
+    for folder, seeds in ((a, (0, 1, 2, 10)), (b, (1, 2, 3))):
+        (folder / "runs.csv").write_text("run,dataset,model,seed\n" + "".join(
+            f"r{s},digits,digits-cnn,{s}\n" for s in reversed(seeds)))
+    write_contrast([a, b], tmp_path / "c", ["A", "B"])
+    md = (tmp_path / "c" / "contrast.md").read_text()
+    assert "  - runs: data digits; network digits-cnn; seeds 0, 1, 2, 10" in md
+    assert "  - runs: data digits; network digits-cnn; seeds 1, 2, 3" in md
+
+
+def test_one_report_given_twice_is_refused(tmp_path):
+    """The same folder with a trailing slash, through a symlink, or copied: one line naming both, nothing written."""
+    import shutil
+
+    a = make_report(tmp_path / "a", A_ROWS)
+    (tmp_path / "link").symlink_to(a)
+    shutil.copytree(a, tmp_path / "copy")
+    same, copied = "are the same report", "are the same report (identical summary.json and directions.csv)"
+    for second, says in ((f"{a}/", same), (tmp_path / "link", same), (tmp_path / "copy", copied)):
+        res = CliRunner().invoke(main, ["contrast", str(a), str(second), "--out", str(tmp_path / "out")])
+        assert res.exit_code == 2, res.output
+        assert res.output.strip() == f"flatfl: error: {a} and {second} {says}: give each report once", res.output
+        assert not (tmp_path / "out").exists()
+    # a copy that differs in its numbers is another report
+    b = make_report(tmp_path / "b", A_ROWS[:1])
+    assert write_contrast([a, b], tmp_path / "out")["comparisons"] == 1
+
+
+def test_an_incomparable_comparison_is_counted_with_its_reason(tmp_path):
+    header = HEADER + ",incomparable_because"
+    because = "trained differently: rho 0.05 vs 0.5"
+    a = make_report(tmp_path / "a", [A_ROWS[0] + ",", A_ROWS[1] + ","], header=header)
+    b = make_report(tmp_path / "b", [B_ROWS[0].replace(",agree", ",incomparable") + f",{because}",
+                                     B_ROWS[1] + ","], header=header)
+    summary = write_contrast([a, b], tmp_path / "c", ["A", "B"])
+    trace = next(s for s in summary["together"] if s.startswith("trace"))
+    assert f"B 1 agree, 0 disagree, 0 inconclusive, 1 incomparable ({because})." in trace
+    assert "without a verdict" not in trace
+    assert summary["counts"]["B"]["trace"]["incomparable"] == 1
+    assert summary["counts"]["B"]["trace"]["incomparable_because"] == [because]
+    rows = {(r["report"], r["partition"]): r for r in csv.DictReader((tmp_path / "c" / "contrast.csv").open())}
+    assert rows[("B", "dirichlet-0.3")]["incomparable_because"] == because
+    assert rows[("A", "dirichlet-0.3")]["incomparable_because"] == ""
+    assert f"1 incomparable ({because})" in (tmp_path / "c" / "contrast.md").read_text()

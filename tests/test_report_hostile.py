@@ -97,6 +97,19 @@ def test_a_users_table_csv_is_kept_and_flatfls_own_report_is_replaced(runs, tmp_
     assert (other / "man-table2.csv").read_text() == "mine\n" and not (other / "runs.csv").exists()
 
 
+def test_summary_records_how_each_rows_runs_were_trained(runs, tmp_path):
+    """summary.json's ``training`` (what ``flatfl contrast`` compares between reports): the FedAvg row's settings are
+    the ones its runs were trained with (TINY, lr and rho at their defaults)."""
+    build_report([runs / "digits"], tmp_path / "rep", tables=["man-table2"])
+    training = json.loads((tmp_path / "rep" / "summary.json").read_text())["training"]["man-table2"]
+    assert [(r["method"], r["partition"]) for r in training] == [("FedAvg", "dirichlet-0.3")]
+    got = training[0]["settings"]
+    assert {k: got[k] for k in ("dataset", "clients", "batch_size", "rounds", "local_epochs", "lr", "algo")} == {
+        "dataset": "digits", "clients": "4", "batch_size": "50", "rounds": "1", "local_epochs": "1", "lr": "0.1",
+        "algo": "fedavg"}
+    assert "seed" not in got and "threads" not in got  # neither decides an experiment's numbers
+
+
 # ------------------------------------------------------------------------------ 2. one experiment in every respect
 def test_own_networks_of_another_structure_are_not_averaged_as_seeds(runs, tmp_path):
     """Trained from Python, all three record 'dataset: digits, model: None'; the report reads the network and

@@ -87,6 +87,7 @@ def contrast(reports, out, labels):
     from ..report.contrast import write_contrast
 
     summary = write_contrast(list(reports), out, list(labels) or None)
+    click.echo(summary["settings_line"])
     for line in summary["together"]:
         click.echo(line)
     if summary.get("dropped"):

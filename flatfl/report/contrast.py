@@ -13,7 +13,15 @@ built from the numbers) and ``contrast.json``. Nothing is recomputed: each repor
   ``all_seeds_change_pct`` (and shown where it differs). Without an interval the change is that of the means.
 * Each report's model and analysis settings are shown (summary.json's ``models``, the tables' ``ours_<metric>_setting``
   columns, runs.csv's data set and network), since reports of other settings are what a contrast sets side by side.
+* How the reports' runs were trained differently: for each row the reports share, the settings that decide its
+  runs' numbers (summary.json's ``training``) are compared, and every setting in which the reports differ is named
+  with each report's value (``settings_that_differ``: 'lr 0.1 (A) vs 0.05 (B)'); for reports without that record,
+  from how each differs from the paper's setting (summary.json's ``differences_from_paper``). Each report's seeds are
+  listed (runs.csv).
+* An 'incomparable' verdict is counted as such, with the report's reason (directions.csv's ``incomparable_because``).
 * A comparison that some reports do not hold is listed as dropped (``dropped``), with the reports that hold it.
+* One report given twice (the same folder under two paths, or two copies with the same summary.json and
+  directions.csv) is refused.
 """
 from __future__ import annotations
 
@@ -24,11 +32,12 @@ from ..errors import ConfigError
 from ..utils.io import atomic_write_many, csv_text
 from ..utils.lock import folder_lock
 from ..utils.plots import format_number
+from ..paper_tables import REPRODUCED
 from .layouts import METRIC_NAMES
 from .report_folder import KEY as _KEY, MAX_FILE_BYTES, read_report
 from .verdicts import TOO_FEW_SEEDS, VERDICTS
 
-__all__ = ["read_report", "contrast_rows", "write_contrast", "MAX_FILE_BYTES"]
+__all__ = ["read_report", "contrast_rows", "write_contrast", "settings_that_differ", "MAX_FILE_BYTES"]
 
 _JUDGED = ("agree", "disagree", "inconclusive")
 
@@ -69,7 +78,8 @@ def contrast_rows(reports: list[dict], labels: list[str]) -> list[dict]:
                              ci_high_pct=_relative(c["paired_ci_high"], c["ours_reference"]),
                              all_seeds_change_pct=c["ours_change_pct"],
                              paired_seeds=c["paired_seeds"], verdict=c["verdict"],
-                             paper_change_pct=c["paper_change_pct"]))
+                             paper_change_pct=c["paper_change_pct"],
+                             incomparable_because=c.get("incomparable_because") or ""))
     return rows
 
 
@@ -103,6 +113,8 @@ def _counts(rows: list[dict], label: str, metric: str) -> dict:
     mine = [r for r in rows if r["report"] == label and r["metric"] == metric]
     out = {v: sum(r["verdict"] == v for r in mine) for v in VERDICTS}
     out["compared"] = len(mine)
+    out["incomparable_because"] = list(dict.fromkeys(r.get("incomparable_because") or "not given" for r in mine
+                                                     if r["verdict"] == "incomparable"))
     return out
 
 
@@ -136,8 +148,12 @@ def _paragraph(rows: list[dict], labels: list[str], metrics: list[str]) -> list[
         for label in labels:
             c = _counts(rows, label, metric)
             part = f"{label} {c['agree']} agree, {c['disagree']} disagree, {c['inconclusive']} inconclusive"
-            if c[TOO_FEW_SEEDS] or c["incomparable"]:
-                part += f", {c[TOO_FEW_SEEDS] + c['incomparable']} without a verdict"
+            if c[TOO_FEW_SEEDS]:
+                part += f", {c[TOO_FEW_SEEDS]} without a verdict (too few seeds)"
+            if c["incomparable"]:
+                because = c["incomparable_because"]
+                part += (f", {c['incomparable']} incomparable ({'; '.join(because[:3])}"
+                         + (f"; {len(because) - 3} other reasons" if len(because) > 3 else "") + ")")
             parts.append(part)
         n = _counts(rows, labels[0], metric)["compared"]
         sentence = f"{name}, verdicts on the paper's direction in {n} comparisons: " + "; ".join(parts) + "."
@@ -155,7 +171,7 @@ def _paragraph(rows: list[dict], labels: list[str], metrics: list[str]) -> list[
 
 
 def settings_lines(report: dict) -> list[str]:
-    """What a report's numbers were made with, as lines: the data set and network of its runs, the model each
+    """What a report's numbers were made with, as lines: the data set, network and seeds of its runs, the model each
     table measures, and per metric the settings its values were computed with."""
     out = []
     if report.get("runs"):
@@ -168,12 +184,93 @@ def settings_lines(report: dict) -> list[str]:
     return out
 
 
+def _setting_name(key: str) -> str:
+    return key.removeprefix("params.").replace("_", "-")
+
+
+def _training_differences(reports: list[dict], labels: list[str], common: list[tuple]) -> list[str]:
+    """The settings in which the rows ``common`` to every report were trained differently: 'lr 0.1 (A) vs 0.05 (B)',
+    each report's values over the rows that differ ('/'-joined), and those rows when not all of them differ."""
+    found: dict[str, list[tuple]] = {}
+    for key in common:
+        settings = [r["training"][key] for r in reports]
+        for name in dict.fromkeys(n for s in settings for n in s):
+            if len({s.get(name, "not set") for s in settings}) > 1:
+                found.setdefault(name, []).append(key)
+    out = []
+    for name, keys in found.items():
+        values = ["/".join(dict.fromkeys(r["training"][k].get(name, "not set") for k in keys)) for r in reports]
+        where = ""
+        if len(keys) < len(common):
+            rows = list(dict.fromkeys(f"{k[1]} {k[2]}" for k in keys))
+            where = " in " + ", ".join(rows[:4]) + (f" and {len(rows) - 4} more rows" if len(rows) > 4 else "")
+        out.append(f"{_setting_name(name)} " + " vs ".join(f"{v} ({label})" for v, label in zip(values, labels))
+                   + where)
+    return out
+
+
+def _paper_entries(text: str, table: str) -> dict[str, tuple[str, str]]:
+    """A table's 'differs from the paper: lr 0.05 (paper 0.1); ...' as {setting: (ours, paper's)}, for the settings
+    of the table's paper preset (whose names :func:`.layouts.paper_differences` writes)."""
+    preset = (REPRODUCED[table].presets.get("paper") or {}) if table in REPRODUCED else {}
+    names = sorted([k.replace("_", " ") for k in preset.get("run", {})]
+                   + [f"Hessian {k.replace('_', ' ')}" for k in preset.get("hessian", {})], key=len, reverse=True)
+    out = {}
+    for entry in text.removeprefix("differs from the paper: ").split("; "):
+        name = next((n for n in names if entry.startswith(n + " ")), None)
+        cut = entry.rfind(" (paper ")
+        if name and cut > len(name) and entry.endswith(")"):
+            out[name] = (entry[len(name) + 1:cut], entry[cut + len(" (paper "):-1])
+    return out
+
+
+def _paper_differences(reports: list[dict], labels: list[str]) -> list[str]:
+    """The settings of the paper's preset in which the reports differ, from each report's differences from the
+    paper's setting (a setting a report does not name is the paper's)."""
+    out = []
+    for table in [t for t in reports[0]["tables"] if all(t in r["tables"] for r in reports[1:])]:
+        entries = [_paper_entries(r["differences"].get(table, ""), table) for r in reports]
+        for name in dict.fromkeys(n for e in entries for n in e):
+            paper = next(e[name][1] for e in entries if name in e)
+            values = [e[name][0] if name in e else paper for e in entries]
+            line = f"{name} " + " vs ".join(f"{v} ({label})" for v, label in zip(values, labels))
+            if len(set(values)) > 1 and line not in out:
+                out.append(line)
+    return out
+
+
+def settings_that_differ(reports: list[dict], labels: list[str]) -> tuple[list[str] | None, str]:
+    """The training settings in which the reports differ, and where they were read: each row's settings where every
+    report records them (summary.json's ``training``) for a row they share, else each report's differences from the
+    paper's setting (``differences_from_paper``); (None, '') when neither says."""
+    if all(r.get("training") is not None for r in reports):
+        common = [k for k in reports[0]["training"] if all(k in r["training"] for r in reports[1:])]
+        if common:
+            return _training_differences(reports, labels, common), "training"
+    if all(r.get("differences") for r in reports):
+        return _paper_differences(reports, labels), "differences_from_paper"
+    return None, ""
+
+
+def settings_differ_line(differ: list[str] | None, source: str) -> str:
+    """The sentence contrast.md and the command show of :func:`settings_that_differ`."""
+    if differ is None:
+        return "settings that differ: not known (the reports do not record how their runs were trained)"
+    if source == "differences_from_paper":
+        where = " (among the settings the paper fixes; these reports record no others)"
+        return f"settings that differ{where}: " + ("; ".join(differ) if differ else "none")
+    return "settings that differ: " + ("; ".join(differ) if differ else
+                                       "none (every row the reports share was trained alike)")
+
+
 def _markdown(reports: list[dict], labels: list[str], rows: list[dict], metrics: list[str], together: list[str],
-              dropped: list[dict] = ()) -> str:
+              dropped: list[dict] = (), differ: str = "") -> str:
     lines = ["# flatfl contrast", ""]
     for label, r in zip(labels, reports):
         lines.append(f"- **{label}** ({r['folder']}): {r['scale']}")
         lines += [f"  - {line}" for line in settings_lines(r)]
+    if differ:
+        lines.append(f"- {differ}")
     lines += ["", "Each cell: the change compared - reference in % of the reference, over the seeds of its paired 95% "
               "t interval where the report has one (then the interval; the change of the means over all seeds in "
               "parentheses where it differs), else the change of the means, and that report's verdict on the "
@@ -227,15 +324,22 @@ def _values_markdown(reports: list[dict], labels: list[str]) -> list[str]:
 
 _CSV_COLUMNS = list(_KEY) + ["report", "ours_reference", "ours_compared", "ours_change_pct", "change_over",
                              "ci_low_pct", "ci_high_pct", "all_seeds_change_pct", "paired_seeds", "verdict",
-                             "paper_change_pct"]
+                             "paper_change_pct", "incomparable_because"]
 
 
 def write_contrast(folders, out, labels=None) -> dict:
     """Read the report ``folders`` (two or more), write contrast.csv, contrast.md and contrast.json into ``out`` and
     return the summary (``labels``: one name per report, default the folder names)."""
+    given = [str(f) for f in folders]
     folders = [Path(f) for f in folders]
     if len(folders) < 2:
         raise ConfigError("flatfl contrast needs two or more report folders")
+    seen: dict[Path, str] = {}
+    for text, folder in zip(given, folders):
+        where = folder.resolve()
+        if where in seen:
+            raise ConfigError(f"{seen[where]} and {text} are the same report: give each report once")
+        seen[where] = text
     labels = [f.name for f in folders] if not labels else [str(x) for x in labels]
     if len(labels) != len(folders):
         raise ConfigError(f"{len(labels)} --label for {len(folders)} reports: give one per report, in order")
@@ -243,15 +347,24 @@ def write_contrast(folders, out, labels=None) -> dict:
     if bad or len(set(labels)) != len(labels):
         raise ConfigError(f"labels must be distinct, non-empty, at most 60 characters and without '|': {labels!r}")
     reports = [read_report(f) for f in folders]
+    for i, r in enumerate(reports):
+        twin = next((given[j] for j in range(i) if reports[j]["digest"] == r["digest"]), None)
+        if twin is not None:
+            raise ConfigError(f"{twin} and {given[i]} are the same report (identical summary.json and "
+                              "directions.csv): give each report once")
     rows = contrast_rows(reports, labels)
     if not rows:
         raise ConfigError("these reports share no comparison (same table, partition, pair and metric)")
     metrics = list(dict.fromkeys(r["metric"] for r in rows))
     together = _paragraph(rows, labels, metrics)
     dropped = dropped_comparisons(reports, labels)
+    differ, source = settings_that_differ(reports, labels)
+    differ_line = settings_differ_line(differ, source)
     summary = {"reports": [{"label": label, "folder": r["folder"], "scale": r["scale"], "models": r["models"],
                             "settings": r["settings"], "runs": r["runs"]}
                            for label, r in zip(labels, reports)],
+               "settings_that_differ": differ, "settings_read_from": source or None,
+               "settings_line": differ_line,
                "comparisons": len(rows) // len(labels),
                "dropped": dropped,
                "counts": {label: {m: _counts(rows, label, m) for m in metrics} for label in labels},
@@ -260,6 +373,7 @@ def write_contrast(folders, out, labels=None) -> dict:
     out = Path(out)
     with folder_lock(out):
         atomic_write_many({out / "contrast.csv": csv_text(rows, _CSV_COLUMNS),
-                           out / "contrast.md": _markdown(reports, labels, rows, metrics, together, dropped),
+                           out / "contrast.md": _markdown(reports, labels, rows, metrics, together, dropped,
+                                                              differ_line),
                            out / "contrast.json": json.dumps(summary, indent=2) + "\n"})
     return summary

@@ -5,7 +5,9 @@
   ``training``), then per metric ``ours_<metric>_left_out``, ``ours_<metric>``, ``_n``, ``_sd``, ``_se``,
   ``_setting``, ``_mark`` and ``paper_<metric>`` (:func:`table_csv`);
 * ``directions.csv``: the direction checks (:data:`.verdicts.DIRECTION_COLUMNS`; :func:`directions_csv`);
-* ``summary.json``: the counts, notices, what is missing, the pages (:func:`summary`).
+* ``summary.json``: the counts, notices, what is missing, the pages, how the runs differ from the paper's setting and
+  how each table row's runs were trained (``training``: per table, each row's method, partition and the settings that
+  decide its runs' numbers, as text; what ``flatfl contrast`` compares) (:func:`summary`).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from ..utils.io import csv_text
+from .experiments import shown_value
 from .run_files import MODEL_NAMES
 from .tables import MetricCell, TableRow
 
@@ -91,4 +94,11 @@ def summary(records, specs, results, *, notices, missing, pages, files, ours_sca
             "directions": {t.spec.key: t.counts for t in results},
             "models": {t.spec.key: t.model for t in results}, "notices": notices,
             "missing": missing, "pages": pages, "files": files + ["summary.json"],
-            "ours_scale": ours_scale, "differences_from_paper": {t.spec.key: t.difference for t in results}}
+            "ours_scale": ours_scale, "differences_from_paper": {t.spec.key: t.difference for t in results},
+            "training": {t.spec.key: [_training(r) for r in t.rows if isinstance(r.training, dict)] for t in results}}
+
+
+def _training(row: TableRow) -> dict:
+    """A row's training settings as summary.json keeps them: each value as messages show it (text)."""
+    return {"method": row.method, "partition": row.partition,
+            "settings": {k: shown_value(v) for k, v in sorted(row.training.items())}}

@@ -2,14 +2,20 @@
 there (``summary.json``, ``directions.csv``, each table's CSV, ``runs.csv``), every file checked to be what flatfl
 writes (sizes, columns, numbers, verdicts; CSV fields and JSON nesting bounded, :mod:`.bounded`), anything else one
 ConfigError line naming the file.
+
+Besides the numbers, what the contrast shows of how each report's runs were trained: summary.json's ``training``
+(per table row, the settings that decide its runs' numbers, as :func:`flatfl.report.files.summary` writes them; absent
+from reports that do not record it), its ``differences_from_paper`` and runs.csv's data sets, networks and seeds.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..paper_tables import TABLES
 from .bounded import csv_rows, loads
 from .layouts import METRIC_NAMES
 from .verdicts import VERDICTS
@@ -23,6 +29,8 @@ _NUMBERS = ("ours_reference", "ours_compared", "ours_change_pct", "paper_change_
             "paired_ci_high")
 _NEEDED = KEY + _NUMBERS + ("verdict", "paired_seeds")
 _TABLE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,60}")
+#: a report's rows and settings per row are tens; anything far larger is not what flatfl writes
+_MAX_TRAINING_ROWS, _MAX_SETTINGS = 10_000, 500
 
 
 def _read_text(path: Path) -> str:
@@ -71,7 +79,8 @@ def read_report(folder: str | Path) -> dict:
     if not folder.is_dir():
         raise ConfigError(f"{folder} is not a folder (give report folders, e.g. reports/man-tables-quick)")
     summary_path = folder / "summary.json"
-    summary = loads(_read_text(summary_path), summary_path)
+    summary_text = _read_text(summary_path)
+    summary = loads(summary_text, summary_path)
     if not isinstance(summary, dict) or not isinstance(summary.get("ours_scale"), str) \
             or not isinstance(summary.get("tables"), list) \
             or not all(isinstance(t, str) for t in summary["tables"]):
@@ -79,6 +88,9 @@ def read_report(folder: str | Path) -> dict:
     path = folder / "directions.csv"
     checks, seen = [], set()
     for line, row in _csv_rows(path, _NEEDED, "directions table")[1]:
+        if row["table"] not in TABLES:
+            raise ConfigError(f"{path} line {line}: {row['table'][:40]!r} is not a table flatfl knows "
+                              "(damaged or not flatfl's)")
         key = tuple(row[k] for k in KEY)
         if key in seen:
             raise ConfigError(f"{path} line {line}: {' / '.join(key)} appears twice")
@@ -93,12 +105,15 @@ def read_report(folder: str | Path) -> dict:
             raise ConfigError(f"{path} line {line}: paired_seeds must be a count, got {row['paired_seeds'][:40]!r}")
         check["paired_seeds"] = None if seeds is None else int(seeds)
         check["paired_change"] = _number(path, line, "paired_change", row.get("paired_change") or "")
+        check["incomparable_because"] = _shown(row.get("incomparable_because") or "")
         checks.append(check)
     settings: dict[str, list[str]] = {}
     values = _read_values(folder, summary["tables"], settings)
+    digest = hashlib.sha256(summary_text.encode() + b"\0" + _read_text(path).encode()).hexdigest()
     return {"folder": str(folder), "scale": summary["ours_scale"], "tables": list(summary["tables"]),
             "checks": checks, "values": values, "models": _models(summary, summary_path), "settings": settings,
-            "runs": _runs_settings(folder)}
+            "runs": _runs_settings(folder), "training": _training(summary, summary_path),
+            "differences": _differences(summary, summary_path), "digest": digest}
 
 
 def _shown(text: str) -> str:
@@ -116,15 +131,53 @@ def _models(summary: dict, path: Path) -> dict:
     return {_shown(k): _shown(v) for k, v in models.items()}
 
 
+def _training(summary: dict, path: Path) -> dict | None:
+    """summary.json's ``training``: (table, method, partition) -> {setting: value as text} for each row with runs;
+    None for a report without it."""
+    training = summary.get("training")
+    if training is None:
+        return None
+    bad = ConfigError(f"{path}: not a flatfl report summary ('training' is not each table's rows and their "
+                      "settings)")
+    if not isinstance(training, dict):
+        raise bad
+    out = {}
+    for table, rows in training.items():
+        if not isinstance(rows, list) or len(rows) > _MAX_TRAINING_ROWS:
+            raise bad
+        for row in rows:
+            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("method", "partition")) \
+                    or not isinstance(row.get("settings"), dict) or len(row["settings"]) > _MAX_SETTINGS \
+                    or not all(isinstance(v, str) for v in row["settings"].values()):
+                raise bad
+            out[(table, row["method"], row["partition"])] = {_shown(k): _shown(v) for k, v in row["settings"].items()}
+    return out
+
+
+def _differences(summary: dict, path: Path) -> dict:
+    """summary.json's ``differences_from_paper``: table -> the text (tables without one left out); {} without it."""
+    diffs = summary.get("differences_from_paper") or {}
+    if not isinstance(diffs, dict) or not all(v is None or isinstance(v, str) for v in diffs.values()):
+        raise ConfigError(f"{path}: not a flatfl report summary ('differences_from_paper' is not a text per table)")
+    return {k: v[:2000] for k, v in diffs.items() if v}
+
+
+def _seed_order(text: str):
+    return (0, int(text), "") if re.fullmatch(r"-?[0-9]{1,30}", text) else (1, 0, text)
+
+
 def _runs_settings(folder: Path) -> dict:
-    """The data sets and networks of the report's runs (runs.csv's ``dataset`` and ``model`` columns, each value
-    once); {} for a report without runs.csv."""
+    """The data sets, networks and seeds of the report's runs (runs.csv's ``dataset``, ``model`` and ``seed``
+    columns, each value once, the seeds in order); {} for a report without runs.csv."""
     path = folder / "runs.csv"
     if not path.is_file():
         return {}
     _, rows = _csv_rows(path, (), "runs table")
-    return {name: list(dict.fromkeys(_shown(row.get(col) or "?") for _, row in rows))[:20]
-            for name, col in (("data", "dataset"), ("network", "model"))}
+    out = {name: list(dict.fromkeys(_shown(row.get(col) or "?") for _, row in rows))[:20]
+           for name, col in (("data", "dataset"), ("network", "model"))}
+    seeds = sorted({_shown(row["seed"]) for _, row in rows if row.get("seed")}, key=_seed_order)
+    out["seeds"] = seeds[:50] + ([f"... ({len(seeds)} in all)"] if len(seeds) > 50 else [])
+    return out
 
 
 def _read_values(folder: Path, tables: list[str], settings: dict | None = None) -> dict:
@@ -134,6 +187,9 @@ def _read_values(folder: Path, tables: list[str], settings: dict | None = None) 
     for table in tables:
         if not _TABLE_NAME.fullmatch(table):
             raise ConfigError(f"{folder / 'summary.json'}: {table[:40]!r} is not a table name")
+        if table not in TABLES:
+            raise ConfigError(f"{folder / 'summary.json'}: {table!r} is not a table flatfl knows "
+                              "(damaged or not flatfl's)")
         path = folder / f"{table}.csv"
         fields, rows = _csv_rows(path, ("method", "partition"), "table")
         metrics = [m for m in dict.fromkeys(f[len("ours_"):] for f in fields) if m in METRIC_NAMES]  # CSV order
