@@ -1,7 +1,7 @@
 """Which files in a folder flatfl itself wrote: a small JSON manifest per folder.
 
 Every file written through :mod:`flatfl.utils.io` is recorded, by name, in ``.flatfl-manifest.json`` of its
-folder; a file written from bytes in memory (reports, CSV, JSON: up to :data:`DIGEST_LIMIT`) also by the sha256 of
+folder; a file written from bytes in memory (reports, CSV, JSON, figures: up to :data:`DIGEST_LIMIT`) also by the sha256 of
 its content, so that a file flatfl wrote and the user then overwrote with text of their own counts as the user's.
 Commands that replace or remove outputs (``train --force``, ``hessian``, ``surface``, ``report``) only ever delete
 or replace files that the manifest lists, so a user's file that merely shares an output's name is never touched.
