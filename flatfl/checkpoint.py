@@ -26,6 +26,7 @@ from .models.spec import model_from_spec
 from .utils.device import resolve_device
 from .utils.io import atomic_torch_save
 from .utils.provenance import is_settings_digest, json_digest, settings_digest, short, state_digest
+from .utils.torch_files import PLAIN_PICKLE, check_nesting, load_weights_only, plain_pickle
 
 FORMAT = "flatfl-checkpoint"
 FORMAT_VERSION = 2
@@ -177,9 +178,13 @@ def load_tensors(path: Path, what: str):
     if not path.is_file():  # a pipe would block the read forever, a device never ends
         raise CheckpointError(f"{path} is not a regular file, not a {what}")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        payload = load_weights_only(path)
     except Exception:
+        if plain_pickle(path):
+            raise CheckpointError(f"{path} is not a {what} ({PLAIN_PICKLE})") from None
         raise CheckpointError(f"{path} is not a readable {what} (corrupt or truncated)") from None
+    check_nesting(payload, path)
+    return payload
 
 
 def read_checkpoint(path: str | Path) -> dict:
@@ -193,15 +198,18 @@ def read_checkpoint(path: str | Path) -> dict:
     if not path.is_file():  # a pipe would block the read forever, a device never ends
         raise CheckpointError(f"{path} is not a regular file (a pipe, device or socket), not a checkpoint")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = load_weights_only(path)
     except Exception as e:  # truncated zip, pickle garbage, a text file...
+        if plain_pickle(path):
+            raise CheckpointError(f"{path} is not a flatfl checkpoint ({PLAIN_PICKLE})") from None
         if refused_objects(e):
             raise CheckpointError(f"{path} holds Python objects that flatfl will not load (unpickling them could run "
                                   "code): not a flatfl checkpoint, or tampered with") from None
-        raise CheckpointError(f"{path} is not a readable flatfl checkpoint (corrupt or truncated: "
-                              f"{short_reason(e)})") from None
+        reason = short_reason(e) if "weights_only" not in str(e) else "refused by the weights-only reader"
+        raise CheckpointError(f"{path} is not a readable flatfl checkpoint (corrupt or truncated: {reason})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a flatfl checkpoint (no flatfl header)")
+    check_nesting(payload, path)  # before anything walks it (a list shared at every level never ends)
     version = payload.get("format_version", 0)
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise CheckpointError(f"{path} is a damaged flatfl checkpoint (its format_version is {version!r}, "

@@ -187,3 +187,52 @@ def test_a_fedspeed_run_written_with_alpha_loads_and_resumes(tmp_path, crash_in_
     resumed.run()
     assert torch.equal(ref.theta, resumed.theta)
     assert read_checkpoint(old / "final.pt")["resolved"]["algorithm"] == {"name": "fedspeed", "lam": 0.02, "rho": 0.1}
+
+
+def test_a_payload_shared_or_nested_beyond_the_bounds_is_refused_on_loading_and_quickly(tmp_path):
+    """A list shared by reference at every level (2^40 values from a few KB) or nested 100 deep, or a list inside
+    itself, is refused when the checkpoint is read (one line naming the file and the key), measured without
+    expanding it; flatfl's own payloads, a 64-deep nesting and a list shared a few times pass."""
+    import time
+
+    from flatfl.utils.torch_files import MAX_PAYLOAD_DEPTH, check_nesting
+
+    net = moon_stochdepth_network()
+    payload = {k: v for k, v in format1_payload(net).items() if k not in ("format", "format_version")}
+    save_checkpoint(tmp_path / "final.pt", payload)
+    read_checkpoint(tmp_path / "final.pt")  # flatfl's own: passes
+    bomb = [0]
+    for _ in range(40):
+        bomb = [bomb, bomb]
+    deep = [0]
+    for _ in range(100):
+        deep = [deep]
+    ok = [0]
+    for _ in range(MAX_PAYLOAD_DEPTH - 2):  # the payload is level 1, its values level 2
+        ok = [ok]
+    shared = list(range(1000))
+    check_nesting({"a": ok, "b": [shared] * 100, "w": torch.zeros(3)}, "x.pt")
+    loop = [1]
+    loop.append(loop)
+    for key, value in (("config", dict(payload["config"], params={"x": bomb})), ("metrics", deep),
+                       ("partition", loop)):
+        # written as save_checkpoint would, without its digests (which would expand the bomb)
+        atomic_torch_save(dict(payload, format="flatfl-checkpoint", format_version=FORMAT_VERSION, **{key: value}),
+                          tmp_path / "bad.pt")
+        start = time.monotonic()
+        with pytest.raises(CheckpointError, match=f"bad.pt: {key} nested too deeply or too large: not flatfl's"):
+            read_checkpoint(tmp_path / "bad.pt")
+        assert time.monotonic() - start < 5, key
+
+
+def test_a_plain_pickle_is_named_without_torchs_warning_or_advice(tmp_path, recwarn):
+    """A raw pickle (not torch's zip file) given as a checkpoint: one CheckpointError line saying so, no warning
+    printed, and no quote of torch's advice to load it with weights_only=False."""
+    import pickle
+
+    (tmp_path / "p.pt").write_bytes(pickle.dumps({"format": "flatfl-checkpoint"}, protocol=4))
+    with pytest.raises(CheckpointError) as info:
+        read_checkpoint(tmp_path / "p.pt")
+    assert "a plain pickle: flatfl loads weights only" in str(info.value)
+    assert "weights_only" not in str(info.value) and "\n" not in str(info.value)
+    assert not [w for w in recwarn.list if "pickle" in str(w.message)]

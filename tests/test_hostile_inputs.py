@@ -461,6 +461,69 @@ def _fuller_report_seeds(c):
     return _fuller_report(c, ("--seeds", "1"))
 
 
+# ---- a list shared by reference at every level (a few hundred bytes; 2^25 values once expanded), in each torch file
+def shared_bomb(levels: int = 24):
+    a = [0]
+    for _ in range(levels):
+        a = [a, a]
+    return a
+
+
+def _bomb_in_checkpoint(where):
+    def prepare(c, run):
+        def f(p):
+            if where == "config":
+                p["config"] = dict(p["config"], params={"x": shared_bomb()})
+            else:
+                p["model_spec"] = dict(p["model_spec"], kwargs={"x": shared_bomb()})
+
+        edit_checkpoint(run / "final.pt", f)
+
+    return prepare
+
+
+def _bomb_in_resume(c, run):
+    edit_checkpoint(run / "resume.pt", lambda p: p.update(metrics=shared_bomb()))
+
+
+def _bomb_in_clients_pt(c, run):
+    edit_checkpoint(run / "clients.pt", lambda p: p.update(round=shared_bomb()))
+
+
+def _bomb_in_eigenvectors(c):
+    f = c.ws / "vec.pt"
+    shutil.copy(c.base / "eig1" / "eigenvectors.pt", f)
+    edit_checkpoint(f, lambda p: p.update(param_names=shared_bomb()))
+    return ["surface", str(c.run / "final.pt"), "--directions", "hessian", "--eigenvectors", str(f), "--grid", "3",
+            "--samples", "16", "--quiet", "--out", str(c.ws / "out")]
+
+
+def _bomb_in_data_pt(c):
+    run = _custom_data_run(c)
+    edit_checkpoint(run / "data.pt", lambda p: p.update(mean=shared_bomb()))
+    return ["hessian", str(run), "--top", "1", "--no-trace", "--quiet", "--out", str(c.ws / "out")]
+
+
+def _plain_pickle(c, run, name="final.pt"):
+    import pickle
+
+    (run / name).write_bytes(pickle.dumps({"format": "flatfl-checkpoint", "format_version": 2}, protocol=4))
+
+
+def _plain_pickle_data_pt(c):
+    run = _custom_data_run(c)
+    _plain_pickle(c, run, "data.pt")
+    return ["hessian", str(run), "--top", "1", "--no-trace", "--quiet", "--out", str(c.ws / "out")]
+
+
+def _nan_loss(c):
+    c.monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no __pycache__ in the work folder
+    c.write("nan_loss_of_hostile.py", "import torch.nn.functional as F\n\n\ndef f(model, batch):\n"
+            "    return F.cross_entropy(model(batch[0]), batch[1]) * float('nan')\n")
+    return ["hessian", str(c.run / "final.pt"), "--loss", "nan_loss_of_hostile:f", "--top", "1", "--no-trace",
+            "--samples", "16", "--quiet", "--out", str(c.ws / "out")]
+
+
 CASES = {
     # ---- issue 29: sizes bounded before allocation (the limit named), failures named instead of 'internal error'
     "sweep-grid-120000-points": (_big_grid, "at most 10,000"),
@@ -717,6 +780,43 @@ CASES = {
     "weight-decay-1e308": (_train("--weight-decay", "1e308"), "--weight-decay must be at most"),
     "mu-1e308": (_train("--algo", "fedprox", "--mu", "1e308"), "--mu must be at most"),
     "feddyn-alpha-1e308": (_train("--algo", "feddyn", "--feddyn-alpha", "1e308"), "--feddyn-alpha must be at most"),
+    # ---- a torch file whose plain part nests a shared list at every level: refused on loading, before any walk
+    "checkpoint-config-shared-list": (_on_run("hessian", "--top", "1", "--no-trace", "--samples", "16",
+                                              prepare=_bomb_in_checkpoint("config")),
+                                      "final.pt: config nested too deeply or too large: not flatfl's"),
+    "checkpoint-spec-shared-list": (_on_run("hessian", "--top", "1", "--no-trace", "--samples", "16",
+                                            prepare=_bomb_in_checkpoint("spec")),
+                                    "final.pt: model_spec nested too deeply or too large"),
+    "report-checkpoint-shared-list": (_report_with(_bomb_in_checkpoint("config")), "config nested too deeply"),
+    "resume-pt-shared-list": (_resume(_bomb_in_resume), "resume.pt: metrics nested too deeply"),
+    "clients-pt-shared-list": (_clients_pt(_bomb_in_clients_pt), "clients.pt: round nested too deeply"),
+    "eigenvectors-shared-list": (_bomb_in_eigenvectors, "vec.pt: param_names nested too deeply"),
+    "data-pt-shared-list": (_bomb_in_data_pt, "data.pt: mean nested too deeply or too large"),
+    # ---- a plain pickle (not a torch zip file): one line, never torch's warning or its advice
+    "checkpoint-plain-pickle": (_on_run("hessian", "--top", "1", "--no-trace", prepare=_plain_pickle),
+                                "is not a flatfl checkpoint (a plain pickle: flatfl loads weights only)"),
+    "data-pt-plain-pickle": (_plain_pickle_data_pt, "data.pt is not a flatfl data file (a plain pickle"),
+    # ---- sizes and counts bounded where they enter, before anything is allocated
+    "track-top-huge": (_train("--track-hessian", "1", "--track-top", "99999999999"),
+                       "--track-top must be at most 100,000"),
+    "grid-track-top-huge": (_grid(GOOD_GRID.replace("rounds = 1", "rounds = 1\ntrack_hessian = 1") +
+                                  "[fixed.track_hessian_settings]\ntop = 99999999999\n"),
+                            "--track-top must be at most 100,000"),
+    "per-layer-top-huge": (_on_run("hessian", "--per-layer", "--per-layer-top", "99999999999"),
+                           "--per-layer-top must be at most 100,000"),
+    "moon-proj-dim-huge": (_train("--algo", "moon", "--moon-proj-dim", "99999999999"),
+                           "--moon-proj-dim for moon must be at most 65,536"),
+    "gradaug-num-subnets-huge": (_train("--reg", "gradaug", "--num-subnets", "99999999999"),
+                                 "--num-subnets for gradaug must be at most 100"),
+    "surface-workers-huge": (_on_run("surface", "--workers", "99999999999"), "--workers must be at most 1024"),
+    # ---- values that are 0 in float32, a loss that is not finite, a device given as a file
+    "lr-1e-320": (_train("--lr", "1e-320"), "--lr must be at least 1.401e-45"),
+    "cfg-lr-1e-320": (_cfg("c.yaml", "model: tiny\nlr: 1.0e-320\n"), "--lr must be at least"),
+    "mu-1e-320": (_train("--algo", "fedprox", "--mu", "1e-320"), "--mu must be at least"),
+    "hessian-loss-nan": (_nan_loss, "the loss is not finite (nan) on evaluation batch 0"),
+    "surface-eigenvectors-device": (lambda c: ["surface", str(c.run / "final.pt"), "--directions", "hessian",
+                                               "--eigenvectors", "/dev/zero", "--quiet", "--out", str(c.ws / "out")],
+                                    "/dev/zero is not a regular file"),
 }
 
 
@@ -792,6 +892,7 @@ def test_hostile_case(name, base, tmp_path, monkeypatch):
     assert "Traceback" not in result.output, (name, result.output)
     assert len(lines) == 1, (name, result.stderr)
     assert lines[0].startswith("flatfl: ") and fragment in lines[0], (name, lines[0])
+    assert "weights_only" not in lines[0], (name, lines[0])  # never torch's advice to load code
     assert after_base == before_base, name
     changed = {k for k in set(before_ws) | set(after_ws) if before_ws.get(k) != after_ws.get(k)}
     assert not changed, (name, sorted(changed))

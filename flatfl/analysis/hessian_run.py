@@ -230,7 +230,7 @@ class EigenvectorFile:
 def load_eigenvectors(path) -> EigenvectorFile:
     """Read an ``eigenvectors.pt`` written by ``flatfl hessian --save-eigenvectors``."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"eigenvector file not found: {path}")
     payload = load_tensors(path, "eigenvector file")
     if not isinstance(payload, dict) or payload.get("format") != EIGENVECTOR_FORMAT:

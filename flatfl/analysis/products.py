@@ -18,6 +18,7 @@ docs/performance.md.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -143,6 +144,7 @@ class LossTerms:
         check_scalar(loss, self.objective is not None)
         if index not in self.checked and torch.is_grad_enabled() and loss.requires_grad:
             check_loss_graph(loss)  # a Function marked @once_differentiable would give rows of zeros: refused
+            check_finite(loss, index, self.objective is not None)  # no eigensolver converges on NaN products
             self.checked.add(index)
         return loss
 
@@ -180,6 +182,14 @@ def check_scalar(loss, objective: bool) -> None:
     if loss.dim() != 0:
         raise ConfigError(f"{name} must return a scalar (the mean loss over the batch), got a tensor of shape "
                           f"{tuple(loss.shape)}")
+
+
+def check_finite(loss: torch.Tensor, index: int, objective: bool) -> None:
+    """A batch's loss is finite (ConfigError naming the batch otherwise): its Hessian would be NaN."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        name = "loss(model, batch)" if objective else "the model's loss on its data"
+        raise ConfigError(f"the loss is not finite ({value}) on evaluation batch {index}: {name} gives no Hessian")
 
 
 class ProductMethod:

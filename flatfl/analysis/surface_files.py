@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..utils.io import atomic_open, atomic_torch_save
+from ..utils.torch_files import check_nesting, load_weights_only
 from .directions import direction_params, flatten_direction, unflatten_direction
 
 __all__ = ["GridFile", "GRID_FORMAT", "DIRECTIONS_FORMAT", "surface_csv", "weights_sha1", "file_sha1",
@@ -135,8 +136,9 @@ def load_saved_directions(path: Path, fingerprint: dict, model: nn.Module):
     if not path.is_file():
         return None
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
+        payload = load_weights_only(path)
+        check_nesting(payload, path)
+    except Exception:  # damaged or not flatfl's: computed again
         return None
     if not isinstance(payload, dict) or payload.get("format") != DIRECTIONS_FORMAT or \
             payload.get("fingerprint") != json.dumps(jsonable(fingerprint), sort_keys=True):

@@ -57,8 +57,11 @@ def run_surface(
     def device_check(dev) -> None:
         if workers > 1 and dev.type != "cpu":
             raise ConfigError("--workers > 1 runs on the CPU only; use one worker on an accelerator")
-        if eigenvectors is not None and not Path(eigenvectors).is_file():
+        if eigenvectors is not None and not Path(eigenvectors).exists():
             raise CheckpointError(f"eigenvector file not found: {eigenvectors}")
+        if eigenvectors is not None and not Path(eigenvectors).is_file():  # a device or pipe: read for ever
+            raise CheckpointError(f"{eigenvectors} is not a regular file (a directory, pipe, device or socket), "
+                                  "not an eigenvector file")
 
     cmd = AnalysisCommand.open(checkpoint, out, device=device, outputs=OUTPUT_NAMES, data_dir=data_dir,
                                model_factory=model_factory, device_check=device_check)

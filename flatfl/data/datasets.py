@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, unknown_name
+from ..utils.torch_files import PLAIN_PICKLE, check_nesting, load_weights_only, plain_pickle
 from .image import ImageDataset
 
 __all__ = ["DATASETS", "ImageDataset", "as_image_dataset", "dataset_payload", "load_dataset", "load_saved_dataset"]
@@ -172,13 +173,16 @@ def load_saved_dataset(path: str | Path) -> ImageDataset:
 
     path = Path(path)
     try:
-        d = torch.load(path, map_location="cpu", weights_only=True)
+        d = load_weights_only(path)
     except FileNotFoundError:
         raise DatasetError(f"the run's saved data is missing: {path}") from None
     except Exception:
+        if plain_pickle(path):
+            raise DatasetError(f"{path} is not a flatfl data file ({PLAIN_PICKLE})") from None
         raise DatasetError(f"{path} is not a readable flatfl data file (corrupt or truncated)") from None
     if not isinstance(d, dict) or d.get("format") != CUSTOM_DATA_FORMAT:
         raise DatasetError(f"{path} is not a flatfl data file")
+    check_nesting(d, path, DatasetError)  # before anything walks it (a list shared at every level never ends)
     check_saved_dataset(d, path)
     return ImageDataset(name=d["name"], train_x=d["train_x"], train_y=d["train_y"], test_x=d["test_x"],
                         test_y=d["test_y"], num_classes=int(d["num_classes"]), mean=tuple(d["mean"]),

@@ -274,14 +274,18 @@ def own_data_digest(path: Path) -> str | None:
     if key not in _DATA_DIGESTS:
         import torch
 
+        from ..utils.torch_files import PLAIN_PICKLE, check_nesting, load_weights_only, plain_pickle
+
         try:
-            d = torch.load(path, map_location="cpu", weights_only=True)
+            d = load_weights_only(path)
             tensors = {k: d[k] for k in ("train_x", "train_y", "test_x", "test_y")}
             if not all(isinstance(t, torch.Tensor) for t in tensors.values()):
                 raise TypeError
         except Exception:
-            raise ConfigError(f"{path} is not a readable flatfl data file: the run's data cannot be identified; "
-                              "restore it") from None
+            plain = f" ({PLAIN_PICKLE})" if plain_pickle(path) else ""
+            raise ConfigError(f"{path} is not a readable flatfl data file{plain}: the run's data cannot be "
+                              "identified; restore it") from None
+        check_nesting(d, path, ConfigError)  # before the digest walks it
         rest = {k: v for k, v in d.items() if k not in tensors and k not in ("name", "class_names")}
         _DATA_DIGESTS[key] = json_digest([state_digest(tensors), rest])
     return _DATA_DIGESTS[key]

@@ -28,6 +28,7 @@ class HParam:
     type: type | None = None  # float, int, bool, str; inferred from the default when None
     choices: tuple | None = None
     check: str | None = None  # "positive", "nonnegative", "unit" (in (0, 1]), "prob" (in [0, 1])
+    most: int | float | None = None  # the largest value taken (a count or size that memory is allocated for)
 
     @property
     def key(self) -> str:
@@ -58,6 +59,8 @@ class HParam:
         if self.check and bad[self.check](value):
             what = {"positive": "> 0", "nonnegative": ">= 0", "unit": "in (0, 1]", "prob": "in [0, 1]"}[self.check]
             raise ConfigError(f"--{self.key.replace('_', '-')} for {owner} must be {what}, got {value}")
+        if self.most is not None and value > self.most:
+            raise ConfigError(f"--{self.key.replace('_', '-')} for {owner} must be at most {self.most:,}, got {value}")
         return value
 
 

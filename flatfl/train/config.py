@@ -22,6 +22,21 @@ MIN_ROUND_PROBABILITY = 0.01  # Bernoulli sampling: a draw must seat at least on
 #: (--lr, --weight-decay, a hyper-parameter) cannot be larger (torch: "cannot be converted to type float without
 #: overflow"); such a value is refused naming its option
 FLOAT32_MAX = 3.4028234663852886e38
+#: the smallest positive float32: a non-zero setting below half of it is 0 in float32 (--lr 1e-320 trains nothing)
+FLOAT32_SMALLEST = 1.401298464324817e-45
+
+
+def float32_zero(value) -> bool:
+    """Whether a non-zero float within the float32 range is 0 once stored as float32."""
+    import struct
+
+    return isinstance(value, float) and value != 0 and abs(value) <= FLOAT32_MAX \
+        and struct.unpack("f", struct.pack("f", value))[0] == 0.0
+
+
+def float32_zero_message(name: str, value: float) -> str:
+    return (f"{name} must be at least {FLOAT32_SMALLEST:.4g} in magnitude (the smallest positive float32; a "
+            f"smaller value is 0 in float32), got {value!r}")
 
 DEFAULT_MODELS = {
     "digits": "digits-cnn",
@@ -151,6 +166,7 @@ class RunConfig:
         for name, value in (("--lr", self.lr), ("--weight-decay", self.weight_decay)):
             need(abs(value) <= FLOAT32_MAX, f"{name} must be at most {FLOAT32_MAX:.4g} (the largest float32; a "
                  f"step of the float32 weights overflows beyond it), got {value:g}")
+            need(not float32_zero(value), float32_zero_message(name, value))
         need(0 < self.lr_decay <= 1.5, f"--lr-decay must be in (0, 1.5], got {self.lr_decay}")
         need(self.batch_size >= 1, f"--batch-size must be a positive integer, got {self.batch_size}")
         need(self.local_epochs >= 1, f"--local-epochs must be a positive integer, got {self.local_epochs}")
@@ -193,6 +209,8 @@ class RunConfig:
             if isinstance(v, float) and math.isfinite(v) and abs(v) > FLOAT32_MAX:
                 raise ConfigError(f"--{k.replace('_', '-')} must be at most {FLOAT32_MAX:.4g} in magnitude (the "
                                   f"largest float32), got {v:g}")
+            if float32_zero(v):
+                raise ConfigError(float32_zero_message(f"--{k.replace('_', '-')}", v))
         from .catalog import check_used_hparams
 
         check_used_hparams(self.params, self.algo, self.local_opt, self.reg)  # e.g. --zeta without --reg man

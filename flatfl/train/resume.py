@@ -10,6 +10,7 @@ import torch
 from ..checkpoint import refused_objects
 from ..errors import CheckpointError
 from ..utils.io import atomic_torch_save
+from ..utils.torch_files import PLAIN_PICKLE, check_nesting, load_weights_only, plain_pickle
 
 RESUME_FORMAT = "flatfl-resume"
 RESUME_FORMAT_VERSION = 2
@@ -24,8 +25,11 @@ def load_resume_state(path: str | Path) -> dict:
     """Read ``resume.pt`` without executing code (``weights_only=True``); every problem is one CheckpointError."""
     path = Path(path)
     try:
-        st = torch.load(path, map_location="cpu", weights_only=True)
+        st = load_weights_only(path)
     except Exception as e:
+        if plain_pickle(path):
+            raise CheckpointError(f"{path} is not a flatfl resume file ({PLAIN_PICKLE}); delete it to restart "
+                                  "the run from round 0") from None
         if refused_objects(e):
             raise CheckpointError(f"{path} holds Python objects that flatfl will not load (it could run code): "
                                   "it is not from this flatfl version or was tampered with; delete it and rerun "
@@ -33,6 +37,7 @@ def load_resume_state(path: str | Path) -> dict:
         raise CheckpointError(f"{path} is corrupt or truncated; delete it to restart the run from round 0") from None
     if not isinstance(st, dict) or st.get("format") != RESUME_FORMAT:
         raise CheckpointError(f"{path} is not a flatfl resume file (no flatfl header); delete it to restart the run")
+    check_nesting(st, path)
     if st.get("format_version", 0) > RESUME_FORMAT_VERSION:
         raise CheckpointError(f"{path} was written by a newer flatfl (format {st['format_version']})")
     need = {"round": int, "theta": torch.Tensor, "buffers": dict, "latest": torch.Tensor, "latest_buffers": dict,

@@ -26,7 +26,7 @@ from .values import check_seed
 __all__ = ["Estimator", "KINDS", "register_estimator", "unregister_estimator", "estimator", "estimator_names", "estimator_title",
            "EIGEN_ESTIMATORS", "TRACE_ESTIMATORS", "DENSITY_ESTIMATORS", "DEFAULT_TRACE_METHOD",
            "DEFAULT_DENSITY_METHOD", "HessianSettings", "tracking_settings", "TRACKING_DEFAULTS", "TRACKING_FIELDS",
-           "SPLITS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS"]
+           "SPLITS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS", "MAX_TOP"]
 
 # ---------------------------------------------------------------------------------------------- estimators
 #: the kinds of estimator, as the registry and the error messages name them
@@ -201,6 +201,8 @@ class HessianSettings(Settings):
         check_kinds(self, _KINDS)
         if self.top < 0:
             raise ConfigError(f"--top must be a non-negative integer, got {self.top!r}")
+        if self.top > MAX_TOP:
+            raise ConfigError(f"--top must be at most {MAX_TOP:,} (one stored vector per eigenvalue), got {self.top}")
         estimator("eigenvalues", self.method)  # the registry at run time: a method registered by now passes
         if not 0 < self.tol < 1:
             raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {self.tol!r}")
@@ -226,6 +228,9 @@ class HessianSettings(Settings):
         check_seed(self.seed)
         if self.per_layer_top < 1:
             raise ConfigError(f"--per-layer-top must be a positive integer, got {self.per_layer_top}")
+        if self.per_layer_top > MAX_TOP:
+            raise ConfigError(f"--per-layer-top must be at most {MAX_TOP:,} (one stored vector per eigenvalue), "
+                              f"got {self.per_layer_top}")
         if self.loss is not None and (":" not in self.loss or not all(self.loss.rpartition(":")[::2])):
             raise ConfigError(f"--loss must be 'module:function' or 'path/to/file.py:function' (a function "
                               f"loss(model, batch) -> scalar), got {self.loss!r}")
@@ -250,7 +255,9 @@ class HessianSettings(Settings):
 
 
 # bounds on the sizes a user sets, checked before anything is allocated (each stored vector has the model's size;
-# --top is bounded by the parameter count once the checkpoint is read)
+# --top is bounded by the parameter count once the checkpoint is read, and before it by MAX_TOP: a metrics column
+# and a CSV column are named per eigenvalue before any model is built)
+MAX_TOP = 100_000
 MAX_DENSITY_STEPS = 10_000
 MAX_DENSITY_STARTS = 1000
 

@@ -17,6 +17,7 @@ SPLITS = ("train", "test")
 
 MAX_GRID = 1001  # points per axis: about 10^6 losses
 MAX_RANGE = 1e4  # half-width of the square; beyond, the perturbed weights overflow float32
+MAX_WORKERS = 1024  # processes evaluating the grid, each with its own copy of the model and data
 
 
 def check_grid(grid, radius) -> None:
@@ -35,6 +36,8 @@ def check_grid(grid, radius) -> None:
 def check_workers(workers) -> None:
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers must be a positive integer, got {workers!r}")
+    if workers > MAX_WORKERS:
+        raise ConfigError(f"--workers must be at most {MAX_WORKERS} (one process each), got {workers}")
 
 
 def check_save_every(save_every) -> None:

@@ -59,6 +59,9 @@ def clients_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torc
     return per_client_cross_entropy(logits, torch.zeros(m, b, dtype=torch.long, device=z.device))
 
 
+MAX_PROJ_DIM = 65_536  # --moon-proj-dim: the projection head's weights and each batch's projections scale with it
+
+
 @register
 class Moon(Algorithm):
     name, display_name = "moon", "MOON"
@@ -68,7 +71,7 @@ class Moon(Algorithm):
                "CIFAR-10 example)", flag="moon-mu", check="nonnegative"),
         HParam("tau", 0.5, "MOON temperature tau (paper, code)", flag="moon-tau", check="positive"),
         HParam("proj_dim", 256, "output size of MOON's projection head (code: 256)", flag="moon-proj-dim",
-               check="positive"),
+               check="positive", most=MAX_PROJ_DIM),
     )
 
     @classmethod

@@ -51,6 +51,7 @@ from .base import Regularizer, per_client_cross_entropy
 from .fedalign import WIDTH_HELP
 
 RESOLUTION_EIGHTHS = (8, 7, 6, 5)
+MAX_SUBNETS = 100  # --num-subnets: one forward and backward pass each per batch, its activations held
 
 
 def resolutions(size: int) -> list[int]:
@@ -83,7 +84,7 @@ class GradAug(Regularizer):
     summary = "GradAug: CE + mu * KL of slimmed, resized sub-networks to the full network's prediction"
     hparams = (
         HParam("num_subnets", 2, "GradAug sub-networks per batch: the minimum width plus num_subnets-1 random ones",
-               check="positive"),
+               check="positive", most=MAX_SUBNETS),
         HParam("width", 0.8, WIDTH_HELP, check="unit"),
         HParam("mu", 1.75, "GradAug weight of the sub-networks' KL terms", flag="gradaug-mu", check="nonnegative"),
     )
