@@ -14,7 +14,6 @@ recorded the projection head and stochastic depth only through the run's algorit
 """
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -273,9 +272,7 @@ def check_clients_average(payload: dict, path) -> None:
     if payload.get("model_role") != "clients-average" or path.name == FINAL_FILE or not final.is_file():
         return
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            average = torch.load(final, map_location="cpu", weights_only=True).get("all_state_dict")
+        average = load_weights_only(final).get("all_state_dict")
     except Exception:  # final.pt's own problems are named when it is read
         return
     if not isinstance(average, dict) or not all(isinstance(v, torch.Tensor) for v in average.values()):
