@@ -105,10 +105,12 @@ def run_state(run_dir: str | Path, expected=None) -> str:
         record = json.loads(cfg_file.read_text())
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         raise ConfigError(f"{cfg_file} is corrupt; delete {d} to start the run again") from None
-    stored = record.get("config") if isinstance(record, dict) else None
-    if not isinstance(stored, dict) or "flatfl_version" not in record:
+    from .utils.manifest import is_run_record
+
+    if not is_run_record(record):
         raise ConfigError(f"{d} exists but is not a flatfl run (its config.json is not flatfl's); move it or choose "
                           "another out")
+    stored = record["config"]
     if expected is not None:
         from .train.identity import run_settings
         from .utils.run_identity import differing_keys

@@ -11,18 +11,14 @@ from click.testing import CliRunner
 from flatfl.cli.analysis_commands import default_out
 from flatfl.cli import main
 from flatfl.runs import CLIENTS_DIR, HESSIAN_DIR, SURFACE_DIR, analysis_dir
+from tiny_run import train_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("out") / "run"
-    r = CliRunner().invoke(main, ["train", "--dataset", "digits", "--model", "tiny", "--rounds", "1", "--clients",
-                                  "2", "--local-epochs", "1", "--batch-size", "64", "--save-clients", "--quiet",
-                                  "--out", str(out)], catch_exceptions=False)
-    assert r.exit_code == 0, r.output
-    return out
+    return train_tiny(tmp_path_factory.mktemp("out") / "run", "--save-clients")
 
 
 def test_hessian_without_out_writes_into_the_run(run_dir, tmp_path):

@@ -18,6 +18,7 @@ from flatfl.cli import main
 from flatfl.errors import ConfigError
 from flatfl.utils.hessian_settings import (EIGEN_ESTIMATORS, HessianSettings, estimator, estimator_names,
                                            register_estimator, unregister_estimator)
+from tiny_run import train_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -54,13 +55,7 @@ def toy():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    out = tmp_path_factory.mktemp("registry") / "run"
-    result = CliRunner().invoke(main, [
-        "train", "--dataset", "digits", "--model", "tiny", "--rounds", "1", "--clients", "2", "--local-epochs", "1",
-        "--batch-size", "64", "--quiet", "--out", str(out),
-    ], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return out / "final.pt"
+    return train_tiny(tmp_path_factory.mktemp("registry") / "run") / "final.pt"
 
 
 def hessian(*args):

@@ -14,6 +14,7 @@ import flatfl
 from flatfl.analysis import HessianOperator
 from flatfl.analysis.hessian_run import load_eigenvectors
 from flatfl.cli import main
+from tiny_run import train_tiny
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -21,13 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hessian") / "run"
-    result = CliRunner().invoke(main, [
-        "train", "--dataset", "digits", "--model", "tiny", "--rounds", "1", "--clients", "2", "--local-epochs", "1",
-        "--batch-size", "64", "--quiet", "--out", str(out),
-    ], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return out
+    return train_tiny(tmp_path_factory.mktemp("hessian") / "run")
 
 
 def hessian(*args):

@@ -16,6 +16,7 @@ import flatfl
 from flatfl.analysis import HessianOperator, hessian
 from flatfl.cli import main
 from flatfl.errors import ConfigError
+from tiny_run import train_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -138,12 +139,7 @@ def test_bad_objectives_are_one_line():
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("objective") / "run"
-    r = CliRunner().invoke(main, ["train", "--dataset", "digits", "--model", "tiny", "--rounds", "1", "--clients",
-                                  "2", "--local-epochs", "1", "--batch-size", "64", "--quiet", "--out", str(out)],
-                           catch_exceptions=False)
-    assert r.exit_code == 0, r.output
-    return out
+    return train_tiny(tmp_path_factory.mktemp("objective") / "run")
 
 
 LOSSES = '''

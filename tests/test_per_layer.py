@@ -18,6 +18,7 @@ from flatfl.analysis import hessian
 from flatfl.analysis.per_layer import layer_groups, per_layer_curvature
 from flatfl.cli import main
 from flatfl.errors import ConfigError
+from tiny_run import train_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -93,12 +94,7 @@ def test_groups_and_bad_arguments():
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("per_layer") / "run"
-    r = CliRunner().invoke(main, ["train", "--dataset", "digits", "--model", "tiny", "--rounds", "1", "--clients",
-                                  "2", "--local-epochs", "1", "--batch-size", "64", "--quiet", "--out", str(out)],
-                           catch_exceptions=False)
-    assert r.exit_code == 0, r.output
-    return out
+    return train_tiny(tmp_path_factory.mktemp("per_layer") / "run")
 
 
 def test_the_command_writes_per_layer_files(run_dir, tmp_path):

@@ -16,6 +16,7 @@ from flatfl.analysis.surface import grid_coordinates, loss_surface
 from flatfl.analysis.surface_files import GridFile
 from flatfl.cli import main
 from flatfl.errors import ConfigError
+from tiny_run import train_tiny
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -175,12 +176,7 @@ def test_two_workers_give_the_same_grid():
 # ---------------------------------------------------------------------------------------------- the command
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("surface") / "run"
-    r = CliRunner().invoke(main, ["train", "--model", "tiny", "--clients", "2", "--participation", "1.0",
-                                  "--rounds", "1", "--local-epochs", "1", "--batch-size", "64", "--quiet",
-                                  "--out", str(out)], catch_exceptions=False)
-    assert r.exit_code == 0, r.output
-    return out
+    return train_tiny(tmp_path_factory.mktemp("surface") / "run", "--participation", "1.0")
 
 
 def test_surface_command_centre_is_the_checkpoints_loss_and_resumes(run_dir, tmp_path):

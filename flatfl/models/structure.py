@@ -23,6 +23,7 @@ flatfl lack ``values`` and some ``code`` entries: what they lack is not compared
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import hashlib
 import inspect
@@ -122,31 +123,44 @@ def _names_used(obj, tree: ast.AST):
             yield key, value
 
 
-def _code_of(roots, code: dict) -> None:
-    """``code[name] = digest`` for ``roots`` (the user's functions and classes) and what their source uses of the
-    user's modules, followed to the end (at most :data:`MAX_CODE_ENTRIES`)."""
-    todo, module_constants = list(roots), {}
-    while todo and len(code) < MAX_CODE_ENTRIES:
-        obj = todo.pop()
-        if inspect.isclass(obj):
-            todo.extend(base for base in obj.__mro__[1:] if _is_users(base))
+def _code_of(roots) -> dict:
+    """``{name: digest}`` of ``roots`` (every class of the network that is not torch's, and the factory) and of what
+    the source of the user's among them uses of the user's modules, followed to the end (those at most
+    :data:`MAX_CODE_ENTRIES`); each source parsed once."""
+    code, module_constants = {}, {}
+    todo = collections.deque((obj, True) for obj in roots)
+    while todo:
+        obj, root = todo.popleft()
         name = _qualified(obj)
-        if name in code:
+        if name in code or not root and len(code) >= MAX_CODE_ENTRIES:
             continue
         tree = _source_tree(obj)
         code[name] = None if tree is None else hashlib.sha256(ast.dump(tree).encode()).hexdigest()
-        if tree is None:
+        if tree is None or not _is_users(obj):  # a library's class: by its name and code, not followed
             continue
+        if inspect.isclass(obj):
+            todo.extend((base, False) for base in obj.__mro__[1:] if _is_users(base))
         for key, value in _names_used(obj, tree):
             if isinstance(value, functools.partial):
                 value = value.func
             if (inspect.isfunction(value) or inspect.isclass(value)) and _is_users(value):
-                todo.append(value)
-            elif _constant(value) and _is_users(obj) and "." not in key:
+                todo.append((value, False))
+            elif _constant(value) and "." not in key:
                 module_constants[f"{obj.__module__}.{key}"] = value
     for name, value in module_constants.items():  # SCALE = 2.0 at the top of the user's module
         if name not in code and len(code) < MAX_CODE_ENTRIES:
             code[name] = hashlib.sha256(repr(value).encode()).hexdigest()
+    return code
+
+
+def _code(model: nn.Module, factory) -> dict:
+    """``code`` of :func:`network_structure`."""
+    roots = list(dict.fromkeys(type(m) for m in model.modules() if not _torch_class(type(m))))
+    if isinstance(factory, functools.partial):
+        factory = factory.func
+    if inspect.isfunction(factory):
+        roots.append(factory)
+    return _code_of(roots)
 
 
 def _tensor_text(t: torch.Tensor) -> str:
@@ -212,34 +226,28 @@ def _values(model: nn.Module) -> dict:
     return dict(sorted(out.items()))
 
 
-def _modules(model: nn.Module):
+def _torch_class(cls) -> bool:
+    """torch's own classes are named alone, without their file (they move between files) and code."""
+    return cls.__module__.split(".")[0] == "torch"
+
+
+def _modules(model: nn.Module) -> list[list[str]]:
+    out = []
     for name, module in model.named_modules():
         cls = type(module)
-        ours = cls.__module__.split(".")[0] != "torch"  # torch's own classes by name alone (they move between files)
-        qualified = f"{cls.__module__}.{cls.__qualname__}" if ours else f"torch.{cls.__qualname__}"
+        qualified = f"torch.{cls.__qualname__}" if _torch_class(cls) else _qualified(cls)
         try:
             settings = " ".join(str(module.extra_repr()).split())[:MAX_TEXT]
         except Exception:  # an extra_repr of the user's that fails: the class still counts
             settings = "?"
-        yield [name, qualified, settings], (cls if ours else None)
+        out.append([name, qualified, settings])
+    return out
 
 
 def network_structure(model: nn.Module, factory=None) -> dict:
     """``{"modules", "values", "code"}`` of ``model`` (see the module's docstring); ``factory``: the function that
     built it, whose code is recorded too."""
-    modules, code, roots = [], {}, []
-    for entry, cls in _modules(model):
-        modules.append(entry)
-        if cls is not None and entry[1] not in code:
-            code[entry[1]] = _source_digest(cls)  # every class not torch's, by the name the module table shows
-            roots.append(cls)
-    if factory is not None and (inspect.isfunction(factory) or isinstance(factory, functools.partial)):
-        roots.append(factory.func if isinstance(factory, functools.partial) else factory)
-    found: dict = {}
-    _code_of([r for r in roots if _is_users(r)], found)
-    for name, digest in found.items():
-        code.setdefault(name, digest)
-    return {"modules": modules, "values": _values(model), "code": code}
+    return {"modules": _modules(model), "values": _values(model), "code": _code(model, factory)}
 
 
 def _module_text(entry) -> str:
@@ -271,7 +279,7 @@ def structure_difference(recorded, model: nn.Module) -> str | None:
     if not isinstance(recorded, dict) or not isinstance(recorded.get("modules"), list):
         return None
     want = [list(e) for e in recorded["modules"] if isinstance(e, (list, tuple)) and len(e) == 3]
-    have = [entry for entry, _ in _modules(model)]
+    have = _modules(model)
     for old, new in zip(want, have):
         if old != new:
             if old[0] != new[0]:
@@ -292,7 +300,7 @@ def code_changes(recorded, model: nn.Module, factory=None) -> list[str]:
     whose code changed since the ``recorded`` :func:`network_structure` was taken (where both are readable)."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("code"), dict):
         return []
-    now = network_structure(model, factory)["code"]
+    now = _code(model, factory)
     then = recorded["code"]
     return [name for name, digest in now.items()
             if isinstance(digest, str) and isinstance(then.get(name), str) and then[name] != digest]

@@ -18,7 +18,7 @@ from ..paper_tables import TableSpec
 from ..train.identity import experiment_settings
 from ..utils.run_identity import NO_NUMBER_SETTINGS
 
-__all__ = ["NEUTRAL_SETTINGS", "training_settings", "run_identity", "shown_value", "neutral_differences",
+__all__ = ["NEUTRAL_SETTINGS", "training_settings", "run_identity", "shown_value", "shown_repr", "neutral_differences",
            "one_run_per_seed", "check_same_settings", "method_keys", "settings_differences"]
 
 #: run settings that change no number beyond rounding (:mod:`flatfl.utils.run_identity`): runs differing only in
@@ -50,7 +50,8 @@ def shown_value(v) -> str:
     return "default" if v is None else format(v, "g") if isinstance(v, float) else str(v)
 
 
-def _shown_repr(v) -> str:
+def shown_repr(v) -> str:
+    """A setting as refusals show it: a sha256 by its first 12 digits, anything else as Python writes it."""
     return v[:12] if isinstance(v, str) and _DIGEST.fullmatch(v) else repr(v)
 
 
@@ -92,7 +93,7 @@ def check_same_settings(spec: TableSpec, method: str, part: str, runs) -> None:
         first, base = configs[0]
         changed = sorted(k for k in set(base) | set(cfg) if base.get(k) != cfg.get(k))
         if changed:
-            shown = ", ".join(f"{k} {_shown_repr(base.get(k))} vs {_shown_repr(cfg.get(k))}" for k in changed[:3])
+            shown = ", ".join(f"{k} {shown_repr(base.get(k))} vs {shown_repr(cfg.get(k))}" for k in changed[:3])
             raise ConfigError(f"{spec.key} row {method} {part}: {first.name} and {r.name} were trained with other "
                               f"settings ({shown}; settings sha256 {short(json_digest(base))} vs "
                               f"{short(json_digest(cfg))}) and cannot be averaged as seeds; report them separately")

@@ -36,12 +36,13 @@ def check_provenance(d: Path, cfg: dict, rounds_done: int, analyses: dict, clien
                           f"sha256 {short(settings_digest(cfg))} vs {short(settings_digest(trained))}): it was "
                           "edited; restore it")
     from ..train.identity import data_identity, network_identity
+    from .experiments import shown_repr
 
     for what, ours, theirs in (("network", network_identity(network), network_identity(payload.get("model_spec"))),
                                ("data", data_identity(data), data_identity(payload.get("dataset")))):
         edited = [k for k in ours if k in theirs and ours[k] != theirs[k] and theirs[k] is not None]
         if edited:
-            shown = ", ".join(f"{k} {_short_value(ours[k])} (final.pt: {_short_value(theirs[k])})" for k in edited)
+            shown = ", ".join(f"{k} {shown_repr(ours[k])} (final.pt: {shown_repr(theirs[k])})" for k in edited)
             raise ConfigError(f"{d / 'config.json'} does not describe the {what} of final.pt ({shown}): it was "
                               "edited; restore it")
     if rounds_done < payload["round"]:
@@ -73,13 +74,6 @@ def check_provenance(d: Path, cfg: dict, rounds_done: int, analyses: dict, clien
         if data is not None:
             check(str(f), data, model)
     return digests
-
-
-def _short_value(v) -> str:
-    """A digest by its first 12 digits, anything else as written."""
-    from ..utils.provenance import short
-
-    return short(v) if isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v) else repr(v)
 
 
 def recorded_versions(d: Path, analyses: dict, clients_all: dict) -> dict:
@@ -118,13 +112,15 @@ def check_runs_belong_together(records) -> None:
         digest = getattr(r, "weights_sha256", None)
         if digest is None:
             continue
-        first = seen.get(digest)
-        if first is not None and not (getattr(first, "seed", None) == getattr(r, "seed", None)
-                                      and run_identity(first) is not None and run_identity(first) == run_identity(r)):
+        first = seen.setdefault(digest, r)
+        if first is r:
+            continue
+        identity = run_identity(r)
+        if not (getattr(first, "seed", None) == getattr(r, "seed", None) and identity is not None
+                and identity == run_identity(first)):
             raise ConfigError(f"{first.run_dir} and {r.run_dir} hold the same final weights (sha256 "
                               f"{short(digest)}): one is a copy of the other and would count as a second seed; "
                               "report only one of them")
-        seen.setdefault(digest, r)
 
 
 def version_notices(records) -> list[str]:

@@ -31,8 +31,8 @@ from .network_checks import check_model_fits_data, check_no_batch_of_one, check_
 from .run_files import (CONFIG_FILE, CUSTOM_DATA_FILE, saved_factory, saved_partition, saved_run_info)
 
 __all__ = ["set_global_seed", "check_observer", "prepare_process", "load_run_dataset", "is_custom_dataset",
-           "run_partition", "build_network", "check_same_network", "Pieces", "resolve_pieces", "fit_network",
-           "choose_parallel", "choose_graphs"]
+           "check_resumed_data", "run_partition", "build_network", "check_same_network", "Pieces", "resolve_pieces",
+           "fit_network", "choose_parallel", "choose_graphs"]
 
 
 def set_global_seed(seed: int) -> None:
@@ -83,17 +83,17 @@ def load_run_dataset(cfg: RunConfig, run_dir: Path, resume: bool, dataset=None, 
         raise ConfigError(f"{run_dir} was trained on a custom dataset that was not saved with it: resume it "
                           "from Python, Trainer(cfg, run_dir, resume=True, dataset=...)")
     if dataset is not None:
-        ds = as_image_dataset(dataset, test_dataset)
-        recorded = (saved_run_info(run_dir).get("dataset") or {}).get("sha256") if resume else None
-        if isinstance(recorded, str) and is_custom_dataset(ds):  # data given to a resumed run: the data it trained on
-            from ..checkpoint import dataset_sha256
-
-            digest = dataset_sha256(ds)
-            if digest != recorded:
-                raise ConfigError(f"resuming {run_dir}: the data given is not the data the run trained on (sha256 "
-                                  f"{digest[:12]}..., the run recorded {recorded[:12]}...): resume it with its own data")
-        return ds
+        return as_image_dataset(dataset, test_dataset)
     return load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
+
+
+def check_resumed_data(run_dir: Path, digest: str | None) -> None:
+    """Data given again to a resumed run (``digest``: its sha256, as config.json records it) is the data the run
+    trained on, where the run recorded a digest."""
+    recorded = (saved_run_info(run_dir).get("dataset") or {}).get("sha256")
+    if isinstance(recorded, str) and digest != recorded:
+        raise ConfigError(f"resuming {run_dir}: the data given is not the data the run trained on (sha256 "
+                          f"{str(digest)[:12]}..., the run recorded {recorded[:12]}...): resume it with its own data")
 
 
 def is_custom_dataset(ds) -> bool:

@@ -25,8 +25,9 @@ from ..errors import DivergenceError
 from ..utils.environment import environment
 from ..utils.provenance import settings_digest
 from ..version import __version__
-from .build import (check_observer, choose_graphs, choose_parallel, build_network, fit_network, is_custom_dataset,
-                    load_run_dataset, prepare_process, resolve_pieces, run_partition, set_global_seed)
+from .build import (check_observer, check_resumed_data, choose_graphs, choose_parallel, build_network, fit_network,
+                    is_custom_dataset, load_run_dataset, prepare_process, resolve_pieces, run_partition,
+                    set_global_seed)
 from .catalog import load_all
 from .config import RunConfig
 from .identity import run_settings
@@ -84,6 +85,8 @@ class Trainer(RoundLoop):
         """The data, whether it is custom (saved with the run), augmentation, the partition and its label counts."""
         self.ds = load_run_dataset(self.cfg, self.run_dir, resume, dataset, test_dataset)
         self.custom_data = is_custom_dataset(self.ds)
+        if resume and dataset is not None and self.custom_data:  # its digest computed once, for config.json too
+            check_resumed_data(self.run_dir, self._data_info().get("sha256"))
         self.augment = self.cfg.augment if self.cfg.augment is not None else self.ds.augment_default
         labels = self.ds.train_y.numpy()
         # make_partition looked up here, in this module, where tests replace it by a partition of their own
@@ -158,6 +161,7 @@ class Trainer(RoundLoop):
                 self.log(f"run {self.run_dir} already finished ({cfg.rounds} rounds)")
             return self.run_dir / FINAL_FILE
         self._write_run_files()
+        self.training_path_changed = False  # config.json records the path as it is now
         from tqdm.auto import tqdm
 
         bar = tqdm(range(self.start_round, cfg.rounds), initial=self.start_round, total=cfg.rounds, unit="round",
@@ -172,7 +176,7 @@ class Trainer(RoundLoop):
                 good = last_good_checkpoint(self.run_dir)
                 raise DivergenceError(f"{e}; stopped. Last good checkpoint: {good}") from None
             self.elapsed += time.perf_counter() - t0
-            if getattr(self, "training_path_changed", False):  # clients no longer train together: said in config.json
+            if self.training_path_changed:  # clients no longer train together: said in config.json
                 update_training_path(self.run_dir, self.training_path(), start_round=self.start_round, from_round=r + 1)
                 self.training_path_changed = False
             if row is not None:

@@ -104,6 +104,7 @@ class RoundLoop:
         self.latest_buffers = {k: v.unsqueeze(0).repeat(n, *[1] * v.dim()) for k, v in self.buffers.items()}
         self._networks: dict[int, tuple] = {}
         self._noticed = False
+        self.training_path_changed = False  # clients stopped training together mid-run (Trainer records it)
 
     def init_data_caches(self) -> None:
         """Normalised copies of the splits on the device, for splits of up to :data:`CACHE_LIMIT_BYTES`."""

@@ -50,9 +50,11 @@ def _file_digest(path: Path) -> str | None:
     return h.hexdigest()
 
 
-def _unchanged(folder: Path, name: str, data: dict) -> bool:
-    """The file is as flatfl wrote it: no digest recorded (a file written from a stream), no file, or the same
-    content."""
+def _owned(folder: Path, name: str, data: dict) -> bool:
+    """``data`` (the folder's manifest) lists the file and it is as flatfl wrote it: no digest recorded (a file
+    written from a stream), no file, or the same content."""
+    if name not in data["files"]:
+        return False
     recorded = data["sha256"].get(name)
     path = folder / name
     if recorded is None or not path.is_file():
@@ -99,7 +101,7 @@ def owned(path: str | os.PathLike) -> bool:
     """True when flatfl wrote ``path`` (its folder's manifest lists it) and it is as flatfl wrote it."""
     path = Path(path)
     data = _read(path.parent)
-    return path.name in data["files"] and _unchanged(path.parent, path.name, data)
+    return _owned(path.parent, path.name, data)
 
 
 def refuse_foreign(folder: str | os.PathLike, names) -> None:
@@ -110,11 +112,11 @@ def refuse_foreign(folder: str | os.PathLike, names) -> None:
     folder = Path(folder)
     if not folder.is_dir():
         return
-    mine, listed = owned_names(folder), set(_read(folder)["files"])
-    for name in names:
+    data = _read(folder)
+    for name in names:  # only the files named are read for their digest
         p = folder / name
-        if (p.exists() or p.is_symlink()) and name not in mine:
-            how = "was changed since flatfl wrote it" if name in listed else "was not written by flatfl"
+        if (p.exists() or p.is_symlink()) and not _owned(folder, name, data):
+            how = "was changed since flatfl wrote it" if name in data["files"] else "was not written by flatfl"
             raise ConfigError(f"{p} exists and {how}; move it away or choose another --out")
 
 
@@ -122,14 +124,14 @@ def owned_names(folder: str | os.PathLike) -> set[str]:
     """The names of the files in ``folder`` that flatfl wrote and that are as it wrote them."""
     folder = Path(folder)
     data = _read(folder)
-    return {name for name in data["files"] if _unchanged(folder, name, data)}
+    return {name for name in data["files"] if _owned(folder, name, data)}
 
 
 def remove_owned(path: str | os.PathLike) -> bool:
     """Delete ``path`` only if flatfl wrote it; returns whether it was deleted. A user's file is left alone."""
     path = Path(path)
     data = _read(path.parent)
-    if path.name not in data["files"] or not _unchanged(path.parent, path.name, data):
+    if not _owned(path.parent, path.name, data):
         return False
     try:
         path.unlink()
@@ -146,13 +148,18 @@ def remove_owned(path: str | os.PathLike) -> bool:
 LEGACY_RUN_FILES = {"config.json", "partition.json", "metrics.csv", "resume.pt", "final.pt", "clients.pt"}
 
 
+def is_run_record(data) -> bool:
+    """A parsed config.json carries flatfl's header (``flatfl_version`` and a ``config`` table)."""
+    return isinstance(data, dict) and "flatfl_version" in data and isinstance(data.get("config"), dict)
+
+
 def is_flatfl_run(folder: str | os.PathLike) -> bool:
-    """A folder whose config.json carries flatfl's header (``flatfl_version`` and a ``config`` table)."""
+    """A folder whose config.json carries flatfl's header (:func:`is_run_record`)."""
     try:
         data = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(data, dict) and "flatfl_version" in data and isinstance(data.get("config"), dict)
+    return is_run_record(data)
 
 
 def foreign_files(folder: str | os.PathLike, legacy_run: bool = False) -> list[Path]:
