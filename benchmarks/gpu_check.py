@@ -22,13 +22,16 @@ hangs or runs slow is reported as "timed out" and the others still run:
   Goals: top-1 no slower than PyHessian, top-20 >= 25x faster than PyHessian, Hutchinson no slower than PyHessian
   at equal products, own work <= 10%. Without PyHessian (``import pyhessian`` fails) its rows say so and are "not
   measured".
+* ``distributed`` (benchmarks/distributed_scaling.py): with several GPUs visible, the Hessian (top-20 and a trace)
+  and fmnist-cnn training rounds under torchrun over every GPU (nccl) against one GPU. Goal: at least 0.8 x the GPU
+  count faster, the numbers within 1e-4. With one GPU (and in ``--smoke``) its rows are "not measured".
 * ``table`` (cuda_equivalence.py part 2): ``flatfl reproduce man-tables --preset fmnist`` trained and analysed on
   the device, against the committed CPU tables (reports/man-tables-fmnist), row by row. Goal: every row's mean
   within its seeds' spread. Needs Fashion-MNIST's four files (``--data-dir``, or Debian's
   /usr/share/datasets/fashion-mnist).
 
-The two timing parts run first, alone; then the three others together (they compare numbers, not times). The
-timeouts (round-time 130 s, hessian 110 s, the three others 230 s each; ``--timeout PART=SECONDS`` changes one) are
+The three timing parts run first, alone; then the three others together (they compare numbers, not times). The
+timeouts (round-time 130 s, hessian 110 s, distributed 150 s, the three others 230 s each; ``--timeout PART=SECONDS`` changes one) are
 cut to what is left of ``--budget`` seconds (470 by default: 8 minutes with the start); ``--parts`` runs some only. ``--out DIR`` receives
 ``gpu-check.md`` (a header line with the device, torch, flatfl and the date, then the table: check, figure, goal,
 met: yes / no / not measured / timed out / failed) and each part's raw log (``PART.log``, its figures in
@@ -62,10 +65,10 @@ RTOL = 1e-9
 
 #: the parts, in the order they run: (name, seconds on a GPU, seconds in --smoke, runs alone); the table lists them
 #: in DISPLAY order
-PARTS = [("round-time", 130, 60, True), ("hessian", 110, 60, True),
+PARTS = [("round-time", 130, 60, True), ("hessian", 110, 60, True), ("distributed", 150, 30, True),
          ("equivalence", 230, 60, False), ("graphs", 230, 60, False), ("table", 230, 60, False)]
 DEFAULT_BUDGET = 470
-DISPLAY = ["equivalence", "graphs", "round-time", "hessian", "table"]
+DISPLAY = ["equivalence", "graphs", "round-time", "hessian", "distributed", "table"]
 
 ROUND_METHODS = ["FedAvg", "FedAvg + MAN", "FedDyn + MAN", "FedSAM", "FedSpeed + MAN", "FedAvg + ASD"]
 ROUNDS = 3  # timed rounds a mode (median), after a warm-up round
@@ -97,6 +100,10 @@ def checks(part: str, smoke: bool) -> list[tuple[str, str]]:
                 (f"Hessian trace ({n} inputs)", "Hutchinson no slower than PyHessian at equal products"),
                 (f"Hutchinson: own work ({n} inputs)", "<= 10% of its time outside the products"),
                 (f"Hutch++: own work ({n} inputs)", "<= 10% of its time outside the products")]
+    if part == "distributed":
+        goal = ">= 0.8 x the GPU count faster than one GPU; numbers within 1e-4"
+        return [("Hessian top-20 + trace over every GPU (torchrun, nccl)", goal),
+                ("fmnist-cnn training rounds over every GPU (torchrun, nccl)", goal)]
     if part == "table":
         name = "tiny preset (smoke)" if smoke else "Fashion-MNIST MAN tables"
         return [(f"{name} on the device vs the CPU table", "every row's mean within its seeds' spread")]
@@ -262,8 +269,28 @@ def part_table(args, result: Result, tmp: Path) -> None:
     result.set(check, text, yes(fig["bad"] == 0))
 
 
+def part_distributed(args, result: Result, tmp: Path) -> None:
+    """benchmarks/distributed_scaling.py over every visible GPU (one rank a GPU) against one GPU."""
+    import torch
+
+    checks_ = [c for c, _ in checks("distributed", args.smoke)]
+    gpus = 0 if args.smoke else torch.cuda.device_count()
+    if gpus < 2:
+        why = ("the CPU smoke: benchmarks/distributed_scaling.py measures CPU ranks" if args.smoke else
+               f"{gpus} GPU visible: several are needed")
+        for check in checks_:
+            result.set(check, why, "not measured")
+        print(f"gpu_check: distributed: {why}", flush=True)
+        return
+    import distributed_scaling as ds
+
+    for check, (name, one, many, diff, what) in zip(checks_, ds.measure(gpus, "cuda", args.data_dir)):
+        result.set(check, f"{one:.2f} s on one GPU, {many:.2f} s on {gpus}: {one / many:.2f}x; {what} within "
+                          f"{diff:.1e}", yes(one / many >= 0.8 * gpus and diff <= 1e-4))
+
+
 PART_FUNCTIONS = {"equivalence": part_equivalence, "graphs": part_graphs, "round-time": part_round_time,
-                  "hessian": part_hessian, "table": part_table}
+                  "hessian": part_hessian, "table": part_table, "distributed": part_distributed}
 
 
 def run_part(args) -> int:

@@ -340,7 +340,8 @@ def test_the_report_scale_line_names_the_training_path(tmp_path):
     Trainer(cfg, tmp_path / "run", quiet=True, log=lambda s: None, dataset=data(8)).run()
     path = json.loads((tmp_path / "run" / "config.json").read_text())["training_path"]
     assert path == {"device": "cpu", "clients_at_once": 3, "clients_at_once_why": path["clients_at_once_why"],
-                    "float32_matmul": "full", "cuda_graphs": False, "dtype": "float32"}
+                    "float32_matmul": "full", "cuda_graphs": False, "dtype": "float32", "world_size": 1,
+                    "backend": None}
     assert scale_label([load_run(tmp_path / "run")]).endswith("; trained on cpu, 3 clients at once, float32 full")
     info = json.loads((tmp_path / "run" / "config.json").read_text())
     del info["training_path"]

@@ -51,6 +51,7 @@ import torch
 
 from ..errors import ConfigError, unknown_name
 from ..utils.io import json_safe
+from .distributed import Spread
 from .linear_operator import CurvatureOperator, as_operator
 from .trace import hutchinson_diagonal
 
@@ -325,6 +326,7 @@ def cross_client_metrics(
     blocks: Sequence[int] | None = None,
     memory_budget: int = 2 * 2**30,
     progress: Callable[[int], None] | None = None,
+    spread=None,
 ) -> ClientMetrics:
     """H_N and H_D across clients, one Hessian operator per client (see the module docstring for the protocols).
 
@@ -334,7 +336,8 @@ def cross_client_metrics(
     ``probes``: Rademacher probes per client (``fedalign``: the most, as PyHessian's ``maxIter``). ``groups``:
     jackknife groups. ``blocks``: for ``fedalign`` on operators without a parameter layout (``has_param_layout``),
     the sizes of the parameter blocks. ``progress(k)`` is called after each
-    client.
+    client. ``spread``: the clients over several ranks (:class:`flatfl.analysis.distributed.Spread`): each rank
+    probes its own clients and the probe sums meet before the metrics, which are then one process's.
     """
     if protocol not in PROTOCOLS:
         raise unknown_name("cross-client protocol", protocol, PROTOCOLS)
@@ -351,12 +354,15 @@ def cross_client_metrics(
     count = len(operators)
     hvps = 0
     notes: list[str] = []
+    spread = spread if spread is not None else Spread()
     if protocol == "default":
         g = min(groups, probes // 2)
         store, dim = None, None
-        per_client = []
+        per_client = [None] * count
         try:
             for k, item in enumerate(operators):
+                if not spread.mine(k):
+                    continue
                 op, built = _client_operator(item, k)
                 if store is None:
                     dtype = np.float64 if op.dtype == torch.float64 else np.float32
@@ -366,12 +372,14 @@ def cross_client_metrics(
                     raise ConfigError(f"client {k}'s operator has {op.dim} coordinates, client 0's {dim}")
                 sums = coordinate_probe_sums(op, probes, g, seed=seed, stream=k)
                 store.array[k * g:(k + 1) * g] = sums.sums
-                per_client.append(ProbeSums(sums.counts, np.empty((g, 0), np.float32), sums.sq_norms, sums.hvps))
-                hvps += sums.hvps
+                per_client[k] = ProbeSums(sums.counts, np.empty((g, 0), np.float32), sums.sq_norms, sums.hvps)
                 if built:
                     op.release()  # a lazily built operator's cached graphs are freed once its client is done
                 if progress is not None:
                     progress(k)
+            if spread.size > 1:
+                store = _meet(spread, store, per_client, g, memory_budget)
+            hvps = sum(p.hvps for p in per_client)
             values, errors = metrics_from_probe_sums(per_client, debiased=True, self_pairs=False, stack=store.array)
             plugin_values, plugin_errors = metrics_from_probe_sums(per_client, debiased=False, self_pairs=False,
                                                                    stack=store.array)
@@ -388,18 +396,24 @@ def cross_client_metrics(
                          f"<= 0), so their H_D is undefined; use more probes")
         diagonal, pairs, estimator = "coordinate", "distinct", "debiased"
     else:
-        all_rows = []
+        all_rows, client_hvps = [None] * count, [0] * count
         for k, item in enumerate(operators):
+            if not spread.mine(k):
+                continue
             op, built = _client_operator(item, k)
             shapes = _block_shapes(op, blocks)
             before = op.hvps
-            rows = block_probe_rows(op, shapes, max_probes=probes, tol=tol, seed=seed)
-            hvps += op.hvps - before
-            all_rows.append(rows)
+            all_rows[k] = block_probe_rows(op, shapes, max_probes=probes, tol=tol, seed=seed)
+            client_hvps[k] = op.hvps - before
             if built:
                 op.release()
             if progress is not None:
                 progress(k)
+        for part in spread.gather((all_rows, client_hvps)) if spread.size > 1 else ():
+            for k in range(count):
+                if part[0][k] is not None:
+                    all_rows[k], client_hvps[k] = part[0][k], part[1][k]
+        hvps = sum(client_hvps)
         if len({r.shape[1] for r in all_rows}) != 1:
             raise ConfigError("the clients' operators have different parameter blocks")
         probe_counts = [r.shape[0] for r in all_rows]
@@ -422,6 +436,29 @@ def cross_client_metrics(
         seconds=time.perf_counter() - start, diagonal=diagonal, pairs=pairs, estimator=estimator, plugin=plugin,
         notes=notes,
     )
+
+
+def _meet(spread: Spread, store, per_client: list, g: int, budget: int, chunk: int = 1 << 16):
+    """Every rank's clients' group sums in every rank's store (a slab of coordinates at a time) and their
+    :class:`ProbeSums` in ``per_client``; returns the store (made here on a rank that probed no client)."""
+    count = len(per_client)
+    mine = [k for k in range(count) if per_client[k] is not None]
+    shape = (store.array.shape[1], str(store.array.dtype)) if store is not None else None
+    known = spread.gather((shape, {k: per_client[k] for k in mine}))
+    for s, parts in known:
+        shape = shape or s
+        for k, p in parts.items():
+            per_client[k] = p
+    if shape is None:
+        raise ConfigError("no rank probed a client")
+    if store is None:
+        store = _GroupSumStore(count * g, shape[0], budget, np.dtype(shape[1]))
+    for a in range(0, shape[0], chunk):
+        slabs = spread.gather({k: np.asarray(store.array[k * g:(k + 1) * g, a:a + chunk]) for k in mine})
+        for part in slabs:
+            for k, slab in part.items():
+                store.array[k * g:(k + 1) * g, a:a + chunk] = slab
+    return store
 
 
 def _client_operator(item, k: int) -> tuple[CurvatureOperator, bool]:

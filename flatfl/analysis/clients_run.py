@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 from ..errors import CheckpointError, ConfigError
+from ..utils import distributed
 from ..utils.client_metrics_settings import ClientMetricsSettings
 from ..utils.lock import locks_output
 from .client_metrics import FEDALIGN_BATCH, FEDALIGN_SAMPLES, cross_client_metrics
+from .distributed import spread
 from .command import AnalysisCommand, keyword_signature, progress_bar, versions, weights_digest
 from .figures import clients_heatmap
 from .result_files import clients_file, read_clients_file, read_hessian_file
@@ -86,7 +88,7 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
 
     with progress_bar(quiet, total=len(factories), desc="clients", unit="client") as bar:
         metrics = cross_client_metrics(factories, protocol=protocol, probes=probes, groups=groups, seed=seed,
-                                       tol=tol, progress=lambda k: bar.update(1))
+                                       tol=tol, progress=lambda k: bar.update(1), spread=spread())
 
     section = metrics.as_dict()
     section.update({
@@ -99,10 +101,12 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
     })
     on = (f"{samples} samples a client" if samples else "all of each client's data") if protocol == "default" \
         else f"{min(count, sum(len(y) for _, y in shared))} shared training samples"
-    figures = {f"{heatmap}.{fmt}": clients_heatmap(metrics, cmd.title, fmt, data=on) for fmt in ("png", "pdf")}
-    report = dict(section, **cmd.header(digest=digest, network_key="network"), **versions(),
-                  files=sorted(figures) + [target.name])
-    cmd.write(dict(sorted(figures.items())), target.name, report)
+    names = [f"{heatmap}.{fmt}" for fmt in ("pdf", "png")]
+    report = dict(section, **cmd.header(digest=digest, network_key="network"), distributed=distributed.record(),
+                  **versions(), files=names + [target.name])
+    if distributed.is_main():  # every rank holds the same metrics; rank 0 alone draws and writes
+        cmd.write({name: clients_heatmap(metrics, cmd.title, name.rsplit(".", 1)[1], data=on) for name in names},
+                  target.name, report)
     return report
 
 

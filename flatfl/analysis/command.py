@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Mapping
 import torch
 
 from ..errors import ConfigError
+from ..utils import distributed
 from ..utils.device import resolve_device
 from ..utils.io import atomic_write_many, json_safe
 from ..utils.precision import float32_matmul_now, set_float32_matmul
@@ -82,7 +83,7 @@ class AnalysisCommand:
         """Check ``out``, resolve ``device`` (then ``device_check(device)``), refuse any of ``outputs`` in ``out``
         that flatfl did not write, and load ``checkpoint``."""
         out = check_out_folder(out)
-        dev = resolve_device(device)
+        dev = distributed.join(resolve_device(device))  # under torchrun: the process group, this rank's device
         set_float32_matmul(ANALYSIS_FLOAT32)
         if device_check is not None:
             device_check(dev)

@@ -35,8 +35,10 @@ import torch
 from ..checkpoint import load_tensors
 from ..errors import CheckpointError, ConfigError
 from ..utils.hessian_settings import DEFAULT_DENSITY_METHOD, HessianSettings
+from ..utils import distributed
 from ..utils.io import json_safe
 from ..utils.lock import locks_output
+from .distributed import over_ranks
 from .command import (AnalysisCommand, check_out_folder, keyword_signature, progress_bar, versions, weights_digest,
                       write_result)
 from .estimators import estimate_density, estimate_eigenvalues, estimate_trace
@@ -269,7 +271,8 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
     digest = weights_digest(ckpt.model)  # the weights are not changed by the analysis
     _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True)
     batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
-    op = HessianOperator(ckpt.model, batches, mode="eval", loss=loss)
+    op = over_ranks(lambda shard: HessianOperator(ckpt.model, shard, mode="eval", loss=loss), batches,
+                    objective=loss is not None)  # under torchrun: this rank's shard, products all-reduced
     if s.top > op.dim:
         raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
 
@@ -287,10 +290,12 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
         "num_samples": op.num_samples,
         "loss": loss,
         "settings": settings_record(s, dev),
+        "distributed": distributed.record(),
         **versions(),
     }
     report = {**header, **report}
-    write_outputs(out, report, eig, dens, op, save_eigenvectors=s.save_eigenvectors, title=cmd.title)
+    if distributed.is_main():  # the other ranks computed the same numbers; rank 0 alone writes
+        write_outputs(out, report, eig, dens, op, save_eigenvectors=s.save_eigenvectors, title=cmd.title)
     return report
 
 

@@ -56,6 +56,7 @@ from ..utils.hessian_settings import DEFAULT_TRACE_METHOD, HessianSettings
 from .density import DensityResult, spectral_density
 from .eigen import EigenResult
 from .estimators import estimate_eigenvalues, estimate_trace
+from .batches import as_batches
 from .operator import HessianOperator
 from .per_layer import PerLayerResult, per_layer_curvature
 from .power import power_iteration
@@ -79,6 +80,21 @@ def _check_cuda(cuda) -> None:
     if not torch.cuda.is_available():
         raise ConfigError("cuda=True, but CUDA is not available on this machine: pass cuda=False (flatfl computes on "
                           "the model's device)")
+
+
+def _operator(model, batches, criterion, loss, mode: str):
+    """The Hessian operator of the API: under torchrun (several ranks), this rank's shard of the batches with its
+    products all-reduced (:mod:`flatfl.analysis.distributed`), the process group started on the model's device;
+    else the plain operator."""
+    from ..utils import distributed
+    from .distributed import over_ranks
+
+    if distributed.launched().distributed:
+        first = next((p for p in model.parameters()), None)
+        distributed.join(first.device if first is not None else torch.device("cpu"))
+        batches = batches if loss is not None else as_batches(batches)  # a list, to be cut into shards
+    return over_ranks(lambda shard: HessianOperator(model, shard, loss_fn=criterion, mode=mode, loss=loss), batches,
+                      objective=loss is not None, mode=mode)
 
 
 class ModelHessian:
@@ -115,7 +131,7 @@ class ModelHessian:
             batches = loss_batches(data, one_batch=True) if data is not None else loss_batches(dataloader)
         else:
             batches = data if data is not None else dataloader
-        self.operator = HessianOperator(model, batches, loss_fn=criterion, mode=mode, loss=loss)
+        self.operator = _operator(model, batches, criterion, loss, mode)
         self.model, self.criterion, self.loss = model, criterion, loss
         self.data = data if data is not None else dataloader
         self.full_dataset = data is None

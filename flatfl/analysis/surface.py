@@ -43,6 +43,7 @@ from ..errors import ConfigError
 from ..utils.surface_settings import DIRECTION_KINDS, check_grid, check_save_every, check_workers
 from .directions import direction_params
 from .batches import as_batches
+from .distributed import Spread
 from .surface_files import GridFile
 
 __all__ = ["SurfaceEvaluator", "SurfaceResult", "loss_surface", "grid_coordinates", "DIRECTION_KINDS"]
@@ -158,6 +159,22 @@ def evaluate_chunk(points):
     return out
 
 
+def _evaluate_spread(evaluator: SurfaceEvaluator, state, pending: list, spread: Spread, save_every: int,
+                     record: Callable) -> None:
+    """The pending points over the ranks: this rank's share (every ``size``-th), ``save_every`` at a time, then
+    every rank's values recorded in the grid's order on every rank."""
+    mine = pending[spread.rank::spread.size]
+    steps = math.ceil(math.ceil(len(pending) / spread.size) / save_every)  # the same count on every rank
+    try:
+        for step in range(steps):
+            part = [(i, *evaluator.evaluate(*state.point(i))) for i in mine[step * save_every:(step + 1) * save_every]]
+            for got in spread.gather(part):
+                for index, loss, acc in got:
+                    record(index, loss, acc)
+    finally:
+        evaluator.restore()
+
+
 def loss_surface(
     model: nn.Module,
     batches,
@@ -173,6 +190,7 @@ def loss_surface(
     save_every: int = 8,
     start_method: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    spread: Spread | None = None,
 ) -> SurfaceResult:
     """Loss and accuracy on the ``grid x grid`` square ``linspace(-range, range, grid)^2`` around ``model``.
 
@@ -180,7 +198,10 @@ def loss_surface(
     ``grid_file``: an ``.npz`` path to resume from and save to every ``save_every`` points (atomically);
     ``fingerprint``: the settings stored in it (a file with other settings is refused unless ``force``).
     ``workers``: local processes (CPU models). ``progress(done, total)`` is called after each recorded point.
-    The model's parameters are restored before returning.
+    ``spread``: the points over several ranks (:class:`~flatfl.analysis.distributed.Spread`): each rank evaluates
+    every ``size``-th pending point, the ranks exchange their values every ``save_every`` points each, every rank
+    ends with the whole grid and rank 0 alone saves ``grid_file``. The model's parameters are restored before
+    returning.
     """
     radius = range
     check_grid(grid, radius)
@@ -190,6 +211,11 @@ def loss_surface(
     evaluator = SurfaceEvaluator(model, batches, directions, loss_fn)
     if workers > 1 and evaluator.params[0].device.type != "cpu":
         raise ConfigError("--workers > 1 runs on the CPU only; use one worker on an accelerator")
+    spread = spread if spread is not None else Spread()
+    if workers > 1 and spread.size > 1:
+        raise ConfigError(f"--workers {workers} under torchrun: the {spread.size} ranks already share the points; "
+                          "give each rank one worker (--workers 1) and start more ranks instead")
+    writes = spread.rank == 0  # the grid file is rank 0's
     state = GridFile.open(grid_file, xs, fingerprint or {}, force=force)
     pending = state.pending()
     total = int(state.done.size)
@@ -204,15 +230,18 @@ def loss_surface(
         since_save += 1
         state.seconds = seconds_before + time.perf_counter() - start
         if since_save >= save_every:
-            state.save()
+            if writes:
+                state.save()
             since_save = 0
         if progress is not None:
             progress(int(state.done.sum()), total)
 
-    if grid_file is not None and not Path(grid_file).exists():
+    if grid_file is not None and not Path(grid_file).exists() and writes:
         state.save()
     try:
-        if pending and workers == 1:
+        if pending and spread.size > 1:
+            _evaluate_spread(evaluator, state, pending, spread, save_every, record)
+        elif pending and workers == 1:
             try:
                 for index in pending:
                     x, y = state.point(index)
@@ -235,10 +264,11 @@ def loss_surface(
                     for index, loss, acc in done.result():
                         record(index, loss, acc)
     except KeyboardInterrupt:
-        state.save()  # keep what was finished; a rerun resumes from here
+        if writes:
+            state.save()  # keep what was finished; a rerun resumes from here
         raise
     state.seconds = seconds_before + time.perf_counter() - start
-    if since_save or not pending:
+    if (since_save or not pending) and writes:
         state.save()
     return SurfaceResult(state.xs, state.ys, state.loss, state.accuracy, state.done, computed,
                          time.perf_counter() - start, state.seconds, workers)

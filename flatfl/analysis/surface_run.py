@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError, ConfigError
+from ..utils import distributed
 from ..utils.lock import locks_output
 from ..utils.surface_settings import SurfaceSettings
 from .command import AnalysisCommand, progress_bar, versions, weights_digest
+from .distributed import spread
 from .directions import directions_from_eigenvector_file, hessian_directions, random_directions
 from .figures import surface_figures
 from .surface import grid_coordinates, loss_surface
@@ -94,7 +96,7 @@ def run_surface(
         info = {"kind": "hessian", "source": "lanczos on the evaluation set", **eig_info}
 
     out.mkdir(parents=True, exist_ok=True)
-    if saved is None:
+    if saved is None and distributed.is_main():
         save_directions(out / "directions.pt", pair, fingerprint, info, model)
 
     with progress_bar(quiet, total=grid * grid, desc="surface points", unit="pt") as bar:
@@ -103,12 +105,14 @@ def run_surface(
             bar.refresh()
 
         result = loss_surface(model, batches, pair, grid, radius, workers=workers, grid_file=grid_path,
-                              fingerprint=fingerprint, force=force, save_every=save_every, progress=progress)
+                              fingerprint=fingerprint, force=force, save_every=save_every, progress=progress,
+                              spread=spread())
 
     labels = (r"$\epsilon_0$ (top eigenvector)", r"$\epsilon_1$ (2nd eigenvector)") if directions == "hessian" \
         else ("direction 1 (filter-normalised)", "direction 2 (filter-normalised)")
+    # every rank holds the whole grid; rank 0 alone draws and writes
     figures = surface_figures(result, f"{cmd.title}, {directions} directions", labels,
-                              samples=sum(len(y) for _, y in batches), split=split)
+                              samples=sum(len(y) for _, y in batches), split=split) if distributed.is_main() else {}
     centre = len(result.xs) // 2 if len(result.xs) % 2 else None
     summary = {
         **cmd.header(digest=digest), "num_samples": sum(len(y) for _, y in batches),
@@ -119,8 +123,10 @@ def run_surface(
         "points": int(result.done.size), "points_computed_now": result.computed, "workers": workers,
         "seconds": result.total_seconds, "settings": {**fingerprint, "batch_size": batch_size, "workers": workers,
                                                       "device": str(cmd.device)},
+        "distributed": distributed.record(),
         **versions(),
-        "files": sorted(figures) + ["surface.csv", "surface.npz", "directions.pt", "surface.json"],
+        "files": sorted(FIGURE_NAMES) + ["surface.csv", "surface.npz", "directions.pt", "surface.json"],
     }
-    cmd.write({**dict(sorted(figures.items())), "surface.csv": surface_csv(result)}, "surface.json", summary)
+    if distributed.is_main():
+        cmd.write({**dict(sorted(figures.items())), "surface.csv": surface_csv(result)}, "surface.json", summary)
     return summary

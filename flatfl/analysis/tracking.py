@@ -34,6 +34,7 @@ from ..checkpoint import FINAL_FILE, Checkpoint
 from ..errors import ConfigError
 from ..utils.hessian_settings import TRACKING_FIELDS, HessianSettings, tracking_settings
 from .hessian_run import compute
+from .distributed import over_ranks
 from .operator import HessianOperator
 
 __all__ = ["CurvatureTracker", "curvature_observer", "tracking_columns", "trace_resolved"]
@@ -107,7 +108,8 @@ class CurvatureTracker:
         ckpt = Checkpoint(payload, path, device=s.device)
         if self._batches is None:  # the same fixed evaluation set every time
             self._batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
-        op = HessianOperator(ckpt.model, self._batches, mode="eval")
+        # under torchrun (training over ranks): this rank's shard of the evaluation set, products all-reduced
+        op = over_ranks(lambda shard: HessianOperator(ckpt.model, shard, mode="eval"), self._batches)
         report, _, _ = compute(op, dataclasses.replace(s, density=False))
         row = {"hessian_loss": op.loss(), "hessian_hvps": report["hvps_total"]}
         op.release()
@@ -121,8 +123,8 @@ class CurvatureTracker:
             row["hessian_trace_budget"] = s.trace_hvps
             if not trace_resolved(row["hessian_trace"], row["hessian_trace_se"], s.trace_rtol):
                 row["hessian_status"] = "unresolved"
-        average = HessianOperator(Checkpoint(payload, path, device=s.device, which="all").model, self._batches,
-                                  mode="eval")
+        average_model = Checkpoint(payload, path, device=s.device, which="all").model
+        average = over_ranks(lambda shard: HessianOperator(average_model, shard, mode="eval"), self._batches)
         row["hessian_all_loss"] = average.loss()
         average.release()
         return row

@@ -24,21 +24,39 @@ def friendly_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from ..utils import distributed
+
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            distributed.leave()  # under torchrun: every rank waits until rank 0 has written its files
+            return result
         except FlatflError as e:
-            click.echo(f"flatfl: error: {error_line(e)}", err=True)
+            # the same input error on every rank: rank 0 says it (another rank's own error is said by that rank)
+            _say(f"flatfl: error: {error_line(e)}", everywhere=isinstance(e, distributed.RankStopped))
             sys.exit(2)
         except KeyboardInterrupt as e:
-            click.echo(interrupted_line(e), err=True)
+            _say(interrupted_line(e))
             sys.exit(130)
         except Exception as e:  # no traceback for the user: one line, exit 1 (FLATFL_DEBUG=1 shows it)
+            peer = distributed.peer_failure(e)
+            if peer is not None:  # a collective failed because another rank stopped
+                _say(f"flatfl: error: {peer}", everywhere=True)
+                sys.exit(1)
             if os.environ.get("FLATFL_DEBUG"):
                 raise
-            click.echo(f"flatfl: error: {error_line(describe_failure(e))}", err=True)
+            _say(f"flatfl: error: {error_line(describe_failure(e))}", everywhere=True)
             sys.exit(2 if isinstance(e, (OSError, UnicodeDecodeError, ValueError)) else 1)
 
     return wrapper
+
+
+def _say(line: str, everywhere: bool = False) -> None:
+    """An error line on the terminal: from rank 0 (the only process, without torchrun), and from every rank when
+    ``everywhere`` (an error of that rank's own)."""
+    from ..utils import distributed
+
+    if everywhere or distributed.is_main():
+        click.echo(line, file=distributed.error_stream())
 
 
 #: what Ctrl-C leaves, when the command says nothing more precise (every output is written atomically)
@@ -83,6 +101,7 @@ class FlatflGroup(click.Group):
                     click.echo(f"flatfl: error: {problem}", err=True)
                     sys.exit(2)
                 import_torch_uninterruptibly()  # a command will run: torch first, Ctrl-C held back meanwhile
+                _under_torchrun(argv)
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except (click.exceptions.Abort, KeyboardInterrupt):
             click.echo("flatfl: interrupted", err=True)
@@ -93,6 +112,36 @@ class FlatflGroup(click.Group):
             click.echo(f"flatfl: error: {error_line(' '.join(e.format_message().split()))}{hint}", err=True)
             sys.exit(e.exit_code)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+#: the commands that split their work over the ranks of a torchrun launch (docs/distributed.md); any other
+#: command runs on rank 0 alone, as one process, and the other ranks end at once
+SPLIT_COMMANDS = ("train", "hessian", "hessian-clients", "surface")
+_TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                       "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def _under_torchrun(argv: list[str]) -> None:
+    """Under torchrun with several ranks: the other ranks print nothing but their errors; a command that does not
+    split its work runs on rank 0 as one process (its own workers, a sweep's, must not join the ranks), the others
+    end here."""
+    from ..utils import distributed
+
+    try:
+        w = distributed.launched()
+    except FlatflError as e:
+        click.echo(f"flatfl: error: {error_line(e)}", err=True)
+        sys.exit(2)
+    if not w.distributed:
+        return
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in SPLIT_COMMANDS:
+        distributed.quiet_other_ranks()
+        return
+    if not w.main:
+        sys.exit(0)
+    for name in _TORCHRUN_VARIABLES:
+        os.environ.pop(name, None)
 
 
 THREADS_HELP = ("torch threads, an integer >= 1 (default: 1 on machines with <= 2 cores, else the idle cores: "

@@ -136,6 +136,11 @@ def training_path_label(records) -> str:
     names = sorted({str(p["device_name"]) for p in paths if p.get("device_name")})
     label = (f"trained on {devices}{' (' + '/'.join(names) + ')' if names else ''}, {each(clients)}, "
              f"float32 {values('float32_matmul')}")
+    ranks = sorted({(int(p["world_size"]), str(p.get("backend"))) for p in paths
+                    if isinstance(p.get("world_size"), int) and not isinstance(p.get("world_size"), bool)
+                    and p["world_size"] > 1})
+    if ranks:  # a round's clients split over torchrun's ranks (the numbers are one process's)
+        label += ", clients over " + "/".join(f"{n} ranks ({backend})" for n, backend in ranks)
     graphed = sum(1 for p in paths if p.get("cuda_graphs") is True)
     if graphed:
         label += ", steps as CUDA graphs" + ("" if graphed == len(paths) else f" in {graphed} of {len(paths)} runs")

@@ -24,6 +24,7 @@ import torch
 from ..data import load_dataset
 from ..data.partition import Partition, make_partition
 from ..errors import ConfigError
+from ..utils import distributed
 from ..utils.device import resolve_device
 from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 from .config import RunConfig
@@ -57,7 +58,7 @@ def prepare_process(cfg: RunConfig) -> torch.device:
     from ..utils.precision import set_float32_matmul
 
     keep_freed_memory()
-    device = resolve_device(cfg.device)
+    device = distributed.join(resolve_device(cfg.device))  # under torchrun: the process group, this rank's device
     set_float32_matmul(cfg.float32_matmul)
     if cfg.threads is not None:
         from ..utils.threads import apply_threads

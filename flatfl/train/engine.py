@@ -22,6 +22,7 @@ import torch
 from ..checkpoint import FINAL_FILE
 from ..data.partition import make_partition
 from ..errors import DivergenceError
+from ..utils import distributed
 from ..utils.environment import environment
 from ..utils.provenance import settings_digest
 from ..version import __version__
@@ -155,12 +156,14 @@ class Trainer(RoundLoop):
     def _run(self) -> Path:
         cfg = self.cfg
         if self.start_round >= cfg.rounds:
-            if recover_final(self.run_dir, self.start_round, lambda: self._model_payload(self.start_round)):
+            if distributed.is_main() and recover_final(self.run_dir, self.start_round,
+                                                       lambda: self._model_payload(self.start_round)):
                 self.log(f"run {self.run_dir}: wrote the missing final.pt of round {self.start_round}")
             else:
                 self.log(f"run {self.run_dir} already finished ({cfg.rounds} rounds)")
             return self.run_dir / FINAL_FILE
-        self._write_run_files()
+        if distributed.is_main():  # under torchrun rank 0 alone writes the run's files
+            self._write_run_files()
         self.training_path_changed = False  # config.json records the path as it is now
         from tqdm.auto import tqdm
 
@@ -176,7 +179,7 @@ class Trainer(RoundLoop):
                 good = last_good_checkpoint(self.run_dir)
                 raise DivergenceError(f"{e}; stopped. Last good checkpoint: {good}") from None
             self.elapsed += time.perf_counter() - t0
-            if self.training_path_changed:  # clients no longer train together: said in config.json
+            if self.training_path_changed and distributed.is_main():  # clients no longer train together
                 update_training_path(self.run_dir, self.training_path(), start_round=self.start_round, from_round=r + 1)
                 self.training_path_changed = False
             if row is not None:
@@ -186,7 +189,7 @@ class Trainer(RoundLoop):
                     self.log(f"round {r + 1}/{cfg.rounds}: train loss {row['train_loss']:.4f}, "
                              f"test acc {row['test_acc']:.4f} (all-clients avg {row['all_test_acc']:.4f})")
                     last_logged = time.monotonic()
-            if (r + 1) % cfg.checkpoint_every == 0 or r + 1 == cfg.rounds:
+            if ((r + 1) % cfg.checkpoint_every == 0 or r + 1 == cfg.rounds) and distributed.is_main():
                 self._checkpoint(r + 1, final=(r + 1 == cfg.rounds))
         bar.close()
         if self.observer is not None and not self.quiet:
@@ -205,7 +208,8 @@ class Trainer(RoundLoop):
             row["observer_seconds"] = round(self.observer_seconds, 3)
         self.metrics.append(row)
         extra = list(self.observer.columns) + ["observer_seconds"] if self.observer is not None else []
-        write_metrics(self.run_dir, self.metrics, extra)
+        if distributed.is_main():
+            write_metrics(self.run_dir, self.metrics, extra)
 
     # ----- files (flatfl.train.run_files) -----
     def training_path(self) -> dict:
@@ -216,7 +220,7 @@ class Trainer(RoundLoop):
         return {"device": str(dev), **({"device_name": name} if name else {}), "clients_at_once": self.parallel,
                 "clients_at_once_why": self.parallel_reason, "float32_matmul": self.cfg.float32_matmul,
                 "cuda_graphs": self.graphs,
-                "dtype": str(self.theta.dtype).replace("torch.", "")}
+                "dtype": str(self.theta.dtype).replace("torch.", ""), **distributed.record()}
 
     def _recorded_config(self) -> dict:
         cfg = self.cfg.to_dict()

@@ -25,6 +25,7 @@ from .config import FLOAT32_MAX, RunConfig
 from .context import ClientContext, Cohort, RoundContext, client_rng, frozen_copy
 from .evaluate import evaluate
 from .local import train_cohort
+from .over_ranks import exchange, my_share
 from .regularizers.base import Regularizer
 
 __all__ = ["CACHE_LIMIT_BYTES", "sample_clients", "client_seed", "RoundLoop"]
@@ -202,7 +203,9 @@ class RoundLoop:
         self.algo.round_start(rctx)
         augment = self._augment_fn()
         results, client_buffers = [], []
-        pending = participants.tolist()
+        share = my_share(participants).tolist()  # under torchrun: this rank's clients (all of them otherwise)
+        state_keys = set(self.algo.clients)
+        pending = list(share)
         while pending:
             ids, pending = pending[:self.parallel], pending[self.parallel:]
             saved = self._client_state_rows(ids) if len(ids) > 1 else {}
@@ -223,6 +226,9 @@ class RoundLoop:
                 continue
             results += cohort_results
             client_buffers += cohort_buffers
+        results, client_buffers = exchange(share, results, client_buffers, clients_state=self.algo.clients,
+                                           latest=self.latest, latest_buffers=self.latest_buffers,
+                                           created=set(self.algo.clients) - state_keys)
         with _overflow_is_divergence(r):
             theta = self.algo.aggregate(rctx, results)
         if not torch.isfinite(theta).all():

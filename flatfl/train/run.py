@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .config import build_config, read_config_file
 from ..errors import ConfigError
+from ..utils import distributed
 from ..utils.device import resolve_device
 from ..utils.lock import LOCK_NAME, folder_lock
 from .engine import Trainer
@@ -53,20 +54,26 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
         cli["params"] = params
     file_settings = read_config_file(config_file) if config_file else {}
     cfg = build_config(file_settings, cli)
-    resolve_device(cfg.device)  # before any folder is made or data read
+    # before any folder is made or data read; under torchrun the ranks meet here
+    distributed.join(resolve_device(cfg.device))
     apply_threads(cfg.threads)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     cfg.out = str(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--out {run_dir} exists and is not a directory")
-    with folder_lock(run_dir):
-        if any(p.name != LOCK_NAME for p in run_dir.iterdir()):
-            if not force:
-                raise ConfigError(f"run directory {run_dir} already exists: use --resume {run_dir} to continue it, "
-                                  "--force to overwrite it, or another --out")
-            _clear_run_dir(run_dir)
+    with folder_lock(run_dir):  # rank 0's alone, which checks (and with --force empties) the folder
+        distributed.on_main(lambda: _fresh_run_dir(run_dir, force))
         with _resume_hint(run_dir):
             return Trainer(cfg, run_dir, quiet=quiet, observer=observer_for(cfg)).run()
+
+
+def _fresh_run_dir(run_dir: Path, force: bool) -> None:
+    """A new run's folder holds nothing but its lock (``force``: a flatfl run's files are deleted first)."""
+    if any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+        if not force:
+            raise ConfigError(f"run directory {run_dir} already exists: use --resume {run_dir} to continue it, "
+                              "--force to overwrite it, or another --out")
+        _clear_run_dir(run_dir)
 
 
 @contextlib.contextmanager

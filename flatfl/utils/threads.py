@@ -91,8 +91,9 @@ def apply_threads(threads: int | None = None, what: str = "--threads") -> int:
     import torch
 
     n = check_threads(threads, what)
-    if n is None:
-        n = default_threads()
+    if n is None:  # under torchrun, the ranks on this machine share its idle cores
+        local_ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        n = default_threads(int(local_ranks) if local_ranks.isdigit() and int(local_ranks) > 0 else 1)
     torch.set_num_threads(n)
     try:
         torch.set_num_interop_threads(n)

@@ -1,0 +1,83 @@
+"""A round's clients over the ranks of a torchrun launch (docs/distributed.md).
+
+Every rank holds the whole run: the server model, every client's state, the data. Round t's participants (drawn
+from the run's seed, the same on every rank) are cut into contiguous shares, one a rank (:func:`my_share`; shares
+differ by at most one client), and each rank trains its share as one process would (in cohorts stacked as usual;
+a client's randomness comes from (seed, t, client), whoever trains it). Then :func:`exchange` hands every rank what
+the others computed: the clients' uploads (:class:`~flatfl.train.algorithms.base.ClientResult`), their float
+buffers, their latest models and the rows of the algorithm's per-client state (``algo.clients``) they changed, in
+the participants' order. Every rank aggregates the same uploads in the same order, so the server model and the
+algorithm's server state stay equal on every rank without being sent, and a round equals one process's.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from ..utils import distributed
+
+__all__ = ["my_share", "exchange"]
+
+
+def my_share(participants: np.ndarray) -> np.ndarray:
+    """This rank's contiguous share of a round's participants (all of them in one process)."""
+    w = distributed.world()
+    if not w.distributed:
+        return participants
+    return np.array_split(participants, w.size)[w.rank]
+
+
+def _to(x, device):
+    """Tensors inside ``x`` (a tensor, dict, list, tuple, a ClientResult's extras) moved to ``device``."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: _to(getattr(x, f.name), device) for f in dataclasses.fields(x)})
+    if isinstance(x, dict):
+        return {k: _to(v, device) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to(v, device) for v in x)
+    return x
+
+
+def exchange(ids: list[int], results: list, client_buffers: list[dict], *, clients_state: dict,
+             latest: torch.Tensor, latest_buffers: dict, created: set[str]) -> tuple[list, list]:
+    """Share what this rank's clients ``ids`` produced with every rank; returns every participant's results and
+    buffers in the participants' order. ``clients_state`` (the algorithm's per-client rows), ``latest`` and
+    ``latest_buffers`` are updated in place with the other ranks' rows; ``created``: per-client state keys this
+    rank created during the round (an algorithm's state made on first sight of the data), sent whole so that a
+    rank whose share never made them gets the same tensor."""
+    if not distributed.world().distributed:
+        return results, client_buffers
+    cpu = torch.device("cpu")
+    index = torch.tensor(ids, dtype=torch.long)
+    mine = {
+        "ids": list(ids),
+        "results": [_to(r, cpu) for r in results],
+        "buffers": _to(client_buffers, cpu),
+        "state": {k: v.index_select(0, index.to(v.device)).to(cpu) for k, v in clients_state.items()},
+        "created": {k: clients_state[k].to(cpu) for k in sorted(created)},
+        "latest": latest.index_select(0, index.to(latest.device)).to(cpu),
+        "latest_buffers": {k: v.index_select(0, index.to(v.device)).to(cpu) for k, v in latest_buffers.items()},
+    }
+    everyone = distributed.all_gather_objects(mine)
+    device = latest.device
+    for part in everyone:  # state made on first sight by some rank: the first rank's whole tensor
+        for k, v in part["created"].items():
+            if k not in clients_state:
+                clients_state[k] = v.to(device)
+    all_results, all_buffers = [], []
+    for part in everyone:
+        rows = torch.tensor(part["ids"], dtype=torch.long, device=device)
+        all_results += [_to(r, device) for r in part["results"]]
+        all_buffers += _to(part["buffers"], device)
+        if not part["ids"]:
+            continue
+        for k, v in part["state"].items():
+            clients_state[k].index_copy_(0, rows.to(clients_state[k].device), v.to(clients_state[k].device))
+        latest.index_copy_(0, rows, part["latest"].to(device))
+        for k, v in part["latest_buffers"].items():
+            latest_buffers[k].index_copy_(0, rows, v.to(device))
+    return all_results, all_buffers
