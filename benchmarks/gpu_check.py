@@ -324,7 +324,8 @@ def _device_name(device: str) -> str:
 # ----- the parent: the parts under their timeouts, the table ---------------------------------------------------------
 
 
-def _refuse_out(out: Path) -> str | None:
+def refuse_out(out: Path) -> str | None:
+    """Why ``out`` cannot take the check's files (a file; a non-empty folder gpu_check did not make), or None."""
     if out.exists() and not out.is_dir():
         return f"--out {out} is a file, not a folder"
     if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists():
@@ -476,7 +477,7 @@ def main(argv=None) -> int:
     if not args.out:
         return fail("--out DIR is needed (the folder for the table and the parts' logs)")
     out = Path(args.out)
-    refusal = _refuse_out(out)
+    refusal = refuse_out(out)
     if refusal:
         return fail(refusal)
     names = [p.strip() for p in args.parts.split(",") if p.strip()]

@@ -329,11 +329,15 @@ def test_fedrobust_refuses_a_full_affine_shift_too_large_to_store():
     layout = ParamLayout(Linear(DIM, C))
     big = FedRobust(FedRobust.resolve({}), num_clients=100, client_sizes=np.full(100, 500), layout=layout,
                     device=torch.device("cpu"))
+    images = torch.zeros(1, 3, 32, 32)  # a client of 32 x 32 colour images: the state is made when it starts
+    start = ClientContext(client_id=0, round=RoundContext(0, 0.1, layout.get()), x=images,
+                          y=torch.zeros(1, dtype=torch.long), num_samples=1, weight=1.0,
+                          label_counts=torch.ones(C), steps=1, lr=0.1, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ConfigError, match="--robust-affine channel"):
-        big._ensure_state(torch.Size([3, 32, 32]))
+        big.client_start(start)
     channel = FedRobust(FedRobust.resolve({"robust_affine": "channel"}), num_clients=100,
                         client_sizes=np.full(100, 500), layout=layout, device=torch.device("cpu"))
-    channel._ensure_state(torch.Size([3, 32, 32]))
+    channel.client_start(start)
     assert channel.clients["Lambda"].shape == (100, 3, 3) and channel.clients["delta"].shape == (100, 3 * 32 * 32)
 
 

@@ -47,7 +47,7 @@ def dense_eigh(op, k, *, tol, seed, return_vectors, exact_residuals):
 
 @pytest.fixture
 def toy():
-    """The toy estimator registered for the test, and removed after it (other tests list the built-in names)."""
+    """The toy estimator registered for the test, and removed after it (other tests see the package's own registry)."""
     entry = register_estimator(TOY, "eigenvalues", dense_eigh, label="largest algebraic", title="dense eigh (toy)")
     yield entry
     unregister_estimator(TOY, "eigenvalues")

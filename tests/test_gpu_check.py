@@ -54,7 +54,7 @@ def test_smoke_run_writes_one_table_of_every_check(tmp_path):
     for part in gc.DISPLAY:
         assert (out / f"{part}.log").read_text().strip(), part
     # a folder gpu_check made may be written again
-    assert gc._refuse_out(out) is None
+    assert gc.refuse_out(out) is None
     print(f"gpu_check --smoke: {seconds:.0f} s")
 
 

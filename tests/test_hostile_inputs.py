@@ -1050,27 +1050,18 @@ def test_a_pool_that_dies_without_failing_its_futures_does_not_hang(tmp_path, mo
     assert all(not o.ok and "worker process died" in o.error and "\n" not in o.error for o in outcomes)
 
 
-def test_resume_keeps_the_versions_of_earlier_rounds_and_report_shows_them(tmp_path, monkeypatch):
-    """Issue 29: a run resumed under other library versions keeps, in config.json, the versions its earlier rounds
-    were trained with and adds the resumption's under 'resumed'; the report then says that versions differ."""
+def test_resume_keeps_the_versions_of_earlier_rounds_and_report_shows_them(tmp_path, crash_in_round):
+    """A run resumed under other library versions keeps, in config.json, the versions its earlier rounds were
+    trained with and adds the resumption's under 'resumed'; the report then says that versions differ."""
     from flatfl.report import build_report
     from flatfl.train.config import RunConfig
     from flatfl.train.engine import Trainer
 
-    real = Trainer._checkpoint
-
-    def stop_after_round_1(self, rnd, final):
-        real(self, rnd, final)
-        if rnd == 1:
-            raise KeyboardInterrupt  # killed after round 1's checkpoint
-
-    monkeypatch.setattr(Trainer, "_checkpoint", stop_after_round_1)
     run = tmp_path / "run"
     cfg = RunConfig(model="tiny", rounds=2, clients=4, participation=1.0, local_epochs=1, batch_size=64,
                     checkpoint_every=1, threads=1).validate()
-    with pytest.raises(KeyboardInterrupt):
+    with crash_in_round(1), pytest.raises(RuntimeError, match="simulated crash"):  # stopped after round 1's checkpoint
         Trainer(cfg, run, quiet=True).run()
-    monkeypatch.undo()
     old_env = dict(json.loads((run / "config.json").read_text())["environment"], flatfl="0.0.9", torch="1.13.0")
     edit_json(run / "config.json", lambda d: d.update(environment=old_env, flatfl_version="0.0.9"))
     r = CliRunner().invoke(main, ["train", "--resume", str(run), "--quiet"])

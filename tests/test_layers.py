@@ -141,29 +141,47 @@ def import_cycles(graph, allowed=frozenset()) -> list[list[str]]:
     return out
 
 
+#: the public names of a named tuple, which start with "_" so as not to clash with its fields
+NAMEDTUPLE_API = {"_make", "_replace", "_asdict", "_fields", "_field_defaults"}
+
+
 def private_uses(files: dict[str, Path], modules: dict[str, Path], top: str = "flatfl") -> list[str]:
-    """``from flatfl.x import _y`` and ``m._y`` (``m`` a name bound to a flatfl module) outside the module
-    defining ``_y``."""
+    """``from flatfl.x import _y``, ``m._y`` (``m`` a name bound to a flatfl module, or to anything imported from
+    one: a class, a function) and ``setattr(m, "_y", ...)`` / ``monkeypatch.setattr("flatfl.x._y", ...)`` outside
+    the module defining ``_y``."""
     problems = []
     for name, path in files.items():
         for target, names, line in imports_of(name, path, modules, top):
             problems += [f"{path.name}:{line} imports {target}.{n}" for n in names
                          if n.startswith("_") and not n.startswith("__")]
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        bound = set()  # names bound to modules of the package in this file
+        bound = set()  # names bound to modules of the package, or to what was imported from them, in this file
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 bound |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == top}
-            elif isinstance(node, ast.ImportFrom):
-                target = resolve(name, path, node)
-                bound |= {a.asname or a.name for a in node.names if f"{target}.{a.name}" in modules}
+            elif isinstance(node, ast.ImportFrom) and resolve(name, path, node).split(".")[0] == top:
+                bound |= {a.asname or a.name for a in node.names}
+
+        def private(attr: str) -> bool:
+            return attr.startswith("_") and not attr.startswith("__") and attr not in NAMEDTUPLE_API
+
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if isinstance(node, ast.Attribute) and private(node.attr):
                 base = node.value
                 while isinstance(base, ast.Attribute):
                     base = base.value
                 if isinstance(base, ast.Name) and base.id in bound:
                     problems.append(f"{path.name}:{node.lineno} uses {ast.unparse(node)}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)) and node.args
+                  and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) == "setattr"):
+                first, second = node.args[0], node.args[1] if len(node.args) > 1 else None
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):  # setattr("flatfl.x._y", v)
+                    dotted = first.value.split(".")
+                    if dotted[0] == top and private(dotted[-1]):
+                        problems.append(f"{path.name}:{node.lineno} sets {first.value}")
+                elif (isinstance(first, ast.Name) and first.id in bound and isinstance(second, ast.Constant)
+                      and isinstance(second.value, str) and private(second.value)):
+                    problems.append(f"{path.name}:{node.lineno} sets {first.id}.{second.value}")
     return problems
 
 
@@ -193,8 +211,9 @@ def test_no_private_name_used_outside_its_module():
 
 
 def test_the_checks_find_what_they_look_for(tmp_path):
-    """A small package with an upward import, a sideways import, a cycle (through a function-level import) and a
-    private import: each is reported, and a cycle is gone once its edges are allowed."""
+    """A small package with an upward import, a sideways import, a cycle (through a function-level import), a
+    private import and private attributes used and set from outside: each is reported, and a cycle is gone once its
+    edges are allowed."""
     pkg = tmp_path / "flatfl"
     (pkg / "low").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -216,6 +235,12 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     assert import_cycles(graph, {("flatfl.low.c", "flatfl.low.b"), ("flatfl.low.a", "flatfl.high")}) == []
     modules = module_files(pkg)
     assert private_uses(modules, modules) == ["b.py:1 imports flatfl.low.c._hidden", "c.py:2 uses b._x"]
+    user = tmp_path / "test_user.py"  # a test reaching into a class it imported, directly and by monkeypatching
+    user.write_text('from flatfl.low.c import K\nK._x\nsetattr(K, "_y", 1)\nmonkeypatch.setattr("flatfl.low.c._z", 2)\n'
+                    'K._make([])\nK.x._y\n')
+    assert private_uses({"tests.test_user": user}, modules) == [
+        "test_user.py:2 uses K._x", "test_user.py:3 sets K._y", "test_user.py:4 sets flatfl.low.c._z",
+        "test_user.py:6 uses K.x._y"]
 
 
 # ------------------------------------------------------------------------- analysis without the training code
