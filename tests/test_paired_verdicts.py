@@ -97,7 +97,100 @@ def test_one_shared_seed_falls_back_to_unpaired():
     c = next(c for c in direction_checks(spec, rows) if c["compared"] == "FedAvg+MAN" and c["metric"] ==
              "top_eigenvalue" and c["partition"] == "dirichlet-0.3")
     assert c["paired_seeds"] == 1 and c["verdict_from"].startswith("unpaired")
-    assert c["verdict"] == c["unpaired_verdict"] == "inconclusive"  # no paper value given
+    assert c["verdict"] == c["unpaired_verdict"] == "no paper value"  # no paper value given
+    # the means 11 (sd 1.414, se 1) -> 5.5 (sd 0.707, se 0.5): |-5.5| > 2 sqrt(1 + 0.25) = 2.236: resolved lower
+    assert c["ours_uncertainty"] == pytest.approx(math.sqrt(1.25)) and c["effect"] == "lower"
+
+
+def _checks(ref: dict, cmp_: dict, paper: list[dict]) -> dict:
+    """The FedAvg vs FedAvg+MAN checks of man-table2 (dirichlet-0.3) on per-seed top eigenvalues."""
+    spec = TABLES["man-table2"]
+    runs = [FakeRun("FedAvg", s, {"top_eigenvalue": v}) for s, v in ref.items()] + \
+        [FakeRun("FedAvg+MAN", s, {"top_eigenvalue": v}) for s, v in cmp_.items()]
+    return next(c for c in direction_checks(spec, build_table(spec, runs, paper))
+                if c["compared"] == "FedAvg+MAN" and c["partition"] == "dirichlet-0.3")
+
+
+def _paper(ref: float, cmp_: float) -> list[dict]:
+    return [{"source": "MAN", "table": "Table 2", "method": m, "partition": "dirichlet-0.3",
+             "metric": "top_eigenvalue", "value": v} for m, v in (("FedAvg", ref), ("FedAvg+MAN", cmp_))]
+
+
+def test_a_resolved_change_without_a_paper_value_is_said_and_never_inconclusive():
+    # diffs -1.0, -1.2, -0.8: interval -1 +- 4.3027 * 0.2 / sqrt(3) = [-1.497, -0.503], excludes 0
+    c = _checks({0: 10.0, 1: 14.0, 2: 12.0}, {0: 9.0, 1: 12.8, 2: 11.2}, [])
+    assert c["paired_ci_high"] == pytest.approx(-1.0 + T975[2] * 0.2 / math.sqrt(3), abs=1e-6)
+    assert c["effect"] == "lower" and c["verdict"] == "no paper value" and c["paper_direction"] is None
+    # diffs +1.0, +1.2, +0.8: the mirror image, higher
+    up = _checks({0: 10.0, 1: 14.0, 2: 12.0}, {0: 11.0, 1: 15.2, 2: 12.8}, [])
+    assert up["paired_ci_low"] == pytest.approx(1.0 - T975[2] * 0.2 / math.sqrt(3), abs=1e-6)
+    assert up["effect"] == "higher" and up["verdict"] == "no paper value"
+    # diffs -1, -1, -3: interval [-4.54, 1.20] holds 0: unresolved, and still no paper value to agree with
+    flat = _checks({0: 10.0, 1: 14.0, 2: 12.0}, {0: 9.0, 1: 13.0, 2: 9.0}, [])
+    assert flat["paired_ci_low"] < 0 < flat["paired_ci_high"]
+    assert flat["effect"] == "unresolved" and flat["verdict"] == "no paper value"
+    # with the paper's direction: the same resolved fall agrees with a paper fall, disagrees with a paper rise
+    assert _checks({0: 10.0, 1: 14.0, 2: 12.0}, {0: 9.0, 1: 12.8, 2: 11.2}, _paper(20.0, 10.0))["verdict"] == "agree"
+    against = _checks({0: 10.0, 1: 14.0, 2: 12.0}, {0: 9.0, 1: 12.8, 2: 11.2}, _paper(10.0, 20.0))
+    assert against["verdict"] == "disagree" and against["effect"] == "lower"
+    # the paper's direction with an interval holding 0: inconclusive, unresolved
+    held = _checks({0: 10.0, 1: 14.0, 2: 12.0}, {0: 9.0, 1: 13.0, 2: 9.0}, _paper(20.0, 10.0))
+    assert held["verdict"] == "inconclusive" and held["effect"] == "unresolved"
+
+
+def test_without_an_interval_between_seeds_the_effect_is_unresolved():
+    # one seed a side: a change of -5 with no spread between seeds known: no effect claimed, with or without a paper
+    one = _checks({0: 10.0}, {0: 5.0}, [])
+    assert one["effect"] == "unresolved" and one["verdict"] == "no paper value"
+    assert _checks({0: 10.0}, {0: 5.0}, _paper(20.0, 10.0))["verdict"] == "too few seeds"
+
+
+def test_effect_is_consistent_with_its_interval_on_many_made_up_tables():
+    """Random per-seed values (2-4 seeds a side, partly shared), with and without a paper value: the effect is what
+    the interval the verdict is judged from says, recomputed here from the check's own numbers, and no check
+    whose interval excludes 0 is 'inconclusive'."""
+    import random
+
+    rng = random.Random(5)
+    seen = set()
+    for _ in range(300):
+        seeds_a = rng.sample(range(5), rng.randint(2, 4))
+        seeds_b = rng.sample(range(5), rng.randint(2, 4))
+        shift = rng.choice([-3.0, 0.0, 3.0])
+        ref = {s: 10.0 + rng.gauss(0, 1) for s in seeds_a}
+        cmp_ = {s: 10.0 + shift + rng.gauss(0, 1) for s in seeds_b}
+        c = _checks(ref, cmp_, rng.choice([[], _paper(20.0, 10.0), _paper(10.0, 20.0)]))
+        if c["verdict_from"].startswith("paired"):
+            low, high = c["paired_ci_low"], c["paired_ci_high"]
+        else:  # unpaired: the change of the means +- twice its standard error
+            low = c["ours_change"] - 2 * c["ours_uncertainty"]
+            high = c["ours_change"] + 2 * c["ours_uncertainty"]
+        want = "lower" if high < 0 else "higher" if low > 0 else "unresolved"
+        assert c["effect"] == want, c
+        if want != "unresolved":
+            assert c["verdict"] in ("agree", "disagree", "no paper value"), c
+        else:
+            assert c["verdict"] in ("inconclusive", "no paper value"), c
+        seen.add((c["verdict_from"][:6], want, c["verdict"]))
+    # every kind of interval, effect and verdict occurred
+    assert {k[0] for k in seen} == {"paired", "unpair"}
+    assert {k[1] for k in seen} == {"lower", "higher", "unresolved"}
+    assert {k[2] for k in seen} == {"agree", "disagree", "inconclusive", "no paper value"}
+
+
+def test_summary_counts_both_effects_and_verdicts():
+    from flatfl.report.verdicts import summary_counts
+
+    checks = [_checks({0: 10.0, 1: 14.0, 2: 12.0}, {0: 9.0, 1: 12.8, 2: 11.2}, []),
+              _checks({0: 10.0, 1: 14.0, 2: 12.0}, {0: 11.0, 1: 15.2, 2: 12.8}, _paper(10.0, 20.0)),
+              _checks({0: 10.0, 1: 14.0, 2: 12.0}, {0: 9.0, 1: 13.0, 2: 9.0}, _paper(20.0, 10.0))]
+    c = summary_counts(checks)["top_eigenvalue"]
+    assert c["effects"] == {"lower": 1, "higher": 1, "unresolved": 1}
+    assert (c["agree"], c["disagree"], c["inconclusive"], c["no paper value"]) == (1, 0, 1, 1)
+    from flatfl.report.text import counts_line
+
+    line = counts_line("top_eigenvalue", c)
+    assert "our change 1 lower, 1 higher, 1 unresolved" in line and "1 without a paper value" in line
 
 
 def test_same_seed_same_partition_and_initial_weights(tmp_path):

@@ -99,8 +99,11 @@ def test_direction_checks_by_hand(runs, tmp_path):
     assert c["verdict"] == "too few seeds" and math.isclose(float(c["ours_uncertainty"]), u)
     assert float(c["ours_change"]) == d
     counts = summary["directions"]["man-table2"]["top_eigenvalue"]
-    verdicts = {"agree": 0, "disagree": 0, "inconclusive": 0, "incomparable": 0, "too few seeds": 1}
-    assert counts == {"compared": 1, **verdicts, "paired": 0, "unpaired": verdicts}
+    verdicts = {"agree": 0, "disagree": 0, "inconclusive": 0, "no paper value": 0, "incomparable": 0,
+                "too few seeds": 1}
+    assert counts == {"compared": 1, **verdicts, "effects": {"lower": 0, "higher": 0, "unresolved": 1}, "paired": 0,
+                      "unpaired": verdicts}
+    assert c["effect"] == "unresolved"  # no interval between seeds
     assert c["verdict_from"] == "none: 1 / 1 seeds, 2 a side needed" and c["unpaired_verdict"] == c["verdict"]
     assert c["seeds_needed"] == ""  # no spread between seeds anywhere: said as '>= 2' in the tables
     # trace: 'resolved' is |change| > 2 sqrt(se_a^2 + se_b^2)
@@ -192,8 +195,8 @@ def test_direction_rules_on_made_up_rows():
 def test_pdf_has_the_expected_pages(runs, tmp_path):
     summary = build_report([runs], tmp_path / "rep")
     data = (tmp_path / "rep" / "report.pdf").read_bytes()
-    expected = ["summary", "man-table2: table", "man-table2: directions", "man-table2: spectrum FedAvg dirichlet-0.3",
-                "man-table2: accuracy", "runs"]  # FedDyn (no Hessian) is in the table and on the accuracy page
+    expected = ["effects", "summary", "man-table2: table", "man-table2: directions",
+                "man-table2: spectrum FedAvg dirichlet-0.3", "man-table2: accuracy", "runs"]  # FedDyn (no Hessian) is in the table and on the accuracy page
     assert summary["pages"] == expected
     assert pdf_page_count(data) == _page_objects(data) == len(expected)
     assert data.startswith(b"%PDF") and data.rstrip().endswith(b"%%EOF")

@@ -71,7 +71,7 @@ def _one_line_error(res, message: str) -> None:
 
 
 # ------------------------------------------------------------------------------ 1. nothing a user wrote is replaced
-@pytest.mark.parametrize("name", ["report.md", "runs.csv", "summary.json", "report.pdf"])
+@pytest.mark.parametrize("name", ["report.md", "runs.csv", "summary.json", "report.pdf", "effects.png", "effects.pdf"])
 def test_a_users_file_in_the_report_folder_is_kept(runs, tmp_path, name):
     out = tmp_path / "rep"
     out.mkdir()

@@ -398,3 +398,33 @@ def test_title_page_time_follows_source_date_epoch(monkeypatch):
             report_pdf.made_at()
     monkeypatch.delenv("SOURCE_DATE_EPOCH")
     assert len(report_pdf.made_at()) == len("2026-11-23 15:31")
+
+
+def test_the_forest_plot_is_page_one_and_its_own_files(man_runs, tmp_path, pdf_pages):
+    """The first page is the forest plot of the report's comparisons, written beside it as effects.png and
+    effects.pdf (listed in the folder's manifest, as the report's other files); each line it draws is a check of
+    directions.csv at that check's change in % of its reference."""
+    from flatfl.utils.manifest import MANIFEST
+
+    out = tmp_path / "rep"
+    summary = build_report([man_runs], out, tables=["man-table2"])
+    assert summary["pages"][:2] == ["effects", "summary"]
+    assert {"effects.png", "effects.pdf"} <= set(summary["files"])
+    assert (out / "effects.png").read_bytes().startswith(b"\x89PNG") and \
+        (out / "effects.pdf").read_bytes().startswith(b"%PDF")
+    assert {"effects.png", "effects.pdf"} <= set(json.loads((out / MANIFEST).read_text())["files"])
+    first = pdf_pages[0]
+    assert first.get_suptitle().startswith("Effects at a glance")
+    checks = [c for c in _rows(out / "directions.csv") if c["metric"] == "top_eigenvalue"]
+    (ax,) = [a for a in first.axes if a.get_title().startswith("top eigenvalue")]
+    drawn = {t.get_text().split("  [")[0]: y for t, y in zip(ax.get_yticklabels(), ax.get_yticks())}
+    assert len(drawn) == len(checks)
+    for c in checks:
+        y = drawn[f"{c['compared']} vs {c['reference']} ({c['partition'].replace('dirichlet-', 'Dir ')})"]
+        ref = float(c["ours_reference"])
+        if c["paired_ci_low"] and c["verdict_from"].startswith("paired"):
+            want = 100 * float(c["paired_change"]) / abs(ref)
+        else:
+            want = float(c["ours_change_pct"])
+        xs = [float(x) for coll in ax.collections for x, yy in coll.get_offsets() if math.isclose(yy, y)]
+        assert any(math.isclose(x, want, rel_tol=1e-9) for x in xs), (c, xs)

@@ -241,9 +241,9 @@ def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path):
         assert float(r["ours_trace"]) == h["trace"]["estimate"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tables"] == ["man-table6"] and summary["missing"] == []
-    assert summary["pages"] == ["summary", "man-table6: table", "man-table6: directions", "man-table6: accuracy",
-                                "runs"]
-    assert pdf_page_count((out / "report.pdf").read_bytes()) == 5
+    assert summary["pages"] == ["effects", "summary", "man-table6: table", "man-table6: directions",
+                                "man-table6: accuracy", "runs"]
+    assert pdf_page_count((out / "report.pdf").read_bytes()) == 6
     counts = summary["directions"]["man-table6"]
     assert counts["top_eigenvalue"]["compared"] == counts["trace"]["compared"] == 4
     assert "top eigenvalue: " in res.output and "agree with the paper's direction" in res.output

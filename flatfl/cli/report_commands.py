@@ -25,7 +25,7 @@ Examples:
 
 @click.command(epilog=REPORT_EPILOG)
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="report folder (CSV, report.md, report.pdf)")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="report folder (CSV, report.md, effects.png, report.pdf)")
 @click.option("--table", "tables", multiple=True,
               help=f"paper layout: {' | '.join(TARGETS)} (repeatable; default: every layout the runs fill)")
 @click.option("--compute-missing", is_flag=True, help="compute missing Hessian (and H_N / H_D) results instead of listing them")

@@ -10,7 +10,8 @@ in a :class:`~.results.TableResult` -> the files, written into ``out``:
   one line per (method, partition), ours beside the paper's;
 * ``directions.csv``: every "X vs X+regularizer" comparison, our change and the paper's, and whether they agree;
 * ``report.md``: the tables and the agreement counts as Markdown; ``summary.json``: the same counts, what is missing;
-* ``report.pdf``: the pages of :mod:`.pages`.
+* ``effects.png`` / ``effects.pdf``: the forest plot of every comparison (:mod:`.forest`), also the PDF's first page;
+* ``report.pdf``: the forest plot, then the pages of :mod:`.pages`.
 
 Every file is written atomically (:mod:`flatfl.utils.io`); the PDF is rendered in memory first. A file of one of
 these names in ``out`` that flatfl did not write (its folder's manifest, :mod:`flatfl.utils.manifest`, does not list
@@ -24,10 +25,12 @@ from typing import Callable
 from ..errors import ConfigError
 from ..utils.device import resolve_device
 from ..utils.hessian_settings import HessianSettings
-from ..utils.io import atomic_write_json, atomic_write_text, csv_text
+from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
 from ..utils.lock import locks_output
 from ..utils.manifest import refuse_foreign, remove_owned
+from ..utils.plots import saved
 from . import figures, pdf
+from .forest import forest_figure
 from .files import directions_csv, run_rows, summary, table_csv
 from .layouts import TABLES, fills, matching_tables, model_for, paper_values, scale_label, tables_for
 from .markdown import report_markdown
@@ -41,13 +44,14 @@ from .results import table_result
 __all__ = ["build_report", "report_files"]
 
 #: the files every report writes, whatever its layouts
-_ALWAYS = ("runs.csv", "report.md", "report.pdf", "summary.json")
+_ALWAYS = ("runs.csv", "report.md", "effects.png", "effects.pdf", "report.pdf", "summary.json")
 
 
 def report_files(specs) -> list[str]:
     """The names of the files a report of the layouts ``specs`` writes into its folder."""
     tables = [f"{s.key}.csv" for s in specs]
-    return ["runs.csv", *tables, *(["directions.csv"] if tables else []), "report.md", "report.pdf", "summary.json"]
+    return ["runs.csv", *tables, *(["directions.csv"] if tables else []), "report.md", "effects.png", "effects.pdf",
+            "report.pdf", "summary.json"]
 
 
 def _model_of(specs, model: str | None):
@@ -85,18 +89,27 @@ def _write_tables(out: Path, records, results, ours_scale: str, missing, notices
     return written + ["report.md"]
 
 
+def _write_effects(out: Path, results, ours_scale: str):
+    """effects.png and effects.pdf, the forest plot of every comparison; returns its figure (the PDF's first
+    page)."""
+    fig = forest_figure(results, ours_scale)
+    atomic_write_bytes(out / "effects.png", saved(fig, "png"))
+    atomic_write_bytes(out / "effects.pdf", saved(fig, "pdf"))
+    return fig
+
+
 def _write_pdf(out: Path, records, results, ours_scale: str, sections, title: str, stamp: str,
-               specs) -> list[str]:
-    """report.pdf: the title page (drawn last, with the contents), each layout's pages, the other runs', every run.
-    Returns the pages' titles."""
-    pages = [(None, "summary")]
+               specs, effects) -> list[str]:
+    """report.pdf: the forest plot of every comparison (``effects``), the title page (drawn last, with the
+    contents), each layout's pages, the other runs', every run. Returns the pages' titles."""
+    pages = [(effects, "effects"), (None, "summary")]
     for t in results:
         pages += table_pages(t, ours_scale)
     pages += other_pages([r for r in records if not any(fills(s, r) for s in specs)], ours_scale)
     pages += run_pages(run_rows(records))
     titles = [name for _, name in pages]
     sections.append(("Contents", contents(titles)))
-    pages[0] = (figures.text_page(title, sections, footer=f"flatfl report, {stamp}"), "summary")
+    pages[1] = (figures.text_page(title, sections, footer=f"flatfl report, {stamp}"), "summary")
     n_pages = pdf.write_pdf([fig for fig, _ in pages], out / "report.pdf")
     assert n_pages == len(titles)
     return titles
@@ -162,9 +175,10 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     # ---- files
     out.mkdir(parents=True, exist_ok=True)
     written = _write_tables(out, records, results, ours_scale, missing, notices)
+    effects = _write_effects(out, results, ours_scale)
     sections = title_sections(results, records, ours_scale, notices, missing)
-    page_titles = _write_pdf(out, records, results, ours_scale, sections, title, stamp, specs)
+    page_titles = _write_pdf(out, records, results, ours_scale, sections, title, stamp, specs, effects)
     report = summary(records, specs, results, notices=notices, missing=missing, pages=page_titles,
-                     files=written + ["report.pdf"], ours_scale=ours_scale)
+                     files=written + ["effects.png", "effects.pdf", "report.pdf"], ours_scale=ours_scale)
     atomic_write_json(out / "summary.json", report)
     return report

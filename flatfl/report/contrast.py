@@ -35,11 +35,11 @@ from ..utils.plots import format_number
 from ..paper_tables import REPRODUCED
 from .layouts import METRIC_NAMES
 from .report_folder import KEY as _KEY, MAX_FILE_BYTES, read_report
-from .verdicts import TOO_FEW_SEEDS, VERDICTS
+from .verdicts import NO_PAPER_VALUE, TOO_FEW_SEEDS, VERDICTS
 
 __all__ = ["read_report", "contrast_rows", "write_contrast", "settings_that_differ", "MAX_FILE_BYTES"]
 
-_JUDGED = ("agree", "disagree", "inconclusive")
+_JUDGED = ("agree", "disagree", "inconclusive", NO_PAPER_VALUE)  # the checks whose interval is read
 
 
 def _relative(value: float | None, reference: float | None) -> float | None:
@@ -148,6 +148,8 @@ def _paragraph(rows: list[dict], labels: list[str], metrics: list[str]) -> list[
         for label in labels:
             c = _counts(rows, label, metric)
             part = f"{label} {c['agree']} agree, {c['disagree']} disagree, {c['inconclusive']} inconclusive"
+            if c[NO_PAPER_VALUE]:
+                part += f", {c[NO_PAPER_VALUE]} without a paper value"
             if c[TOO_FEW_SEEDS]:
                 part += f", {c[TOO_FEW_SEEDS]} without a verdict (too few seeds)"
             if c["incomparable"]:

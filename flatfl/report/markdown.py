@@ -12,7 +12,7 @@ __all__ = ["report_markdown", "directions_markdown"]
 
 _DIRECTIONS_HEAD = ["comparison", "partition", "metric", "ours: reference → compared", "change",
                     "paired: mean difference [95% t interval] seeds", "unpaired ± 2 SE", "paper change",
-                    "verdict (paired)", "unpaired verdict", "seeds for the paper's change"]
+                    "effect", "verdict (paired)", "unpaired verdict", "seeds for the paper's change"]
 
 
 def _table_line(cells) -> str:
@@ -31,7 +31,8 @@ def directions_markdown(checks: list[dict]) -> list[str]:
         two_se = "-" if c["ours_uncertainty"] is None else f"±{f(2 * c['ours_uncertainty'], 2)}"
         lines.append(_table_line([
             f"{c['compared']} vs {c['reference']}", c["partition"], METRIC_NAMES.get(c["metric"], c["metric"]),
-            f"{f(c['ours_reference'])} → {f(c['ours_compared'])}", pct, ci_text(c), two_se, ppct, c["verdict"],
+            f"{f(c['ours_reference'])} → {f(c['ours_compared'])}", pct, ci_text(c), two_se, ppct, c["effect"],
+            c["verdict"],
             c.get("unpaired_verdict", c["verdict"]), seeds_cell(c)]))
     return lines
 
@@ -63,7 +64,9 @@ def _table_section(result, ours_scale: str) -> list[str]:
     lines.append("")
     lines += [f"- {counts_line(metric, c)}" for metric, c in result.counts.items()]
     lines += ["", "Direction of each change (paired: compared - reference per seed, mean and 95% t interval with "
-              "k - 1 degrees of freedom; seeds for the paper's change: the smallest n with "
+              "k - 1 degrees of freedom; effect: lower or higher where the interval the verdict is judged from "
+              "excludes 0, else unresolved; verdict: whether a resolved change points the paper's way, 'no paper "
+              "value' where the paper gives none; seeds for the paper's change: the smallest n with "
               "t(0.975, n-1) * sd / sqrt(n) < |paper's relative change x our reference|):", ""]
     lines += directions_markdown(result.checks)
     lines += ["", "Findings:", ""] + [f"- {f}" for f in result.findings]

@@ -12,19 +12,22 @@ from .layouts import METRIC_NAMES
 from .run_files import MODEL_ACCURACY, MODEL_NAMES
 from .tables import incomparable_notes
 from .text import cell_text, ci_text, counts_line, seeds_cell, setting_parts
-from .verdicts import TOO_FEW_SEEDS
+from .verdicts import NO_PAPER_VALUE, TOO_FEW_SEEDS
 
 __all__ = ["title_sections", "contents", "table_pages", "other_pages", "run_pages", "SHORT"]
 
 SHORT = {"top_eigenvalue": "λmax", "trace": "trace", "accuracy": "acc %", "hessian_norm_gap": "H_N",
          "hessian_direction": "H_D"}
 _VERDICT_COLOURS = {"agree": "#d9f2d9", "disagree": "#f8d7d7", "inconclusive": "#f2f2f2", "incomparable": "#fff2cc",
-                    TOO_FEW_SEEDS: "#f2f2f2"}
+                    TOO_FEW_SEEDS: "#f2f2f2", NO_PAPER_VALUE: "#ffffff"}
+#: the effect cell's colour: the forest plot's (:mod:`.forest`), lighter
+_EFFECT_COLOURS = {"lower": "#dbe8f5", "higher": "#fbe3d0", "unresolved": "#f2f2f2"}
 _DIRECTIONS_LEGEND = [
     "paired: per seed, compared - reference (same partition, initial weights, clients and batches); verdict from its "
-    "95% t interval (k-1 dof): inconclusive when it holds 0. Unpaired: twice the standard error of the change of the "
-    "means (n=k: sd / sqrt(k) per side; est.: the estimator's own error). Seeds for the paper's change: smallest n "
-    "with t(0.975, n-1) sd / sqrt(n) < |paper's relative change x our reference|",
+    "95% t interval (k-1 dof): inconclusive when it holds 0; effect: lower / higher when that interval excludes "
+    "0, else unresolved; 'no paper value': no paper direction to agree with. Unpaired: twice the standard error "
+    "of the change of the means (n=k: sd / sqrt(k) per side; est.: the estimator's own error). Seeds for the "
+    "paper's change: smallest n with t(0.975, n-1) sd / sqrt(n) < |paper's relative change x our reference|",
     "too few seeds: fewer than 2 seeds a side, so no verdict (one run's error bar is the estimator's own, not the "
     "spread between seeds); its seeds column: '>= 2', or '~n' guessed from the spread of the side with seeds"]
 
@@ -35,7 +38,7 @@ def title_sections(results, records, ours_scale: str, notices: list[str], missin
              + [f"{t.spec.key}: {t.difference}" for t in results if t.difference]),
             ("Model", [f"{t.spec.key}: every row measures the {MODEL_NAMES[t.model]} model (accuracy and Hessian)"
                        for t in results] or ["-"]),
-            ("Directions: does each change point the same way as the paper's?",
+            ("Effects and directions: what each interval resolves, and whether it points the paper's way",
              [f"{t.spec.key}: {counts_line(m, c)}" for t in results for m, c in t.counts.items()]
              or ["no paper layout matched these runs"]),
             ("Runs", [f"{len(records)} run(s); {sum(r.finished for r in records)} finished; "
@@ -113,16 +116,18 @@ def _direction_cells(c: dict) -> list:
     return [c["partition"], f"{c['reference']}\nvs {c['compared']}", METRIC_NAMES[c["metric"]],
             f"{f(c['ours_reference'])} → {f(c['ours_compared'])}", _pct(c["ours_change_pct"]),
             ci_text(c).replace(" k=", "\nk="), two_se, f"{f(c['paper_reference'])} → {f(c['paper_compared'])}",
-            _pct(c["paper_change_pct"]), f"{c['verdict']}\n({c.get('unpaired_verdict', c['verdict'])})",
+            _pct(c["paper_change_pct"]), c["effect"],
+            f"{c['verdict']}\n({c.get('unpaired_verdict', c['verdict'])})".replace(NO_PAPER_VALUE, "no paper\nvalue"),
             seeds_cell(c)]
 
 
 def _directions_figures(result) -> list:
     header = ["partition", "comparison", "metric", "ours:\nreference → compared", "ours\nchange",
               "paired: mean diff.\n[95% t interval] k", "unpaired\n± 2 SE (from)", "paper:\nreference → compared",
-              "paper\nchange", "verdict (paired)\n(unpaired)", "seeds for\npaper's change"]
+              "paper\nchange", "effect", "verdict (paired)\n(unpaired)", "seeds for\npaper's change"]
     cells = [_direction_cells(c) for c in result.checks]
-    colors = [[None] * 9 + [_VERDICT_COLOURS[c["verdict"]], None] for c in result.checks]
+    colors = [[None] * 9 + [_EFFECT_COLOURS[c["effect"]], _VERDICT_COLOURS[c["verdict"]], None]
+              for c in result.checks]
     subtitle = [counts_line(m, c) for m, c in result.counts.items()] or ["no comparison has values on both sides"]
     title = result.spec.title.split(':')[0]
     pages = []

@@ -8,10 +8,10 @@ from collections import defaultdict
 from ..utils.plots import format_number
 from .layouts import METRIC_NAMES
 from .paired import MAX_SEEDS
-from .verdicts import TOO_FEW_SEEDS
+from .verdicts import NO_PAPER_VALUE, TOO_FEW_SEEDS
 
-__all__ = ["cell_text", "counts_line", "needed_text", "seeds_cell", "ci_text", "SETTING_LABEL", "setting_parts",
-           "findings"]
+__all__ = ["cell_text", "counts_line", "effects_text", "needed_text", "seeds_cell", "ci_text", "SETTING_LABEL",
+           "setting_parts", "findings"]
 
 SETTING_LABEL = {"top_eigenvalue": "λmax", "trace": "trace", "hessian_norm_gap": "H_N", "hessian_direction": "H_D"}
 
@@ -30,16 +30,24 @@ def cell_text(cell, newline: bool = False) -> str:
     return txt
 
 
+def effects_text(effects: dict) -> str:
+    """'2 lower, 1 higher, 3 unresolved' (:func:`.verdicts.summary_counts`' ``effects``)."""
+    return ", ".join(f"{effects.get(e, 0)} {e}" for e in ("lower", "higher", "unresolved"))
+
+
 def counts_line(metric: str, c: dict) -> str:
-    """One metric's verdict counts (:func:`.verdicts.summary_counts`) as a sentence."""
+    """One metric's effect and verdict counts (:func:`.verdicts.summary_counts`) as a sentence."""
     n_paired = c.get("paired", 0)
     how = ("paired by seed: 95% t interval of the per-seed differences" if n_paired == c["compared"] else
            f"{n_paired} paired by seed (95% t interval of the per-seed differences), the others unpaired"
            if n_paired else "unpaired: change within twice its standard error")
     judged = c["compared"] - c.get(TOO_FEW_SEEDS, 0) - c.get("incomparable", 0)
-    line = (f"{METRIC_NAMES.get(metric, metric)}: of {c['compared']} comparisons, {c['agree']} agree with the "
-            f"paper's direction, {c['disagree']} disagree, {c['inconclusive']} inconclusive"
-            + (f" ({how})" if judged else ""))
+    line = (f"{METRIC_NAMES.get(metric, metric)}: of {c['compared']} comparisons, our change "
+            f"{effects_text(c['effects'])}" + (f" ({how})" if judged else "")
+            + f"; {c['agree']} agree with the paper's direction, {c['disagree']} disagree, "
+            f"{c['inconclusive']} inconclusive")
+    if c.get(NO_PAPER_VALUE):
+        line += f", {c[NO_PAPER_VALUE]} without a paper value to agree with"
     if c.get("incomparable"):
         line += f", {c['incomparable']} incomparable (trained or measured with other settings)"
     if c.get(TOO_FEW_SEEDS):
@@ -49,6 +57,8 @@ def counts_line(metric: str, c: dict) -> str:
     if n_paired and u:
         line += (f"; unpaired (means +- 2 SE): {u['agree']} agree, {u['disagree']} disagree, "
                  f"{u['inconclusive']} inconclusive")
+        if u.get(NO_PAPER_VALUE):
+            line += f", {u[NO_PAPER_VALUE]} without a paper value"
     return line
 
 
@@ -104,18 +114,20 @@ def _final_train_loss(records, method, part) -> float | None:
 
 
 _FINDING_WORDS = (("agree", "agree with the paper"), ("disagree", "DISAGREE with the paper"),
-                  ("inconclusive", "inconclusive"),
+                  ("inconclusive", "inconclusive"), (NO_PAPER_VALUE, "without a paper value"),
                   ("incomparable", "incomparable (trained or measured with other settings)"),
                   (TOO_FEW_SEEDS, "without a verdict (fewer than 2 seeds a side)"))
 
 
 def _finding(c: dict, verdict: str) -> str:
-    """'FedAvg+MAN vs FedAvg dirichlet-0.3 (-28%, paper -15%, ...)'."""
+    """'FedAvg+MAN vs FedAvg dirichlet-0.3 (-28%, paper -15%, ...)'; without a paper value, the effect first
+    ('lower, -28%')."""
     pct = '-' if c['ours_change_pct'] is None else format(c['ours_change_pct'], '+.0f')
     paper = '' if c['paper_change_pct'] is None else ', paper ' + format(c['paper_change_pct'], '+.0f') + '%'
     need = needed_text(c) if verdict in ('inconclusive', TOO_FEW_SEEDS) else ''
     because = '; ' + c['incomparable_because'] if c.get('incomparable_because') else ''
-    return f"{c['compared']} vs {c['reference']} {c['partition']} ({pct}%{paper}{need}{because})"
+    effect = f"{c['effect']}, " if verdict == NO_PAPER_VALUE and c.get('effect') else ''
+    return f"{c['compared']} vs {c['reference']} {c['partition']} ({effect}{pct}%{paper}{need}{because})"
 
 
 def findings(spec, rows, checks, records) -> list[str]:
