@@ -74,7 +74,7 @@ def measure(ranks: int, device: str = "cpu", data_dir: str | None = None, sample
         for n in (1, ranks):
             out = tmp / f"hessian-{n}"
             _flatfl(["hessian", str(tmp / "ckpt"), "--top", "20", "--samples", str(samples), "--batch-size", "500",
-                     "--trace-hvps", "100", "--trace-rtol", "0", "--quiet", "--out", str(out), *flags], n)
+                     "--trace-hvps", "100", "--trace-rtol", "1e-9", "--quiet", "--out", str(out), *flags], n)
             hess[n] = json.loads((out / "hessian.json").read_text())
         a, b = hess[1], hess[ranks]
         diff = max(abs(x - y) / abs(x) for x, y in zip(a["top_eigenvalues"], b["top_eigenvalues"]))

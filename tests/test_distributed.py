@@ -158,8 +158,8 @@ def test_hessian_clients_and_surface_under_torchrun_equal_one_process(tiny_run, 
 
 
 def test_train_under_torchrun_equals_one_process(tmp_path):
-    """``flatfl train`` over 2 ranks: the server weights within 1e-5 of one process (float32), the world size in
-    config.json and the report's scale line."""
+    """``flatfl train`` over 2 ranks: the server weights within 1e-5 of one process (float32), the evaluation (its
+    batches dealt out to the ranks) the same, the world size in config.json and the report's scale line."""
     from flatfl.report.layouts import training_path_label
 
     args = ["train", "--rounds", "2", "--algo", "scaffold", "--clients", "6", "--seed", "4"]
@@ -170,6 +170,11 @@ def test_train_under_torchrun_equals_one_process(tmp_path):
     a = torch.load(tmp_path / "one" / "final.pt", weights_only=False)["state_dict"]
     b = torch.load(tmp_path / "two" / "final.pt", weights_only=False)["state_dict"]
     assert all(torch.allclose(b[k], a[k], rtol=1e-5, atol=1e-7) for k in a)
+    import csv
+
+    rows = [list(csv.DictReader(open(tmp_path / name / "metrics.csv"))) for name in ("one", "two")]
+    for key in ("test_acc", "train_acc", "all_test_acc", "test_loss", "train_loss"):  # evaluation split too
+        assert [float(r[key]) for r in rows[1]] == pytest.approx([float(r[key]) for r in rows[0]], rel=1e-6), key
     path = json.loads((tmp_path / "two" / "config.json").read_text())["training_path"]
     assert path["world_size"] == 2 and path["backend"] == "gloo"
     from types import SimpleNamespace

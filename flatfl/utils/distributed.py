@@ -101,8 +101,9 @@ def is_main() -> bool:
 
 
 def world() -> World:
-    """This command's world: after :func:`join`, with its backend."""
-    return launched()
+    """The world this process computes in: the ranks once :func:`join` has started the process group, else one
+    process (nothing is split before the group exists)."""
+    return _WORLD if _WORLD is not None else World()
 
 
 def _timeout():
