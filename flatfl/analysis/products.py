@@ -10,9 +10,14 @@
   product, and then a block of vectors shares each batch's forward and first backward;
 * :class:`ForwardOverReverse`: a block of vectors through one pass of ``torch.func.vmap`` over ``jvp(grad(loss))``
   per batch, the block sized from free memory (CUDA ``mem_get_info``, else available RAM) and halved on an
-  out-of-memory error.
+  out-of-memory error;
+* :class:`FiniteDifference`: central differences of first-order gradients, ``H v ~ (g(theta + h v) - g(theta - h
+  v)) / 2h``, for models with an operation torch cannot differentiate twice: two gradients per vector, no second
+  derivative anywhere; the weights are moved for each gradient and copied back exactly afterwards. The step is
+  ``h = eps^(1/3) max(1, ||theta||) / ||v||`` (eps: the dtype's machine epsilon), and :attr:`FiniteDifference.error`
+  states the relative error of a product, measured once by Richardson's comparison with the step ``2h``.
 
-Both give the same numbers to rounding; which one ``products="auto"`` picks per device, and why, is in
+The first two give the same numbers to rounding; which one ``products="auto"`` picks per device, and why, is in
 docs/performance.md.
 """
 from __future__ import annotations
@@ -25,10 +30,11 @@ import torch
 
 from ..errors import ConfigError
 from .objective import batch_samples
-from .second_order import check_loss_graph, second_order_errors
+from .second_order import check_loss_graph, double_backward_failure, second_order_errors
 from .vectors import free_memory
 
-__all__ = ["LossTerms", "ProductMethod", "DoubleBackward", "ForwardOverReverse", "counting_saved_bytes"]
+__all__ = ["LossTerms", "ProductMethod", "DoubleBackward", "ForwardOverReverse", "FiniteDifference",
+           "counting_saved_bytes"]
 
 
 @contextlib.contextmanager
@@ -77,6 +83,7 @@ class LossTerms:
                  mode: str, objective: Callable | None = None) -> None:
         self.model, self.batches, self.loss_fn, self.params, self.mode = model, batches, loss_fn, list(params), mode
         self.objective = objective
+        self.second_order = True  # False: only first derivatives are taken (no once-differentiable check)
         self.wrapper = _Objective(model, objective) if objective is not None else None
         self.checked: set[int] = set()  # batches whose loss graph was checked for once-differentiable Functions
         self.shapes = [tuple(p.shape) for p in self.params]
@@ -143,10 +150,22 @@ class LossTerms:
                 loss = self.loss_fn(self.model(inputs), targets)
         check_scalar(loss, self.objective is not None)
         if index not in self.checked and torch.is_grad_enabled() and loss.requires_grad:
-            check_loss_graph(loss)  # a Function marked @once_differentiable would give rows of zeros: refused
+            if self.second_order:
+                check_loss_graph(loss)  # a Function marked @once_differentiable would give rows of zeros: refused
             check_finite(loss, index, self.objective is not None)  # no eigensolver converges on NaN products
             self.checked.add(index)
         return loss
+
+    def gradient(self) -> torch.Tensor:
+        """The flat gradient of the mean loss at the current weights (no graph kept; the mode set by the caller)."""
+        out = torch.zeros(self.dim, dtype=self.params[0].dtype, device=self.device)
+        with torch.enable_grad():
+            for index, weight in enumerate(self.weights):
+                grads = torch.autograd.grad(self.batch_loss(index), self.params, allow_unused=True)
+                for i, g in enumerate(grads):
+                    if g is not None:
+                        out[self.offsets[i]:self.offsets[i + 1]].add_(g.reshape(-1), alpha=weight)
+        return out
 
     def functional_loss(self, index: int, keys: list[str], params: dict) -> torch.Tensor:
         """Batch ``index``'s loss with the parameters ``params`` (by name, ``keys`` order) put into the model."""
@@ -302,10 +321,16 @@ class DoubleBackward(ProductMethod):
                 outputs = [g for _, g in graph]
                 for j in range(k):
                     grad_outputs = [terms.part(rows[j], i) for i, _ in graph]
-                    hv = torch.autograd.grad(
-                        outputs, terms.params, grad_outputs=grad_outputs,
-                        retain_graph=keep or j < k - 1, allow_unused=True,
-                    )
+                    try:
+                        hv = torch.autograd.grad(
+                            outputs, terms.params, grad_outputs=grad_outputs,
+                            retain_graph=keep or j < k - 1, allow_unused=True,
+                        )
+                    except RuntimeError as e:  # a custom Function whose backward torch cannot differentiate
+                        failure = double_backward_failure(e, outputs)
+                        if failure is None:
+                            raise
+                        raise failure from None
                     for i, h in enumerate(hv):
                         if h is not None:
                             out[j, terms.offsets[i]:terms.offsets[i + 1]].add_(h.reshape(-1), alpha=weight)
@@ -378,3 +403,72 @@ class ForwardOverReverse(ProductMethod):
                     del result
                     start += size
         return out
+
+
+class FiniteDifference(ProductMethod):
+    """``H v`` by central differences of gradients (see the module docstring): two first-order gradients per
+    vector, the weights moved by ``+- h v`` and copied back exactly after each product. :attr:`error`: the relative
+    error of a product (``||D - H v|| / ||D||``), estimated on the first product by Richardson's comparison with
+    the step ``2h`` (the difference of the two quotients over 3, times 3 for safety, plus the rounding term
+    ``eps ||g||_1 / (h ||D||)``); None before the first product."""
+
+    name = "finite-difference"
+
+    def __init__(self, terms: LossTerms, block_size: int | None) -> None:
+        super().__init__(terms, block_size)
+        terms.second_order = False
+        self.error: float | None = None
+        self.step_scale = float(torch.finfo(terms.params[0].dtype).eps) ** (1.0 / 3.0)
+
+    @property
+    def preferred_block_size(self) -> int:
+        return 1  # a product costs two gradients whatever the block
+
+    def step(self, v: torch.Tensor) -> float:
+        """The step ``h`` for the direction ``v``: ``eps^(1/3) max(1, ||theta||) / ||v||``."""
+        theta = math.sqrt(sum(float(p.detach().double().pow(2).sum()) for p in self.terms.params))
+        return self.step_scale * max(1.0, theta) / max(float(v.double().norm()), 1e-300)
+
+    def quotient(self, v: torch.Tensor, h: float, saved: list[torch.Tensor]) -> torch.Tensor:
+        """``(g(theta + h v) - g(theta - h v)) / 2h``; the weights copied back from ``saved`` after each gradient."""
+        terms = self.terms
+        out = None
+        for sign in (1.0, -1.0):
+            with torch.no_grad():
+                for i, p in enumerate(terms.params):
+                    p.add_(terms.part(v, i), alpha=sign * h)
+            try:
+                g = terms.gradient()
+            finally:
+                with torch.no_grad():
+                    for p, s in zip(terms.params, saved):
+                        p.copy_(s)
+            out = g if out is None else (out - g) / (2 * h)
+        return out
+
+    def matmat(self, rows: torch.Tensor) -> torch.Tensor:
+        terms = self.terms
+        out = torch.empty_like(rows)
+        saved = [p.detach().clone() for p in terms.params]
+        with terms.model_mode():
+            for j in range(rows.shape[0]):
+                v = rows[j]
+                if not bool(v.any()):
+                    out[j] = 0
+                    continue
+                h = self.step(v)
+                out[j] = self.quotient(v, h, saved)
+                if self.error is None:
+                    self.error = self.estimate_error(v, h, out[j], saved)
+        return out
+
+    def estimate_error(self, v: torch.Tensor, h: float, product: torch.Tensor, saved: list[torch.Tensor]) -> float:
+        """The stated relative error of a product (see the class docstring), from two more gradients."""
+        coarse = self.quotient(v, 2 * h, saved)
+        norm = max(float(product.double().norm()), 1e-300)
+        truncation = float((coarse - product).double().norm()) / 3.0
+        eps = float(torch.finfo(product.dtype).eps)
+        with self.terms.model_mode():
+            g = self.terms.gradient()
+        rounding = eps * float(g.double().abs().sum()) / h
+        return (3.0 * truncation + rounding) / norm
