@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..utils.hessian_settings import PRODUCT_METHODS
 from .batches import ACCEPTED_DATA, as_batches
 from .linear_operator import CurvatureOperator, MatrixOperator, block_size_for
 from .objective import loss_batches
@@ -41,7 +42,7 @@ __all__ = ["HessianOperator", "MatrixOperator", "as_batches", "block_size_for", 
            "seeded_generator", "ACCEPTED_DATA", "PRODUCTS", "AUTO_PRODUCTS"]
 
 _MODES = ("eval", "train")
-PRODUCTS = ("auto", "double-backward", "forward-over-reverse", "finite-difference")
+PRODUCTS = PRODUCT_METHODS
 #: the product method "auto" picks per device type (docs/performance.md); elsewhere double backward
 AUTO_PRODUCTS = {"cuda": "forward-over-reverse"}
 

@@ -240,6 +240,32 @@ class ProductMethod:
     def fully_cached(self) -> bool:
         return False
 
+    def add_in_blocks(self, out: torch.Tensor, rows: torch.Tensor, keys: list[str], weight: float,
+                      compute: Callable[[dict], dict]) -> None:
+        """``out += weight * compute(V)`` for the rows of ``rows`` in blocks of at most :meth:`block_limit` (halved
+        on an out-of-memory error): ``compute`` takes a block as parameter-shaped tangents by name, ``(size,
+        *shape)``, and returns the products the same way."""
+        terms = self.terms
+        k, start = rows.shape[0], 0
+        while start < k:
+            size = min(self.block_limit(), k - start)
+            chunk = rows[start:start + size]
+            tangents = {key: chunk[:, a:b].view(size, *shape) for key, shape, a, b in
+                        zip(keys, terms.shapes, terms.offsets, terms.offsets[1:])}
+            try:
+                result = compute(tangents)
+            except torch.OutOfMemoryError:
+                if size == 1:
+                    raise
+                self.limit = max(1, size // 2)  # smaller blocks from now on
+                if terms.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            for key, a, b in zip(keys, terms.offsets, terms.offsets[1:]):
+                out[start:start + size, a:b].add_(result[key].reshape(size, -1), alpha=weight)
+            del result
+            start += size
+
     @property
     def preferred_block_size(self) -> int:  # pragma: no cover - every method has its own
         raise NotImplementedError
@@ -382,26 +408,11 @@ class ForwardOverReverse(ProductMethod):
                 def hvp(tangent):
                     return jvp(gradient, (primals,), (tangent,))[1]
 
-                start = 0
-                while start < k:
-                    size = min(self.block_limit(), k - start)
-                    chunk = rows[start:start + size]
-                    tangents = {key: chunk[:, a:b].view(size, *shape) for key, shape, a, b in
-                                zip(keys, terms.shapes, terms.offsets, terms.offsets[1:])}
-                    try:
-                        with terms.batch_rng(index):
-                            result = vmap(hvp, randomness="same")(tangents)
-                    except torch.OutOfMemoryError:
-                        if size == 1:
-                            raise
-                        self.limit = max(1, size // 2)  # smaller blocks from now on
-                        if terms.device.type == "cuda":
-                            torch.cuda.empty_cache()
-                        continue
-                    for key, a, b in zip(keys, terms.offsets, terms.offsets[1:]):
-                        out[start:start + size, a:b].add_(result[key].reshape(size, -1), alpha=weight)
-                    del result
-                    start += size
+                def block(tangents, index=index):
+                    with terms.batch_rng(index):
+                        return vmap(hvp, randomness="same")(tangents)
+
+                self.add_in_blocks(out, rows, keys, weight, block)
         return out
 
 

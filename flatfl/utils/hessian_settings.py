@@ -26,7 +26,7 @@ from .values import check_seed
 __all__ = ["Estimator", "KINDS", "register_estimator", "unregister_estimator", "estimator", "estimator_names", "estimator_title",
            "EIGEN_ESTIMATORS", "TRACE_ESTIMATORS", "DENSITY_ESTIMATORS", "DEFAULT_TRACE_METHOD",
            "DEFAULT_DENSITY_METHOD", "HessianSettings", "tracking_settings", "TRACKING_DEFAULTS", "TRACKING_FIELDS",
-           "SPLITS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS", "MAX_TOP"]
+           "SPLITS", "CURVATURES", "PRODUCT_METHODS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS", "MAX_TOP"]
 
 # ---------------------------------------------------------------------------------------------- estimators
 #: the kinds of estimator, as the registry and the error messages name them
@@ -157,6 +157,11 @@ register_estimator("pyhessian", "trace", "flatfl.analysis.estimators:pyhessian",
 register_estimator("slq", "density", "flatfl.analysis.density:spectral_density",
                    title="stochastic Lanczos quadrature")
 SPLITS = ("train", "test")
+#: the curvature matrices an analysis measures (flatfl.analysis.curvatures): the Hessian, the generalized
+#: Gauss-Newton matrix, the empirical Fisher
+CURVATURES = ("hessian", "ggn", "empirical-fisher")
+#: how Hessian-vector products are computed (flatfl.analysis.products); "auto": by device
+PRODUCT_METHODS = ("auto", "double-backward", "forward-over-reverse", "finite-difference")
 
 
 def estimator_title(kind: str, name) -> str:
