@@ -44,7 +44,7 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
     if num_clients < 2:
         raise CheckpointError(f"{ckpt.path}: the run has {num_clients} client model(s); H_N and H_D need 2 or more")
 
-    from .operator import HessianOperator
+    from .curvatures import curvature_operator
 
     if protocol == "default":
         batch = batch_size or 256
@@ -52,8 +52,9 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
         clients = [k for k in range(num_clients) if sizes[k] > 0]
         if len(clients) < 2:
             raise CheckpointError(f"{ckpt.path}: fewer than 2 clients hold data")
-        factories = [(lambda k=k: HessianOperator(ckpt.model, ckpt.client_batches(k, batch_size=batch,
-                                                                                     samples=samples, seed=seed)))
+        factories = [(lambda k=k: curvature_operator("hessian", ckpt.model,
+                                                     ckpt.client_batches(k, batch_size=batch, samples=samples,
+                                                                         seed=seed)))
                      for k in clients]
         data = ("each client's own training data" + (f" ({samples} samples drawn once per client with seed {seed})"
                                                       if samples else " (all of it)") + ", no augmentation")
@@ -64,7 +65,8 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
         count = samples or FEDALIGN_SAMPLES
         clients = list(range(num_clients))
         shared = ckpt.eval_batches("train", samples=count, batch_size=batch, seed=seed)
-        factories = [(lambda k=k: HessianOperator(ckpt.client_model(k, state), shared)) for k in clients]
+        factories = [(lambda k=k: curvature_operator("hessian", ckpt.client_model(k, state), shared))
+                     for k in clients]
         data = (f"the global training set: {min(count, sum(len(y) for _, y in shared))} samples drawn once with "
                 f"seed {seed}, batches of {batch}, no augmentation")
         model_used = "each client's latest local model"

@@ -117,7 +117,6 @@ class GaussNewtonProducts(ProductMethod):
         from torch.func import grad, jvp, vjp, vmap
 
         terms, keys = self.terms, self.keys
-        k = rows.shape[0]
         out = torch.zeros_like(rows)
         primals = {key: p.detach() for key, p in zip(keys, terms.params)}
         with terms.model_mode(), terms.no_running_stats():

@@ -390,7 +390,6 @@ class ForwardOverReverse(ProductMethod):
         from torch.func import grad, jvp, vmap
 
         terms = self.terms
-        k = rows.shape[0]
         out = torch.zeros_like(rows)
         keys = self.keys
         primals = {key: p.detach() for key, p in zip(keys, terms.params)}

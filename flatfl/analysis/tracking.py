@@ -34,6 +34,7 @@ from ..checkpoint import FINAL_FILE, Checkpoint
 from ..errors import ConfigError
 from ..utils.hessian_settings import TRACKING_FIELDS, HessianSettings, tracking_settings
 from .hessian_run import compute
+from .curvatures import curvature_operator
 from .operator import HessianOperator
 
 __all__ = ["CurvatureTracker", "curvature_observer", "tracking_columns", "trace_resolved"]
@@ -107,7 +108,7 @@ class CurvatureTracker:
         ckpt = Checkpoint(payload, path, device=s.device)
         if self._batches is None:  # the same fixed evaluation set every time
             self._batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
-        op = HessianOperator(ckpt.model, self._batches, mode="eval")
+        op = curvature_operator(s.curvature, ckpt.model, self._batches, mode="eval", products=s.products)
         report, _, _ = compute(op, dataclasses.replace(s, density=False))
         row = {"hessian_loss": op.loss(), "hessian_hvps": report["hvps_total"]}
         op.release()
