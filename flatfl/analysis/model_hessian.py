@@ -56,7 +56,7 @@ from ..utils.hessian_settings import DEFAULT_TRACE_METHOD, HessianSettings
 from .density import DensityResult, spectral_density
 from .eigen import EigenResult
 from .estimators import estimate_eigenvalues, estimate_trace
-from .operator import HessianOperator
+from .curvatures import curvature_operator
 from .per_layer import PerLayerResult, per_layer_curvature
 from .power import power_iteration
 from .trace import TraceResult, hutchpp_trace, pyhessian_trace
@@ -91,11 +91,15 @@ class ModelHessian:
     Attributes as PyHessian's: ``model``, ``criterion``, ``params`` (the parameters differentiated, in order),
     ``device`` (``"cuda"`` or ``"cpu"``), ``full_dataset`` (True with ``dataloader=``), ``data``. :attr:`operator`
     is the :class:`~flatfl.analysis.operator.HessianOperator` (``matvec``, ``dim``, ``hvps``...) for the other
-    estimators of :mod:`flatfl.analysis`.
+    estimators of :mod:`flatfl.analysis`; with ``curvature="ggn"`` or ``"empirical-fisher"`` it is its sibling,
+    the generalized Gauss-Newton matrix or the empirical Fisher (:mod:`flatfl.analysis.curvatures`), and every
+    method answers for that matrix. ``products``: how Hessian products are computed (``"finite-difference"`` for
+    an operation torch cannot differentiate twice).
     """
 
     def __init__(self, model, criterion: Callable | None = None, data=None, dataloader=None, cuda: bool | None = None,
-                 *, loss: Callable | None = None, mode: str = "eval", seed: int = DEFAULTS.seed) -> None:
+                 *, loss: Callable | None = None, mode: str = "eval", seed: int = DEFAULTS.seed,
+                 curvature: str = DEFAULTS.curvature, products: str = DEFAULTS.products) -> None:
         if (data is None) == (dataloader is None):
             raise ConfigError("give the data once: data=(inputs, targets) (or a list of batches), or "
                               "dataloader=a DataLoader")
@@ -115,7 +119,9 @@ class ModelHessian:
             batches = loss_batches(data, one_batch=True) if data is not None else loss_batches(dataloader)
         else:
             batches = data if data is not None else dataloader
-        self.operator = HessianOperator(model, batches, loss_fn=criterion, mode=mode, loss=loss)
+        self.operator = curvature_operator(curvature, model, batches, loss_fn=criterion, mode=mode, loss=loss,
+                                           products=products)
+        self.curvature = curvature
         self.model, self.criterion, self.loss = model, criterion, loss
         self.data = data if data is not None else dataloader
         self.full_dataset = data is None
@@ -265,9 +271,12 @@ class ModelHessian:
 
 
 def hessian(model, criterion: Callable | None = None, data=None, dataloader=None, cuda: bool | None = None, *,
-            loss: Callable | None = None, mode: str = "eval", seed: int = DEFAULTS.seed) -> ModelHessian:
+            loss: Callable | None = None, mode: str = "eval", seed: int = DEFAULTS.seed,
+            curvature: str = DEFAULTS.curvature, products: str = DEFAULTS.products) -> ModelHessian:
     """PyHessian's ``hessian(model, criterion, data=None, dataloader=None, cuda=True)`` on flatfl's estimators: a
     :class:`ModelHessian` whose ``eigenvalues``, ``trace`` and ``density`` return what PyHessian's return (see the
     module docstring). ``criterion`` defaults to cross-entropy; ``loss=fn`` takes ``fn(model, batch) -> scalar``
-    instead."""
-    return ModelHessian(model, criterion, data, dataloader, cuda, loss=loss, mode=mode, seed=seed)
+    instead; ``curvature="ggn"`` or ``"empirical-fisher"`` measures the generalized Gauss-Newton matrix or the
+    empirical Fisher instead of the Hessian."""
+    return ModelHessian(model, criterion, data, dataloader, cuda, loss=loss, mode=mode, seed=seed, curvature=curvature,
+                        products=products)
