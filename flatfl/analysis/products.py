@@ -13,9 +13,10 @@
   out-of-memory error;
 * :class:`FiniteDifference`: central differences of first-order gradients, ``H v ~ (g(theta + h v) - g(theta - h
   v)) / 2h``, for models with an operation torch cannot differentiate twice: two gradients per vector, no second
-  derivative anywhere; the weights are moved for each gradient and copied back exactly afterwards. The step is
-  ``h = eps^(1/3) max(1, ||theta||) / ||v||`` (eps: the dtype's machine epsilon), and :attr:`FiniteDifference.error`
-  states the relative error of a product, measured once by Richardson's comparison with the step ``2h``.
+  derivative anywhere; the weights are moved for each gradient and copied back exactly afterwards. The step starts
+  at ``h = eps^(1/3) max(1, max_i |theta_i|) / ||v||`` (eps: the dtype's machine epsilon) and is calibrated on the first
+  product, where :attr:`FiniteDifference.error`, the stated relative error of a product, is measured (Richardson's
+  comparison with the step ``2h``, plus the rounding).
 
 The first two give the same numbers to rounding; which one ``products="auto"`` picks per device, and why, is in
 docs/performance.md.
@@ -417,10 +418,14 @@ class ForwardOverReverse(ProductMethod):
 
 class FiniteDifference(ProductMethod):
     """``H v`` by central differences of gradients (see the module docstring): two first-order gradients per
-    vector, the weights moved by ``+- h v`` and copied back exactly after each product. :attr:`error`: the relative
-    error of a product (``||D - H v|| / ||D||``), estimated on the first product by Richardson's comparison with
-    the step ``2h`` (the difference of the two quotients over 3, times 3 for safety, plus the rounding term
-    ``eps ||g||_1 / (h ||D||)``); None before the first product."""
+    vector, the weights moved by ``+- h v`` and copied back exactly after each product.
+
+    The first product calibrates the step: from ``h0 = eps^(1/3) max(1, max_i |theta_i|) / ||v||`` the truncation
+    error (Richardson: ``||D(2h) - D(h)|| / 3``, which grows as ``h^2``) and the rounding error (``eps ||g|| / h``)
+    are measured, and the step that balances them, ``h = h0 (rounding / 2 truncation)^(1/3)`` (between ``h0 /
+    1000`` and ``10 h0``), is kept for every product. :attr:`error`, the stated relative error of a product
+    (``||D - H v|| / ||D||``), is measured at that step: ``(||D(2h) - D(h)|| + eps ||g|| / h) / ||D(h)||``
+    (three times Richardson's estimate of the truncation, plus the rounding); None before the first product."""
 
     name = "finite-difference"
 
@@ -428,16 +433,18 @@ class FiniteDifference(ProductMethod):
         super().__init__(terms, block_size)
         terms.second_order = False
         self.error: float | None = None
-        self.step_scale = float(torch.finfo(terms.params[0].dtype).eps) ** (1.0 / 3.0)
+        self.eps = float(torch.finfo(terms.params[0].dtype).eps)
+        self.factor: float | None = None  # the calibrated step over the first guess (None: not calibrated yet)
 
     @property
     def preferred_block_size(self) -> int:
         return 1  # a product costs two gradients whatever the block
 
     def step(self, v: torch.Tensor) -> float:
-        """The step ``h`` for the direction ``v``: ``eps^(1/3) max(1, ||theta||) / ||v||``."""
-        theta = math.sqrt(sum(float(p.detach().double().pow(2).sum()) for p in self.terms.params))
-        return self.step_scale * max(1.0, theta) / max(float(v.double().norm()), 1e-300)
+        """The step ``h`` for the direction ``v``: ``factor eps^(1/3) max(1, max |theta_i|) / ||v||``."""
+        theta = max(float(p.detach().abs().max()) for p in self.terms.params)
+        return (self.factor or 1.0) * self.eps ** (1.0 / 3.0) * max(1.0, theta) / max(float(v.double().norm()),
+                                                                                       1e-300)
 
     def quotient(self, v: torch.Tensor, h: float, saved: list[torch.Tensor]) -> torch.Tensor:
         """``(g(theta + h v) - g(theta - h v)) / 2h``; the weights copied back from ``saved`` after each gradient."""
@@ -457,28 +464,30 @@ class FiniteDifference(ProductMethod):
         return out
 
     def matmat(self, rows: torch.Tensor) -> torch.Tensor:
-        terms = self.terms
         out = torch.empty_like(rows)
-        saved = [p.detach().clone() for p in terms.params]
-        with terms.model_mode():
+        saved = [p.detach().clone() for p in self.terms.params]
+        with self.terms.model_mode():
             for j in range(rows.shape[0]):
                 v = rows[j]
                 if not bool(v.any()):
                     out[j] = 0
-                    continue
-                h = self.step(v)
-                out[j] = self.quotient(v, h, saved)
-                if self.error is None:
-                    self.error = self.estimate_error(v, h, out[j], saved)
+                elif self.factor is None:
+                    out[j] = self.calibrate(v, saved)
+                else:
+                    out[j] = self.quotient(v, self.step(v), saved)
         return out
 
-    def estimate_error(self, v: torch.Tensor, h: float, product: torch.Tensor, saved: list[torch.Tensor]) -> float:
-        """The stated relative error of a product (see the class docstring), from two more gradients."""
-        coarse = self.quotient(v, 2 * h, saved)
-        norm = max(float(product.double().norm()), 1e-300)
-        truncation = float((coarse - product).double().norm()) / 3.0
-        eps = float(torch.finfo(product.dtype).eps)
-        with self.terms.model_mode():
-            g = self.terms.gradient()
-        rounding = eps * float(g.double().abs().sum()) / h
-        return (3.0 * truncation + rounding) / norm
+    def calibrate(self, v: torch.Tensor, saved: list[torch.Tensor]) -> torch.Tensor:
+        """The first product: the step chosen and :attr:`error` measured (see the class docstring)."""
+        rounding = self.eps * float(self.terms.gradient().double().norm())  # times 1 / h
+        h0 = self.step(v)
+        fine = self.quotient(v, h0, saved)
+        truncation = float((self.quotient(v, 2 * h0, saved) - fine).double().norm()) / 3.0
+        ratio = rounding / h0 / (2.0 * truncation) if truncation > 0 else 1.0
+        self.factor = min(10.0, max(1e-3, ratio ** (1.0 / 3.0)))
+        h = self.step(v)
+        if self.factor != 1.0:
+            fine = self.quotient(v, h, saved)
+        difference = float((self.quotient(v, 2 * h, saved) - fine).double().norm())
+        self.error = (difference + rounding / h) / max(float(fine.double().norm()), 1e-300)
+        return fine
