@@ -4,6 +4,7 @@ a Function torch cannot differentiate twice; lambda_1 / lambda_5 and the setting
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,45 +88,17 @@ def test_the_ratio_of_the_top_eigenvalues(run, tmp_path):
     assert report["settings"]["curvature"] == "hessian"
 
 
-LOSSES = '''
-import torch
-import torch.nn.functional as F
-
-
-class Twice(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g):
-        return 2 * x * g
-
-
-class Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return Twice.apply(x, g)
-
-
-def squared_logits(model, batch):
-    inputs, targets = batch
-    return F.cross_entropy(Square.apply(model(inputs)), targets)
-'''
+LOSS = f"{Path(__file__).parent / 'no_double_backward.py'}:squared_logits"
 
 
 def test_a_loss_without_second_derivative_and_finite_differences(run, tmp_path, monkeypatch):
-    (tmp_path / "square_losses.py").write_text(LOSSES)
-    monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("FLATFL_DEBUG", raising=False)
-    r, _ = analyse(run, tmp_path / "h", "--loss", "square_losses:squared_logits")
+    r, _ = analyse(run, tmp_path / "h", "--loss", LOSS)
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
     assert "no second derivative" in r.output and "--products finite-difference" in r.output
     assert "internal error" not in r.output and not (tmp_path / "h" / "hessian.json").exists()
 
-    r, report = analyse(run, tmp_path / "fd", "--loss", "square_losses:squared_logits", "--products",
+    r, report = analyse(run, tmp_path / "fd", "--loss", LOSS, "--products",
                         "finite-difference", "--no-trace", "--tol", "1e-6")
     assert r.exit_code == 0, r.output
     assert report["products"]["method"] == "finite-difference" and report["products"]["relative_error"] > 0

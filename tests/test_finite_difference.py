@@ -11,30 +11,9 @@ from torch import nn
 
 from flatfl.analysis import HessianOperator, hessian
 from flatfl.analysis.second_order import SecondDerivativeError
+from no_double_backward import Square
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-class TwiceNoBackward(torch.autograd.Function):
-    """2 x g, with no backward of its own: what a hand-written backward calls."""
-
-    @staticmethod
-    def forward(ctx, x, g):
-        return 2 * x * g
-
-
-class Square(torch.autograd.Function):
-    """x^2 whose backward torch cannot differentiate again (it goes through TwiceNoBackward)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return TwiceNoBackward.apply(x, g)
 
 
 class Net(nn.Module):
