@@ -218,3 +218,17 @@ def test_curvlinops_gives_the_same_products():
         op = theirs(model, loss, params, batches(x, y))
         expected = np.stack([np.asarray(op @ V[:, j].numpy()) for j in range(2)], axis=1)
         np.testing.assert_allclose(ours(model, batches(x, y)).matmat(V).numpy(), expected, rtol=1e-8, atol=1e-12)
+
+
+def test_a_report_keeps_curvatures_apart():
+    from flatfl.report.records import data_setting, measures_defaults
+    from flatfl.runs import settings_match
+
+    assert data_setting({"curvature": "ggn"}) == ", ggn curvature"
+    assert data_setting({"curvature": "hessian", "products": "auto"}) == ""
+    assert data_setting({"products": "finite-difference"}) == ", finite-difference products"
+    assert not measures_defaults({"settings": {"curvature": "empirical-fisher"}})
+    assert measures_defaults({"settings": {"top": 1}})  # written before curvatures were recorded: the Hessian
+    assert settings_match({"top": 1}, {"top": 1, "curvature": "hessian", "products": "auto"})
+    assert not settings_match({"top": 1, "curvature": "ggn"}, {"top": 1, "curvature": "hessian"})
+    assert settings_match({"top": 1, "curvature": "ggn"}, {"top": 1, "curvature": "ggn"})
