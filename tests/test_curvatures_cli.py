@@ -123,3 +123,27 @@ def test_a_loss_without_second_derivative_and_finite_differences(run, tmp_path, 
     H = ((grads[:len(theta)] - grads[len(theta):]) / (2 * h)).numpy()
     top = np.linalg.eigvalsh((H + H.T) / 2)[-1]
     assert abs(report["top_eigenvalues"][0] - top) <= 1e-3 * abs(top), (report["top_eigenvalues"][0], top)
+
+
+def test_tracking_another_curvature(tmp_path):
+    import csv
+
+    from flatfl.utils.hessian_settings import tracking_settings
+
+    run = train_tiny(tmp_path / "run", "--track-hessian", "1", "--track-curvature", "ggn", "--track-samples", "64")
+    config = json.loads((run / "config.json").read_text())
+    assert config["tracking"]["curvature"] == "ggn"
+    with open(run / "metrics.csv", newline="") as f:
+        last = list(csv.DictReader(f))[-1]
+    s = tracking_settings()
+    r = CliRunner().invoke(main, ["hessian", str(run), "--curvature", "ggn", "--samples", "64", "--batch-size",
+                                  str(s.batch_size), "--tol", str(s.tol), "--trace-method", s.trace_method,
+                                  "--trace-hvps", str(s.trace_hvps), "--trace-rtol", str(s.trace_rtol), "--quiet",
+                                  "--out", str(tmp_path / "h")])
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "h" / "hessian.json").read_text())
+    assert float(last["hessian_top"]) == report["top_eigenvalues"][0]
+    assert float(last["hessian_trace"]) == report["trace"]["estimate"]
+    # a Hessian tracking records what it always did (no curvature key)
+    plain = train_tiny(tmp_path / "plain", "--track-hessian", "1", "--track-samples", "64")
+    assert "curvature" not in json.loads((plain / "config.json").read_text())["tracking"]

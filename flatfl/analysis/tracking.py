@@ -71,8 +71,10 @@ class CurvatureTracker:
         self._batches = None
 
     def hessian_settings(self) -> dict:
-        """The keywords of ``flatfl hessian`` (run_hessian) that give the same numbers on a checkpoint."""
-        return {name: getattr(self.hessian, name) for name in TRACKING_FIELDS}
+        """The keywords of ``flatfl hessian`` (run_hessian) that give the same numbers on a checkpoint (the curvature
+        only when it is not the Hessian: the record of a Hessian tracking is what it always was)."""
+        return {name: getattr(self.hessian, name) for name in TRACKING_FIELDS
+                if name != "curvature" or self.hessian.curvature != "hessian"}
 
     def wants(self, rnd: int, rounds: int) -> bool:
         return rnd % self.every == 0 or rnd == rounds

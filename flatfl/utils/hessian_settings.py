@@ -294,7 +294,7 @@ _KINDS = (("top", int, False), ("trace", bool, False), ("density", bool, False),
 TRACKING_DEFAULTS = {"samples": 128, "batch_size": 128, "tol": 1e-2, "trace_method": "hutchinson", "trace_rtol": 0.1,
                      "trace_hvps": 300}
 TRACKING_FIELDS = ("top", "trace", "samples", "batch_size", "split", "method", "seed", "tol", "trace_method",
-                   "trace_hvps", "trace_rtol", "exact_residuals")
+                   "trace_hvps", "trace_rtol", "exact_residuals", "curvature")
 
 
 def tracking_settings(overrides: dict | None = None, device: str = "cpu") -> HessianSettings:
