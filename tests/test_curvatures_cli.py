@@ -147,3 +147,29 @@ def test_tracking_another_curvature(tmp_path):
     # a Hessian tracking records what it always did (no curvature key)
     plain = train_tiny(tmp_path / "plain", "--track-hessian", "1", "--track-samples", "64")
     assert "curvature" not in json.loads((plain / "config.json").read_text())["tracking"]
+
+
+def test_hessian_clients_of_another_curvature(tmp_path):
+    from flatfl.analysis import GGNOperator, cross_client_metrics
+    from flatfl.report.run_files import clients_results
+
+    run = train_tiny(tmp_path / "run", "--save-clients")
+    args = ["hessian-clients", str(run), "--probes", "8", "--groups", "2", "--samples", "32", "--quiet"]
+    r = CliRunner().invoke(main, [*args, "--curvature", "ggn"])
+    assert r.exit_code == 0, r.output
+    assert "of the Gauss-Newton matrix" in r.output
+    result = json.loads((run / "hessian" / "clients-default-ggn.json").read_text())
+    assert result["settings"]["curvature"] == "ggn"
+    ckpt = load_checkpoint(run)
+    expected = cross_client_metrics(
+        [lambda k=k: GGNOperator(ckpt.model, ckpt.client_batches(k, batch_size=256, samples=32, seed=0))
+         for k in range(2)], protocol="default", probes=8, groups=2, seed=0)
+    assert result["H_N"] == expected.as_dict()["H_N"] and result["H_D"] == expected.as_dict()["H_D"]
+    # the Hessian's own file stays as it is; a report uses the Hessian's results only
+    assert not (run / "hessian" / "clients-default.json").exists()
+    assert clients_results(run, {}) == {}
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    hessian_result = json.loads((run / "hessian" / "clients-default.json").read_text())
+    assert "curvature" not in hessian_result["settings"] and hessian_result["H_N"] != result["H_N"]
+    assert clients_results(run, {})["default"]["H_N"] == hessian_result["H_N"]

@@ -203,6 +203,7 @@ is refused (choose another --out). The run must have been trained with --save-cl
 @click.option("--batch-size", type=int, default=CLIENTS_DEFAULTS.batch_size, help="evaluation batch size (default 256; fedalign 64)")
 @click.option("--tol", type=float, default=CLIENTS_DEFAULTS.tol, show_default=True, help="fedalign: PyHessian's relative stopping tolerance")
 @click.option("--seed", type=int, default=CLIENTS_DEFAULTS.seed, show_default=True, help="seed of the sample draws and the probes")
+@click.option("--curvature", default=CLIENTS_DEFAULTS.curvature, show_default=True, help=f"{' | '.join(CURVATURES)}: the matrix of every client (a curvature other than the Hessian writes files of its own, clients-<protocol>-<curvature>.json, which reports do not use)")
 @model_source_options(CLIENTS_DEFAULTS)
 @on_a_checkpoint("hessian-clients")
 def hessian_clients(checkpoint, out, where, **opts):
@@ -214,7 +215,9 @@ def hessian_clients(checkpoint, out, where, **opts):
     def show(value, err):
         return "n/a" if value is None else f"{value:.6g} +- {'n/a' if err is None else f'{err:.3g}'}"
 
-    click.echo(f"protocol {c['protocol']} ({c['num_clients']} clients, {c['pairs']} pairs, {c['estimator']})")
+    curvature = (c.get("settings") or {}).get("curvature", "hessian")
+    of = "" if curvature == "hessian" else f", of the {CURVATURE_NAMES[curvature]}"
+    click.echo(f"protocol {c['protocol']} ({c['num_clients']} clients, {c['pairs']} pairs, {c['estimator']}{of})")
     click.echo(f"H_N: {show(c['H_N'], c['H_N_stderr'])}")
     click.echo(f"H_D: {show(c['H_D'], c['H_D_stderr'])}")
     click.echo(f"H_N {show(c['H_N'], c['H_N_stderr'])}, H_D {show(c['H_D'], c['H_D_stderr'])} "
