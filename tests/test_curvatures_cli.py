@@ -98,6 +98,9 @@ def test_a_loss_without_second_derivative_and_finite_differences(run, tmp_path, 
     assert "no second derivative" in r.output and "--products finite-difference" in r.output
     assert "internal error" not in r.output and not (tmp_path / "h" / "hessian.json").exists()
 
+    r, _ = analyse(run, tmp_path / "g", "--loss", LOSS, "--curvature", "ggn")  # an objective without its split
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "has no outputs and loss_of_outputs" in r.output
     r, report = analyse(run, tmp_path / "fd", "--loss", LOSS, "--products",
                         "finite-difference", "--no-trace", "--tol", "1e-6")
     assert r.exit_code == 0, r.output
