@@ -75,6 +75,13 @@ def _func_failure(e: RuntimeError, what: str) -> ConfigError | None:
                        "--curvature hessian")
 
 
+def check_once(terms: LossTerms, index: int) -> None:
+    """Batch ``index``'s loss checked once (a scalar, finite) as the Hessian's is, before its first product."""
+    if index not in terms.checked:
+        with torch.enable_grad():
+            terms.batch_loss(index)
+
+
 class GaussNewtonProducts(ProductMethod):
     """``G V`` per batch: ``J^T (H_out (J V))`` by ``torch.func`` (one forward, one ``jvp`` and one ``vjp`` pass
     under ``vmap`` over a block of vectors). ``split``: None for ``loss_fn(model(inputs), targets)``, else an
@@ -121,6 +128,7 @@ class GaussNewtonProducts(ProductMethod):
         primals = {key: p.detach() for key, p in zip(keys, terms.params)}
         with terms.model_mode(), terms.no_running_stats():
             for index, weight in enumerate(terms.weights):
+                check_once(terms, index)
                 network, loss_of = self.network_and_loss(index)
                 with terms.batch_rng(index):
                     outputs, pullback = vjp(network, primals)
@@ -186,6 +194,7 @@ class PerSampleGradients(ProductMethod):
     def gradients(self, index: int) -> torch.Tensor:
         """Batch ``index``'s per-sample gradients, one row per sample."""
         terms = self.terms
+        check_once(terms, index)
         batch, n = terms.batches[index], self.sizes[index]
         if terms.objective is None and isinstance(batch[0], torch.Tensor) and self.keys is not None:
             try:
