@@ -90,10 +90,10 @@ def hessian_directions(model: nn.Module, batches, *, seed: int = 0, tol: float =
 
     Returns ``((d1, d2), eigenvalues, info)``; ``info`` holds the residuals and the number of products used.
     """
+    from .curvatures import curvature_operator
     from .eigen import top_eigenvalues
-    from .operator import HessianOperator
 
-    op = HessianOperator(model, batches, loss_fn=loss_fn, mode=mode)
+    op = curvature_operator("hessian", model, batches, loss_fn=loss_fn, mode=mode)
     if op.dim < 2:
         raise ConfigError("Hessian directions need a model with at least 2 parameters")
     result = top_eigenvalues(op, 2, tol=tol, seed=seed, return_vectors=True)
