@@ -65,6 +65,8 @@ def _stored(reader, path: Path) -> dict | None:
 #: relative stopping rule, cross-entropy
 _NONE_MEANS = {"samples": (None,), "trace_rtol": (None,), "loss": (None, "cross_entropy")}
 _NEVER_COMPARED = ("device", "quiet", "data_dir", "model_factory")  # where and how it ran, the network's builder
+#: settings a result file written before they existed did not record, and what it measured with them
+_BEFORE_RECORDED = {"curvature": "hessian", "products": "auto"}
 
 
 def settings_match(saved: dict | None, wanted: dict) -> bool:
@@ -87,7 +89,7 @@ def settings_match(saved: dict | None, wanted: dict) -> bool:
         if value is None:
             if key in _NONE_MEANS and saved.get(key) not in _NONE_MEANS[key]:
                 return False
-        elif saved.get(key) != value:
+        elif saved.get(key, _BEFORE_RECORDED.get(key)) != value:
             return False
     return True
 

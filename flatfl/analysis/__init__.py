@@ -39,7 +39,12 @@ Your own model, PyHessian's calls with the import changed (:mod:`flatfl.analysis
   :class:`FunctionOperator` a function ``v -> H v``. Every estimator below takes a :class:`CurvatureOperator`
   (:mod:`flatfl.analysis.linear_operator`: ``dim``, ``dtype``, ``device``, ``matmat``, ``matvec``, ``hvps``,
   ``param_shapes``, ``preferred_block_size``, ``release()``, ``locked``); :func:`as_operator` makes one of a matrix
-  and refuses anything else in one line.
+  and refuses anything else in one line. ``products="finite-difference"``: central differences of gradients, for
+  an operation without a second derivative.
+* :class:`GGNOperator` and :class:`EmpiricalFisherOperator`, the same arguments: the generalized Gauss-Newton
+  matrix and the empirical Fisher of the same loss (:mod:`flatfl.analysis.curvatures`);
+  :func:`curvature_operator` ``(curvature, model, batches, *, loss_fn, loss, params, mode, products, ...)`` builds
+  the one named (``"hessian"``, ``"ggn"``, ``"empirical-fisher"``).
 * :func:`top_eigenvalues` ``(op, k, *, tol=1e-3, seed=0, return_vectors=False, basis_size=None, block_size=None,
   max_hvps=None, exact_residuals=False) -> EigenResult``: thick-restart block Lanczos, largest algebraic; repeated
   eigenvalues checked for more copies (``info["multiplicity"]``).
@@ -73,6 +78,7 @@ heat map) and :func:`flatfl.analysis.surface_run.run_surface` (``flatfl surface`
 from __future__ import annotations
 
 from .client_metrics import ClientMetrics, cross_client_metrics, pairwise_metrics
+from .curvatures import EmpiricalFisherOperator, GGNOperator, curvature_operator
 from .density import DensityResult, smoothed_density, spectral_density
 from ..utils.hessian_settings import Estimator, register_estimator
 from .batches import as_batches
@@ -91,6 +97,9 @@ __all__ = [
     "hessian",
     "ModelHessian",
     "HessianOperator",
+    "GGNOperator",
+    "EmpiricalFisherOperator",
+    "curvature_operator",
     "MatrixOperator",
     "FunctionOperator",
     "CurvatureOperator",

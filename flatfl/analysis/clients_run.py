@@ -32,8 +32,8 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
     s = ClientMetricsSettings(**settings).validate()
     protocol, probes, groups, samples, batch_size = s.protocol, s.probes, s.groups, s.samples, s.batch_size
     seed, tol, device, data_dir, model_factory = s.seed, s.tol, s.device, s.data_dir, s.model_factory
-    heatmap = clients_file(protocol, "heatmap")
-    target_name = clients_file(protocol)
+    heatmap = clients_file(protocol, "heatmap", s.curvature)
+    target_name = clients_file(protocol, curvature=s.curvature)
     cmd = AnalysisCommand.open(checkpoint, out, device=device, outputs=[target_name, f"{heatmap}.png",
                                                                         f"{heatmap}.pdf"],
                                data_dir=data_dir, model_factory=model_factory)
@@ -46,7 +46,7 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
     if num_clients < 2:
         raise CheckpointError(f"{ckpt.path}: the run has {num_clients} client model(s); H_N and H_D need 2 or more")
 
-    from .operator import HessianOperator
+    from .curvatures import curvature_operator
 
     if protocol == "default":
         batch = batch_size or 256
@@ -54,8 +54,9 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
         clients = [k for k in range(num_clients) if sizes[k] > 0]
         if len(clients) < 2:
             raise CheckpointError(f"{ckpt.path}: fewer than 2 clients hold data")
-        factories = [(lambda k=k: HessianOperator(ckpt.model, ckpt.client_batches(k, batch_size=batch,
-                                                                                     samples=samples, seed=seed)))
+        factories = [(lambda k=k: curvature_operator(s.curvature, ckpt.model,
+                                                     ckpt.client_batches(k, batch_size=batch, samples=samples,
+                                                                         seed=seed)))
                      for k in clients]
         data = ("each client's own training data" + (f" ({samples} samples drawn once per client with seed {seed})"
                                                       if samples else " (all of it)") + ", no augmentation")
@@ -66,7 +67,8 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
         count = samples or FEDALIGN_SAMPLES
         clients = list(range(num_clients))
         shared = ckpt.eval_batches("train", samples=count, batch_size=batch, seed=seed)
-        factories = [(lambda k=k: HessianOperator(ckpt.client_model(k, state), shared)) for k in clients]
+        factories = [(lambda k=k: curvature_operator(s.curvature, ckpt.client_model(k, state), shared))
+                     for k in clients]
         data = (f"the global training set: {min(count, sum(len(y) for _, y in shared))} samples drawn once with "
                 f"seed {seed}, batches of {batch}, no augmentation")
         model_used = "each client's latest local model"
@@ -77,6 +79,8 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
 
     settings = {"protocol": protocol, "probes": probes, "groups": groups, "samples": samples, "batch_size": batch,
                 "seed": seed, "tol": tol if protocol == "fedalign" else None, "device": str(cmd.device)}
+    if s.curvature != "hessian":  # recorded when it is not the Hessian (the files of a Hessian are as they were)
+        settings["curvature"] = s.curvature
     digest = weights_digest(ckpt.model)
     if existing is not None:  # refused before any work
         if existing.get("weights_sha256") not in (None, digest):

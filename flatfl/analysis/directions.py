@@ -91,13 +91,13 @@ def hessian_directions(model: nn.Module, batches, *, seed: int = 0, tol: float =
     Returns ``((d1, d2), eigenvalues, info)``; ``info`` holds the residuals and the number of products used.
     """
     from .batches import as_batches
+    from .curvatures import curvature_operator
     from .distributed import over_ranks
     from .eigen import top_eigenvalues
-    from .operator import HessianOperator
 
     # under torchrun: this rank's shard of the batches, products all-reduced (the same vectors on every rank)
-    op = over_ranks(lambda shard: HessianOperator(model, shard, loss_fn=loss_fn, mode=mode), as_batches(batches),
-                    mode=mode)
+    op = over_ranks(lambda shard: curvature_operator("hessian", model, shard, loss_fn=loss_fn, mode=mode),
+                    as_batches(batches), mode=mode)
     if op.dim < 2:
         raise ConfigError("Hessian directions need a model with at least 2 parameters")
     result = top_eigenvalues(op, 2, tol=tol, seed=seed, return_vectors=True)

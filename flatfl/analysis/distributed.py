@@ -115,6 +115,12 @@ class DistributedOperator(DerivedOperator):
         return getattr(self.op, "products", None)
 
     @property
+    def product_error(self) -> float | None:
+        """The stated relative error of a product (finite differences: rank 0's shard's, measured on its first
+        product), else None."""
+        return getattr(self.op, "product_error", None)
+
+    @property
     def params(self):
         return self.op.params
 

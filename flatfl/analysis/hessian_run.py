@@ -13,13 +13,17 @@
 
 Outputs in ``--out DIR`` (the command line's default: the run's ``hessian`` folder,
 :func:`flatfl.cli.analysis_commands.default_out`): ``hessian.json`` (eigenvalues with residuals ``||Hv - lambda v||``, error estimates
-``min(r, r^2 / gap)`` and converged flags; trace with standard error; SLQ nodes and weights; HVP counts, seconds,
+``min(r, r^2 / gap)`` and converged flags; ``eigenvalue_ratio``, lambda_1 / lambda_5 when at least five are computed;
+trace with standard error; ``products``: how the products were computed and, for finite differences, their stated
+relative error; SLQ nodes and weights; HVP counts, seconds,
 settings, checkpoint path, round, parameter count), ``eigenvalues.csv``, ``eigenvalues.png/.pdf`` (the top-k on a
 log axis and each one's residual and error estimate; when k >= 2), ``density.png/.pdf`` (spectral density as MAN
 Fig. 4b: every SLQ start averaged, Gaussian width stated, log axis from 1e-4 of the peak; with ``--density``), ``eigenvectors.pt`` with ``--save-eigenvectors`` (read it with :func:`load_eigenvectors`), and with
 ``--per-layer`` ``per_layer.csv`` and ``per_layer.png/.pdf`` (each module's Hessian block,
 :mod:`flatfl.analysis.per_layer`). ``--loss module:function`` replaces cross-entropy by ``function(model, batch)``
-(:mod:`flatfl.analysis.objective`).
+(:mod:`flatfl.analysis.objective`). ``--curvature ggn`` or ``empirical-fisher`` measures the generalized
+Gauss-Newton matrix or the empirical Fisher instead of the Hessian (:mod:`flatfl.analysis.curvatures`), recorded in
+the settings; ``--products`` chooses how Hessian products are computed.
 """
 from __future__ import annotations
 
@@ -44,11 +48,11 @@ from .command import (AnalysisCommand, check_out_folder, keyword_signature, prog
 from .estimators import estimate_density, estimate_eigenvalues, estimate_trace
 from .figures import hessian_figures
 from .linear_operator import CurvatureOperator, as_operator
-from .operator import HessianOperator
+from .curvatures import curvature_operator
 from .result_files import ResultFileError, read_hessian_file
 
 __all__ = ["run_hessian", "hessian_command", "analyse", "compute", "write_outputs", "load_eigenvectors",
-           "EigenvectorFile", "weights_digest", "settings_record", "ANALYSE_FIELDS"]
+           "EigenvectorFile", "weights_digest", "settings_record", "eigenvalue_ratio", "ANALYSE_FIELDS"]
 
 EIGENVECTOR_FORMAT = "flatfl-eigenvectors"
 OUTPUT_NAMES = ("eigenvalues.png", "eigenvalues.pdf", "density.png", "density.pdf", "eigenvalues.csv",
@@ -85,10 +89,12 @@ def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: b
         kind = "explicit" if s.exact_residuals else (eig.residual_kind or s.eigen.residuals)
         report["eigen"] = {"method": eig.method, "hvps": eig.hvps, "tol": s.tol, "residual_kind": kind,
                            **json_safe(eig.info)}
+        report["eigenvalue_ratio"] = eigenvalue_ratio(report["top_eigenvalues"])
     else:
         report["top_eigenvalues"], report["residuals"], report["converged"] = [], [], []
         report["error_estimates"] = None
         report["eigen"] = None
+        report["eigenvalue_ratio"] = None
     if s.trace:
         tr = estimate_trace(op, s.resolved_trace_method, max_hvps=s.trace_hvps, rtol=s.trace_rtol, seed=s.seed + 1)
         report["trace"] = json_safe(tr.as_dict())
@@ -107,10 +113,25 @@ def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: b
                                      seed=s.seed + 3)
         report["per_layer"] = json_safe(layers.as_dict())
     report["hvps_total"] = int(op.hvps)
+    if isinstance(getattr(op, "products", None), str):  # a model's curvature: how its products were computed
+        error = getattr(op, "product_error", None)
+        report["products"] = {"method": op.products, "relative_error": None if error is None else float(error)}
     # where the random vectors were drawn (a generator on the operator's device, seeded from seed, seed + 1, seed + 2)
     report["random_draws"] = {"seed": int(s.seed), "device": torch.device(op.device).type}
     report["seconds"] = time.perf_counter() - start
     return report, eig, dens
+
+
+#: the ratio of the top eigenvalues reported: lambda_1 / lambda_RATIO_K, when at least RATIO_K are computed
+RATIO_K = 5
+
+
+def eigenvalue_ratio(values) -> dict | None:
+    """``{"k": 5, "value": lambda_1 / lambda_5}`` (the FedSAM and FedGloSS papers' ratio) when at least
+    :data:`RATIO_K` eigenvalues were computed and lambda_5 is not zero; else None."""
+    if len(values) < RATIO_K or values[RATIO_K - 1] == 0:
+        return None
+    return {"k": RATIO_K, "value": float(values[0]) / float(values[RATIO_K - 1])}
 
 
 def analyse(op: CurvatureOperator, *, keep_vectors: bool = False, **settings):
@@ -252,7 +273,8 @@ def settings_record(s: HessianSettings, device) -> dict:
             "density_steps": s.density_steps, "density_starts": s.density_starts, "samples": s.samples,
             "batch_size": s.batch_size, "split": s.split, "seed": s.seed, "device": str(device), "mode": "eval",
             "save_eigenvectors": s.save_eigenvectors, "exact_residuals": s.exact_residuals,
-            "per_layer": s.per_layer, "per_layer_top": s.per_layer_top, "loss": s.loss}
+            "per_layer": s.per_layer, "per_layer_top": s.per_layer_top, "loss": s.loss, "curvature": s.curvature,
+            "products": s.products}
 
 
 @locks_output
@@ -271,8 +293,9 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
     digest = weights_digest(ckpt.model)  # the weights are not changed by the analysis
     _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True)
     batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
-    op = over_ranks(lambda shard: HessianOperator(ckpt.model, shard, mode="eval", loss=loss), batches,
-                    objective=loss is not None)  # under torchrun: this rank's shard, products all-reduced
+    # under torchrun: this rank's shard of the evaluation set, its products all-reduced
+    op = over_ranks(lambda shard: curvature_operator(s.curvature, ckpt.model, shard, mode="eval", loss=loss,
+                                                     products=s.products), batches, objective=loss is not None)
     if s.top > op.dim:
         raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
 

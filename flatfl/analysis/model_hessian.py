@@ -57,7 +57,7 @@ from .density import DensityResult, spectral_density
 from .eigen import EigenResult
 from .estimators import estimate_eigenvalues, estimate_trace
 from .batches import as_batches
-from .operator import HessianOperator
+from .curvatures import curvature_operator
 from .per_layer import PerLayerResult, per_layer_curvature
 from .power import power_iteration
 from .trace import TraceResult, hutchpp_trace, pyhessian_trace
@@ -82,10 +82,10 @@ def _check_cuda(cuda) -> None:
                           "the model's device)")
 
 
-def _operator(model, batches, criterion, loss, mode: str):
-    """The Hessian operator of the API: under torchrun (several ranks), this rank's shard of the batches with its
-    products all-reduced (:mod:`flatfl.analysis.distributed`), the process group started on the model's device;
-    else the plain operator."""
+def _operator(model, batches, criterion, loss, mode: str, curvature: str, products: str):
+    """The curvature operator of the API (:func:`~flatfl.analysis.curvatures.curvature_operator`): under torchrun
+    (several ranks), this rank's shard of the batches with its products all-reduced
+    (:mod:`flatfl.analysis.distributed`), the process group started on the model's device; else the plain operator."""
     from ..utils import distributed
     from .distributed import over_ranks
 
@@ -93,8 +93,9 @@ def _operator(model, batches, criterion, loss, mode: str):
         first = next((p for p in model.parameters()), None)
         distributed.join(first.device if first is not None else torch.device("cpu"))
         batches = batches if loss is not None else as_batches(batches)  # a list, to be cut into shards
-    return over_ranks(lambda shard: HessianOperator(model, shard, loss_fn=criterion, mode=mode, loss=loss), batches,
-                      objective=loss is not None, mode=mode)
+    return over_ranks(lambda shard: curvature_operator(curvature, model, shard, loss_fn=criterion, mode=mode, loss=loss,
+                                                       products=products), batches, objective=loss is not None,
+                      mode=mode)
 
 
 class ModelHessian:
@@ -107,11 +108,15 @@ class ModelHessian:
     Attributes as PyHessian's: ``model``, ``criterion``, ``params`` (the parameters differentiated, in order),
     ``device`` (``"cuda"`` or ``"cpu"``), ``full_dataset`` (True with ``dataloader=``), ``data``. :attr:`operator`
     is the :class:`~flatfl.analysis.operator.HessianOperator` (``matvec``, ``dim``, ``hvps``...) for the other
-    estimators of :mod:`flatfl.analysis`.
+    estimators of :mod:`flatfl.analysis`; with ``curvature="ggn"`` or ``"empirical-fisher"`` it is its sibling,
+    the generalized Gauss-Newton matrix or the empirical Fisher (:mod:`flatfl.analysis.curvatures`), and every
+    method answers for that matrix. ``products``: how Hessian products are computed (``"finite-difference"`` for
+    an operation torch cannot differentiate twice).
     """
 
     def __init__(self, model, criterion: Callable | None = None, data=None, dataloader=None, cuda: bool | None = None,
-                 *, loss: Callable | None = None, mode: str = "eval", seed: int = DEFAULTS.seed) -> None:
+                 *, loss: Callable | None = None, mode: str = "eval", seed: int = DEFAULTS.seed,
+                 curvature: str = DEFAULTS.curvature, products: str = DEFAULTS.products) -> None:
         if (data is None) == (dataloader is None):
             raise ConfigError("give the data once: data=(inputs, targets) (or a list of batches), or "
                               "dataloader=a DataLoader")
@@ -131,7 +136,8 @@ class ModelHessian:
             batches = loss_batches(data, one_batch=True) if data is not None else loss_batches(dataloader)
         else:
             batches = data if data is not None else dataloader
-        self.operator = _operator(model, batches, criterion, loss, mode)
+        self.operator = _operator(model, batches, criterion, loss, mode, curvature, products)
+        self.curvature = curvature
         self.model, self.criterion, self.loss = model, criterion, loss
         self.data = data if data is not None else dataloader
         self.full_dataset = data is None
@@ -281,9 +287,12 @@ class ModelHessian:
 
 
 def hessian(model, criterion: Callable | None = None, data=None, dataloader=None, cuda: bool | None = None, *,
-            loss: Callable | None = None, mode: str = "eval", seed: int = DEFAULTS.seed) -> ModelHessian:
+            loss: Callable | None = None, mode: str = "eval", seed: int = DEFAULTS.seed,
+            curvature: str = DEFAULTS.curvature, products: str = DEFAULTS.products) -> ModelHessian:
     """PyHessian's ``hessian(model, criterion, data=None, dataloader=None, cuda=True)`` on flatfl's estimators: a
     :class:`ModelHessian` whose ``eigenvalues``, ``trace`` and ``density`` return what PyHessian's return (see the
     module docstring). ``criterion`` defaults to cross-entropy; ``loss=fn`` takes ``fn(model, batch) -> scalar``
-    instead."""
-    return ModelHessian(model, criterion, data, dataloader, cuda, loss=loss, mode=mode, seed=seed)
+    instead; ``curvature="ggn"`` or ``"empirical-fisher"`` measures the generalized Gauss-Newton matrix or the
+    empirical Fisher instead of the Hessian."""
+    return ModelHessian(model, criterion, data, dataloader, cuda, loss=loss, mode=mode, seed=seed, curvature=curvature,
+                        products=products)

@@ -9,7 +9,9 @@ operator can stand in for it.
 The products are computed by one of the methods of :mod:`flatfl.analysis.products`: Pearlmutter's double backward
 through each batch's kept first-order graph, or forward-over-reverse (``torch.func`` ``jvp`` of ``grad`` under
 ``vmap`` over a block of vectors). ``products="auto"`` means forward-over-reverse on CUDA and double backward
-elsewhere, by measurement (docs/performance.md). Both give the same numbers to rounding.
+elsewhere, by measurement (docs/performance.md). Both give the same numbers to rounding. ``"finite-difference"``
+takes central differences of two gradients per vector, for models with an operation torch cannot differentiate
+twice; its stated relative error is :attr:`HessianOperator.product_error`.
 
 Parameters that receive no gradient (unused layers, frozen branches) are rows and columns of zeros, where PyHessian
 fails. The model's mode is set for every product (``eval`` by default: BatchNorm running statistics, no dropout) and
@@ -28,10 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..utils.hessian_settings import PRODUCT_METHODS
 from .batches import ACCEPTED_DATA, as_batches
 from .linear_operator import CurvatureOperator, MatrixOperator, block_size_for
 from .objective import loss_batches
-from .products import DoubleBackward, ForwardOverReverse, LossTerms
+from .products import DoubleBackward, FiniteDifference, ForwardOverReverse, LossTerms
 from .second_order import needs_double_backward
 from .vectors import free_memory, random_block, seeded_generator
 
@@ -39,7 +42,7 @@ __all__ = ["HessianOperator", "MatrixOperator", "as_batches", "block_size_for", 
            "seeded_generator", "ACCEPTED_DATA", "PRODUCTS", "AUTO_PRODUCTS"]
 
 _MODES = ("eval", "train")
-PRODUCTS = ("auto", "double-backward", "forward-over-reverse")
+PRODUCTS = PRODUCT_METHODS
 #: the product method "auto" picks per device type (docs/performance.md); elsewhere double backward
 AUTO_PRODUCTS = {"cuda": "forward-over-reverse"}
 
@@ -65,8 +68,9 @@ class HessianOperator(CurvatureOperator):
     mode: ``"eval"`` (default, as PyHessian) or ``"train"``.
     cache_graph: ``True`` keeps every batch's first-order graph, ``False`` none, ``"auto"`` keeps them while their
         saved tensors fit in ``cache_bytes`` (default 2 GiB on CPU, half the free memory on CUDA).
-    products: ``"auto"`` (default: by device, see the module docstring), ``"double-backward"`` or
-        ``"forward-over-reverse"`` (batched; needs parameters registered in ``model``).
+    products: ``"auto"`` (default: by device, see the module docstring), ``"double-backward"``,
+        ``"forward-over-reverse"`` (batched; needs parameters registered in ``model``) or ``"finite-difference"``
+        (central differences of gradients, for operations without a second derivative; :attr:`product_error`).
     block_size: vectors per batched pass (default: sized from free memory, at most 256).
     """
 
@@ -134,6 +138,8 @@ class HessianOperator(CurvatureOperator):
             chosen = "double-backward"
         if chosen == "forward-over-reverse":
             self.method = ForwardOverReverse(self.terms, block_size, keys)
+        elif chosen == "finite-difference":
+            self.method = FiniteDifference(self.terms, block_size)
         else:
             self.method = DoubleBackward(self.terms, block_size, cache_graph, self.cache_bytes)
         self.products: str = self.method.name
@@ -169,6 +175,12 @@ class HessianOperator(CurvatureOperator):
         return out
 
     # ------------------------------------------------------------------ products
+    @property
+    def product_error(self) -> float | None:
+        """The stated relative error of a product: finite differences' estimate (None before the first product);
+        None for exact products (double backward, forward-over-reverse: rounding only)."""
+        return getattr(self.method, "error", None)
+
     @property
     def fully_cached(self) -> bool:
         """True when every batch's first-order graph is kept (a product costs one double backward)."""
@@ -232,12 +244,5 @@ class HessianOperator(CurvatureOperator):
 
     def gradient(self) -> torch.Tensor:
         """Flat gradient of the mean loss (no graph kept): the unit of cost HVPs are compared with."""
-        terms = self.terms
-        out = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
-        with terms.model_mode(), torch.enable_grad():
-            for index, weight in enumerate(terms.weights):
-                grads = torch.autograd.grad(terms.batch_loss(index), self.params, allow_unused=True)
-                for i, g in enumerate(grads):
-                    if g is not None:
-                        out[terms.offsets[i]:terms.offsets[i + 1]].add_(g.reshape(-1), alpha=weight)
-        return out
+        with self.terms.model_mode():
+            return self.terms.gradient()

@@ -10,7 +10,11 @@ whole trace (the trace is the sum of the diagonal), and no block's top eigenvalu
 nothing about the coupling between layers, the off-diagonal blocks.
 
 How: a block's products are the whole operator's products on vectors that are zero outside the block, read back
-inside the block (:class:`BlockOperator`), so they share the operator's cached first-order graphs. A block of at
+inside the block (:class:`BlockOperator`), so they share the operator's cached first-order graphs. The blocks run in
+lockstep (:class:`Lockstep`): every block's estimator runs in a thread of its own, and whenever each unfinished
+block has asked for its next products, all of them go through the operator as one batched product of block-masked
+vectors, so the whole analysis costs about as many passes as the longest block's (``info["batched_products"]``),
+with the same numbers as block by block (each block runs the same code on the same seeds). A block of at
 most ``dense_up_to`` parameters (default: the trace budget, so it costs no more products than the estimate would)
 is formed exactly, column by column, and solved with ``numpy.linalg.eigh`` (method ``dense``: exact eigenvalues,
 exact trace, standard error 0); a larger one gets thick-restart Lanczos for the eigenvalues and Hutch++ for the
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +35,7 @@ from .eigen import top_eigenvalues
 from .linear_operator import CurvatureOperator, DerivedOperator, as_operator
 from .trace import hutchpp_trace
 
-__all__ = ["GROUPINGS", "BlockOperator", "LayerCurvature", "PerLayerResult", "layer_groups", "per_layer_curvature",
+__all__ = ["GROUPINGS", "BlockOperator", "Lockstep", "LayerCurvature", "PerLayerResult", "layer_groups", "per_layer_curvature",
            "per_layer_csv", "per_layer_figure"]
 
 GROUPINGS = ("module", "parameter")
@@ -48,6 +53,7 @@ class BlockOperator(DerivedOperator):
         self.shapes = shapes or [(self.dim,)]
         self.hvps = 0
         self.on_hvp = None
+        self.lockstep: Lockstep | None = None  # set: products batched with the other blocks'
 
     @property
     def param_shapes(self) -> list[tuple[int, ...]]:
@@ -55,13 +61,101 @@ class BlockOperator(DerivedOperator):
 
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
         V = torch.as_tensor(V).to(device=self.device, dtype=self.dtype)
-        full = torch.zeros(self.op.dim, V.shape[1], dtype=self.dtype, device=self.device)
-        full[self.index] = V
-        out = self.op.matmat(full)[self.index]
+        if self.lockstep is not None:
+            out = self.lockstep.product(self.index, V)
+        else:
+            full = torch.zeros(self.op.dim, V.shape[1], dtype=self.dtype, device=self.device)
+            full[self.index] = V
+            out = self.op.matmat(full)[self.index]
         self.hvps += V.shape[1]
         if self.on_hvp is not None:
             self.on_hvp(V.shape[1])
         return out
+
+
+class Lockstep:
+    """Runs one job per block, each in a thread, and batches their products: when every unfinished job has asked
+    for its next block of vectors (:meth:`product`), the requests go through ``op`` as one ``matmat`` of the
+    block-masked vectors side by side, and each job gets its own rows of its own columns back. ``batched`` counts
+    those batched products. A job's failure stops the others and is raised from :meth:`run`."""
+
+    def __init__(self, op: CurvatureOperator) -> None:
+        self.op = op
+        self.batched = 0
+        self._lock = threading.Condition()
+        self._live = 0
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._results: dict[int, torch.Tensor] = {}
+        self._failed: BaseException | None = None
+
+    def product(self, index: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        """``H[:, index] V`` read at ``index``, once every other job has asked too (called from a job's thread)."""
+        me = threading.get_ident()
+        with self._lock:
+            self._pending[me] = (index, V)
+            self._lock.notify_all()
+            while me not in self._results and self._failed is None:
+                self._lock.wait()
+            if self._failed is not None and me not in self._results:
+                raise RuntimeError("another block's job failed")
+            return self._results.pop(me)
+
+    def _serve(self) -> None:
+        """Compute the batched products while jobs are live (in the calling thread)."""
+        while True:
+            with self._lock:
+                while self._live and len(self._pending) < self._live and self._failed is None:
+                    self._lock.wait()
+                if not self._live or self._failed is not None:
+                    return
+                requests = sorted(self._pending.items(), key=lambda r: int(r[1][0][0]))  # in the layout's order
+                self._pending.clear()
+            width = sum(V.shape[1] for _, (_, V) in requests)
+            full = torch.zeros(self.op.dim, width, dtype=self.op.dtype, device=self.op.device)
+            start = 0
+            for _, (index, V) in requests:
+                full[index, start:start + V.shape[1]] = V
+                start += V.shape[1]
+            try:
+                out = self.op.matmat(full)
+            except BaseException as e:  # noqa: BLE001 - handed to run(), which raises it
+                with self._lock:
+                    self._failed = e
+                    self._lock.notify_all()
+                return
+            self.batched += 1
+            with self._lock:
+                start = 0
+                for who, (index, V) in requests:
+                    self._results[who] = out[index, start:start + V.shape[1]]
+                    start += V.shape[1]
+                self._lock.notify_all()
+
+    def run(self, jobs: list) -> list:
+        """Each job's result, the jobs (functions of no argument) run in lockstep."""
+        results: list = [None] * len(jobs)
+
+        def work(i, job):
+            try:
+                results[i] = job()
+            except BaseException as e:  # noqa: BLE001 - raised from run()
+                with self._lock:
+                    self._failed = self._failed or e  # the first failure; the others follow from it
+            finally:
+                with self._lock:
+                    self._live -= 1
+                    self._lock.notify_all()
+
+        threads = [threading.Thread(target=work, args=(i, job), daemon=True) for i, job in enumerate(jobs)]
+        self._live = len(threads)
+        for t in threads:
+            t.start()
+        self._serve()
+        for t in threads:
+            t.join()
+        if self._failed is not None:
+            raise self._failed
+        return results
 
 
 @dataclass
@@ -148,10 +242,12 @@ def per_layer_curvature(op: CurvatureOperator, top: int = 1, *, grouping: str = 
         raise ConfigError(f"the operator's parameter shapes cover {offsets[-1]} entries, not its {op.dim}")
     dense_up_to = int(trace_hvps if dense_up_to is None else dense_up_to)
     start = op.hvps
-    blocks = []
-    for i, (module, members) in enumerate(layer_groups(names, grouping)):
+    lockstep = Lockstep(op)
+
+    def job(i, module, members):
         index = torch.cat([torch.arange(offsets[j], offsets[j + 1]) for j in members])
         block = BlockOperator(op, index, [shapes[j] for j in members])
+        block.lockstep = lockstep
         k = min(int(top), block.dim)
         if block.dim <= dense_up_to:
             dense = _dense_block(block, max(1, min(block.dim, 32)))
@@ -165,12 +261,14 @@ def per_layer_curvature(op: CurvatureOperator, top: int = 1, *, grouping: str = 
             values, residuals = eig.eigenvalues, eig.residuals
             tr = hutchpp_trace(block, max_hvps=trace_hvps, rtol=trace_rtol, seed=seed + i)
             trace, stderr, method = tr.estimate, tr.stderr, "lanczos+hutchpp"
-        blocks.append(LayerCurvature(module, [names[j] for j in members], block.dim, np.asarray(values, dtype=float),
-                                     np.asarray(residuals, dtype=float), float(trace), float(stderr), method,
-                                     block.hvps))
+        return LayerCurvature(module, [names[j] for j in members], block.dim, np.asarray(values, dtype=float),
+                              np.asarray(residuals, dtype=float), float(trace), float(stderr), method, block.hvps)
+
+    groups = layer_groups(names, grouping)
+    blocks = lockstep.run([lambda i=i, m=m, g=g: job(i, m, g) for i, (m, g) in enumerate(groups)])
     return PerLayerResult(blocks, grouping, int(top), op.hvps - start,
                           info={"tol": tol, "trace_hvps": trace_hvps, "trace_rtol": trace_rtol,
-                                "dense_up_to": dense_up_to})
+                                "dense_up_to": dense_up_to, "batched_products": lockstep.batched})
 
 
 def per_layer_csv(result: dict) -> str:

@@ -10,9 +10,15 @@
   product, and then a block of vectors shares each batch's forward and first backward;
 * :class:`ForwardOverReverse`: a block of vectors through one pass of ``torch.func.vmap`` over ``jvp(grad(loss))``
   per batch, the block sized from free memory (CUDA ``mem_get_info``, else available RAM) and halved on an
-  out-of-memory error.
+  out-of-memory error;
+* :class:`FiniteDifference`: central differences of first-order gradients, ``H v ~ (g(theta + h v) - g(theta - h
+  v)) / 2h``, for models with an operation torch cannot differentiate twice: two gradients per vector, no second
+  derivative anywhere; the weights are moved for each gradient and copied back exactly afterwards. The step starts
+  at ``h = eps^(1/3) max(1, max_i |theta_i|) / ||v||`` (eps: the dtype's machine epsilon) and is calibrated on the first
+  product, where :attr:`FiniteDifference.error`, the stated relative error of a product, is measured (Richardson's
+  comparison with the step ``2h``, plus the rounding).
 
-Both give the same numbers to rounding; which one ``products="auto"`` picks per device, and why, is in
+The first two give the same numbers to rounding; which one ``products="auto"`` picks per device, and why, is in
 docs/performance.md.
 """
 from __future__ import annotations
@@ -25,10 +31,11 @@ import torch
 
 from ..errors import ConfigError
 from .objective import batch_samples
-from .second_order import check_loss_graph, second_order_errors
+from .second_order import check_loss_graph, double_backward_failure, second_order_errors
 from .vectors import free_memory
 
-__all__ = ["LossTerms", "ProductMethod", "DoubleBackward", "ForwardOverReverse", "counting_saved_bytes"]
+__all__ = ["LossTerms", "ProductMethod", "DoubleBackward", "ForwardOverReverse", "FiniteDifference",
+           "counting_saved_bytes"]
 
 
 @contextlib.contextmanager
@@ -77,6 +84,7 @@ class LossTerms:
                  mode: str, objective: Callable | None = None) -> None:
         self.model, self.batches, self.loss_fn, self.params, self.mode = model, batches, loss_fn, list(params), mode
         self.objective = objective
+        self.second_order = True  # False: only first derivatives are taken (no once-differentiable check)
         self.wrapper = _Objective(model, objective) if objective is not None else None
         self.checked: set[int] = set()  # batches whose loss graph was checked for once-differentiable Functions
         self.shapes = [tuple(p.shape) for p in self.params]
@@ -143,10 +151,22 @@ class LossTerms:
                 loss = self.loss_fn(self.model(inputs), targets)
         check_scalar(loss, self.objective is not None)
         if index not in self.checked and torch.is_grad_enabled() and loss.requires_grad:
-            check_loss_graph(loss)  # a Function marked @once_differentiable would give rows of zeros: refused
+            if self.second_order:
+                check_loss_graph(loss)  # a Function marked @once_differentiable would give rows of zeros: refused
             check_finite(loss, index, self.objective is not None)  # no eigensolver converges on NaN products
             self.checked.add(index)
         return loss
+
+    def gradient(self) -> torch.Tensor:
+        """The flat gradient of the mean loss at the current weights (no graph kept; the mode set by the caller)."""
+        out = torch.zeros(self.dim, dtype=self.params[0].dtype, device=self.device)
+        with torch.enable_grad():
+            for index, weight in enumerate(self.weights):
+                grads = torch.autograd.grad(self.batch_loss(index), self.params, allow_unused=True)
+                for i, g in enumerate(grads):
+                    if g is not None:
+                        out[self.offsets[i]:self.offsets[i + 1]].add_(g.reshape(-1), alpha=weight)
+        return out
 
     def functional_loss(self, index: int, keys: list[str], params: dict) -> torch.Tensor:
         """Batch ``index``'s loss with the parameters ``params`` (by name, ``keys`` order) put into the model."""
@@ -220,6 +240,32 @@ class ProductMethod:
     @property
     def fully_cached(self) -> bool:
         return False
+
+    def add_in_blocks(self, out: torch.Tensor, rows: torch.Tensor, keys: list[str], weight: float,
+                      compute: Callable[[dict], dict]) -> None:
+        """``out += weight * compute(V)`` for the rows of ``rows`` in blocks of at most :meth:`block_limit` (halved
+        on an out-of-memory error): ``compute`` takes a block as parameter-shaped tangents by name, ``(size,
+        *shape)``, and returns the products the same way."""
+        terms = self.terms
+        k, start = rows.shape[0], 0
+        while start < k:
+            size = min(self.block_limit(), k - start)
+            chunk = rows[start:start + size]
+            tangents = {key: chunk[:, a:b].view(size, *shape) for key, shape, a, b in
+                        zip(keys, terms.shapes, terms.offsets, terms.offsets[1:])}
+            try:
+                result = compute(tangents)
+            except torch.OutOfMemoryError:
+                if size == 1:
+                    raise
+                self.limit = max(1, size // 2)  # smaller blocks from now on
+                if terms.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            for key, a, b in zip(keys, terms.offsets, terms.offsets[1:]):
+                out[start:start + size, a:b].add_(result[key].reshape(size, -1), alpha=weight)
+            del result
+            start += size
 
     @property
     def preferred_block_size(self) -> int:  # pragma: no cover - every method has its own
@@ -302,10 +348,16 @@ class DoubleBackward(ProductMethod):
                 outputs = [g for _, g in graph]
                 for j in range(k):
                     grad_outputs = [terms.part(rows[j], i) for i, _ in graph]
-                    hv = torch.autograd.grad(
-                        outputs, terms.params, grad_outputs=grad_outputs,
-                        retain_graph=keep or j < k - 1, allow_unused=True,
-                    )
+                    try:
+                        hv = torch.autograd.grad(
+                            outputs, terms.params, grad_outputs=grad_outputs,
+                            retain_graph=keep or j < k - 1, allow_unused=True,
+                        )
+                    except RuntimeError as e:  # a custom Function whose backward torch cannot differentiate
+                        failure = double_backward_failure(e, outputs)
+                        if failure is None:
+                            raise
+                        raise failure from None
                     for i, h in enumerate(hv):
                         if h is not None:
                             out[j, terms.offsets[i]:terms.offsets[i + 1]].add_(h.reshape(-1), alpha=weight)
@@ -339,7 +391,6 @@ class ForwardOverReverse(ProductMethod):
         from torch.func import grad, jvp, vmap
 
         terms = self.terms
-        k = rows.shape[0]
         out = torch.zeros_like(rows)
         keys = self.keys
         primals = {key: p.detach() for key, p in zip(keys, terms.params)}
@@ -357,24 +408,86 @@ class ForwardOverReverse(ProductMethod):
                 def hvp(tangent):
                     return jvp(gradient, (primals,), (tangent,))[1]
 
-                start = 0
-                while start < k:
-                    size = min(self.block_limit(), k - start)
-                    chunk = rows[start:start + size]
-                    tangents = {key: chunk[:, a:b].view(size, *shape) for key, shape, a, b in
-                                zip(keys, terms.shapes, terms.offsets, terms.offsets[1:])}
-                    try:
-                        with terms.batch_rng(index):
-                            result = vmap(hvp, randomness="same")(tangents)
-                    except torch.OutOfMemoryError:
-                        if size == 1:
-                            raise
-                        self.limit = max(1, size // 2)  # smaller blocks from now on
-                        if terms.device.type == "cuda":
-                            torch.cuda.empty_cache()
-                        continue
-                    for key, a, b in zip(keys, terms.offsets, terms.offsets[1:]):
-                        out[start:start + size, a:b].add_(result[key].reshape(size, -1), alpha=weight)
-                    del result
-                    start += size
+                def block(tangents, index=index):
+                    with terms.batch_rng(index):
+                        return vmap(hvp, randomness="same")(tangents)
+
+                self.add_in_blocks(out, rows, keys, weight, block)
         return out
+
+
+class FiniteDifference(ProductMethod):
+    """``H v`` by central differences of gradients (see the module docstring): two first-order gradients per
+    vector, the weights moved by ``+- h v`` and copied back exactly after each product.
+
+    The first product calibrates the step: from ``h0 = eps^(1/3) max(1, max_i |theta_i|) / ||v||`` the truncation
+    error (Richardson: ``||D(2h) - D(h)|| / 3``, which grows as ``h^2``) and the rounding error (``eps ||g|| / h``)
+    are measured, and the step that balances them, ``h = h0 (rounding / 2 truncation)^(1/3)`` (between ``h0 /
+    1000`` and ``10 h0``), is kept for every product. :attr:`error`, the stated relative error of a product
+    (``||D - H v|| / ||D||``), is measured at that step: ``(||D(2h) - D(h)|| + eps ||g|| / h) / ||D(h)||``
+    (three times Richardson's estimate of the truncation, plus the rounding); None before the first product."""
+
+    name = "finite-difference"
+
+    def __init__(self, terms: LossTerms, block_size: int | None) -> None:
+        super().__init__(terms, block_size)
+        terms.second_order = False
+        self.error: float | None = None
+        self.eps = float(torch.finfo(terms.params[0].dtype).eps)
+        self.factor: float | None = None  # the calibrated step over the first guess (None: not calibrated yet)
+
+    @property
+    def preferred_block_size(self) -> int:
+        return 1  # a product costs two gradients whatever the block
+
+    def step(self, v: torch.Tensor) -> float:
+        """The step ``h`` for the direction ``v``: ``factor eps^(1/3) max(1, max |theta_i|) / ||v||``."""
+        theta = max(float(p.detach().abs().max()) for p in self.terms.params)
+        return (self.factor or 1.0) * self.eps ** (1.0 / 3.0) * max(1.0, theta) / max(float(v.double().norm()),
+                                                                                       1e-300)
+
+    def quotient(self, v: torch.Tensor, h: float, saved: list[torch.Tensor]) -> torch.Tensor:
+        """``(g(theta + h v) - g(theta - h v)) / 2h``; the weights copied back from ``saved`` after each gradient."""
+        terms = self.terms
+        out = None
+        for sign in (1.0, -1.0):
+            with torch.no_grad():
+                for i, p in enumerate(terms.params):
+                    p.add_(terms.part(v, i), alpha=sign * h)
+            try:
+                g = terms.gradient()
+            finally:
+                with torch.no_grad():
+                    for p, s in zip(terms.params, saved):
+                        p.copy_(s)
+            out = g if out is None else (out - g) / (2 * h)
+        return out
+
+    def matmat(self, rows: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(rows)
+        saved = [p.detach().clone() for p in self.terms.params]
+        with self.terms.model_mode():
+            for j in range(rows.shape[0]):
+                v = rows[j]
+                if not bool(v.any()):
+                    out[j] = 0
+                elif self.factor is None:
+                    out[j] = self.calibrate(v, saved)
+                else:
+                    out[j] = self.quotient(v, self.step(v), saved)
+        return out
+
+    def calibrate(self, v: torch.Tensor, saved: list[torch.Tensor]) -> torch.Tensor:
+        """The first product: the step chosen and :attr:`error` measured (see the class docstring)."""
+        rounding = self.eps * float(self.terms.gradient().double().norm())  # times 1 / h
+        h0 = self.step(v)
+        fine = self.quotient(v, h0, saved)
+        truncation = float((self.quotient(v, 2 * h0, saved) - fine).double().norm()) / 3.0
+        ratio = rounding / h0 / (2.0 * truncation) if truncation > 0 else 1.0
+        self.factor = min(10.0, max(1e-3, ratio ** (1.0 / 3.0)))
+        h = self.step(v)
+        if self.factor != 1.0:
+            fine = self.quotient(v, h, saved)
+        difference = float((self.quotient(v, 2 * h, saved) - fine).double().norm())
+        self.error = (difference + rounding / h) / max(float(fine.double().norm()), 1e-300)
+        return fine

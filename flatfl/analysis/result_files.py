@@ -41,10 +41,12 @@ for _fields in (HESSIAN_FIELDS, CLIENTS_FIELDS, SURFACE_FIELDS):
     _fields.update({k: v for k, v in PROVENANCE_FIELDS.items() if k not in _fields})
 
 
-def clients_file(protocol: str, kind: str = "json") -> str:
+def clients_file(protocol: str, kind: str = "json", curvature: str = "hessian") -> str:
     """The name of a protocol's output: 'clients-default.json', or with ``kind='heatmap'`` the heat map's stem
-    'clients_heatmap-default' (.png / .pdf)."""
-    return f"clients-{protocol}.json" if kind == "json" else f"clients_heatmap-{protocol}"
+    'clients_heatmap-default' (.png / .pdf); another curvature than the Hessian adds its name
+    ('clients-default-ggn.json')."""
+    stem = protocol if curvature == "hessian" else f"{protocol}-{curvature}"
+    return f"clients-{stem}.json" if kind == "json" else f"clients_heatmap-{stem}"
 
 
 def read_result_file(path, what: str = "a flatfl result", fields: Mapping[str, tuple] | None = None,

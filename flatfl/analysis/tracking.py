@@ -34,6 +34,7 @@ from ..checkpoint import FINAL_FILE, Checkpoint
 from ..errors import ConfigError
 from ..utils.hessian_settings import TRACKING_FIELDS, HessianSettings, tracking_settings
 from .hessian_run import compute
+from .curvatures import curvature_operator
 from .distributed import over_ranks
 from .operator import HessianOperator
 
@@ -71,8 +72,10 @@ class CurvatureTracker:
         self._batches = None
 
     def hessian_settings(self) -> dict:
-        """The keywords of ``flatfl hessian`` (run_hessian) that give the same numbers on a checkpoint."""
-        return {name: getattr(self.hessian, name) for name in TRACKING_FIELDS}
+        """The keywords of ``flatfl hessian`` (run_hessian) that give the same numbers on a checkpoint (the curvature
+        only when it is not the Hessian: the record of a Hessian tracking is what it always was)."""
+        return {name: getattr(self.hessian, name) for name in TRACKING_FIELDS
+                if name != "curvature" or self.hessian.curvature != "hessian"}
 
     def wants(self, rnd: int, rounds: int) -> bool:
         return rnd % self.every == 0 or rnd == rounds
@@ -109,7 +112,8 @@ class CurvatureTracker:
         if self._batches is None:  # the same fixed evaluation set every time
             self._batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
         # under torchrun (training over ranks): this rank's shard of the evaluation set, products all-reduced
-        op = over_ranks(lambda shard: HessianOperator(ckpt.model, shard, mode="eval"), self._batches)
+        op = over_ranks(lambda shard: curvature_operator(s.curvature, ckpt.model, shard, mode="eval",
+                                                         products=s.products), self._batches)
         report, _, _ = compute(op, dataclasses.replace(s, density=False))
         row = {"hessian_loss": op.loss(), "hessian_hvps": report["hvps_total"]}
         op.release()

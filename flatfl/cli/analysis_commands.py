@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from ..utils.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # no torch: the defaults
-from ..utils.hessian_settings import DEFAULT_TRACE_METHOD, HessianSettings, estimator, estimator_names
+from ..utils.hessian_settings import (CURVATURES, DEFAULT_TRACE_METHOD, PRODUCT_METHODS, HessianSettings, estimator,
+                                      estimator_names)
 from ..utils.surface_settings import DIRECTION_KINDS, SurfaceSettings
 from .common import apply_threads, friendly_errors, threads_option
 
@@ -65,6 +66,8 @@ Examples:
   flatfl hessian runs/x --per-layer                              # also each module's block: per_layer.csv, figures
   flatfl hessian runs/x --top 200 --density --samples 4096 --out runs/x/hessian
   flatfl hessian runs/x --method power --samples 4096 --out h-pyh  # PyHessian's protocol (power + its trace rule)
+  flatfl hessian runs/x --curvature ggn --top 5 --out runs/x/ggn   # the Gauss-Newton matrix's top 5 and trace
+  flatfl hessian runs/x --products finite-difference              # an operation torch cannot differentiate twice
 """
 
 
@@ -95,6 +98,14 @@ Examples:
 @click.option("--exact-residuals", is_flag=True, default=HESSIAN_DEFAULTS.exact_residuals,
               help="recompute each residual ||Hv - lambda v|| with one more HVP (without it, Lanczos reports the "
               "residual of its recurrence: an estimate that can understate the true one by orders of magnitude)")
+@click.option("--curvature", default=HESSIAN_DEFAULTS.curvature, show_default=True,
+              help=f"{' | '.join(CURVATURES)}: the matrix measured: the Hessian, the generalized Gauss-Newton matrix (J^T H_out J: positive "
+              "semi-definite, the Fisher for cross-entropy) or the empirical Fisher (mean of per-sample gradient "
+              "outer products)")
+@click.option("--products", default=HESSIAN_DEFAULTS.products,
+              show_default=True, help=f"{' | '.join(PRODUCT_METHODS)}: how Hessian products are computed (auto: forward-over-reverse on CUDA, "
+              "double backward elsewhere; finite-difference: two gradients per product, for operations torch cannot "
+              "differentiate twice)")
 @on_a_checkpoint("hessian")
 def hessian(checkpoint, out, where, **opts):
     """Top Hessian eigenvalues, trace and spectral density of a checkpoint's model (mean loss, eval mode)."""
@@ -107,7 +118,11 @@ def hessian(checkpoint, out, where, **opts):
         shown = ", ".join(f"{v:.6g}" for v in values[:5]) + (" ..." if len(values) > 5 else "")
         eigen = report.get("eigen") or {}
         label = estimator("eigenvalues", report["settings"]["method"]).label  # which eigenvalues are the top
-        click.echo(f"top eigenvalues{f' ({label})' if label else ''}: {shown}")
+        curvature = report["settings"].get("curvature", "hessian")
+        of = "" if curvature == "hessian" else f" of the {CURVATURE_NAMES[curvature]}"
+        ratio = report.get("eigenvalue_ratio")
+        ratio_text = f"; lambda_1/lambda_{ratio['k']} = {ratio['value']:.6g}" if ratio else ""
+        click.echo(f"top eigenvalues{of}{f' ({label})' if label else ''}: {shown}{ratio_text}")
         found.append(f"top eigenvalue {values[0]:.6g}{_multiplicity_note(eigen.get('multiplicity'))}")
     if report["trace"]:
         tr = report["trace"]
@@ -123,8 +138,15 @@ def hessian(checkpoint, out, where, **opts):
                    f"{widest['top_eigenvalues'][0]:.6g} ({widest['module']}); traces sum to "
                    f"{layers['trace_sum']:.6g} +- {layers['trace_sum_stderr']:.3g} -> {Path(out) / 'per_layer.csv'}")
         found.append("per-layer curvature")
+    error = (report.get("products") or {}).get("relative_error")
+    if error is not None:
+        found.append(f"finite-difference products (stated relative error {error:.2g})")
     click.echo(f"{', '.join(found)} on {report.get('num_samples')} samples; {report['hvps_total']} HVPs in "
                f"{report['seconds']:.1f} s -> {Path(out) / 'hessian.json'}{where}")
+
+
+#: a curvature's name in the summary lines
+CURVATURE_NAMES = {"hessian": "Hessian", "ggn": "Gauss-Newton matrix", "empirical-fisher": "empirical Fisher"}
 
 
 def _out_folder(checkpoint, out, command: str) -> tuple[str, str]:
@@ -181,6 +203,7 @@ is refused (choose another --out). The run must have been trained with --save-cl
 @click.option("--batch-size", type=int, default=CLIENTS_DEFAULTS.batch_size, help="evaluation batch size (default 256; fedalign 64)")
 @click.option("--tol", type=float, default=CLIENTS_DEFAULTS.tol, show_default=True, help="fedalign: PyHessian's relative stopping tolerance")
 @click.option("--seed", type=int, default=CLIENTS_DEFAULTS.seed, show_default=True, help="seed of the sample draws and the probes")
+@click.option("--curvature", default=CLIENTS_DEFAULTS.curvature, show_default=True, help=f"{' | '.join(CURVATURES)}: the matrix of every client (a curvature other than the Hessian writes files of its own, clients-<protocol>-<curvature>.json, which reports do not use)")
 @model_source_options(CLIENTS_DEFAULTS)
 @on_a_checkpoint("hessian-clients")
 def hessian_clients(checkpoint, out, where, **opts):
@@ -192,7 +215,9 @@ def hessian_clients(checkpoint, out, where, **opts):
     def show(value, err):
         return "n/a" if value is None else f"{value:.6g} +- {'n/a' if err is None else f'{err:.3g}'}"
 
-    click.echo(f"protocol {c['protocol']} ({c['num_clients']} clients, {c['pairs']} pairs, {c['estimator']})")
+    curvature = (c.get("settings") or {}).get("curvature", "hessian")
+    of = "" if curvature == "hessian" else f", of the {CURVATURE_NAMES[curvature]}"
+    click.echo(f"protocol {c['protocol']} ({c['num_clients']} clients, {c['pairs']} pairs, {c['estimator']}{of})")
     click.echo(f"H_N: {show(c['H_N'], c['H_N_stderr'])}")
     click.echo(f"H_D: {show(c['H_D'], c['H_D_stderr'])}")
     click.echo(f"H_N {show(c['H_N'], c['H_N_stderr'])}, H_D {show(c['H_D'], c['H_D_stderr'])} "

@@ -69,7 +69,9 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
     fig = Figure(figsize=PAGE_SIZE)
     FigureCanvasAgg(fig)
     fig.suptitle(title, fontsize=12, weight="bold", y=0.975)
-    records = [r for r in records if r.method in methods]
+    # the page draws the Hessian: runs that tracked another curvature (config.json's tracking) are left out
+    records = [r for r in records if r.method in methods
+               and (getattr(r, "tracking", None) or {}).get("curvature", "hessian") == "hessian"]
     methods = [m for m in methods if any(r.method == m for r in records)]
     rows = [(col, label) for col, label in SERIES if any(_series(r, col) for r in records)]
     parts = sorted({r.partition for r in records})

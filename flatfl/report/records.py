@@ -241,7 +241,8 @@ def precision_setting(settings: dict, metric: str) -> str:
 def data_setting(settings: dict) -> str:
     """What of a Hessian's settings changes what it measures besides the model, method and sample count, as the
     end of :meth:`RunRecord.setting`: ', test split' (another split than :data:`DEFAULT_SPLIT`), ', train mode' (not
-    the evaluation mode), ', loss M:F' (a loss of the user's); '' for the defaults."""
+    the evaluation mode), ', loss M:F' (a loss of the user's), ', ggn curvature' (another matrix than the Hessian:
+    rows of two curvatures are never averaged together), ', finite-difference products'; '' for the defaults."""
     out = ""
     split = settings.get("split", DEFAULT_SPLIT)
     if split not in (None, DEFAULT_SPLIT):
@@ -250,6 +251,10 @@ def data_setting(settings: dict) -> str:
         out += f", {settings['mode']} mode"
     if settings.get("loss") not in _DEFAULT_LOSSES:
         out += f", loss {settings['loss']}"
+    if settings.get("curvature") not in (None, "hessian"):
+        out += f", {settings['curvature']} curvature"
+    if settings.get("products") == "finite-difference":
+        out += ", finite-difference products"
     return out
 
 

@@ -89,8 +89,9 @@ def clients_results(run_dir: Path, analyses: dict[str, dict], final_round: int |
     from ..analysis.result_files import read_clients_file
     from ..runs import CLIENTS_DIR
 
-    def current(data):
-        return final_round is None or measured_round(data) in (None, final_round)
+    def current(data):  # of the final round, and of the Hessian (another curvature's H_N is not the table's)
+        curvature = (data.get("settings") or {}).get("curvature", "hessian") if isinstance(data, dict) else None
+        return curvature == "hessian" and (final_round is None or measured_round(data) in (None, final_round))
 
     found: dict[str, dict] = {}
     for folder in (run_dir / CLIENTS_DIR, run_dir):

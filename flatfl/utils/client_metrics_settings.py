@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError, unknown_name
+from .hessian_settings import CURVATURES
 from .settings import Settings, check_kinds
 from .values import check_seed
 
@@ -33,6 +34,7 @@ class ClientMetricsSettings(Settings):
     device: str = "cpu"
     data_dir: str | None = None  # None: the folder the checkpoint recorded
     model_factory: str | None = None
+    curvature: str = "hessian"  # the matrix of every client: hessian | ggn | empirical-fisher
 
     def validate(self) -> "ClientMetricsSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
@@ -56,4 +58,6 @@ class ClientMetricsSettings(Settings):
         if isinstance(self.tol, bool) or not (isinstance(self.tol, (int, float)) and 0 < self.tol < 1):
             raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {self.tol!r}")
         check_seed(self.seed)
+        if self.curvature not in CURVATURES:
+            raise unknown_name("curvature", self.curvature, CURVATURES)
         return self

@@ -26,7 +26,7 @@ from .values import check_seed
 __all__ = ["Estimator", "KINDS", "register_estimator", "unregister_estimator", "estimator", "estimator_names", "estimator_title",
            "EIGEN_ESTIMATORS", "TRACE_ESTIMATORS", "DENSITY_ESTIMATORS", "DEFAULT_TRACE_METHOD",
            "DEFAULT_DENSITY_METHOD", "HessianSettings", "tracking_settings", "TRACKING_DEFAULTS", "TRACKING_FIELDS",
-           "SPLITS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS", "MAX_TOP"]
+           "SPLITS", "CURVATURES", "PRODUCT_METHODS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS", "MAX_TOP"]
 
 # ---------------------------------------------------------------------------------------------- estimators
 #: the kinds of estimator, as the registry and the error messages name them
@@ -157,6 +157,11 @@ register_estimator("pyhessian", "trace", "flatfl.analysis.estimators:pyhessian",
 register_estimator("slq", "density", "flatfl.analysis.density:spectral_density",
                    title="stochastic Lanczos quadrature")
 SPLITS = ("train", "test")
+#: the curvature matrices an analysis measures (flatfl.analysis.curvatures): the Hessian, the generalized
+#: Gauss-Newton matrix, the empirical Fisher
+CURVATURES = ("hessian", "ggn", "empirical-fisher")
+#: how Hessian-vector products are computed (flatfl.analysis.products); "auto": by device
+PRODUCT_METHODS = ("auto", "double-backward", "forward-over-reverse", "finite-difference")
 
 
 def estimator_title(kind: str, name) -> str:
@@ -195,6 +200,8 @@ class HessianSettings(Settings):
     per_layer: bool = False  # each module's Hessian block too (per_layer.csv, figures, hessian.json's per_layer)
     per_layer_top: int = 1  # top eigenvalues per block
     loss: str | None = None  # "module:function", loss(model, batch) -> scalar, instead of cross-entropy
+    curvature: str = "hessian"  # the matrix measured: hessian | ggn | empirical-fisher (flatfl.analysis.curvatures)
+    products: str = "auto"  # how Hessian products are computed (flatfl.analysis.products); "auto": by device
 
     def validate(self) -> "HessianSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
@@ -234,6 +241,13 @@ class HessianSettings(Settings):
         if self.loss is not None and (":" not in self.loss or not all(self.loss.rpartition(":")[::2])):
             raise ConfigError(f"--loss must be 'module:function' or 'path/to/file.py:function' (a function "
                               f"loss(model, batch) -> scalar), got {self.loss!r}")
+        if self.curvature not in CURVATURES:
+            raise unknown_name("curvature", self.curvature, CURVATURES)
+        if self.products not in PRODUCT_METHODS:
+            raise unknown_name("product method", self.products, PRODUCT_METHODS)
+        if self.curvature != "hessian" and self.products != "auto":
+            raise ConfigError(f"--products {self.products} chooses how Hessian products are computed; the "
+                              f"{self.curvature} curvature has products of its own: leave --products at auto")
         if not (self.top or self.trace or self.density or self.per_layer):
             raise ConfigError("nothing to compute: ask for --top K >= 1, --trace, --density or --per-layer")
         if self.save_eigenvectors and self.top < 1:
@@ -268,7 +282,7 @@ _KINDS = (("top", int, False), ("trace", bool, False), ("density", bool, False),
           ("tol", float, False), ("trace_method", str, True), ("trace_hvps", int, False), ("trace_rtol", float, True),
           ("density_steps", int, False), ("density_starts", int, False), ("exact_residuals", bool, False),
           ("model_factory", str, True), ("per_layer", bool, False), ("per_layer_top", int, False),
-          ("loss", str, True))
+          ("loss", str, True), ("curvature", str, False), ("products", str, False))
 
 
 
@@ -280,7 +294,7 @@ _KINDS = (("top", int, False), ("trace", bool, False), ("density", bool, False),
 TRACKING_DEFAULTS = {"samples": 128, "batch_size": 128, "tol": 1e-2, "trace_method": "hutchinson", "trace_rtol": 0.1,
                      "trace_hvps": 300}
 TRACKING_FIELDS = ("top", "trace", "samples", "batch_size", "split", "method", "seed", "tol", "trace_method",
-                   "trace_hvps", "trace_rtol", "exact_residuals")
+                   "trace_hvps", "trace_rtol", "exact_residuals", "curvature")
 
 
 def tracking_settings(overrides: dict | None = None, device: str = "cpu") -> HessianSettings:
