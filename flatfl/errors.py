@@ -74,3 +74,20 @@ def error_line(text: str, limit: int = MAX_ERROR_LINE) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
+def raised_in(e: BaseException) -> str | None:
+    """Where ``e`` was raised, when that is not flatfl's own code: ``function (file:line)`` of the innermost frame
+    of its traceback (the user's loss, network or factory, a plug-in); None when flatfl's code raised it."""
+    import os
+
+    tb = e.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    if os.path.abspath(code.co_filename).startswith(here):
+        return None
+    return f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})"

@@ -12,10 +12,10 @@ import sys
 
 import click
 
-from ..errors import FlatflError, error_line, unknown_name
+from ..errors import FlatflError, error_line, raised_in, unknown_name
 from ..utils.startup import import_torch_uninterruptibly, settle_source_date_epoch
 
-__all__ = ["friendly_errors", "describe_failure", "interrupted_line", "FlatflGroup", "NameChoice", "THREADS_HELP",
+__all__ = ["friendly_errors", "describe_failure", "interrupted_line", "FlatflGroup", "LazyHelp", "NameChoice", "THREADS_HELP",
            "threads_option", "apply_threads"]
 
 
@@ -32,6 +32,13 @@ def friendly_errors(fn):
         except KeyboardInterrupt as e:
             click.echo(interrupted_line(e), err=True)
             sys.exit(130)
+        except SystemExit as e:  # flatfl's own exits go on; one from user or plug-in code is an error, never 0
+            where = raised_in(e)
+            if where is None:
+                raise
+            click.echo(f"flatfl: error: {where} called sys.exit({e.code!r}) while flatfl ran it; the command did "
+                       "not finish (nothing half-written was kept)", err=True)
+            sys.exit(2)
         except Exception as e:  # no traceback for the user: one line, exit 1 (FLATFL_DEBUG=1 shows it)
             if os.environ.get("FLATFL_DEBUG"):
                 raise
@@ -84,8 +91,8 @@ class FlatflGroup(click.Group):
                     sys.exit(2)
                 import_torch_uninterruptibly()  # a command will run: torch first, Ctrl-C held back meanwhile
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except (click.exceptions.Abort, KeyboardInterrupt):
-            click.echo("flatfl: interrupted", err=True)
+        except (click.exceptions.Abort, KeyboardInterrupt) as e:
+            click.echo(interrupted_line(e) if getattr(e, "hint", None) else "flatfl: interrupted", err=True)
             sys.exit(130)
         except click.ClickException as e:
             where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "flatfl"
@@ -109,6 +116,19 @@ def apply_threads(threads) -> int:
     from ..utils.threads import apply_threads
 
     return apply_threads(threads)
+
+
+class LazyHelp(click.Option):
+    """An option whose help text is computed when help is shown (``lazy_help``, a function of no argument): the
+    estimators' names come from plug-ins, which load only then, not for every command."""
+
+    def __init__(self, *args, lazy_help, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy_help = lazy_help
+
+    def get_help_record(self, ctx):
+        self.help = self.lazy_help()
+        return super().get_help_record(ctx)
 
 
 class NameChoice(click.Choice):

@@ -112,25 +112,70 @@ def unregister_estimator(name: str, kind: str) -> None:
     _REGISTRY[kind].pop(name, None)
 
 
+#: one line per plug-in entry point that was skipped (what the warning on stderr said), for a caller to read
+PLUGIN_PROBLEMS: list[str] = []
+
+
+def _plugin_name(point) -> str:
+    """'the estimator plug-in NAME = VALUE of DIST VERSION': an entry point as its warning names it."""
+    dist = getattr(point, "dist", None)
+    meta = getattr(dist, "metadata", None)
+    owner = f" of the distribution {meta['Name']} {getattr(dist, 'version', '')}".rstrip() if meta else ""
+    return f"the estimator plug-in {point.name} = {point.value}{owner} (entry-point group {ENTRY_POINT_GROUP})"
+
+
+def _register_found(found) -> None:
+    """Register what an entry point gave: an Estimator, a list of them, or a function of no argument that
+    registers them (each checked as :func:`register_estimator` checks; a name already taken is refused)."""
+    for item in (found if isinstance(found, (list, tuple)) else [found]):
+        if isinstance(item, Estimator):
+            register_estimator(item.name, item.kind, item.function, label=item.label, title=item.title,
+                               residuals=item.residuals, trace_method=item.trace_method, defaults=item.defaults)
+        elif callable(item):
+            item()
+        else:
+            raise ConfigError(f"it gave a {type(item).__name__}, not an Estimator, a list of them or a function "
+                              "that registers them")
+
+
 def _load_entry_points() -> None:
-    """The estimators other packages declare in the entry-point group ``flatfl.estimators`` (once)."""
+    """The estimators other packages declare in the entry-point group ``flatfl.estimators`` (once, when a name is
+    first asked for). Each loads in isolation: one that cannot be imported, raises (SystemExit included), gives
+    something else than estimators, names an unknown kind or a name already taken is skipped whole (what it
+    registered before failing is taken back), with one warning line on stderr naming its distribution and entry
+    point; the others and every command go on. Ctrl-C while one loads is an interruption naming it."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
+    import sys
     from importlib.metadata import entry_points
 
-    for point in entry_points(group=ENTRY_POINT_GROUP):
+    try:
+        points = list(entry_points(group=ENTRY_POINT_GROUP))
+    except Exception as e:  # noqa: BLE001 - unreadable installed metadata: no plug-ins, one warning
+        points = []
+        PLUGIN_PROBLEMS.append(f"the installed packages' entry points cannot be read ({type(e).__name__}: {e})")
+        sys.stderr.write(f"flatfl: warning: {PLUGIN_PROBLEMS[-1]}\n")
+    for point in points:
+        before = {kind: dict(entries) for kind, entries in _REGISTRY.items()}
         try:
-            found = point.load()
-        except Exception as e:  # noqa: BLE001 - a broken plug-in is named, not fatal
-            raise ConfigError(f"the estimator entry point {point.name!r} ({point.value}) cannot be loaded: "
-                              f"{e}") from None
-        for item in (found if isinstance(found, (list, tuple)) else [found]):
-            if isinstance(item, Estimator):
-                _REGISTRY[item.kind].setdefault(item.name, item)
-            elif callable(item):
-                item()
+            _register_found(point.load())
+        except KeyboardInterrupt as e:
+            e.hint = f"while loading {_plugin_name(point)}; nothing was written"
+            raise
+        except BaseException as e:  # noqa: BLE001 - a broken plug-in is skipped with one line, never fatal
+            for kind, entries in before.items():
+                _REGISTRY[kind].clear()
+                _REGISTRY[kind].update(entries)
+            if isinstance(e, SystemExit):
+                why = f"it called sys.exit({e.code!r}) while loading"
+            elif isinstance(e, ConfigError):
+                why = str(e)
+            else:
+                why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+            PLUGIN_PROBLEMS.append(f"{_plugin_name(point)} is skipped: {why}")
+            sys.stderr.write(f"flatfl: warning: {PLUGIN_PROBLEMS[-1]}\n")
 
 
 def estimator_names(kind: str) -> tuple[str, ...]:
@@ -141,6 +186,8 @@ def estimator_names(kind: str) -> tuple[str, ...]:
 
 def estimator(kind: str, name: str) -> Estimator:
     """The registered estimator ``name`` of ``kind``; ConfigError ``unknown eigenvalue method 'x': ...``."""
+    if name in _REGISTRY[kind]:  # registered already (a built-in): no plug-in is loaded for it
+        return _REGISTRY[kind][name]
     names = estimator_names(kind)
     if name not in _REGISTRY[kind]:
         raise unknown_name(f"{KINDS[kind]} method", name, names)
