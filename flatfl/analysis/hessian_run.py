@@ -138,6 +138,12 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
                   title: str = "") -> list[Path]:
     """Render everything in memory, then write each file atomically into ``out`` (``hessian.json`` last)."""
     out = check_out_folder(out)
+    if not report.get("per_layer"):  # an earlier --per-layer of these weights: kept, its files written again
+        earlier = _previous_clients_section(out / "hessian.json", report.get("checkpoint"),
+                                            report.get("weights_sha256"), refuse_other=True, key="per_layer")
+        if earlier is not None:  # marked, with the settings it was computed with (its samples, seed...)
+            kept = {"settings": (read_hessian_file(out / "hessian.json") or {}).get("settings")}
+            report = dict(report, per_layer=dict(earlier, kept_from_earlier_analysis=kept))
     figures = hessian_figures(report, title)
     if report.get("per_layer"):
         from .per_layer import per_layer_csv, per_layer_figure
@@ -186,22 +192,24 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
     return list(files)
 
 
-def _previous_clients_section(path: Path, checkpoint, digest=None, refuse_other: bool = False) -> dict | None:
-    """The ``clients`` section of an existing hessian.json for the same model (same weights digest; the same
-    checkpoint path for files written before digests were recorded), if any. With ``refuse_other``, a ``clients``
-    section of other weights (``flatfl hessian-clients`` results that this write would drop) is a ConfigError."""
+def _previous_clients_section(path: Path, checkpoint, digest=None, refuse_other: bool = False,
+                              key: str = "clients") -> dict | None:
+    """The ``clients`` section (or ``key``: ``per_layer``) of an existing hessian.json for the same model (same
+    weights digest; the same checkpoint path for files written before digests were recorded), if any. With
+    ``refuse_other``, such a section of other weights (results that this write would drop) is a ConfigError."""
     try:
         old = read_hessian_file(path)
     except ResultFileError:
         return None  # not a flatfl hessian.json: replaced (refuse_foreign kept a user's own file)
-    if old is None or not isinstance(old.get("clients"), dict):
+    if old is None or not isinstance(old.get(key), dict):
         return None
     same = old.get("weights_sha256") == digest if digest and old.get("weights_sha256") else \
         old.get("checkpoint") == checkpoint
     if not same and refuse_other:
-        raise ConfigError(f"{path} holds 'flatfl hessian-clients' results of other weights ({old.get('checkpoint')}, "
-                          f"round {old.get('round')}); writing here would drop them: choose another --out")
-    return old["clients"] if same else None
+        what = "'flatfl hessian-clients' results" if key == "clients" else "per-layer results (per_layer.csv)"
+        raise ConfigError(f"{path} holds {what} of other weights ({old.get('checkpoint')}, round {old.get('round')}); "
+                          f"writing here would drop them: choose another --out")
+    return old[key] if same else None
 
 
 @dataclass
@@ -268,6 +276,8 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
     # refused before any work: hessian-clients results of other weights in --out would be dropped
     digest = weights_digest(ckpt.model)  # the weights are not changed by the analysis
     _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True)
+    if not s.per_layer:  # nor per-layer results of other weights, which a run without --per-layer would drop
+        _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True, key="per_layer")
     batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
     op = HessianOperator(ckpt.model, batches, mode="eval", loss=loss)
     if s.top > op.dim:
@@ -281,6 +291,9 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
             op.on_hvp = None
     loss = op.loss()
     op.release()
+    if weights_digest(ckpt.model) != digest:  # a loss that changed the weights: the Hessian of other weights
+        raise ConfigError(f"the model's weights changed during the analysis{f' (--loss {s.loss})' if s.loss else ''}"
+                          ": a loss must not modify the model's parameters or buffers; nothing was written")
 
     header = {
         **cmd.header(digest=digest, num_params=op.dim),

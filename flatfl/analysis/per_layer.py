@@ -153,7 +153,9 @@ def per_layer_curvature(op: CurvatureOperator, top: int = 1, *, grouping: str = 
         index = torch.cat([torch.arange(offsets[j], offsets[j + 1]) for j in members])
         block = BlockOperator(op, index, [shapes[j] for j in members])
         k = min(int(top), block.dim)
-        if block.dim <= dense_up_to:
+        if block.dim == 0:  # parameters of no entries (a zero-element tensor): an empty block, of trace 0 exactly
+            values, residuals, trace, stderr, method = [], [], 0.0, 0.0, "empty"
+        elif block.dim <= dense_up_to:
             dense = _dense_block(block, max(1, min(block.dim, 32)))
             values, vectors = np.linalg.eigh(dense)
             order = np.argsort(values)[::-1][:k]
