@@ -121,3 +121,148 @@ def test_sys_exit_in_a_loss_is_one_line_naming_it_never_exit_0(checkpoint, tmp_p
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "exiting_loss.py" in lines[0] and "sys.exit(0)" in lines[0], lines
+
+
+# ----- user functions checked where they enter -----
+LOSSES = '''
+import torch
+import torch.nn.functional as F
+
+class Criterion:
+    def __init__(self, model, batch):
+        pass
+
+def one_argument(model):
+    return 0.0
+
+def detached(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y).detach()
+
+def integer(model, batch):
+    return torch.tensor(3)
+
+def raises(model, batch):
+    raise ValueError("my own bug")
+
+def changes_weights(model, batch):
+    x, y = batch
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+    return F.cross_entropy(model(x), y)
+'''
+
+
+@pytest.fixture(scope="module")
+def losses(tmp_path_factory) -> Path:
+    """The losses' file, written once (imported once by its name, as --loss imports it)."""
+    path = tmp_path_factory.mktemp("losses") / "user_losses_checked.py"
+    path.write_text(LOSSES)
+    return path
+
+
+@pytest.mark.parametrize("name, words", [
+    ("Criterion", "Criterion is a class"),
+    ("one_argument", "one_argument(model) cannot take those two arguments"),
+    ("detached", "no graph to the parameters"),
+    ("integer", "torch.int64 tensor (3)"),
+    ("raises", "raised ValueError: my own bug on batch 0 (in raises ("),
+    ("changes_weights", "the model's weights changed during the analysis"),
+])
+def test_a_loss_that_is_not_one_is_one_line_naming_it(checkpoint, losses, tmp_path, name, words):
+    out = tmp_path / "h"
+    r = CliRunner().invoke(main, ["hessian", str(checkpoint), "--loss", f"{losses}:{name}", "--samples", "32",
+                                  "--no-trace", "--quiet", "--out", str(out)])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert words in r.output and "internal error" not in r.output and "invalid data" not in r.output
+    assert not (out / "hessian.json").exists()
+
+
+def test_own_networks_returning_a_dict_or_with_nothing_to_train_are_refused_before_training(tmp_path):
+    from torch import nn
+
+    from combinations import case_data
+    from flatfl.errors import ConfigError
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+
+    class DictOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 10)
+
+        def forward(self, x):
+            return {"logits": self.fc(x.flatten(1))}
+
+    frozen = nn.Sequential(nn.Flatten(), nn.Linear(64, 10)).requires_grad_(False)
+    cfg = RunConfig(model="mlp", clients=2, rounds=1, batch_size=8, seed=0).validate()
+    for net, words in ((DictOut(), "returns a dict with keys 'logits'"), (frozen, "no trainable parameter")):
+        with pytest.raises(ConfigError, match=words):
+            Trainer(cfg, tmp_path / "run", quiet=True, dataset=case_data(8), model=net)
+
+
+def test_a_zero_element_parameter_is_an_empty_block_and_the_others_unchanged():
+    import torch
+    from torch import nn
+
+    from flatfl.analysis import hessian
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+
+    class WithEmpty(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = plain
+            self.empty = nn.Parameter(torch.zeros(0, dtype=torch.float64))
+
+        def forward(self, x):
+            return self.net(x) + self.empty.sum()
+
+    x, y = torch.randn(12, 5, dtype=torch.float64), torch.randint(0, 3, (12,))
+    mine = hessian(WithEmpty(), data=(x, y)).per_layer(2, dense_up_to=100)
+    truth = hessian(plain, data=(x, y)).per_layer(2, dense_up_to=100)
+    empty, *rest = mine.blocks
+    assert (empty.module, empty.dim, empty.trace, len(empty.eigenvalues)) == ("(model)", 0, 0.0, 0)
+    for a, b in zip(rest, truth.blocks):
+        assert a.module == "net." + b.module and a.dim == b.dim
+        assert abs(a.trace - b.trace) <= 1e-12 * abs(b.trace)
+        assert max(abs(a.eigenvalues - b.eigenvalues)) <= 1e-12 * max(abs(b.eigenvalues))
+
+
+# ----- the Python API -----
+def test_the_python_api_refuses_16_bit_models_bad_tolerances_and_endless_loaders(monkeypatch):
+    import itertools
+
+    import torch
+    from torch import nn
+
+    from flatfl.analysis import batches as batches_module
+    from flatfl.analysis import hessian
+    from flatfl.errors import ConfigError
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    with pytest.raises(ConfigError, match="torch.bfloat16: Hessian products in 16-bit"):
+        hessian(nn.Sequential(nn.Linear(4, 2)).bfloat16(), data=(x.bfloat16(), y))
+    h = hessian(model, data=(x, y))
+    for tol in (float("inf"), float("nan"), 0.0, -1e-3):
+        with pytest.raises(ConfigError, match="tol must be a finite positive number"):
+            h.eigenvalues(tol=tol)
+        with pytest.raises(ConfigError, match="tol must be a finite positive number"):
+            h.trace(tol=tol)
+    with pytest.raises(ConfigError, match="rtol must be a finite positive number or None"):
+        h.trace_estimate(rtol=float("inf"))
+
+    def endless():
+        while True:
+            yield x, y
+
+    monkeypatch.setattr(batches_module, "MAX_UNSIZED_BATCHES", 5)
+    with pytest.raises(ConfigError, match="no length and yielded more than 5 batches"):
+        hessian(model, dataloader=endless())
+    bounded = hessian(model, dataloader=itertools.islice(endless(), 5))  # 5 copies of the batch: its Hessian
+    assert bounded.num_samples == 80
+    assert abs(bounded.eigenvalues()[0][0] - h.eigenvalues()[0][0]) <= 1e-5 * abs(h.eigenvalues()[0][0])
