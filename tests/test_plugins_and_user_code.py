@@ -266,3 +266,42 @@ def test_the_python_api_refuses_16_bit_models_bad_tolerances_and_endless_loaders
     bounded = hessian(model, dataloader=itertools.islice(endless(), 5))  # 5 copies of the batch: its Hessian
     assert bounded.num_samples == 80
     assert abs(bounded.eigenvalues()[0][0] - h.eigenvalues()[0][0]) <= 1e-5 * abs(h.eigenvalues()[0][0])
+
+
+# ----- outputs: a folder's identity includes every setting that changes its content -----
+def test_a_reproduction_of_another_model_never_writes_into_the_default_models_report(tmp_path, monkeypatch):
+    import json
+
+    import flatfl.reproduce as rep
+
+    monkeypatch.setattr(rep, "REPORTS_DIR", tmp_path / "reports")
+    default = rep.default_out("man-tables", "tiny")
+    assert default.name == "man-tables-tiny"
+    assert rep.default_out("man-tables", "tiny", model="clients-average") == default  # the tables' own model
+    assert rep.default_out("man-tables", "tiny", model="server").name == "man-tables-tiny-model-server"
+    assert rep.default_out("man-tables", "tiny", model="server", track_hessian=5).name == \
+        "man-tables-tiny-model-server-track5"
+    assert rep.default_out("man-tables", "tiny", "FedAvg", model="server").name == "man-tables-tiny-fedavg-model-server"
+    # an explicit --out holding the same runs' report of the tables' model: refused before any run trains
+    runs = tmp_path / "runs"
+    names = [t.name for t in rep.plan("man-tables", "tiny", runs_dir=runs)]
+    default.mkdir(parents=True)
+    (default / "summary.json").write_text(json.dumps({"runs": len(names), "models": {
+        "man-table2": "clients-average", "man-table6": "clients-average"}}))
+    (default / "runs.csv").write_text("run,method\n" + "".join(f"{n},x\n" for n in names))
+    before = {p.name: p.read_bytes() for p in default.iterdir()}
+    r = CliRunner().invoke(main, ["reproduce", "man-tables", "--preset", "tiny", "--runs-dir", str(runs), "--threads",
+                                  "1", "--workers", "1", "--model", "server", "--out", str(default)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert "measuring the clients-average model; this reproduction measures the server model" in r.stderr
+    assert not runs.exists() and {p.name: p.read_bytes() for p in default.iterdir()} == before
+
+
+def test_gpu_check_refuses_an_out_it_cannot_create_in_one_line(tmp_path):
+    (tmp_path / "a-file").write_text("mine\n")
+    out = tmp_path / "a-file" / "check"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--smoke", "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert done.stderr.strip().splitlines() == [f"gpu_check: error: --out {out} cannot be used: Not a directory"]
+    assert (tmp_path / "a-file").read_text() == "mine\n"
