@@ -305,3 +305,23 @@ def test_gpu_check_refuses_an_out_it_cannot_create_in_one_line(tmp_path):
     assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
     assert done.stderr.strip().splitlines() == [f"gpu_check: error: --out {out} cannot be used: Not a directory"]
     assert (tmp_path / "a-file").read_text() == "mine\n"
+
+
+# ----- an option's check at the command line is the one the computation needs -----
+@pytest.mark.parametrize("flags, need", [((), 2), (("--trace-method", "hutchinson", "--per-layer"), 2),
+                                         (("--trace-method", "hutchinson"), 1), (("--no-trace",), 1)])
+def test_trace_hvps_is_checked_against_what_the_estimators_need(flags, need):
+    from flatfl.errors import ConfigError
+    from flatfl.utils.hessian_settings import HessianSettings
+
+    method = flags[1] if flags[:1] == ("--trace-method",) else None
+    settings = dict(trace_method=method, per_layer="--per-layer" in flags, trace="--no-trace" not in flags)
+    HessianSettings(trace_hvps=need, **settings).validate()
+    with pytest.raises(ConfigError, match=rf"^--trace-hvps must be >= {need}\b"):
+        HessianSettings(trace_hvps=need - 1, **settings).validate()
+
+
+def test_the_smallest_trace_budget_the_check_admits_runs(checkpoint, tmp_path):
+    r = CliRunner().invoke(main, ["hessian", str(checkpoint), "--trace-hvps", "2", "--per-layer", "--samples", "32",
+                                  "--quiet", "--out", str(tmp_path / "h")])
+    assert r.exit_code == 0, r.output
