@@ -325,3 +325,22 @@ def test_the_smallest_trace_budget_the_check_admits_runs(checkpoint, tmp_path):
     r = CliRunner().invoke(main, ["hessian", str(checkpoint), "--trace-hvps", "2", "--per-layer", "--samples", "32",
                                   "--quiet", "--out", str(tmp_path / "h")])
     assert r.exit_code == 0, r.output
+
+
+# ----- MAN records the modules it hooked -----
+def test_man_on_an_own_network_records_the_modules_it_hooked_in_config_json(tmp_path):
+    import json
+
+    import torch
+
+    from combinations import CASE_SEED, GeluLayerNormResidual, case_data
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+
+    torch.manual_seed(CASE_SEED)
+    net = GeluLayerNormResidual()  # GELUs act0 (input), act1 (residual branch), act (before the classifier)
+    cfg = RunConfig(model="mlp", reg="man", clients=2, rounds=1, batch_size=16, seed=0).validate()
+    Trainer(cfg, tmp_path / "run", quiet=True, dataset=case_data(8), model=net).run()
+    record = json.loads((tmp_path / "run" / "config.json").read_text())["regularizer"]
+    assert record == {"hooked_modules": ["act0", "act1", "act"],
+                      "chosen_by": "the non-linearity modules before the final linear layer"}
