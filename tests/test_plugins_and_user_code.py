@@ -344,3 +344,58 @@ def test_man_on_an_own_network_records_the_modules_it_hooked_in_config_json(tmp_
     record = json.loads((tmp_path / "run" / "config.json").read_text())["regularizer"]
     assert record == {"hooked_modules": ["act0", "act1", "act"],
                       "chosen_by": "the non-linearity modules before the final linear layer"}
+
+
+# ----- progress with the time left -----
+def test_each_phases_bound_holds_what_the_phase_spent(checkpoint, tmp_path):
+    """The bar's total is the products left at most: every phase of a real run spends no more than its bound."""
+    import json
+
+    from flatfl.analysis.progress import phase_bounds
+    from flatfl.utils.hessian_settings import HessianSettings
+
+    args = ["--top", "3", "--per-layer", "--density", "--density-steps", "20", "--trace-hvps", "30"]
+    r = CliRunner().invoke(main, ["hessian", str(checkpoint), *args, "--samples", "64", "--quiet", "--out",
+                                  str(tmp_path / "h")])
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "h" / "hessian.json").read_text())
+    blocks = report["per_layer"]["blocks"]
+    settings = HessianSettings(top=3, per_layer=True, density=True, density_steps=20, trace_hvps=30)
+    bounds = dict(phase_bounds(settings, report["num_params"], [b["dim"] for b in blocks]))
+    spent = {"top eigenvalues": report["eigen"]["hvps"], "trace": report["trace"]["hvps"],
+             "density": report["density"]["hvps"],
+             **{f"per-layer block {i + 1}/{len(blocks)}": b["hvps"] for i, b in enumerate(blocks)}}
+    assert set(bounds) == set(spent) and all(spent[k] <= bounds[k] for k in spent), (spent, bounds)
+    assert bounds["density"] == 20 * settings.density_starts and bounds["trace"] == 30
+
+
+def test_the_bar_total_is_the_products_left_at_most_tightened_at_each_phase():
+    from flatfl.analysis.progress import PhasedProgress
+
+    class Bar:  # what PhasedProgress reads and sets of a tqdm bar
+        n, total, description = 0, None, ""
+
+        def update(self, k):
+            self.n += k
+
+        def set_description(self, text, refresh=True):
+            self.description = text
+
+        def refresh(self):
+            pass
+
+    bar = Bar()
+    progress = PhasedProgress(bar, [("top eigenvalues", 660), ("trace", 100), ("density", 80)])
+    progress.next_phase("top eigenvalues")
+    assert bar.total == 840 and bar.description.startswith("top eigenvalues")
+    progress.update(40)  # Lanczos converged after 40 of its 660
+    progress.next_phase("trace")
+    assert bar.total == 40 + 100 + 80
+    progress.update(100)
+    progress.next_phase("density")
+    assert bar.total == 140 + 80
+    unknown = PhasedProgress(Bar(), [("top eigenvalues", None), ("trace", 100)])  # a plug-in's phase: no total
+    unknown.next_phase("top eigenvalues")
+    assert unknown.bar.total is None
+    unknown.next_phase("trace")
+    assert unknown.bar.total == 100

@@ -37,6 +37,8 @@ from ..errors import CheckpointError, ConfigError
 from ..utils.hessian_settings import DEFAULT_DENSITY_METHOD, HessianSettings
 from ..utils.io import json_safe
 from ..utils.lock import locks_output
+from .per_layer import layer_sizes
+from .progress import PhasedProgress, phase_bounds
 from .command import (AnalysisCommand, check_out_folder, keyword_signature, progress_bar, versions, weights_digest,
                       write_result)
 from .estimators import estimate_density, estimate_eigenvalues, estimate_trace
@@ -59,13 +61,15 @@ ANALYSE_FIELDS = ("top", "method", "tol", "trace", "trace_method", "trace_hvps",
                   "density_steps", "density_starts", "seed", "exact_residuals", "per_layer", "per_layer_top")
 
 
-def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: bool = False):
+def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: bool = False, on_phase=None):
     """Run the estimators ``settings`` ask for on ``op``; returns ``(report, eigen_result, density_result)``.
 
     The trace estimator is ``settings.resolved_trace_method`` (the eigenvalue method's own when none is given:
     power iteration runs PyHessian's whole protocol, docs/update-rules.md §21). Each estimator gets its own seed
     stream: ``seed`` for the eigenvalues, ``seed + 1`` for the trace, ``seed + 2`` for the density.
+    ``on_phase(name)``: called as each phase begins (:mod:`flatfl.analysis.progress`).
     """
+    phase = on_phase or (lambda name: None)
     op = as_operator(op, "the Hessian analysis")
     s = settings
     if s.top > op.dim:
@@ -74,6 +78,7 @@ def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: b
     report: dict = {}
     eig = dens = None
     if s.top > 0:
+        phase("top eigenvalues")
         eig = estimate_eigenvalues(op, s.method, s.top, tol=s.tol, seed=s.seed, return_vectors=keep_vectors,
                                    exact_residuals=s.exact_residuals)
         report["top_eigenvalues"] = eig.eigenvalues.tolist()
@@ -88,11 +93,13 @@ def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: b
         report["error_estimates"] = None
         report["eigen"] = None
     if s.trace:
+        phase("trace")
         tr = estimate_trace(op, s.resolved_trace_method, max_hvps=s.trace_hvps, rtol=s.trace_rtol, seed=s.seed + 1)
         report["trace"] = json_safe(tr.as_dict())
     else:
         report["trace"] = None
     if s.density:
+        phase("density")
         dens = estimate_density(op, DEFAULT_DENSITY_METHOD, steps=s.density_steps, starts=s.density_starts,
                                 seed=s.seed + 2)
         report["density"] = json_safe(dens.as_dict())
@@ -102,7 +109,7 @@ def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: b
         from .per_layer import per_layer_curvature
 
         layers = per_layer_curvature(op, s.per_layer_top, tol=s.tol, trace_hvps=s.trace_hvps, trace_rtol=s.trace_rtol,
-                                     seed=s.seed + 3)
+                                     seed=s.seed + 3, on_block=lambda i: phase("per-layer block"))
         report["per_layer"] = json_safe(layers.as_dict())
     report["hvps_total"] = int(op.hvps)
     # where the random vectors were drawn (a generator on the operator's device, seeded from seed, seed + 1, seed + 2)
@@ -284,9 +291,10 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
         raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
 
     with progress_bar(quiet, desc="Hessian-vector products", unit="HVP") as bar:
-        op.on_hvp = bar.update
+        progress = PhasedProgress(bar, phase_bounds(s, op.dim, layer_sizes(op) if s.per_layer else None))
+        op.on_hvp = progress.update
         try:
-            report, eig, dens = compute(op, s, keep_vectors=s.save_eigenvectors)
+            report, eig, dens = compute(op, s, keep_vectors=s.save_eigenvectors, on_phase=progress.next_phase)
         finally:
             op.on_hvp = None
     loss = op.loss()
