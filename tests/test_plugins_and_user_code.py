@@ -399,3 +399,22 @@ def test_the_bar_total_is_the_products_left_at_most_tightened_at_each_phase():
     assert unknown.bar.total is None
     unknown.next_phase("trace")
     assert unknown.bar.total == 100
+
+
+def test_sys_exit_in_an_own_networks_forward_is_one_line_naming_it(checkpoint, tmp_path):
+    (tmp_path / "exiting_network_59.py").write_text(textwrap.dedent('''
+        import sys, types
+        from flatfl.models import build_model
+
+        def net():
+            model = build_model("tiny", num_classes=10, in_channels=1, image_size=8)
+            def forward(self, x):
+                sys.exit(0)
+            model.forward = types.MethodType(forward, model)
+            return model
+    '''))
+    r = CliRunner().invoke(main, ["hessian", str(checkpoint), "--model-factory",
+                                  f"{tmp_path / 'exiting_network_59.py'}:net", "--samples", "32", "--quiet",
+                                  "--out", str(tmp_path / "h")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert "forward (" in r.output and "exiting_network_59.py:8) called sys.exit(0)" in r.output
