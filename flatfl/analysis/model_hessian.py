@@ -87,7 +87,7 @@ def _check_tol(name: str, value, none: bool = False) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or \
             not np.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a finite positive number{' or None' if none else ''}, got {value!r}")
+        raise ConfigError(f"{name} must be positive and finite (a number){' or None' if none else ''}, got {value!r}")
 
 
 #: the floating types the products compute in; 16-bit ones are refused (their eigenvalues are tens of percent off)
