@@ -418,3 +418,20 @@ def test_sys_exit_in_an_own_networks_forward_is_one_line_naming_it(checkpoint, t
                                   "--out", str(tmp_path / "h")])
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
     assert "forward (" in r.output and "exiting_network_59.py:8) called sys.exit(0)" in r.output
+
+
+def test_an_own_network_returning_a_dict_is_one_line_for_the_criterion(checkpoint, tmp_path):
+    (tmp_path / "dict_network_59.py").write_text(textwrap.dedent('''
+        from flatfl.models import build_model
+
+        def net():
+            model = build_model("tiny", num_classes=10, in_channels=1, image_size=8)
+            plain = model.forward
+            model.forward = lambda x: {"logits": plain(x)}
+            return model
+    '''))
+    r = CliRunner().invoke(main, ["hessian", str(checkpoint), "--model-factory",
+                                  f"{tmp_path / 'dict_network_59.py'}:net", "--samples", "32", "--quiet",
+                                  "--out", str(tmp_path / "h")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert "the model returns a dict with keys 'logits', not a tensor" in r.output

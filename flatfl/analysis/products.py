@@ -140,7 +140,7 @@ class LossTerms:
                 loss = user_call(self.objective, self.model, self.batches[index], index=index)
             else:
                 inputs, targets = self.batches[index]
-                loss = self.loss_fn(self.model(inputs), targets)
+                loss = self.loss_fn(check_outputs(self.model(inputs)), targets)
         check_scalar(loss, self.objective is not None)
         if torch.is_grad_enabled() and not loss.requires_grad:
             check_differentiable(loss, self.objective is not None)
@@ -160,7 +160,7 @@ class LossTerms:
                              index=index, name=self.objective)
         else:
             inputs, targets = batch
-            loss = self.loss_fn(functional_call(self.model, params, (inputs,)), targets)
+            loss = self.loss_fn(check_outputs(functional_call(self.model, params, (inputs,))), targets)
         check_scalar(loss, self.objective is not None)
         return loss
 
@@ -185,6 +185,15 @@ def check_scalar(loss, objective: bool) -> None:
     if loss.dim() != 0:
         raise ConfigError(f"{name} must return a scalar (the mean loss over the batch), got a tensor of shape "
                           f"{tuple(loss.shape)}")
+
+
+def check_outputs(outputs):
+    """The model's outputs for the criterion: a tensor (ConfigError naming what it returned otherwise)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    keys = f" with keys {', '.join(map(repr, list(outputs)[:4]))}" if isinstance(outputs, dict) else ""
+    raise ConfigError(f"the model returns a {type(outputs).__name__}{keys}, not a tensor of scores (batch, classes) "
+                      "for the criterion; give a loss(model, batch) (--loss) that takes what the model returns")
 
 
 def check_differentiable(loss: torch.Tensor, objective: bool) -> None:
