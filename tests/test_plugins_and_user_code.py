@@ -435,3 +435,17 @@ def test_an_own_network_returning_a_dict_is_one_line_for_the_criterion(checkpoin
                                   "--out", str(tmp_path / "h")])
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
     assert "the model returns a dict with keys 'logits', not a tensor" in r.output
+
+
+def test_per_layer_results_of_other_weights_are_not_dropped(checkpoint, tmp_path):
+    """A folder holding --per-layer results of one checkpoint: flatfl hessian of other weights without --per-layer
+    is refused before any work, the files as they were; with --per-layer it replaces them."""
+    other = train_tiny(tmp_path / "other", "--seed", "1") / "final.pt"
+    out = tmp_path / "h"
+    common = ["--samples", "32", "--trace-hvps", "20", "--quiet", "--out", str(out)]
+    assert CliRunner().invoke(main, ["hessian", str(checkpoint), "--per-layer", *common]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    r = CliRunner().invoke(main, ["hessian", str(other), *common])
+    assert r.exit_code == 2 and "holds per-layer results (per_layer.csv) of other weights" in r.output, r.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert CliRunner().invoke(main, ["hessian", str(other), "--per-layer", *common]).exit_code == 0
