@@ -449,3 +449,13 @@ def test_per_layer_results_of_other_weights_are_not_dropped(checkpoint, tmp_path
     assert r.exit_code == 2 and "holds per-layer results (per_layer.csv) of other weights" in r.output, r.output
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert CliRunner().invoke(main, ["hessian", str(other), "--per-layer", *common]).exit_code == 0
+
+
+def test_gpu_check_writes_a_relative_out_where_it_was_run(tmp_path):
+    """--out relative to the folder gpu_check is run from (its parts run from the repository root)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--smoke", "--parts",
+                           "hessian", "--out", "rel/check"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    assert {"gpu-check.md", "hessian.json", "hessian.log"} <= {p.name for p in (tmp_path / "rel" / "check").iterdir()}
+    assert not (ROOT / "rel").exists()
