@@ -91,3 +91,23 @@ def raised_in(e: BaseException) -> str | None:
     if os.path.abspath(code.co_filename).startswith(here):
         return None
     return f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})"
+
+
+def user_frame(e: BaseException) -> str | None:
+    """The innermost frame of ``e``'s traceback in code that is neither flatfl's nor an installed package's nor
+    Python's own (your network's ``forward``, a loss, a factory): ``function (file:line)``, or None."""
+    import os
+    import sysconfig
+
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    libraries = {os.path.abspath(p) + os.sep for p in (sysconfig.get_paths().get(k) for k in
+                                                       ("stdlib", "platstdlib", "purelib", "platlib")) if p}
+    found, tb = None, e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        path = os.path.abspath(code.co_filename)
+        if not path.startswith(here) and not any(path.startswith(lib) for lib in libraries) \
+                and not code.co_filename.startswith("<"):
+            found = f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return found

@@ -459,3 +459,22 @@ def test_gpu_check_writes_a_relative_out_where_it_was_run(tmp_path):
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     assert {"gpu-check.md", "hessian.json", "hessian.log"} <= {p.name for p in (tmp_path / "rel" / "check").iterdir()}
     assert not (ROOT / "rel").exists()
+
+
+def test_a_value_error_in_an_own_networks_forward_is_named_as_its_not_the_datas(checkpoint, tmp_path):
+    (tmp_path / "checking_network_59.py").write_text(textwrap.dedent('''
+        from flatfl.models import build_model
+
+        def net():
+            model = build_model("tiny", num_classes=10, in_channels=1, image_size=8)
+            def forward(x):
+                raise ValueError("my network's own check failed")
+            model.forward = forward
+            return model
+    '''))
+    r = CliRunner().invoke(main, ["hessian", str(checkpoint), "--model-factory",
+                                  f"{tmp_path / 'checking_network_59.py'}:net", "--samples", "32", "--quiet",
+                                  "--out", str(tmp_path / "h")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert "ValueError in your code, forward (" in r.output and "checking_network_59.py:7): my network's" in r.output
+    assert "invalid data" not in r.output

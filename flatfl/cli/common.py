@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from ..errors import FlatflError, error_line, raised_in, unknown_name
+from ..errors import FlatflError, error_line, raised_in, unknown_name, user_frame
 from ..utils.startup import import_torch_uninterruptibly, settle_source_date_epoch
 
 __all__ = ["friendly_errors", "describe_failure", "interrupted_line", "FlatflGroup", "LazyHelp", "NameChoice", "THREADS_HELP",
@@ -71,9 +71,12 @@ def describe_failure(e: BaseException) -> str:
     if isinstance(e, UnicodeDecodeError):
         return f"a file is not UTF-8 text ({e.reason} at byte {e.start})"
     text = " ".join(str(e).split())[:200]
+    where = user_frame(e)  # raised in (or under) your own code: named, not blamed on the data
     if isinstance(e, ValueError):
-        return f"invalid data: {text or type(e).__name__}"
-    return f"internal error {type(e).__name__}: {text} (set FLATFL_DEBUG=1 for the traceback)"
+        return f"{type(e).__name__} in your code, {where}: {text or type(e).__name__}" if where else \
+            f"invalid data: {text or type(e).__name__}"
+    place = f", raised in your code at {where}" if where else ""
+    return f"internal error {type(e).__name__}: {text} (set FLATFL_DEBUG=1 for the traceback{place})"
 
 
 class FlatflGroup(click.Group):
