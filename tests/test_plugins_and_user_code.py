@@ -401,38 +401,37 @@ def test_the_bar_total_is_the_products_left_at_most_tightened_at_each_phase():
     assert unknown.bar.total == 100
 
 
-def test_sys_exit_in_an_own_networks_forward_is_one_line_naming_it(checkpoint, tmp_path):
-    (tmp_path / "exiting_network_59.py").write_text(textwrap.dedent('''
+def hessian_of_own_network(checkpoint, tmp_path, module: str, forward: str):
+    """``flatfl hessian CHECKPOINT --model-factory FILE:net``, the factory building the checkpoint's tiny network
+    with ``forward`` (the source of a function ``forward(self, x)``, ``plain`` the network's own) in its place."""
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent('''
         import sys, types
         from flatfl.models import build_model
 
         def net():
             model = build_model("tiny", num_classes=10, in_channels=1, image_size=8)
-            def forward(self, x):
-                sys.exit(0)
-            model.forward = types.MethodType(forward, model)
-            return model
-    '''))
-    r = CliRunner().invoke(main, ["hessian", str(checkpoint), "--model-factory",
-                                  f"{tmp_path / 'exiting_network_59.py'}:net", "--samples", "32", "--quiet",
-                                  "--out", str(tmp_path / "h")])
+            plain = model.forward
+        ''') + textwrap.indent(textwrap.dedent(forward), "    ") +
+        "    model.forward = types.MethodType(forward, model)\n    return model\n")
+    return CliRunner().invoke(main, ["hessian", str(checkpoint), "--model-factory", f"{tmp_path / module}.py:net",
+                                     "--samples", "32", "--quiet", "--out", str(tmp_path / "h")])
+
+
+def line_of(path: Path, text: str) -> int:
+    """The number of the first line of ``path`` holding ``text``."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_sys_exit_in_an_own_networks_forward_is_one_line_naming_it(checkpoint, tmp_path):
+    r = hessian_of_own_network(checkpoint, tmp_path, "exiting_network_59", "def forward(self, x):\n    sys.exit(0)\n")
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
-    assert "forward (" in r.output and "exiting_network_59.py:8) called sys.exit(0)" in r.output
+    where = f"exiting_network_59.py:{line_of(tmp_path / 'exiting_network_59.py', 'sys.exit(0)')})"
+    assert "forward (" in r.output and f"{where} called sys.exit(0)" in r.output
 
 
 def test_an_own_network_returning_a_dict_is_one_line_for_the_criterion(checkpoint, tmp_path):
-    (tmp_path / "dict_network_59.py").write_text(textwrap.dedent('''
-        from flatfl.models import build_model
-
-        def net():
-            model = build_model("tiny", num_classes=10, in_channels=1, image_size=8)
-            plain = model.forward
-            model.forward = lambda x: {"logits": plain(x)}
-            return model
-    '''))
-    r = CliRunner().invoke(main, ["hessian", str(checkpoint), "--model-factory",
-                                  f"{tmp_path / 'dict_network_59.py'}:net", "--samples", "32", "--quiet",
-                                  "--out", str(tmp_path / "h")])
+    r = hessian_of_own_network(checkpoint, tmp_path, "dict_network_59",
+                               "def forward(self, x):\n    return {'logits': plain(x)}\n")
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
     assert "the model returns a dict with keys 'logits', not a tensor" in r.output
 
@@ -462,19 +461,9 @@ def test_gpu_check_writes_a_relative_out_where_it_was_run(tmp_path):
 
 
 def test_a_value_error_in_an_own_networks_forward_is_named_as_its_not_the_datas(checkpoint, tmp_path):
-    (tmp_path / "checking_network_59.py").write_text(textwrap.dedent('''
-        from flatfl.models import build_model
-
-        def net():
-            model = build_model("tiny", num_classes=10, in_channels=1, image_size=8)
-            def forward(x):
-                raise ValueError("my network's own check failed")
-            model.forward = forward
-            return model
-    '''))
-    r = CliRunner().invoke(main, ["hessian", str(checkpoint), "--model-factory",
-                                  f"{tmp_path / 'checking_network_59.py'}:net", "--samples", "32", "--quiet",
-                                  "--out", str(tmp_path / "h")])
+    r = hessian_of_own_network(checkpoint, tmp_path, "checking_network_59",
+                               "def forward(self, x):\n    raise ValueError(\"my network's own check failed\")\n")
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
-    assert "ValueError in your code, forward (" in r.output and "checking_network_59.py:7): my network's" in r.output
+    where = f"checking_network_59.py:{line_of(tmp_path / 'checking_network_59.py', 'raise ValueError')})"
+    assert "ValueError in your code, forward (" in r.output and f"{where}: my network's" in r.output
     assert "invalid data" not in r.output
