@@ -93,9 +93,10 @@ def raised_in(e: BaseException) -> str | None:
     return f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})"
 
 
-def user_frame(e: BaseException) -> str | None:
+def user_frame(e: BaseException, innermost: bool = False) -> str | None:
     """The innermost frame of ``e``'s traceback in code that is neither flatfl's nor an installed package's nor
-    Python's own (your network's ``forward``, a loss, a factory): ``function (file:line)``, or None."""
+    Python's own (your network's ``forward``, a loss, a factory): ``function (file:line)``, or None. With
+    ``innermost``, only the frame that raised counts (None when torch, say, raised it under your code)."""
     import os
     import sysconfig
 
@@ -106,8 +107,11 @@ def user_frame(e: BaseException) -> str | None:
     while tb is not None:
         code = tb.tb_frame.f_code
         path = os.path.abspath(code.co_filename)
-        if not path.startswith(here) and not any(path.startswith(lib) for lib in libraries) \
-                and not code.co_filename.startswith("<"):
+        mine = not path.startswith(here) and not any(path.startswith(lib) for lib in libraries) \
+            and not code.co_filename.startswith("<")
+        if mine:
             found = f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})"
+        elif innermost:
+            found = None
         tb = tb.tb_next
     return found

@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from ..errors import ConfigError, FlatflError, raised_in
+from ..errors import ConfigError, FlatflError, raised_in, user_frame
 from .objective import batch_samples
 from .second_order import check_loss_graph, second_order_errors
 from .vectors import free_memory
@@ -214,6 +214,8 @@ def user_call(fn: Callable, *args, index: int, name: Callable | None = None):
     except (FlatflError, KeyboardInterrupt, MemoryError, torch.OutOfMemoryError):
         raise
     except (Exception, SystemExit) as e:
+        if isinstance(e, RuntimeError) and user_frame(e, innermost=True) is None:
+            raise  # torch's own (a forward-mode derivative missing: products="auto" falls back on it)
         loss = name or fn
         what = f"{getattr(loss, '__module__', '?')}.{getattr(loss, '__qualname__', type(loss).__name__)}"
         where = raised_in(e)
