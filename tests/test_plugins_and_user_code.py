@@ -467,3 +467,11 @@ def test_a_value_error_in_an_own_networks_forward_is_named_as_its_not_the_datas(
     where = f"checking_network_59.py:{line_of(tmp_path / 'checking_network_59.py', 'raise ValueError')})"
     assert "ValueError in your code, forward (" in r.output and f"{where}: my network's" in r.output
     assert "invalid data" not in r.output
+
+def test_a_keyboard_interrupt_raised_in_a_loss_is_one_line_naming_it_exit_130(checkpoint, losses, tmp_path):
+    keyboard = tmp_path / "interrupting_loss_59.py"
+    keyboard.write_text("def loss(model, batch):\n    raise KeyboardInterrupt\n")
+    r = CliRunner().invoke(main, ["hessian", str(checkpoint), "--loss", f"{keyboard}:loss", "--samples", "32",
+                                  "--no-trace", "--quiet", "--out", str(tmp_path / "h")])
+    assert r.exit_code == 130 and r.output.count("\n") == 1, r.output
+    assert r.output.startswith(f"flatfl: interrupted; in your code, loss ({keyboard}:2)")

@@ -30,6 +30,9 @@ def friendly_errors(fn):
             click.echo(f"flatfl: error: {error_line(e)}", err=True)
             sys.exit(2)
         except KeyboardInterrupt as e:
+            where = None if getattr(e, "hint", None) else user_frame(e, innermost=True)
+            if where:  # raised by (or while) code of yours (a loss, a network, a plug-in) ran: named
+                e.hint = f"in your code, {where}; {INTERRUPTED.split('; ', 1)[1]}"
             click.echo(interrupted_line(e), err=True)
             sys.exit(130)
         except SystemExit as e:  # flatfl's own exits go on; one from user or plug-in code is an error, never 0
