@@ -476,7 +476,7 @@ def main(argv=None) -> int:
 
     if not args.out:
         return fail("--out DIR is needed (the folder for the table and the parts' logs)")
-    out = Path(args.out)
+    out = Path(args.out).expanduser().resolve()  # absolute: the parts run from the repository root
     refusal = refuse_out(out)
     if refusal:
         return fail(refusal)
@@ -500,8 +500,12 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             return fail("no CUDA device here (python3 benchmarks/gpu_check.py --smoke --out DIR runs the same code "
                         "on the CPU at toy sizes)")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("made by benchmarks/gpu_check.py\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).write_text("made by benchmarks/gpu_check.py\n")
+    except OSError as e:
+        return fail(f"--out {out} cannot be used: {e.strerror or type(e).__name__}"
+                    f"{f' ({e.filename})' if e.filename and str(e.filename) != str(out) else ''}")
     for p in PARTS:
         for suffix in (".log", ".json", ".tmp"):
             (out / f"{p[0]}{suffix}").unlink(missing_ok=True)

@@ -74,3 +74,44 @@ def error_line(text: str, limit: int = MAX_ERROR_LINE) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
+def raised_in(e: BaseException) -> str | None:
+    """Where ``e`` was raised, when that is not flatfl's own code: ``function (file:line)`` of the innermost frame
+    of its traceback (the user's loss, network or factory, a plug-in); None when flatfl's code raised it."""
+    import os
+
+    tb = e.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    if os.path.abspath(code.co_filename).startswith(here):
+        return None
+    return f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})"
+
+
+def user_frame(e: BaseException, innermost: bool = False) -> str | None:
+    """The innermost frame of ``e``'s traceback in code that is neither flatfl's nor an installed package's nor
+    Python's own (your network's ``forward``, a loss, a factory): ``function (file:line)``, or None. With
+    ``innermost``, only the frame that raised counts (None when torch, say, raised it under your code)."""
+    import os
+    import sysconfig
+
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    libraries = {os.path.abspath(p) + os.sep for p in (sysconfig.get_paths().get(k) for k in
+                                                       ("stdlib", "platstdlib", "purelib", "platlib")) if p}
+    found, tb = None, e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        path = os.path.abspath(code.co_filename)
+        mine = not path.startswith(here) and not any(path.startswith(lib) for lib in libraries) \
+            and not code.co_filename.startswith("<")
+        if mine:
+            found = f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})"
+        elif innermost:
+            found = None
+        tb = tb.tb_next
+    return found

@@ -132,29 +132,56 @@ def _selection(target: str, preset: str, methods=None, seeds=None) -> tuple[tupl
     return rows, own
 
 
-def default_out(target: str, preset: str, methods=None, seeds=None) -> Path:
+def _setting_parts(target: str, preset: str, model: str | None, track_hessian: int | None) -> list[str]:
+    """What a reproduction's report folder name adds for the settings that change the report's content besides
+    its runs: another model than the table reports (``model-server``), another curvature tracking than the
+    preset's (``track5``)."""
+    from .report.tables import model_for
+
+    key = tables_of(target)[0]
+    parts = []
+    if model is not None and model != model_for(paper_tables.TABLES[key], None):
+        parts.append(f"model-{model}")
+    preset_track = paper_tables.REPRODUCED[key].presets.get(preset, {}).get("run", {}).get("track_hessian", 0)
+    if track_hessian is not None and track_hessian != preset_track:
+        parts.append(f"track{track_hessian}")
+    return parts
+
+
+def default_out(target: str, preset: str, methods=None, seeds=None, model: str | None = None,
+                track_hessian: int | None = None) -> Path:
     """The report folder when none is given: ``REPORTS_DIR/<target>-<preset>`` for the whole table; a reproduction
     restricted by ``methods`` or by other seeds than the preset's gets one of its own, named after the selection
     (``man-tables-quick-fedavg_fedavg-man-s0-1``; a short digest of it where that name would be long), so that it
-    never replaces the full report."""
+    never replaces the full report; so does one measuring another model than the table's (``-model-server``) or
+    tracking curvature otherwise than the preset (``-track5``)."""
     rows, own = _selection(target, preset, methods, seeds)
+    settings = _setting_parts(target, preset, model, track_hessian)
     base = f"{target}-{preset}"
-    if not rows and not own:
+    if not rows and not own and not settings:
         return REPORTS_DIR / base
     parts = ([("_".join(_slug(m) for m in rows))] if rows else []) + (
-        ["s" + "-".join(str(s) for s in own)] if own else [])
+        ["s" + "-".join(str(s) for s in own)] if own else []) + settings
     name = "-".join(parts)
     if len(name) > 60:
         import hashlib
 
-        name = "subset-" + hashlib.sha256(repr((rows, own)).encode()).hexdigest()[:10]
+        name = "subset-" + hashlib.sha256(repr((rows, own, settings)).encode()).hexdigest()[:10]
     return REPORTS_DIR / f"{base}-{name}"
 
 
-def check_out(out: Path, tasks: list[RunTask]) -> None:
+def _measured(target: str, model: str | None) -> str:
+    """The model a reproduction of ``target`` measures (``model``, else the one its tables report)."""
+    from .report.tables import model_for
+
+    return model_for(paper_tables.TABLES[tables_of(target)[0]], model)
+
+
+def check_out(out: Path, tasks: list[RunTask], model: str | None = None) -> None:
     """Refuse (one ConfigError line naming ``--out``) to write a report into ``out`` when the report already there
     holds runs that ``tasks`` do not run: a reproduction restricted by ``--methods`` or ``--seeds`` never replaces a
-    fuller report. A report of the same runs or of fewer of them is replaced, as re-running does."""
+    fuller report; nor one measuring another ``model`` than the report there. A report of the same runs or of fewer
+    of them is replaced, as re-running does."""
     import csv
     import json
 
@@ -170,9 +197,15 @@ def check_out(out: Path, tasks: list[RunTask]) -> None:
         else:  # a report without its runs.csv: only its count of runs is known
             count = json.loads((out / "summary.json").read_text(encoding="utf-8")).get("runs")
             extra = ["?"] if isinstance(count, int) and count > len(ours) else []
+        theirs_models = json.loads((out / "summary.json").read_text(encoding="utf-8")).get("models") or {}
+        other = sorted({str(m) for m in theirs_models.values()} - {model}) if model is not None else []
     except (OSError, ValueError, UnicodeDecodeError, AttributeError):
         raise ConfigError(f"--out {out} holds a report that cannot be read (summary.json, runs.csv); choose "
                           "another --out or remove it") from None
+    if other:
+        raise ConfigError(f"--out {out} holds a report measuring the {other[0]} model; this reproduction measures "
+                          f"the {model} model and would replace it: choose another --out (without --out, each model's "
+                          "report has a folder of its own)")
     if extra:
         which = f", {len(extra)} of them not in this reproduction (e.g. {extra[0]})" if extra != ["?"] else ""
         raise ConfigError(f"--out {out} holds a report of {count} runs{which}; a report of fewer runs would replace "
@@ -297,11 +330,11 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
         threads = REPRODUCE_THREADS
     tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads,
                  model=model, track_hessian=track_hessian, methods=methods)
-    out = Path(out) if out else default_out(target, preset, methods, seeds)
+    out = Path(out) if out else default_out(target, preset, methods, seeds, model, track_hessian)
     rows, _ = _selection(target, preset, methods, seeds)
     tables = tuple(key for key in tables_of(target)  # a restricted reproduction: only the tables of its rows
                    if not rows or any(m.label in rows for m in paper_tables.REPRODUCED[key].methods))
-    check_out(out, tasks)  # before any run trains: a fuller report, a file of the user's, a folder in a run's place
+    check_out(out, tasks, model=_measured(target, model))  # before any run trains: a fuller report, a file of the user's, a folder in a run's place
     check_run_folders(out, tasks, tables)
     if echo:
         echo(f"{target} ({preset}): {len(tasks)} runs in {Path(tasks[0].run_dir).parent}, report in {out}")

@@ -431,6 +431,34 @@ class MomentumNone(_Own):
         return self.act(self.hidden(self.act0(self.bn(self.inp(x.flatten(1))))))
 
 
+class EmaReassigned(_Own):
+    """A hand-written running statistic the forward assigns anew in training (``self.ema = 0.9 * self.ema + ...``,
+    a new tensor each step), subtracted from the hidden activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.act0 = nn.Linear(64, HIDDEN), nn.Tanh()
+        self.register_buffer("ema", torch.zeros(HIDDEN))
+        self.hidden, self.act = nn.Linear(HIDDEN, HIDDEN), nn.Tanh()
+        self.classifier = nn.Linear(HIDDEN, CASE_CLASSES)
+
+    def update(self, h: torch.Tensor) -> None:
+        self.ema = 0.9 * self.ema + 0.1 * h.detach().mean(0)
+
+    def features(self, x):
+        h = self.act0(self.inp(x.flatten(1)))
+        if self.training:
+            self.update(h)
+        return self.act(self.hidden(h - self.ema))
+
+
+class EmaInPlace(EmaReassigned):
+    """The same running statistic written in place (``self.ema.mul_(0.9).add_(...)``)."""
+
+    def update(self, h: torch.Tensor) -> None:
+        self.ema.mul_(0.9).add_(0.1 * h.detach().mean(0))
+
+
 def sequential_reused() -> nn.Module:
     """nn.Sequential using one Linear twice (flatfl's own layer types: channel stacking would apply but for the
     second use)."""
@@ -451,7 +479,8 @@ def sequential_frozen() -> nn.Module:
 OWN_NETWORKS = {"own-gelu-layernorm-residual": GeluLayerNormResidual, "own-silu-conv-buffer": SiluConvBuffer,
                 "own-tied-weight": TiedWeight, "own-module-reused": ModuleReused, "own-frozen-layer": FrozenLayer,
                 "own-momentum-none": MomentumNone, "own-sequential-reused": sequential_reused,
-                "own-sequential-frozen": sequential_frozen}
+                "own-sequential-frozen": sequential_frozen, "own-ema-reassigned": EmaReassigned,
+                "own-ema-in-place": EmaInPlace}
 
 OWN_BATCH_NORMS = {"own-momentum-none"}  # the own networks with BatchNorm (one step a round, see case_settings)
 
@@ -479,6 +508,8 @@ OWN_CASES = {
     "own-momentum-none": (("man", "fedavg"),),
     "own-sequential-reused": (("man", "fedavg"),),
     "own-sequential-frozen": (("man", "feddyn"),),
+    "own-ema-reassigned": (("none", "fedavg"), ("man", "feddyn")),
+    "own-ema-in-place": (("none", "fedavg"), ("man", "feddyn")),
 }
 
 

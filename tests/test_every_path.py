@@ -5,8 +5,8 @@ optimizer: ``tests/combinations.py``), so a model or method registered later is 
 file. Each case trains the same run three times in float64: one client at a time (N = 1, the reference), all of a
 round's clients together (N = all) and two at a time (N = 2), on unequal Dirichlet partitions with Bernoulli
 participation (cohorts whose size changes from round to round, cohorts of one included), and compares the server
-weights, every client's latest model, the float buffers (BatchNorm statistics) and the algorithm's server and client
-state to 1e-9 relative. A combination the run refuses with one named line before training is a pass.
+weights, every client's latest model, the float buffers (BatchNorm statistics, and an own network's running statistic
+that its forward writes in place or assigns anew) and the algorithm's server and client state to 1e-9 relative. A combination the run refuses with one named line before training is a pass.
 
 Which combinations: every model x regularizer x algorithm x optimizer a run admits is 2,000 and more, so the suite
 runs a covering set: every pair of (model, regularizer), (model, algorithm), (model, optimizer), (regularizer,

@@ -6,11 +6,34 @@ import torch
 
 from ..errors import ConfigError
 
-__all__ = ["ACCEPTED_DATA", "as_batches"]
+__all__ = ["ACCEPTED_DATA", "MAX_UNSIZED_BATCHES", "as_batches", "bounded"]
 
 
 #: what an evaluation set may be, as error messages name it
 ACCEPTED_DATA = "one (inputs, targets) batch, a list of such batches, or a DataLoader that yields them"
+
+
+#: the most batches read from an evaluation set without a length (a generator, an iterable dataset's loader): an
+#: endless one would otherwise be read until memory runs out
+MAX_UNSIZED_BATCHES = 10_000
+
+
+def bounded(items):
+    """``items`` as it is when it has a length; else its first :data:`MAX_UNSIZED_BATCHES` batches, and a
+    ConfigError line when it yields more (all are kept in memory: an endless loader would never end)."""
+    try:
+        len(items)  # a DataLoader of an IterableDataset has __len__, and raises TypeError from it
+    except TypeError:
+        pass
+    else:
+        yield from items
+        return
+    for i, batch in enumerate(items):
+        if i == MAX_UNSIZED_BATCHES:
+            raise ConfigError(f"the data has no length and yielded more than {MAX_UNSIZED_BATCHES:,} batches (an "
+                              "endless loader?); every batch is kept, so give a finite DataLoader or a list, e.g. "
+                              "list(itertools.islice(loader, N))")
+        yield batch
 
 
 def as_batches(data, device: torch.device | str | None = None) -> list[tuple]:
@@ -31,7 +54,7 @@ def as_batches(data, device: torch.device | str | None = None) -> list[tuple]:
     else:
         items = data
     batches = []
-    for i, batch in enumerate(items):
+    for i, batch in enumerate(bounded(items)):
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
             raise ConfigError(f"batch {i} is {_describe(batch)}, not an (inputs, targets) pair; the data must be "
                               f"{ACCEPTED_DATA}")

@@ -10,7 +10,10 @@ one :func:`~flatfl.utils.hessian_settings.register_estimator` call, inside flatf
   arguments, in the shared signature."""
 from __future__ import annotations
 
-from ..utils.hessian_settings import DEFAULT_DENSITY_METHOD, estimator
+import numpy as np
+
+from ..errors import ConfigError, FlatflError, raised_in
+from ..utils.hessian_settings import DEFAULT_DENSITY_METHOD, KINDS, Estimator, estimator
 from .density import DensityResult
 from .eigen import EigenResult, top_eigenvalues
 from .linear_operator import CurvatureOperator, as_operator
@@ -31,12 +34,48 @@ def trace_estimator(name: str):
     return estimator("trace", name).load()
 
 
+#: what each kind of estimator must return, and the numbers of it that must be finite
+_RESULTS = {"eigenvalues": (EigenResult, lambda r: [r.eigenvalues]),
+            "trace": (TraceResult, lambda r: [r.estimate]),
+            "density": (DensityResult, lambda r: [*r.nodes, *r.weights])}
+
+
+def _run(entry: Estimator, *args, **kwargs):
+    """Run a registered estimator and check what it returns: a result of its kind whose values are all finite.
+    A plug-in's own failure (an exception that is not flatfl's one line, sys.exit) is one ConfigError naming it."""
+    source = entry.function if isinstance(entry.function, str) else getattr(entry.function, "__qualname__", "?")
+    what = f"the {KINDS[entry.kind]} method {entry.name!r} ({source})"
+    try:
+        result = entry.load()(*args, **kwargs, **entry.defaults)
+    except (FlatflError, KeyboardInterrupt, MemoryError):
+        raise
+    except BaseException as e:
+        origin = raised_in(e)
+        builtin = isinstance(entry.function, str) and entry.function.startswith("flatfl.")
+        if origin is None or not isinstance(e, (SystemExit, Exception)) or builtin and not isinstance(e, SystemExit):
+            raise  # flatfl's own code and estimators: their errors are flatfl's (one line at the command line)
+        did = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else \
+            f"raised {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        raise ConfigError(f"while {what} ran, {origin} {did}") from None
+    kind, values = _RESULTS[entry.kind]
+    if not isinstance(result, kind):
+        raise ConfigError(f"{what} returned a {type(result).__name__}, not a {kind.__name__}")
+    try:
+        finite = all(np.all(np.isfinite(np.asarray(v, dtype=float))) for v in values(result))
+    except (TypeError, ValueError):
+        finite = False
+    if not finite:
+        raise ConfigError(f"{what} returned values that are not finite numbers ({result.__class__.__name__}: "
+                          f"{', '.join(str(v)[:60] for v in values(result))[:160]}); nothing is written")
+    return result
+
+
 def estimate_eigenvalues(op: CurvatureOperator, method: str = "lanczos", k: int = 1, *, tol: float = 1e-3,
                          seed: int = 0, return_vectors: bool = False, exact_residuals: bool = False) -> EigenResult:
     """The ``k`` largest eigenvalues of ``op`` by the estimator called ``method``, descending."""
     entry = estimator("eigenvalues", method)
-    return entry.load()(as_operator(op, f"the {method} method"), k, tol=tol, seed=seed,
-                        return_vectors=return_vectors, exact_residuals=exact_residuals, **entry.defaults)
+    return _run(entry, as_operator(op, f"the {method} method"), k, tol=tol, seed=seed,
+                return_vectors=return_vectors, exact_residuals=exact_residuals)
 
 
 def estimate_trace(op: CurvatureOperator, method: str = "hutchpp", *, max_hvps: int = 100,
@@ -44,16 +83,15 @@ def estimate_trace(op: CurvatureOperator, method: str = "hutchpp", *, max_hvps: 
     """The trace by the estimator called ``method``: ``hutchpp`` (default), ``hutchinson`` or ``pyhessian`` (budget =
     PyHessian's max_iter), or any registered one."""
     entry = estimator("trace", method)
-    return entry.load()(as_operator(op, f"the {method} trace method"), max_hvps=max_hvps, rtol=rtol, seed=seed,
-                        block_size=block_size, **entry.defaults)
+    return _run(entry, as_operator(op, f"the {method} trace method"), max_hvps=max_hvps, rtol=rtol, seed=seed,
+                block_size=block_size)
 
 
 def estimate_density(op: CurvatureOperator, method: str = DEFAULT_DENSITY_METHOD, *, steps: int = 100,
                      starts: int = 1, seed: int = 0) -> DensityResult:
     """The spectral density by the estimator called ``method`` (``slq``: stochastic Lanczos quadrature)."""
     entry = estimator("density", method)
-    return entry.load()(as_operator(op, f"the {method} density method"), steps=steps, starts=starts, seed=seed,
-                        **entry.defaults)
+    return _run(entry, as_operator(op, f"the {method} density method"), steps=steps, starts=starts, seed=seed)
 
 
 def lanczos(op: CurvatureOperator, k: int, *, tol: float, seed: int, return_vectors: bool,

@@ -43,6 +43,8 @@ from ..utils import distributed
 from ..utils.io import json_safe
 from ..utils.lock import locks_output
 from .distributed import over_ranks
+from .per_layer import layer_sizes
+from .progress import PhasedProgress, phase_bounds
 from .command import (AnalysisCommand, check_out_folder, keyword_signature, progress_bar, versions, weights_digest,
                       write_result)
 from .estimators import estimate_density, estimate_eigenvalues, estimate_trace
@@ -65,13 +67,15 @@ ANALYSE_FIELDS = ("top", "method", "tol", "trace", "trace_method", "trace_hvps",
                   "density_steps", "density_starts", "seed", "exact_residuals", "per_layer", "per_layer_top")
 
 
-def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: bool = False):
+def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: bool = False, on_phase=None):
     """Run the estimators ``settings`` ask for on ``op``; returns ``(report, eigen_result, density_result)``.
 
     The trace estimator is ``settings.resolved_trace_method`` (the eigenvalue method's own when none is given:
     power iteration runs PyHessian's whole protocol, docs/update-rules.md §21). Each estimator gets its own seed
     stream: ``seed`` for the eigenvalues, ``seed + 1`` for the trace, ``seed + 2`` for the density.
+    ``on_phase(name)``: called as each phase begins (:mod:`flatfl.analysis.progress`).
     """
+    phase = on_phase or (lambda name: None)
     op = as_operator(op, "the Hessian analysis")
     s = settings
     if s.top > op.dim:
@@ -80,6 +84,7 @@ def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: b
     report: dict = {}
     eig = dens = None
     if s.top > 0:
+        phase("top eigenvalues")
         eig = estimate_eigenvalues(op, s.method, s.top, tol=s.tol, seed=s.seed, return_vectors=keep_vectors,
                                    exact_residuals=s.exact_residuals)
         report["top_eigenvalues"] = eig.eigenvalues.tolist()
@@ -96,11 +101,13 @@ def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: b
         report["eigen"] = None
         report["eigenvalue_ratio"] = None
     if s.trace:
+        phase("trace")
         tr = estimate_trace(op, s.resolved_trace_method, max_hvps=s.trace_hvps, rtol=s.trace_rtol, seed=s.seed + 1)
         report["trace"] = json_safe(tr.as_dict())
     else:
         report["trace"] = None
     if s.density:
+        phase("density")
         dens = estimate_density(op, DEFAULT_DENSITY_METHOD, steps=s.density_steps, starts=s.density_starts,
                                 seed=s.seed + 2)
         report["density"] = json_safe(dens.as_dict())
@@ -110,7 +117,7 @@ def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: b
         from .per_layer import per_layer_curvature
 
         layers = per_layer_curvature(op, s.per_layer_top, tol=s.tol, trace_hvps=s.trace_hvps, trace_rtol=s.trace_rtol,
-                                     seed=s.seed + 3)
+                                     seed=s.seed + 3, on_block=lambda i: phase("per-layer block"))
         report["per_layer"] = json_safe(layers.as_dict())
     report["hvps_total"] = int(op.hvps)
     if isinstance(getattr(op, "products", None), str):  # a model's curvature: how its products were computed
@@ -161,6 +168,12 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
                   title: str = "") -> list[Path]:
     """Render everything in memory, then write each file atomically into ``out`` (``hessian.json`` last)."""
     out = check_out_folder(out)
+    if not report.get("per_layer"):  # an earlier --per-layer of these weights: kept, its files written again
+        earlier = _previous_clients_section(out / "hessian.json", report.get("checkpoint"),
+                                            report.get("weights_sha256"), refuse_other=True, key="per_layer")
+        if earlier is not None:  # marked, with the settings it was computed with (its samples, seed...)
+            kept = {"settings": (read_hessian_file(out / "hessian.json") or {}).get("settings")}
+            report = dict(report, per_layer=dict(earlier, kept_from_earlier_analysis=kept))
     figures = hessian_figures(report, title)
     if report.get("per_layer"):
         from .per_layer import per_layer_csv, per_layer_figure
@@ -209,22 +222,24 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
     return list(files)
 
 
-def _previous_clients_section(path: Path, checkpoint, digest=None, refuse_other: bool = False) -> dict | None:
-    """The ``clients`` section of an existing hessian.json for the same model (same weights digest; the same
-    checkpoint path for files written before digests were recorded), if any. With ``refuse_other``, a ``clients``
-    section of other weights (``flatfl hessian-clients`` results that this write would drop) is a ConfigError."""
+def _previous_clients_section(path: Path, checkpoint, digest=None, refuse_other: bool = False,
+                              key: str = "clients") -> dict | None:
+    """The ``clients`` section (or ``key``: ``per_layer``) of an existing hessian.json for the same model (same
+    weights digest; the same checkpoint path for files written before digests were recorded), if any. With
+    ``refuse_other``, such a section of other weights (results that this write would drop) is a ConfigError."""
     try:
         old = read_hessian_file(path)
     except ResultFileError:
         return None  # not a flatfl hessian.json: replaced (refuse_foreign kept a user's own file)
-    if old is None or not isinstance(old.get("clients"), dict):
+    if old is None or not isinstance(old.get(key), dict):
         return None
     same = old.get("weights_sha256") == digest if digest and old.get("weights_sha256") else \
         old.get("checkpoint") == checkpoint
     if not same and refuse_other:
-        raise ConfigError(f"{path} holds 'flatfl hessian-clients' results of other weights ({old.get('checkpoint')}, "
-                          f"round {old.get('round')}); writing here would drop them: choose another --out")
-    return old["clients"] if same else None
+        what = "'flatfl hessian-clients' results" if key == "clients" else "per-layer results (per_layer.csv)"
+        raise ConfigError(f"{path} holds {what} of other weights ({old.get('checkpoint')}, round {old.get('round')}); "
+                          f"writing here would drop them: choose another --out")
+    return old[key] if same else None
 
 
 @dataclass
@@ -292,6 +307,8 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
     # refused before any work: hessian-clients results of other weights in --out would be dropped
     digest = weights_digest(ckpt.model)  # the weights are not changed by the analysis
     _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True)
+    if not s.per_layer:  # nor per-layer results of other weights, which a run without --per-layer would drop
+        _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True, key="per_layer")
     batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
     # under torchrun: this rank's shard of the evaluation set, its products all-reduced
     op = over_ranks(lambda shard: curvature_operator(s.curvature, ckpt.model, shard, mode="eval", loss=loss,
@@ -300,13 +317,17 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
         raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
 
     with progress_bar(quiet, desc="Hessian-vector products", unit="HVP") as bar:
-        op.on_hvp = bar.update
+        progress = PhasedProgress(bar, phase_bounds(s, op.dim, layer_sizes(op) if s.per_layer else None))
+        op.on_hvp = progress.update
         try:
-            report, eig, dens = compute(op, s, keep_vectors=s.save_eigenvectors)
+            report, eig, dens = compute(op, s, keep_vectors=s.save_eigenvectors, on_phase=progress.next_phase)
         finally:
             op.on_hvp = None
     loss = op.loss()
     op.release()
+    if weights_digest(ckpt.model) != digest:  # a loss that changed the weights: the Hessian of other weights
+        raise ConfigError(f"the model's weights changed during the analysis{f' (--loss {s.loss})' if s.loss else ''}"
+                          ": a loss must not modify the model's parameters or buffers; nothing was written")
 
     header = {
         **cmd.header(digest=digest, num_params=op.dim),

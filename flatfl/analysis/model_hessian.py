@@ -98,6 +98,19 @@ def _operator(model, batches, criterion, loss, mode: str, curvature: str, produc
                       mode=mode)
 
 
+def _check_tol(name: str, value, none: bool = False) -> None:
+    """A tolerance is a finite positive number (``none``: None too, no tolerance); a ConfigError line otherwise."""
+    if value is None and none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or \
+            not np.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be positive and finite (a number){' or None' if none else ''}, got {value!r}")
+
+
+#: the floating types the products compute in; 16-bit ones are refused (their eigenvalues are tens of percent off)
+COMPUTE_DTYPES = (torch.float32, torch.float64)
+
+
 class ModelHessian:
     """The Hessian of the mean loss over ``data`` at ``model``'s current weights, with PyHessian's methods (see the
     module docstring). ``criterion(outputs, targets)`` (the mean loss of a batch; default cross-entropy) over
@@ -130,6 +143,12 @@ class ModelHessian:
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
         _check_cuda(cuda)
+        low = sorted({str(p.dtype) for p in model.parameters() if p.requires_grad and p.is_floating_point()
+                      and p.dtype not in COMPUTE_DTYPES})
+        if low:
+            raise ConfigError(f"the model's parameters are {', '.join(low)}: Hessian products in 16-bit floating "
+                              "point are too coarse for eigenvalues; analyse a float32 copy "
+                              "(copy.deepcopy(model).float()) or model.double()")
         if loss is not None:
             from .objective import loss_batches
 
@@ -182,6 +201,7 @@ class ModelHessian:
                               f"{', '.join(PYHESSIAN_EIGEN_METHODS)}")
         if not isinstance(maxIter, (int, np.integer)) or isinstance(maxIter, bool) or maxIter < 1:
             raise ConfigError(f"maxIter must be a positive integer, got {maxIter!r}")
+        _check_tol("tol", tol)
         if method == "power":
             result = power_iteration(self.operator, top_n, max_iter=int(maxIter), tol=tol, seed=self.seed,
                                      return_vectors=True)
@@ -202,8 +222,7 @@ class ModelHessian:
             raise ConfigError(f"unknown trace method {method!r}; choose one of {', '.join(PYHESSIAN_TRACE_METHODS)}")
         if not isinstance(maxIter, (int, np.integer)) or isinstance(maxIter, bool) or maxIter < 1:
             raise ConfigError(f"maxIter must be a positive integer, got {maxIter!r}")
-        if not tol > 0:
-            raise ConfigError(f"tol must be positive, got {tol!r}")
+        _check_tol("tol", tol)
         if method == "hutchpp" and maxIter < 12:  # too few products for a sketch and 10 probes of the rest
             method = "hutchinson"
         if method == "pyhessian":
@@ -231,6 +250,7 @@ class ModelHessian:
         estimates and the products used, by any registered method (``lanczos``, ``power``); ``return_vectors=True``
         adds ``.eigenvectors`` (``(top_n, dim)`` unit rows; ``operator.unflatten(v)`` shapes one like the
         parameters)."""
+        _check_tol("tol", tol)
         return self._keep(estimate_eigenvalues(self.operator, method, top_n, tol=tol, seed=self.seed,
                                                return_vectors=return_vectors, exact_residuals=exact_residuals))
 
@@ -239,6 +259,7 @@ class ModelHessian:
         """The trace with its standard error (``.estimate``, ``.stderr``, ``.hvps``) from at most ``max_hvps``
         products, stopping once the standard error is below ``rtol`` of the estimate (``flatfl hessian``'s
         defaults)."""
+        _check_tol("rtol", rtol, none=True)
         return self._keep(estimate_trace(self.operator, method, max_hvps=max_hvps, rtol=rtol, seed=self.seed + 1))
 
     def spectral_density(self, *, steps: int = DEFAULTS.density_steps,
@@ -253,6 +274,8 @@ class ModelHessian:
         """Each module's Hessian block (weights and bias together; ``grouping="parameter"``: each named parameter):
         its top ``top_n`` eigenvalues and its trace +- standard error (:mod:`flatfl.analysis.per_layer`; a block
         of at most ``dense_up_to`` entries, default ``max_hvps``, exactly). ``.blocks``, ``.trace_sum``."""
+        _check_tol("tol", tol)
+        _check_tol("rtol", rtol, none=True)
         return self._keep(per_layer_curvature(self.operator, top_n, grouping=grouping, tol=tol, trace_hvps=max_hvps,
                                               trace_rtol=rtol, seed=self.seed + 3, dense_up_to=dense_up_to))
 

@@ -99,8 +99,10 @@ def loss_batches(data, device=None, *, one_batch: bool = False) -> list:
         raise ConfigError(f"the data must be {LOSS_DATA}; got {_kind(data)}")
     else:
         items = data
+    from .batches import bounded
+
     batches = []
-    for i, batch in enumerate(items):
+    for i, batch in enumerate(bounded(items)):
         batch_samples(batch, i)  # checked now: one line for a batch without samples
         batches.append(move(batch, device) if device is not None else batch)
     if not batches:
@@ -112,6 +114,21 @@ def load_loss(spec: str) -> Callable:
     """The function ``spec`` names (``module:function``: the current directory is searched first, then
     ``sys.path``; ``path/to/file.py:function``: that file's folder first), imported, not called. The same rules as
     ``--model-factory``: nothing but the named module is imported."""
+    import inspect
+
     from ..models.factory import import_function
 
-    return import_function(spec, "--loss", "my_losses:lm_loss")
+    fn = import_function(spec, "--loss", "my_losses:lm_loss")
+    if inspect.isclass(fn):
+        raise ConfigError(f"--loss {spec}: {fn.__name__} is a class; name a function loss(model, batch) -> the "
+                          "batch's mean loss (a criterion class such as CrossEntropyLoss is not one)")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: checked when it is first called
+        return fn
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise ConfigError(f"--loss {spec}: the loss is called as loss(model, batch), but {spec.rsplit(':', 1)[1]}"
+                          f"{signature} cannot take those two arguments") from None
+    return fn

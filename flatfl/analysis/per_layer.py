@@ -35,7 +35,8 @@ from .eigen import top_eigenvalues
 from .linear_operator import CurvatureOperator, DerivedOperator, as_operator
 from .trace import hutchpp_trace
 
-__all__ = ["GROUPINGS", "BlockOperator", "Lockstep", "LayerCurvature", "PerLayerResult", "layer_groups", "per_layer_curvature",
+__all__ = ["GROUPINGS", "BlockOperator", "Lockstep", "LayerCurvature", "PerLayerResult", "layer_groups", "layer_sizes",
+           "per_layer_curvature",
            "per_layer_csv", "per_layer_figure"]
 
 GROUPINGS = ("module", "parameter")
@@ -227,10 +228,10 @@ def _dense_block(block: BlockOperator, chunk: int) -> np.ndarray:
 
 def per_layer_curvature(op: CurvatureOperator, top: int = 1, *, grouping: str = "module", tol: float = 1e-3,
                         trace_hvps: int = 100, trace_rtol: float | None = 1e-2, seed: int = 0,
-                        dense_up_to: int | None = None) -> PerLayerResult:
+                        dense_up_to: int | None = None, on_block=None) -> PerLayerResult:
     """Each block's top ``top`` eigenvalues and trace +- standard error (see the module docstring). ``op``: a
     :class:`~flatfl.analysis.operator.HessianOperator` (its ``param_names`` give the modules) or any operator with a
-    parameter layout (blocks named ``param0``, ``param1``...)."""
+    parameter layout (blocks named ``param0``, ``param1``...). ``on_block(i)``: called as block ``i`` begins."""
     op = as_operator(op, "per-layer curvature")
     if not isinstance(top, (int, np.integer)) or isinstance(top, bool) or top < 1:
         raise ConfigError(f"the number of eigenvalues per layer must be a positive integer, got {top!r}")
@@ -248,8 +249,12 @@ def per_layer_curvature(op: CurvatureOperator, top: int = 1, *, grouping: str = 
         index = torch.cat([torch.arange(offsets[j], offsets[j + 1]) for j in members])
         block = BlockOperator(op, index, [shapes[j] for j in members])
         block.lockstep = lockstep
+        if on_block is not None:
+            on_block(i)
         k = min(int(top), block.dim)
-        if block.dim <= dense_up_to:
+        if block.dim == 0:  # parameters of no entries (a zero-element tensor): an empty block, of trace 0 exactly
+            values, residuals, trace, stderr, method = [], [], 0.0, 0.0, "empty"
+        elif block.dim <= dense_up_to:
             dense = _dense_block(block, max(1, min(block.dim, 32)))
             values, vectors = np.linalg.eigh(dense)
             order = np.argsort(values)[::-1][:k]
@@ -269,6 +274,14 @@ def per_layer_curvature(op: CurvatureOperator, top: int = 1, *, grouping: str = 
     return PerLayerResult(blocks, grouping, int(top), op.hvps - start,
                           info={"tol": tol, "trace_hvps": trace_hvps, "trace_rtol": trace_rtol,
                                 "dense_up_to": dense_up_to, "batched_products": lockstep.batched})
+
+
+def layer_sizes(op: CurvatureOperator, grouping: str = "module") -> list[int]:
+    """Each per-layer block's number of entries, in the order :func:`per_layer_curvature` takes them."""
+    shapes = [tuple(s) for s in op.param_shapes]
+    names = list(op.param_names or [f"param{i}" for i in range(len(shapes))])
+    sizes = [int(np.prod(s)) if s else 1 for s in shapes]
+    return [sum(sizes[j] for j in members) for _, members in layer_groups(names, grouping)]
 
 
 def per_layer_csv(result: dict) -> str:

@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, FlatflError, raised_in, user_frame
 from .objective import batch_samples
 from .second_order import check_loss_graph, double_backward_failure, second_order_errors
 from .vectors import free_memory
@@ -145,11 +145,13 @@ class LossTerms:
         """The mean loss of batch ``index`` (a scalar, with its graph when grad is enabled)."""
         with self.batch_rng(index):
             if self.objective is not None:
-                loss = self.objective(self.model, self.batches[index])
+                loss = user_call(self.objective, self.model, self.batches[index], index=index)
             else:
                 inputs, targets = self.batches[index]
-                loss = self.loss_fn(self.model(inputs), targets)
+                loss = self.loss_fn(check_outputs(self.model(inputs)), targets)
         check_scalar(loss, self.objective is not None)
+        if torch.is_grad_enabled() and not loss.requires_grad:
+            check_differentiable(loss, self.objective is not None)
         if index not in self.checked and torch.is_grad_enabled() and loss.requires_grad:
             if self.second_order:
                 check_loss_graph(loss)  # a Function marked @once_differentiable would give rows of zeros: refused
@@ -174,10 +176,11 @@ class LossTerms:
 
         batch = self.batches[index]
         if self.objective is not None:
-            loss = functional_call(self.wrapper, {f"model.{k}": v for k, v in params.items()}, (batch,))
+            loss = user_call(functional_call, self.wrapper, {f"model.{k}": v for k, v in params.items()}, (batch,),
+                             index=index, name=self.objective)
         else:
             inputs, targets = batch
-            loss = self.loss_fn(functional_call(self.model, params, (inputs,)), targets)
+            loss = self.loss_fn(check_outputs(functional_call(self.model, params, (inputs,))), targets)
         check_scalar(loss, self.objective is not None)
         return loss
 
@@ -202,6 +205,45 @@ def check_scalar(loss, objective: bool) -> None:
     if loss.dim() != 0:
         raise ConfigError(f"{name} must return a scalar (the mean loss over the batch), got a tensor of shape "
                           f"{tuple(loss.shape)}")
+
+
+def check_outputs(outputs):
+    """The model's outputs for the criterion: a tensor (ConfigError naming what it returned otherwise)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    keys = f" with keys {', '.join(map(repr, list(outputs)[:4]))}" if isinstance(outputs, dict) else ""
+    raise ConfigError(f"the model returns a {type(outputs).__name__}{keys}, not a tensor of scores (batch, classes) "
+                      "for the criterion; give a loss(model, batch) (--loss) that takes what the model returns")
+
+
+def check_differentiable(loss: torch.Tensor, objective: bool) -> None:
+    """A batch's loss has a graph to the parameters (ConfigError otherwise: there is no Hessian to take)."""
+    name = "loss(model, batch)" if objective else "loss_fn (the criterion)"
+    if not loss.is_floating_point():
+        raise ConfigError(f"{name} returned a {loss.dtype} tensor ({loss.item()!r}); it must return the mean loss as "
+                          "a floating-point scalar computed from the model's outputs")
+    raise ConfigError(f"{name} returned a tensor with no graph to the parameters (detached, computed under "
+                      "torch.no_grad(), or not from the model's outputs); the Hessian needs the loss as computed")
+
+
+def user_call(fn: Callable, *args, index: int, name: Callable | None = None):
+    """``fn(*args)`` for the user's loss (``name``: the loss, when ``fn`` only calls it): an exception raised in it
+    (sys.exit included) is one ConfigError naming the loss and where it was raised, not a data or internal error."""
+    try:
+        return fn(*args)
+    except (FlatflError, KeyboardInterrupt, MemoryError, torch.OutOfMemoryError):
+        raise
+    except (Exception, SystemExit) as e:
+        if isinstance(e, RuntimeError) and user_frame(e, innermost=True) is None:
+            raise  # torch's own (a forward-mode derivative missing: products="auto" falls back on it)
+        loss = name or fn
+        what = f"{getattr(loss, '__module__', '?')}.{getattr(loss, '__qualname__', type(loss).__name__)}"
+        where = raised_in(e)
+        did = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else \
+            f"raised {type(e).__name__}: {' '.join(str(e).split())[:160]}"
+        place = f" (in {where})" if where else ""
+        raise ConfigError(f"the loss {what}(model, batch) {did} on batch {index}{place}; the loss is called with "
+                          "the model and one batch as the data holds it, and returns that batch's mean loss") from None
 
 
 def check_finite(loss: torch.Tensor, index: int, objective: bool) -> None:

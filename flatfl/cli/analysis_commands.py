@@ -13,7 +13,7 @@ from ..utils.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # 
 from ..utils.hessian_settings import (CURVATURES, DEFAULT_TRACE_METHOD, PRODUCT_METHODS, HessianSettings, estimator,
                                       estimator_names)
 from ..utils.surface_settings import DIRECTION_KINDS, SurfaceSettings
-from .common import apply_threads, friendly_errors, threads_option
+from .common import LazyHelp, apply_threads, friendly_errors, threads_option
 
 __all__ = ["hessian", "hessian_clients", "surface", "default_out"]
 
@@ -82,9 +82,11 @@ Examples:
 @click.option("--samples", type=int, default=HESSIAN_DEFAULTS.samples, help="draw N evaluation samples once with --seed (default: whole split)")
 @click.option("--batch-size", type=int, default=HESSIAN_DEFAULTS.batch_size, show_default=True, help="evaluation batch size (does not change the result)")
 @click.option("--split", default=HESSIAN_DEFAULTS.split, show_default=True, help="train | test")
-@click.option("--method", default=HESSIAN_DEFAULTS.method, show_default=True, help=f"{' | '.join(estimator_names('eigenvalues'))} (power: PyHessian's rule)")
+@click.option("--method", default=HESSIAN_DEFAULTS.method, show_default=True, cls=LazyHelp,
+              lazy_help=lambda: f"{' | '.join(estimator_names('eigenvalues'))} (power: PyHessian's rule)")
 @click.option("--tol", type=float, default=HESSIAN_DEFAULTS.tol, show_default=True, help="eigenvalue tolerance (Lanczos: relative residual; power: relative change)")
-@click.option("--trace-method", default=HESSIAN_DEFAULTS.trace_method, help=f"{' | '.join(estimator_names('trace'))} {_trace_default_text()}")
+@click.option("--trace-method", default=HESSIAN_DEFAULTS.trace_method, cls=LazyHelp,
+              lazy_help=lambda: f"{' | '.join(estimator_names('trace'))} {_trace_default_text()}")
 @click.option("--trace-hvps", type=int, default=HESSIAN_DEFAULTS.trace_hvps, show_default=True, help="HVP budget of the trace estimate")
 @click.option("--trace-rtol", type=float, default=HESSIAN_DEFAULTS.trace_rtol, show_default=True, help="stop the trace at this relative standard error")
 @click.option("--density-steps", type=int, default=HESSIAN_DEFAULTS.density_steps, show_default=True, help="Lanczos steps per SLQ start")

@@ -12,10 +12,10 @@ import sys
 
 import click
 
-from ..errors import FlatflError, error_line, unknown_name
+from ..errors import FlatflError, error_line, raised_in, unknown_name, user_frame
 from ..utils.startup import import_torch_uninterruptibly, settle_source_date_epoch
 
-__all__ = ["friendly_errors", "describe_failure", "interrupted_line", "FlatflGroup", "NameChoice", "THREADS_HELP",
+__all__ = ["friendly_errors", "describe_failure", "interrupted_line", "FlatflGroup", "LazyHelp", "NameChoice", "THREADS_HELP",
            "threads_option", "apply_threads"]
 
 
@@ -35,8 +35,18 @@ def friendly_errors(fn):
             _say(f"flatfl: error: {error_line(e)}", everywhere=isinstance(e, distributed.RankStopped))
             sys.exit(2)
         except KeyboardInterrupt as e:
+            where = None if getattr(e, "hint", None) else user_frame(e, innermost=True)
+            if where:  # raised by (or while) code of yours (a loss, a network, a plug-in) ran: named
+                e.hint = f"in your code, {where}; {INTERRUPTED.split('; ', 1)[1]}"
             _say(interrupted_line(e))
             sys.exit(130)
+        except SystemExit as e:  # flatfl's own exits go on; one from user or plug-in code is an error, never 0
+            where = raised_in(e)
+            if where is None:
+                raise
+            _say(f"flatfl: error: {where} called sys.exit({e.code!r}) while flatfl ran it; the command did "
+                 "not finish (nothing half-written was kept)")
+            sys.exit(2)
         except Exception as e:  # no traceback for the user: one line, exit 1 (FLATFL_DEBUG=1 shows it)
             peer = distributed.peer_failure(e)
             if peer is not None:  # a collective failed because another rank stopped
@@ -82,9 +92,12 @@ def describe_failure(e: BaseException) -> str:
     if isinstance(e, UnicodeDecodeError):
         return f"a file is not UTF-8 text ({e.reason} at byte {e.start})"
     text = " ".join(str(e).split())[:200]
+    where = user_frame(e)  # raised in (or under) your own code: named, not blamed on the data
     if isinstance(e, ValueError):
-        return f"invalid data: {text or type(e).__name__}"
-    return f"internal error {type(e).__name__}: {text} (set FLATFL_DEBUG=1 for the traceback)"
+        return f"{type(e).__name__} in your code, {where}: {text or type(e).__name__}" if where else \
+            f"invalid data: {text or type(e).__name__}"
+    place = f", raised in your code at {where}" if where else ""
+    return f"internal error {type(e).__name__}: {text} (set FLATFL_DEBUG=1 for the traceback{place})"
 
 
 class FlatflGroup(click.Group):
@@ -103,8 +116,8 @@ class FlatflGroup(click.Group):
                 import_torch_uninterruptibly()  # a command will run: torch first, Ctrl-C held back meanwhile
                 _under_torchrun(argv)
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except (click.exceptions.Abort, KeyboardInterrupt):
-            click.echo("flatfl: interrupted", err=True)
+        except (click.exceptions.Abort, KeyboardInterrupt) as e:
+            click.echo(interrupted_line(e) if getattr(e, "hint", None) else "flatfl: interrupted", err=True)
             sys.exit(130)
         except click.ClickException as e:
             where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "flatfl"
@@ -158,6 +171,19 @@ def apply_threads(threads) -> int:
     from ..utils.threads import apply_threads
 
     return apply_threads(threads)
+
+
+class LazyHelp(click.Option):
+    """An option whose help text is computed when help is shown (``lazy_help``, a function of no argument): the
+    estimators' names come from plug-ins, which load only then, not for every command."""
+
+    def __init__(self, *args, lazy_help, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy_help = lazy_help
+
+    def get_help_record(self, ctx):
+        self.help = self.lazy_help()
+        return super().get_help_record(ctx)
 
 
 class NameChoice(click.Choice):

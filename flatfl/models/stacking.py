@@ -393,9 +393,8 @@ class StackedLayout:
         for p, shape in zip(self.params, self.shapes):
             if p.numel() != n * shape.numel():
                 raise ValueError("stacked network does not match its model")
-        buffers = {k: b for k, b in network.named_buffers() if b.is_floating_point()}
-        self.buffer_names = list(buffers)
-        self.buffers = list(buffers.values())
+        self.network = network
+        self.buffer_names = [k for k, b in network.named_buffers() if b.is_floating_point()]
         #: parameter index -> (N,) 0/1, 0 for the clients whose row of it got no gradient in this step's backward
         #: pass (set by a piece that runs a part of the network for some clients only): a client alone would have
         #: left that parameter without a gradient and its SGD step would skip it; cleared by :meth:`grads` when a
@@ -425,6 +424,13 @@ class StackedLayout:
     def set(self, matrix: torch.Tensor) -> None:
         torch._foreach_copy_(self.param_rows(), self.views(matrix.to(self.params[0].device)))
 
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        """The network's float buffers now, by name: a forward that assigns a buffer anew (``self.ema = 0.9 *
+        self.ema + ...``) replaces the tensor, so a tensor held from before would be the stale one."""
+        named = dict(self.network.named_buffers())
+        return [named[name] for name in self.buffer_names]
+
     @torch.no_grad()
     def set_buffers(self, per_client: dict[str, torch.Tensor]) -> None:
         """Load float buffers, each given as (N, ...) rows or as one model's tensor for every client."""
@@ -434,7 +440,7 @@ class StackedLayout:
 
     def get_buffers(self) -> dict[str, torch.Tensor]:
         """Each float buffer as (N, *the model's shape) rows (copies)."""
-        return {name: b.detach().view(self.n, -1).clone() for name, b in zip(self.buffer_names, self.buffers)}
+        return {name: b.detach().reshape(self.n, -1).clone() for name, b in zip(self.buffer_names, self.buffers)}
 
     def grads(self, touch: bool = True) -> list[torch.Tensor]:
         """Each parameter's gradient as (N, *shape) rows, created as zeros where backward left none. ``touch``: the

@@ -234,7 +234,8 @@ class Trainer(RoundLoop):
         record = {"flatfl_version": __version__, "config": self._recorded_config(), "model": self.model_spec,
                   "resolved": self.resolved, "dataset": self._data_info(),
                   "environment": environment(), "training_path": self.training_path(),
-                  **({"tracking": self.observer.settings} if self.observer else {})}
+                  **({"tracking": self.observer.settings} if self.observer else {}),
+                  **({"regularizer": self.reg.record()} if self.reg.record() else {})}
         write_run_record(d, record, start_round=self.start_round)
         save_run_data(d, self.ds, self.custom_data, self.partition, self.label_counts, self.log)
 

@@ -74,6 +74,9 @@ def check_model_fits_data(model: torch.nn.Module, ds) -> None:
     """One forward pass of one training item through the user's network (eval mode, no gradient, the random
     generators untouched): a network that cannot take the inputs, or has fewer outputs than the data has classes,
     is one ConfigError line now instead of a torch error mid-training."""
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"your network ({type(model).__name__}) has no trainable parameter (none, or every one "
+                          "with requires_grad=False): there is nothing to train")
     param = next(iter(model.parameters()), None)
     x = ds.normalize(ds.train_x[:1])
     if param is not None:
@@ -89,6 +92,11 @@ def check_model_fits_data(model: torch.nn.Module, ds) -> None:
                           f"{type(e).__name__}: {reason}") from None
     finally:
         model.train(was_training)
+    if not isinstance(out, torch.Tensor):
+        kind = f"a {type(out).__name__}" + (f" with keys {', '.join(map(repr, list(out)[:4]))}"
+                                             if isinstance(out, dict) else "")
+        raise ConfigError(f"your network returns {kind} for one item; it must return a tensor of class scores "
+                          "(batch, classes), e.g. return the logits themselves rather than a dict holding them")
     if isinstance(out, torch.Tensor):
         if out.dim() != 2 or out.shape[0] != 1:
             raise ConfigError(f"your network returns shape {tuple(out.shape)} for one item; it must return one row "

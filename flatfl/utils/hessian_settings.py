@@ -49,7 +49,8 @@ class Estimator:
     ``||Hv - lambda v||`` computed from the vectors) or ``"lanczos relation"`` (read off a Krylov recurrence), what
     hessian.json records unless the result says otherwise. ``label``: which eigenvalues are "top" (``largest
     algebraic``, ``largest magnitude``), printed by ``flatfl hessian``; ``title``: the method's name in figures;
-    ``trace_method``: the trace estimator run with it when none is asked for (None: the default one)."""
+    ``trace_method``: the trace estimator run with it when none is asked for (None: the default one);
+    ``min_budget``: the fewest products a trace estimator can work with (``--trace-hvps`` is checked against it)."""
 
     name: str
     kind: str
@@ -59,6 +60,7 @@ class Estimator:
     residuals: str = "explicit"
     trace_method: str | None = None
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    min_budget: int = 1
 
     def load(self) -> Callable:
         """The estimator's function (its module imported now, when it is given as ``"module:function"``)."""
@@ -85,7 +87,8 @@ _entry_points_loaded = False
 
 def register_estimator(name: str, kind: str, function: str | Callable, *, label: str = "", title: str = "",
                        residuals: str = "explicit", trace_method: str | None = None,
-                       defaults: Mapping[str, Any] | None = None, replace: bool = False) -> Estimator:
+                       defaults: Mapping[str, Any] | None = None, replace: bool = False,
+                       min_budget: int = 1) -> Estimator:
     """Register an estimator (see :class:`Estimator` for the fields) and return its entry. A name already taken
     in that kind is a ConfigError unless ``replace``. No import happens here: ``function`` as
     ``"module:function"`` is imported when the estimator first runs."""
@@ -101,8 +104,11 @@ def register_estimator(name: str, kind: str, function: str | Callable, *, label:
     if name in _REGISTRY[kind] and not replace:
         raise ConfigError(f"a {KINDS[kind]} method called {name!r} is already registered (pass replace=True to "
                           "replace it)")
+    if isinstance(min_budget, bool) or not isinstance(min_budget, int) or min_budget < 1:
+        raise ConfigError(f"estimator {name!r}: min_budget must be an integer >= 1, got {min_budget!r}")
     entry = Estimator(name, kind, function, label=label, title=title or name, residuals=residuals,
-                      trace_method=trace_method, defaults=MappingProxyType(dict(defaults or {})))
+                      trace_method=trace_method, defaults=MappingProxyType(dict(defaults or {})),
+                      min_budget=min_budget)
     _REGISTRY[kind][name] = entry
     return entry
 
@@ -112,25 +118,71 @@ def unregister_estimator(name: str, kind: str) -> None:
     _REGISTRY[kind].pop(name, None)
 
 
+#: one line per plug-in entry point that was skipped (what the warning on stderr said), for a caller to read
+PLUGIN_PROBLEMS: list[str] = []
+
+
+def _plugin_name(point) -> str:
+    """'the estimator plug-in NAME = VALUE of DIST VERSION': an entry point as its warning names it."""
+    dist = getattr(point, "dist", None)
+    meta = getattr(dist, "metadata", None)
+    owner = f" of the distribution {meta['Name']} {getattr(dist, 'version', '')}".rstrip() if meta else ""
+    return f"the estimator plug-in {point.name} = {point.value}{owner} (entry-point group {ENTRY_POINT_GROUP})"
+
+
+def _register_found(found) -> None:
+    """Register what an entry point gave: an Estimator, a list of them, or a function of no argument that
+    registers them (each checked as :func:`register_estimator` checks; a name already taken is refused)."""
+    for item in (found if isinstance(found, (list, tuple)) else [found]):
+        if isinstance(item, Estimator):
+            register_estimator(item.name, item.kind, item.function, label=item.label, title=item.title,
+                               residuals=item.residuals, trace_method=item.trace_method, defaults=item.defaults,
+                               min_budget=item.min_budget)
+        elif callable(item):
+            item()
+        else:
+            raise ConfigError(f"it gave a {type(item).__name__}, not an Estimator, a list of them or a function "
+                              "that registers them")
+
+
 def _load_entry_points() -> None:
-    """The estimators other packages declare in the entry-point group ``flatfl.estimators`` (once)."""
+    """The estimators other packages declare in the entry-point group ``flatfl.estimators`` (once, when a name is
+    first asked for). Each loads in isolation: one that cannot be imported, raises (SystemExit included), gives
+    something else than estimators, names an unknown kind or a name already taken is skipped whole (what it
+    registered before failing is taken back), with one warning line on stderr naming its distribution and entry
+    point; the others and every command go on. Ctrl-C while one loads is an interruption naming it."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
+    import sys
     from importlib.metadata import entry_points
 
-    for point in entry_points(group=ENTRY_POINT_GROUP):
+    try:
+        points = list(entry_points(group=ENTRY_POINT_GROUP))
+    except Exception as e:  # noqa: BLE001 - unreadable installed metadata: no plug-ins, one warning
+        points = []
+        PLUGIN_PROBLEMS.append(f"the installed packages' entry points cannot be read ({type(e).__name__}: {e})")
+        sys.stderr.write(f"flatfl: warning: {PLUGIN_PROBLEMS[-1]}\n")
+    for point in points:
+        before = {kind: dict(entries) for kind, entries in _REGISTRY.items()}
         try:
-            found = point.load()
-        except Exception as e:  # noqa: BLE001 - a broken plug-in is named, not fatal
-            raise ConfigError(f"the estimator entry point {point.name!r} ({point.value}) cannot be loaded: "
-                              f"{e}") from None
-        for item in (found if isinstance(found, (list, tuple)) else [found]):
-            if isinstance(item, Estimator):
-                _REGISTRY[item.kind].setdefault(item.name, item)
-            elif callable(item):
-                item()
+            _register_found(point.load())
+        except KeyboardInterrupt as e:
+            e.hint = f"while loading {_plugin_name(point)}; nothing was written"
+            raise
+        except BaseException as e:  # noqa: BLE001 - a broken plug-in is skipped with one line, never fatal
+            for kind, entries in before.items():
+                _REGISTRY[kind].clear()
+                _REGISTRY[kind].update(entries)
+            if isinstance(e, SystemExit):
+                why = f"it called sys.exit({e.code!r}) while loading"
+            elif isinstance(e, ConfigError):
+                why = str(e)
+            else:
+                why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+            PLUGIN_PROBLEMS.append(f"{_plugin_name(point)} is skipped: {why}")
+            sys.stderr.write(f"flatfl: warning: {PLUGIN_PROBLEMS[-1]}\n")
 
 
 def estimator_names(kind: str) -> tuple[str, ...]:
@@ -141,6 +193,8 @@ def estimator_names(kind: str) -> tuple[str, ...]:
 
 def estimator(kind: str, name: str) -> Estimator:
     """The registered estimator ``name`` of ``kind``; ConfigError ``unknown eigenvalue method 'x': ...``."""
+    if name in _REGISTRY[kind]:  # registered already (a built-in): no plug-in is loaded for it
+        return _REGISTRY[kind][name]
     names = estimator_names(kind)
     if name not in _REGISTRY[kind]:
         raise unknown_name(f"{KINDS[kind]} method", name, names)
@@ -151,7 +205,8 @@ register_estimator("lanczos", "eigenvalues", "flatfl.analysis.estimators:lanczos
                    title="Lanczos", residuals="lanczos relation")
 register_estimator("power", "eigenvalues", "flatfl.analysis.estimators:power", label="largest magnitude",
                    title="power iteration", trace_method="pyhessian", defaults={"max_iter": 100})
-register_estimator("hutchpp", "trace", "flatfl.analysis.trace:hutchpp_trace", title="Hutch++")
+register_estimator("hutchpp", "trace", "flatfl.analysis.trace:hutchpp_trace", title="Hutch++",
+                   min_budget=2)  # a sketch of one vector and one probe of the rest
 register_estimator("hutchinson", "trace", "flatfl.analysis.trace:hutchinson_trace", title="Hutchinson")
 register_estimator("pyhessian", "trace", "flatfl.analysis.estimators:pyhessian", title="PyHessian's rule")
 register_estimator("slq", "density", "flatfl.analysis.density:spectral_density",
@@ -217,6 +272,15 @@ class HessianSettings(Settings):
             estimator("trace", self.trace_method)
         if self.trace_hvps < 1:
             raise ConfigError(f"--trace-hvps must be >= 1, got {self.trace_hvps}")
+        need, why = 1, ""
+        if self.trace and estimator("trace", self.resolved_trace_method).min_budget > need:
+            need = estimator("trace", self.resolved_trace_method).min_budget
+            why = f" (the {self.resolved_trace_method} trace needs {need} products at least)"
+        if self.per_layer and estimator("trace", DEFAULT_TRACE_METHOD).min_budget > need:
+            need = estimator("trace", DEFAULT_TRACE_METHOD).min_budget  # each block's trace: Hutch++
+            why = f" (--per-layer estimates each block's trace by {DEFAULT_TRACE_METHOD}, which needs {need} at least)"
+        if self.trace_hvps < need:
+            raise ConfigError(f"--trace-hvps must be >= {need}{why}, got {self.trace_hvps}")
         if self.trace_rtol is not None and not self.trace_rtol > 0:
             raise ConfigError(f"--trace-rtol must be positive, got {self.trace_rtol}")
         if self.density_steps < 1 or self.density_starts < 1:

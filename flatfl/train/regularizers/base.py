@@ -59,6 +59,11 @@ class Regularizer(Component):
     def attach(self, model: nn.Module) -> None:
         """Called once with each working network (the model; a stacked network) before it trains."""
 
+    def record(self) -> dict:
+        """What config.json records of this regularizer as the run set it up (e.g. the modules it hooked), once
+        attached; empty (nothing recorded) by default."""
+        return {}
+
     def start_cohort(self, cohort: Cohort) -> None:
         """Called before a cohort's local training in a round."""
 

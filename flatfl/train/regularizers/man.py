@@ -187,6 +187,8 @@ class MAN(Regularizer):
     def __init__(self, hp: dict[str, Any], *, num_classes: int, config: Any = None):
         super().__init__(hp, num_classes=num_classes, config=config)
         self._hooked: list[nn.Module] = []
+        self._hooked_names: list[str] = []
+        self._hooked_source: str | None = None
         self._handles: list = []
         self._terms: list[torch.Tensor] = []
         self._watched: list[tuple[torch.Tensor, int]] = []
@@ -200,6 +202,7 @@ class MAN(Regularizer):
         same activations whatever classes stacking gives their layers."""
         source = source_network(model)
         chosen = default_activation_modules(source)
+        self._hooked_source = "activation_modules()" if callable(getattr(source, "activation_modules", None)) else None
         if not chosen:
             raise ConfigError(_NOTHING_TO_HOOK.format(name=type(source).__name__))
         try:
@@ -208,6 +211,8 @@ class MAN(Regularizer):
             raise ConfigError(f"MAN: {e}; activation_modules() must list modules of the model itself") from None
         if not self._hooked:
             self._hooked = modules
+            names = {id(m): name for name, m in source.named_modules()}
+            self._hooked_names = [names[id(m)] or "(model)" for m in chosen]
         owned = {id(m) for m in modules}
 
         def record(module: nn.Module, inputs, output):
@@ -229,6 +234,14 @@ class MAN(Regularizer):
             h.remove()
         self._handles = []
         self._hooked = []
+
+    def record(self) -> dict:
+        """The activation modules MAN penalises, by name in the network (``hooked_modules`` in config.json), and
+        how they were chosen: the model's own ``activation_modules()`` or the fallback."""
+        if not self._hooked:
+            return {}
+        source = self._hooked_source or "the non-linearity modules before the final linear layer"
+        return {"hooked_modules": list(self._hooked_names), "chosen_by": source}
 
     @property
     def hooked_modules(self) -> list[nn.Module]:
