@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError, unknown_name
+from .precision import check_analysis_precision
 from .settings import Settings, check_kinds
 from .values import check_seed
 
@@ -33,6 +34,7 @@ class ClientMetricsSettings(Settings):
     device: str = "cpu"
     data_dir: str | None = None  # None: the folder the checkpoint recorded
     model_factory: str | None = None
+    precision: str | None = None  # float32 | float64; None: the run's (flatfl.utils.precision)
 
     def validate(self) -> "ClientMetricsSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
@@ -56,4 +58,5 @@ class ClientMetricsSettings(Settings):
         if isinstance(self.tol, bool) or not (isinstance(self.tol, (int, float)) and 0 < self.tol < 1):
             raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {self.tol!r}")
         check_seed(self.seed)
+        check_analysis_precision(self.precision)
         return self
