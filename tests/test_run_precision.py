@@ -104,6 +104,8 @@ def test_float64_on_a_gpu_is_said_in_one_line():
     assert line and "\n" not in line and "slow" in line
     assert gpu_precision_notice("float64", torch.device("cpu")) is None
     assert gpu_precision_notice("float32", torch.device("cuda", 0)) is None
+    with pytest.raises(ConfigError, match="not available on mps"):
+        gpu_precision_notice("float64", torch.device("mps"))
 
 
 def test_computing_in_sets_and_restores_the_default_type():

@@ -28,7 +28,6 @@ from ..errors import ConfigError
 FLOAT32_MATMUL = ("full", "tf32")
 #: a run's floating types (``--precision``); a run recorded without one ran in float32
 PRECISIONS = ("float32", "float64")
-DEFAULT_PRECISION = "float32"
 
 
 def check_precision(value, flag: str = "--precision") -> str:
@@ -49,11 +48,6 @@ def torch_dtype(precision: str):
     return {"float32": torch.float32, "float64": torch.float64}[check_precision(precision)]
 
 
-def precision_of(dtype) -> str:
-    """The precision name of a torch floating type (float16 and bfloat16 named as torch names them)."""
-    return str(dtype).replace("torch.", "")
-
-
 @contextlib.contextmanager
 def computing_in(precision: str):
     """torch's default floating type set to ``precision`` inside the block (what a network built, a state
@@ -69,13 +63,16 @@ def computing_in(precision: str):
 
 
 def gpu_precision_notice(precision: str, device) -> str | None:
-    """The one line said when float64 runs on a GPU: allowed, exact, but slow (GPUs compute float64 at a fraction
-    of their float32 rate); None otherwise."""
+    """The one line said when float64 runs on a GPU: allowed but slow (GPUs compute float64 at a fraction of their
+    float32 rate); None otherwise. A ConfigError line on a device without float64 (Apple's ``mps``)."""
     kind = getattr(device, "type", str(device).split(":")[0])
     if precision != "float64" or kind == "cpu":
         return None
-    return (f"notice: --precision float64 on {device}: the numbers of any machine, but a GPU computes float64 many "
-            "times slower than float32 (--precision float32 is the GPU presets' setting)")
+    if kind == "mps":
+        raise ConfigError("--precision float64 is not available on mps (no float64 on Apple GPUs): use "
+                          "--precision float32 or --device cpu")
+    return (f"notice: --precision float64 on {device} is allowed but slow: a GPU computes float64 many times slower "
+            "than float32 (the GPU presets use --precision float32)")
 
 
 def check_float32_matmul(value, flag: str = "--float32-matmul") -> str:
