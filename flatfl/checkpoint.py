@@ -24,6 +24,7 @@ from .errors import CheckpointError, ConfigError
 from .models.spec import model_from_spec
 from .utils.device import resolve_device
 from .utils.io import atomic_torch_save
+from .utils.precision import check_precision, computing_in, torch_dtype
 from .utils.provenance import is_settings_digest, json_digest, settings_digest, short, state_digest
 from .utils.torch_files import PLAIN_PICKLE, check_nesting, load_weights_only, plain_pickle
 
@@ -369,7 +370,10 @@ class Checkpoint:
     """
 
     def __init__(self, payload: dict, path: Path, device: str | torch.device = "cpu", which: str = "server",
-                 data_dir: str | Path | None = None, model: nn.Module | None = None, model_factory: str | None = None):
+                 data_dir: str | Path | None = None, model: nn.Module | None = None, model_factory: str | None = None,
+                 precision: str | None = None):
+        """``precision``: the floating type the model and its batches are held in, ``float32`` or ``float64``;
+        default the run's (:func:`saved_precision`), so that an analysis of a float64 run computes in float64."""
         self.path = Path(path)
         self.payload = payload
         self.device = resolve_device(device)
@@ -384,6 +388,14 @@ class Checkpoint:
         key = {"server": "state_dict", "all": "all_state_dict"}.get(which)
         if key is None or key not in payload:
             raise CheckpointError(f"{path} has no {which!r} model (choose 'server' or 'all')")
+        self.precision: str = check_precision(precision) if precision is not None else saved_precision(payload[key])
+        with computing_in(self.precision):  # a network built here is built in that type
+            model = self._network(payload, path, key, model, model_factory)
+        self.model: nn.Module = model.to(device=self.device, dtype=torch_dtype(self.precision)).eval()
+        self._dataset = None
+
+    def _network(self, payload: dict, path: Path, key: str, model, model_factory) -> nn.Module:
+        """The recorded network (or ``model``, or the factory's) with the checkpoint's weights loaded."""
         custom = self.model_spec.get("name") == "custom"
         by_file = False  # the factory is the one the checkpoint recorded, not one the caller named
         if model is None and (model_factory or (custom and self.model_spec.get("factory"))):
@@ -416,6 +428,7 @@ class Checkpoint:
             model = model_from_spec(self.model_spec, model)
         except Exception as e:
             raise CheckpointError(f"{path}: cannot rebuild {what}: {e}") from None
+        model = model.to(dtype=torch_dtype(self.precision))  # a given network too, before the weights are copied in
         try:
             model.load_state_dict(payload[key], strict=True)
         except RuntimeError as e:
@@ -424,8 +437,7 @@ class Checkpoint:
                                   f"({first[1].strip() if len(first) > 1 else first[0]})") from None
         if verdict is not None:
             verdict()
-        self.model: nn.Module = model.to(self.device).eval()
-        self._dataset = None
+        return model
 
     @property
     def num_params(self) -> int:
@@ -455,7 +467,8 @@ class Checkpoint:
 
     def eval_batches(self, split: str = "train", samples: int | None = None, batch_size: int = 256,
                      seed: int = 0, indices: np.ndarray | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Deterministic evaluation batches (normalised float32 inputs, int64 labels) on the checkpoint's device.
+        """Deterministic evaluation batches (normalised inputs in the checkpoint's precision, int64 labels) on the
+        checkpoint's device.
 
         ``samples=None`` takes the whole split in dataset order; ``samples=N`` draws N indices once with ``seed``.
         ``indices`` restricts to given sample indices of the split (a client's data). No augmentation."""
@@ -471,7 +484,7 @@ class Checkpoint:
         out = []
         for s in range(0, len(idx), batch_size):
             b = torch.from_numpy(idx[s:s + batch_size])
-            out.append((ds.normalize(x[b].to(self.device)), y[b].to(self.device)))
+            out.append((ds.normalize(x[b].to(self.device)).to(torch_dtype(self.precision)), y[b].to(self.device)))
         return out
 
     def client_batches(self, client: int, batch_size: int = 256, samples: int | None = None, seed: int = 0):
@@ -527,15 +540,23 @@ class Checkpoint:
         return m.eval()
 
 
+def saved_precision(state: dict) -> str:
+    """The floating type a run was trained in, read from its saved weights: ``float64`` when they are float64,
+    else ``float32`` (the type of every run made before the setting existed)."""
+    floats = [v.dtype for v in state.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return "float64" if floats and all(d == torch.float64 for d in floats) else "float32"
+
+
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", which: str = "server",
                     data_dir: str | Path | None = None, model: nn.Module | None = None,
-                    model_factory: str | None = None) -> Checkpoint:
+                    model_factory: str | None = None, precision: str | None = None) -> Checkpoint:
     """Load a checkpoint file or a run directory's final checkpoint.
 
     A run on your own network: pass ``model`` (an ``nn.Module`` of the trained architecture; the weights are loaded
     into it) or ``model_factory="module:function"``; without either, the factory the run recorded is used. Weights
-    are read with ``torch.load(weights_only=True)``; the model object is never unpickled."""
+    are read with ``torch.load(weights_only=True)``; the model object is never unpickled. ``precision``: the
+    floating type of the model and its batches (default the run's: float64 for a float64 run)."""
     device = resolve_device(device)
     p = resolve_checkpoint_path(path)
     return Checkpoint(read_checkpoint(p), p, device=device, which=which, data_dir=data_dir, model=model,
-                      model_factory=model_factory)
+                      model_factory=model_factory, precision=precision)

@@ -225,14 +225,16 @@ def _run_name(label: str, settings: dict, seed: int) -> str:
 
 def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = None, seeds=None,
          device: str = "cpu", data_dir: str | None = None, threads: int | None = None,
-         model: str | None = None, track_hessian: int | None = None, methods=None) -> list[RunTask]:
+         model: str | None = None, track_hessian: int | None = None, methods=None,
+         precision: str | None = None) -> list[RunTask]:
     """The run tasks of ``target`` at ``preset``: one per (method, partition, seed), with its analyses; with
     ``methods`` (names of the tables' rows, see :func:`methods_of`) only those rows' runs.
 
     ``model``: the model the Hessian analyses measure, 'server' or 'clients-average'; default the one the table
     reports (:func:`flatfl.report.tables.model_for`: the all-clients average for the MAN tables, the server model
     for FedAlign's). ``track_hessian``: the curvature every K rounds (``flatfl train --track-hessian``, 0: off);
-    default the preset's."""
+    default the preset's. ``precision``: the runs' floating type, default the preset's (float64 on the CPU presets,
+    float32 on ``paper`` and ``tiny``)."""
     if target not in TARGETS:
         raise unknown_name("reproduction target", target, TARGETS)
     if preset not in PRESETS:
@@ -249,6 +251,10 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
         extra["track_hessian"] = track_hessian
     if data_dir:
         extra["data_dir"] = str(Path(data_dir).expanduser().resolve())
+    if precision is not None:
+        from .utils.precision import check_precision
+
+        extra["precision"] = check_precision(precision)
     from .report.tables import model_for
 
     keys = tables_of(target)
@@ -308,7 +314,8 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
               runs_dir: str | Path | None = None, executor=None, seeds=None, device: str = "cpu",
               data_dir: str | None = None, threads: int | None = None,
               echo: Callable[[str], None] | None = None, model: str | None = None,
-              track_hessian: int | None = None, methods=None, progress_bar: bool = False) -> dict:
+              track_hessian: int | None = None, methods=None, progress_bar: bool = False,
+              precision: str | None = None) -> dict:
     """Train and analyse every run of ``target`` at ``preset`` (skipping finished work), then write the report
     into ``out``. Returns the report's summary plus 'tasks' (what each run did) and 'seconds'.
 
@@ -317,7 +324,8 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     instead (on a terminal), the lines printed above it.
 
     ``seeds``: default :data:`DEFAULT_SEEDS` of the preset. ``threads``: torch threads per run, default
-    :data:`REPRODUCE_THREADS` (pinned, whatever the machine's load; recorded in each run's config.json)."""
+    :data:`REPRODUCE_THREADS` (pinned, whatever the machine's load; recorded in each run's config.json).
+    ``precision``: the runs' floating type instead of the preset's (:func:`plan`)."""
     from .executors import LocalExecutor
     from .report import build_report
 
@@ -329,7 +337,7 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     if threads is None:
         threads = REPRODUCE_THREADS
     tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads,
-                 model=model, track_hessian=track_hessian, methods=methods)
+                 model=model, track_hessian=track_hessian, methods=methods, precision=precision)
     out = Path(out) if out else default_out(target, preset, methods, seeds, model, track_hessian)
     rows, _ = _selection(target, preset, methods, seeds)
     tables = tuple(key for key in tables_of(target)  # a restricted reproduction: only the tables of its rows

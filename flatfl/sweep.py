@@ -17,6 +17,7 @@ Grid file (TOML or YAML)::
                                  # or [[include]] that the run does not read)
     dataset = "digits"
     rounds = 30
+    precision = "float64"        # optional: the runs' floating type (default float32; --precision overrides it)
 
     [grid]                       # every combination of these lists is one run
     algo = ["fedavg", "feddyn"]
@@ -436,10 +437,13 @@ def _section(raw: dict, key: str) -> dict | None:
     return {str(k).replace("-", "_"): v for k, v in (raw[key] or {}).items()}
 
 
-def read_grid(path: str | Path, out: str | Path | None = None) -> SweepGrid:
-    """Parse a grid file; ``out`` overrides its ``out`` root. Run directories are made absolute (Ray workers)."""
+def read_grid(path: str | Path, out: str | Path | None = None, precision: str | None = None) -> SweepGrid:
+    """Parse a grid file; ``out`` overrides its ``out`` root, ``precision`` (``--precision``) its runs' floating
+    type (refused when the file varies it by run). Run directories are made absolute (Ray workers)."""
     path = Path(path)
     raw = _load_grid_file(path)
+    if precision is not None:
+        raw = with_precision(raw, precision, str(path))
     root = Path(out or raw.get("out") or Path("runs") / path.stem).resolve()
     fixed = raw.get("fixed") or {}
     data_dir = fixed.get("data_dir", fixed.get("data-dir"))
@@ -450,15 +454,31 @@ def read_grid(path: str | Path, out: str | Path | None = None) -> SweepGrid:
     return SweepGrid(root=root, tasks=expand_grid(raw, root=root, source=str(path)))
 
 
+def with_precision(raw: dict, precision: str, source: str) -> dict:
+    """A parsed grid with every run's ``precision`` set in its [fixed] table; a ConfigError line when [grid] or an
+    [[include]] sets it per run (the runs would then share folders)."""
+    from .utils.precision import check_precision
+
+    check_precision(precision)
+    per_run = [raw.get("grid")] + list(raw.get("include") or [])
+    if any(isinstance(t, dict) and {"precision"} & {str(k).replace("-", "_") for k in t} for t in per_run):
+        raise ConfigError(f"--precision {precision}: {source} sets the precision per run ([grid] or [[include]]); "
+                          "drop one of the two")
+    fixed = raw.get("fixed") if isinstance(raw.get("fixed"), dict) else {}
+    return dict(raw, fixed=dict(fixed, precision=precision))
+
+
 def run_sweep(grid_file: str | Path, *, executor=None, out: str | Path | None = None, threads: int | None = None,
-              dry_run: bool = False, echo: Callable[[str], None] | None = None) -> list[dict]:
+              dry_run: bool = False, echo: Callable[[str], None] | None = None,
+              precision: str | None = None) -> list[dict]:
     """Run every run of ``grid_file`` (skipping finished work, resuming unfinished runs) and write
-    ``sweep.csv`` (one line per run: what was done, seconds, error) in the sweep's root."""
+    ``sweep.csv`` (one line per run: what was done, seconds, error) in the sweep's root. ``precision``: every
+    run's floating type (``--precision``), instead of the file's."""
     from .executors import LocalExecutor, default_threads
     from .utils.threads import check_threads
 
     check_threads(threads)
-    grid = read_grid(grid_file, out=out)
+    grid = read_grid(grid_file, out=out, precision=precision)
     executor = executor or LocalExecutor(1)
     per_task = threads or (default_threads(getattr(executor, "workers", 1)) if executor.name == "local" else
                            max(1, int(getattr(executor, "cpus_per_task", 1))))

@@ -267,7 +267,8 @@ def case_settings(c: Combination) -> dict:
     rounds = 1 if c.model in DEEP_BATCH_NORM else CASE_ROUNDS
     return dict(model="mlp" if own else c.model, reg=c.reg, algo=c.algo, local_opt=c.opt, clients=CASE_CLIENTS, participation=0.5,
                 sampling="bernoulli", partition="fedml-dirichlet", alpha=0.5, rounds=rounds, local_epochs=1,
-                batch_size=batch, lr=0.01, momentum=0.5, seed=CASE_SEED, eval_every=rounds, checkpoint_every=rounds)
+                batch_size=batch, lr=0.01, momentum=0.5, seed=CASE_SEED, eval_every=rounds, checkpoint_every=rounds,
+                precision=str(torch.get_default_dtype()).replace("torch.", ""))  # the type the test computes in
 
 
 def train_case(c: Combination, run_dir, parallel, *, device: str = "cpu", dtype: torch.dtype = torch.float64,
@@ -279,7 +280,8 @@ def train_case(c: Combination, run_dir, parallel, *, device: str = "cpu", dtype:
     ``latest``, ``buffers``, ``algo`` state). Writes no files."""
     from flatfl.train.engine import Trainer
 
-    cfg = RunConfig(**settings(c), parallel_clients=parallel, device=device, cuda_graphs=cuda_graphs).validate()
+    cfg = RunConfig(**dict(settings(c), precision=str(dtype).replace("torch.", "")), parallel_clients=parallel,
+                    device=device, cuda_graphs=cuda_graphs).validate()
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

@@ -52,7 +52,8 @@ def run(tmp_path, *, rounds: int = 1, clients: int = 2, algo: str = "fedavg", pa
     model = model or Linear(dim, ds.num_classes)
     settings = dict(dataset="digits", partition="iid", clients=clients, rounds=rounds, participation=1.0,
                     sampling="bernoulli", local_epochs=1, batch_size=10_000, lr=0.1, lr_decay=1.0, weight_decay=0.0,
-                    clip=0.0, algo=algo, params=params or {}, eval_every=10_000, checkpoint_every=10_000, seed=0)
+                    clip=0.0, algo=algo, params=params or {}, eval_every=10_000, checkpoint_every=10_000, seed=0,
+                    precision=str(torch.get_default_dtype()).replace("torch.", ""))  # the type the test computes in
     settings.update(overrides)
     cfg = RunConfig(**settings).validate()
     trainer = Trainer(cfg, tmp_path / "run", quiet=True, dataset=ds, model=model)

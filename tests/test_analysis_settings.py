@@ -22,10 +22,11 @@ from flatfl.utils.surface_settings import SurfaceSettings
 
 # the documented defaults (--help before the settings were gathered): written out, not derived
 CLIENTS = {"protocol": "default", "probes": 100, "groups": 10, "samples": None, "batch_size": None, "seed": 0,
-           "tol": 1e-3, "device": "cpu", "data_dir": None, "model_factory": None, "curvature": "hessian"}
+           "tol": 1e-3, "device": "cpu", "data_dir": None, "model_factory": None, "curvature": "hessian",
+           "precision": None}
 SURFACE = {"directions": "random", "grid": 21, "range": 1.0, "samples": None, "workers": 1, "batch_size": 256,
            "split": "train", "seed": 0, "include_bn_bias": False, "eigenvectors": None, "tol": 1e-3, "device": "cpu",
-           "data_dir": None, "force": False, "save_every": 8, "model_factory": None}
+           "data_dir": None, "force": False, "save_every": 8, "model_factory": None, "precision": None}
 GRID = '[fixed]\nmodel = "tiny"\nclients = 4\nrounds = 1\nlocal_epochs = 1\nsave_clients = true\n[grid]\nalgo = ["fedavg"]\n'
 
 

@@ -46,7 +46,7 @@ def train(tmp_path, parallel, rounds=2, resume=False, log=None, network=None, **
     one's own instead of the config's)."""
     base = dict(dataset="digits", model="digits-cnn", clients=10, participation=0.3, sampling="fraction",
                 rounds=rounds, local_epochs=1, batch_size=48, partition="fedml-dirichlet", alpha=0.5, seed=3,
-                momentum=0.5, eval_every=rounds, checkpoint_every=rounds, parallel_clients=parallel)
+                momentum=0.5, eval_every=rounds, checkpoint_every=rounds, parallel_clients=parallel, precision="float64")
     base.update(settings)
     cfg = RunConfig(**base).validate()
     with float64():

@@ -23,7 +23,8 @@ from flatfl.utils.run_identity import NO_NUMBER_SETTINGS, RESUMABLE_CHANGES, dif
 #: into flatfl.utils.run_identity's lists, chosen consciously: the first test fails until it is in one of them.
 DECIDES_NUMBERS = ("dataset", "model", "model_args", "augment", "partition", "alpha", "clients", "rounds",
                    "participation", "sampling", "local_epochs", "batch_size", "lr", "lr_decay", "weight_decay",
-                   "momentum", "nesterov", "clip", "algo", "local_opt", "reg", "params", "seed", "float32_matmul")
+                   "momentum", "nesterov", "clip", "algo", "local_opt", "reg", "params", "seed", "float32_matmul",
+                   "precision")
 #: settings of NO_NUMBER_SETTINGS that are no RunConfig field: recorded by earlier versions' config.json
 RECORDED_BY_EARLIER_VERSIONS = {"quiet"}
 
@@ -71,7 +72,7 @@ def _killed_run(run_dir, crash_in_round) -> RunConfig:
 
 # (changed setting, its new value, resume and sweep accept it, the report counts the two as one experiment)
 PAIRS = [("threads", 2, True, True), ("parallel_clients", 2, True, True), ("lr", 0.05, False, False),
-         ("eval_every", 2, False, True)]
+         ("eval_every", 2, False, True), ("precision", "float64", False, False)]
 
 
 @pytest.mark.parametrize("key, value, resumable, same_experiment", PAIRS, ids=[p[0] for p in PAIRS])

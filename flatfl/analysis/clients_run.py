@@ -36,7 +36,7 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
     target_name = clients_file(protocol, curvature=s.curvature)
     cmd = AnalysisCommand.open(checkpoint, out, device=device, outputs=[target_name, f"{heatmap}.png",
                                                                         f"{heatmap}.pdf"],
-                               data_dir=data_dir, model_factory=model_factory)
+                               data_dir=data_dir, model_factory=model_factory, precision=s.precision)
     out, ckpt = cmd.out, cmd.checkpoint
     _check_hessian_report(out / "hessian.json", ckpt)  # a folder of another checkpoint is refused
     target = out / target_name
@@ -78,7 +78,8 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
                       f"from a CPU torch.Generator seeded with {seed}, the same for every client as in FedAlign"]
 
     settings = {"protocol": protocol, "probes": probes, "groups": groups, "samples": samples, "batch_size": batch,
-                "seed": seed, "tol": tol if protocol == "fedalign" else None, "device": str(cmd.device)}
+                "seed": seed, "tol": tol if protocol == "fedalign" else None, "device": str(cmd.device),
+                **({"precision": ckpt.precision} if ckpt.precision != "float32" else {})}  # float32: as always
     if s.curvature != "hessian":  # recorded when it is not the Hessian (the files of a Hessian are as they were)
         settings["curvature"] = s.curvature
     digest = weights_digest(ckpt.model)

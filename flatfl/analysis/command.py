@@ -20,7 +20,8 @@ from ..errors import ConfigError
 from ..utils import distributed
 from ..utils.device import resolve_device
 from ..utils.io import atomic_write_many, json_safe
-from ..utils.precision import float32_matmul_now, set_float32_matmul
+from ..utils.machine import machine
+from ..utils.precision import float32_matmul_now, gpu_precision_notice, set_float32_matmul
 from ..utils.provenance import settings_digest, state_digest
 
 #: how analyses compute float32 products on CUDA: IEEE float32, never TF32 (flatfl.utils.precision); recorded in
@@ -79,9 +80,11 @@ class AnalysisCommand:
 
     @classmethod
     def open(cls, checkpoint, out, *, device, outputs, data_dir=None, model_factory: str | None = None,
-             device_check: Callable[[torch.device], None] | None = None) -> "AnalysisCommand":
+             device_check: Callable[[torch.device], None] | None = None,
+             precision: str | None = None) -> "AnalysisCommand":
         """Check ``out``, resolve ``device`` (then ``device_check(device)``), refuse any of ``outputs`` in ``out``
-        that flatfl did not write, and load ``checkpoint``."""
+        that flatfl did not write, and load ``checkpoint`` in ``precision`` (None: the run's, so that an analysis
+        of a float64 run computes in float64; float64 on a GPU is said once, as slow)."""
         out = check_out_folder(out)
         dev = distributed.join(resolve_device(device))  # under torchrun: the process group, this rank's device
         set_float32_matmul(ANALYSIS_FLOAT32)
@@ -92,7 +95,12 @@ class AnalysisCommand:
         refuse_foreign(out, list(outputs))
         from ..checkpoint import load_checkpoint
 
-        return cls(out, dev, load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory))
+        ckpt = load_checkpoint(checkpoint, device=dev, data_dir=data_dir, model_factory=model_factory,
+                               precision=precision)
+        notice = gpu_precision_notice(ckpt.precision, dev)
+        if notice:
+            print(notice, file=sys.stderr, flush=True)
+        return cls(out, dev, ckpt)
 
     @property
     def title(self) -> str:
@@ -103,8 +111,10 @@ class AnalysisCommand:
         """The provenance record every result file starts with: checkpoint, round, weights_sha256 (``digest``, else
         computed), the run's settings digest (``run_settings_sha256``, :func:`flatfl.utils.provenance.settings_digest`
         of the checkpoint's config), the network's name (under ``network_key``), dataset and parameter count, in
-        that order, then how float32 products ran (``float32_matmul``, :mod:`flatfl.utils.precision`); :func:`versions`
-        gives the flatfl and torch versions the file ends with."""
+        that order, then how float32 products ran (``float32_matmul``), the floating type of the model, data and
+        products (``precision``, :mod:`flatfl.utils.precision`) and the machine (``machine``,
+        :func:`flatfl.utils.machine.machine`); :func:`versions` gives the flatfl and torch versions the file ends
+        with."""
         ckpt = self.checkpoint
         head = {"checkpoint": str(ckpt.path), "round": ckpt.round,
                 "weights_sha256": digest if digest is not None else weights_digest(ckpt.model),
@@ -113,6 +123,8 @@ class AnalysisCommand:
         head["dataset"] = ckpt.dataset_name
         head["num_params"] = ckpt.num_params if num_params is None else num_params
         head["float32_matmul"] = float32_matmul_now()
+        head["precision"] = ckpt.precision
+        head["machine"] = machine(self.device)
         return head
 
     def write(self, files: Mapping[str, bytes | str], result_name: str, result: Mapping) -> dict:

@@ -281,15 +281,16 @@ def load_eigenvectors(path) -> EigenvectorFile:
 
 
 # ---------------------------------------------------------------------------------------------- the command
-def settings_record(s: HessianSettings, device) -> dict:
-    """hessian.json's ``settings``: what made the numbers (the trace method as it ran, the device resolved)."""
+def settings_record(s: HessianSettings, device, precision: str = "float32") -> dict:
+    """hessian.json's ``settings``: what made the numbers (the trace method as it ran, the device resolved, the
+    floating type the products ran in)."""
     return {"top": s.top, "method": s.method, "tol": s.tol, "trace": s.trace, "trace_method": s.resolved_trace_method,
             "trace_hvps": s.trace_hvps, "trace_rtol": s.trace_rtol, "density": s.density,
             "density_steps": s.density_steps, "density_starts": s.density_starts, "samples": s.samples,
             "batch_size": s.batch_size, "split": s.split, "seed": s.seed, "device": str(device), "mode": "eval",
             "save_eigenvectors": s.save_eigenvectors, "exact_residuals": s.exact_residuals,
             "per_layer": s.per_layer, "per_layer_top": s.per_layer_top, "loss": s.loss, "curvature": s.curvature,
-            "products": s.products}
+            "products": s.products, "precision": precision}
 
 
 @locks_output
@@ -302,7 +303,7 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
 
         loss = load_loss(s.loss)  # the named module only, imported before any work
     cmd = AnalysisCommand.open(checkpoint, out, device=s.device, outputs=OUTPUT_NAMES + ("hessian.json",),
-                               data_dir=s.data_dir, model_factory=s.model_factory)
+                               data_dir=s.data_dir, model_factory=s.model_factory, precision=s.precision)
     out, ckpt, dev = cmd.out, cmd.checkpoint, cmd.device
     # refused before any work: hessian-clients results of other weights in --out would be dropped
     digest = weights_digest(ckpt.model)  # the weights are not changed by the analysis
@@ -333,7 +334,7 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
         **cmd.header(digest=digest, num_params=op.dim),
         "num_samples": op.num_samples,
         "loss": loss,
-        "settings": settings_record(s, dev),
+        "settings": settings_record(s, dev, ckpt.precision),
         "distributed": distributed.record(),
         **versions(),
     }

@@ -47,6 +47,7 @@ def run_surface(
     save_every: int = DEFAULTS.save_every,
     quiet: bool = False,
     model_factory: str | None = DEFAULTS.model_factory,
+    precision: str | None = DEFAULTS.precision,
 ) -> dict:
     """What ``flatfl surface`` does: checkpoint in; ``surface.npz`` (the resumable grid), ``surface.csv``,
     ``surface.json``, ``directions.pt`` and contour / 3-D figures (PNG, PDF) out. Bad input writes nothing."""
@@ -54,7 +55,7 @@ def run_surface(
     SurfaceSettings(directions=directions, grid=grid, range=radius, samples=samples, workers=workers,
                     batch_size=batch_size, split=split, seed=seed, include_bn_bias=include_bn_bias,
                     eigenvectors=eigenvectors, tol=tol, device=device, data_dir=data_dir, force=force,
-                    save_every=save_every, model_factory=model_factory).validate()
+                    save_every=save_every, model_factory=model_factory, precision=precision).validate()
 
     def device_check(dev) -> None:
         if workers > 1 and dev.type != "cpu":
@@ -66,7 +67,7 @@ def run_surface(
                                   "not an eigenvector file")
 
     cmd = AnalysisCommand.open(checkpoint, out, device=device, outputs=OUTPUT_NAMES, data_dir=data_dir,
-                               model_factory=model_factory, device_check=device_check)
+                               model_factory=model_factory, device_check=device_check, precision=precision)
     out, ckpt = cmd.out, cmd.checkpoint
     model = ckpt.model
     digest = weights_digest(model)  # before the grid moves the weights
@@ -77,6 +78,8 @@ def run_surface(
         "include_bn_bias": include_bn_bias if directions == "random" else None,
         "grid": int(grid), "range": float(radius), "split": split, "samples": samples, "seed": seed,
         "tol": tol if directions == "hessian" and eigenvectors is None else None, "loss": "cross_entropy",
+        # a float64 grid is another grid (a float32 one, of every earlier version, keeps its fingerprint)
+        **({"precision": ckpt.precision} if ckpt.precision != "float32" else {}),
     }
     grid_path = out / "surface.npz"
     if grid_path.exists() and not force:

@@ -12,8 +12,9 @@ import click
 from ..utils.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # no torch: the defaults
 from ..utils.hessian_settings import (CURVATURES, DEFAULT_TRACE_METHOD, PRODUCT_METHODS, HessianSettings, estimator,
                                       estimator_names)
+from ..utils.precision import PRECISIONS
 from ..utils.surface_settings import DIRECTION_KINDS, SurfaceSettings
-from .common import LazyHelp, apply_threads, friendly_errors, threads_option
+from .common import LazyHelp, NameChoice, apply_threads, friendly_errors, threads_option
 
 __all__ = ["hessian", "hessian_clients", "surface", "default_out"]
 
@@ -51,7 +52,10 @@ def model_source_options(defaults):
                      help="dataset folder (default: the one recorded in the checkpoint)"),
         click.option("--model-factory", default=defaults.model_factory,
                      help="module:function or path/to/file.py:function building your own network (default: the one "
-                     "the run recorded); only its weights are loaded"))
+                     "the run recorded); only its weights are loaded"),
+        click.option("--precision", type=NameChoice(PRECISIONS, kind="precision"), default=defaults.precision,
+                     help="floating type of the model, data and every product: float32 | float64 (default: the "
+                     "run's, float64 for a float64 run; float64 on a GPU is slow)"))
 
     def add(command):
         for option in reversed(options):

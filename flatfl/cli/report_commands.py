@@ -10,6 +10,7 @@ import click
 
 from ..errors import error_line
 from ..paper_tables import DEFAULT_SEEDS, PRESETS, TARGETS  # no torch: the tables flatfl reproduce makes
+from ..utils.precision import PRECISIONS
 from .common import NameChoice, apply_threads, friendly_errors, threads_option
 
 __all__ = ["report", "contrast", "reproduce", "sweep", "echo_summary"]
@@ -159,11 +160,14 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
               "--track-hessian; drawn against rounds in the report); 0 = off; default: the preset's (quick: 10)")
 @click.option("--methods", default=None, help="comma-separated rows of the table to run, e.g. FedAvg,FedAvg+MAN "
               "(default: every row)")
+@click.option("--precision", type=NameChoice(PRECISIONS, kind="precision"), default=None, help="the runs' floating "
+              "type: float32 | float64 (default: the preset's, float64 for quick, fmnist and fmnist-cnn, float32 "
+              "for paper and tiny; float64 on a GPU is slow)")
 @functools.partial(_executor_options, threads_help="torch threads per run, an integer >= 1 (default: 1 whatever the "
                    "machine, since the thread count changes the numbers; recorded in each run's config.json)")
 @friendly_errors
-def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, track_hessian, methods, executor, workers,
-              threads, ray_address, gpus_per_task):
+def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, track_hessian, methods, precision,
+              executor, workers, threads, ray_address, gpus_per_task):
     """Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign Table 1, or the SAM family."""
     from ..errors import ConfigError
     from ..executors import make_executor
@@ -180,7 +184,8 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, tra
     with _runs_kept_on_interrupt():
         summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
                                    device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model,
-                                   track_hessian=track_hessian, methods=methods, progress_bar=sys.stderr.isatty())
+                                   track_hessian=track_hessian, methods=methods, progress_bar=sys.stderr.isatty(),
+                                   precision=precision)
     report_dir = summary.get("out") or out
     echo_summary(summary, report_dir)
     tasks = summary.get("tasks") or []
@@ -221,16 +226,19 @@ grid.toml:
 @click.argument("grid_file", type=click.Path(dir_okay=False))
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="root of the run folders (default: the file's 'out', else runs/<file name>)")
 @click.option("--dry-run", is_flag=True, help="list the runs and whether each is new, partial or finished")
+@click.option("--precision", type=NameChoice(PRECISIONS, kind="precision"), default=None, help="every run's floating "
+              "type: float32 | float64 (default: the file's 'precision', else float32)")
 @_executor_options
 @friendly_errors
-def sweep(grid_file, out, dry_run, executor, workers, threads, ray_address, gpus_per_task):
+def sweep(grid_file, out, dry_run, precision, executor, workers, threads, ray_address, gpus_per_task):
     """Run a grid of trainings (and analyses) from a TOML/YAML file; resumable, finished runs skipped."""
     from ..executors import make_executor
     from ..sweep import run_sweep
 
     ex = None if dry_run else make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
     with _runs_kept_on_interrupt():
-        records = run_sweep(grid_file, executor=ex, out=out, threads=threads, dry_run=dry_run, echo=click.echo)
+        records = run_sweep(grid_file, executor=ex, out=out, threads=threads, dry_run=dry_run, echo=click.echo,
+                            precision=precision)
     if dry_run:
         return
     failed = [r for r in records if r.get("error")]

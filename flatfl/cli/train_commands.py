@@ -8,6 +8,7 @@ import click
 
 from ..train.config import RunConfig
 from ..utils.hessian_settings import tracking_settings
+from ..utils.precision import PRECISIONS
 from .common import NameChoice, friendly_errors, threads_option
 
 __all__ = ["train", "partition", "algos", "models", "TrainCommand", "hparam_click_options"]
@@ -112,6 +113,9 @@ Examples:
 @click.option("--device", help=f"cpu | cuda | cuda:N | mps (default {default('device')})")
 @click.option("--parallel-clients", help="train up to N of a round's participants at once as one batched computation, "
               "N an integer or 'all' (default: all on CUDA, 1 on CPU; the same numbers up to float rounding)")
+@click.option("--precision", type=NameChoice(PRECISIONS, kind="precision"), help="floating type of the model, data, "
+              f"algorithm state and every product: float32 | float64 (default {default('precision')}; float64 gives "
+              "the same numbers on any CPU to about 1e-12 and is slow on a GPU); recorded in config.json")
 @click.option("--float32-matmul", type=NameChoice(["full", "tf32"], kind="float32 mode"), help="float32 matrix "
               f"products and convolutions on CUDA: full (IEEE float32{', the default' if RUN_DEFAULTS.float32_matmul == 'full' else ''}) or tf32 (TensorFloat-32: faster, "
               "about 1e-3 relative per product); recorded in config.json")

@@ -2,6 +2,7 @@
 Dirichlet 0.5 split, with cross-client H_N / H_D."""
 from __future__ import annotations
 
+from .man_common import CPU_PRECISION
 from .spec import Method, PaperTable, TableSpec
 
 SPEC = TableSpec(
@@ -39,7 +40,7 @@ PRESETS = {
     },
     "quick": {
         "run": dict(FEDML_TRAINING, dataset="digits", model="resnet20", clients=16, rounds=10, local_epochs=2,
-                    checkpoint_every=5),
+                    checkpoint_every=5, precision=CPU_PRECISION),
         "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=40,
                         trace_rtol=0.02, samples=512, batch_size=256),
         "clients": dict(protocol="default", probes=20, groups=5, samples=64),

@@ -11,6 +11,9 @@ ZETA, ZETA_FEDAVG = 0.15, 0.6  # main paper Sec. 4 (CIFAR-100); supplementary Se
 #: FedDC as the fedMAN/FedDC code ran it (man_table2: code_followed): the undecayed lr and the mean-size step count in the
 #: g_i update. flatfl's defaults (``current``, ``own``) are the papers' intent.
 FEDDC_OFFICIAL = {"cv_lr": "initial", "steps_rule": "mean"}
+#: the floating type of the CPU presets' runs (quick, fmnist, fmnist-cnn): float64, so that the same command gives
+#: the same numbers on any CPU (docs/reproductions.md, "Same numbers"); the paper presets keep the papers' float32
+CPU_PRECISION = "float64"
 MAN_CODE = {"MAN": "fedMAN's penalty, CE + (zeta / 2) * sum_l mean(a_l^2) over the post-ReLU activations"}
 
 
@@ -27,7 +30,7 @@ _FMNIST = {
     "run": dict(dataset="fashion-mnist", model="mlp", model_args={"hidden": [64, 64]}, clients=100,
                 participation=0.1, sampling="bernoulli", partition="dirichlet", rounds=20, local_epochs=2,
                 batch_size=50, lr=0.1, lr_decay=0.998, weight_decay=1e-3, clip=10.0, eval_every=10,
-                checkpoint_every=10),
+                checkpoint_every=10, precision=CPU_PRECISION),
     "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=40,
                     trace_rtol=0.02, samples=2000, batch_size=1000),
     "spectrum": dict(top=20, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=40,
@@ -49,7 +52,7 @@ PRESETS = {
     "quick": {  # the README's main job, sized for a laptop (docs/reproductions.md, the quick preset)
         "run": dict(dataset="digits", model="digits-cnn", clients=20, participation=0.5, sampling="bernoulli",
                     partition="dirichlet", rounds=30, local_epochs=2, batch_size=50, lr=0.1, lr_decay=0.998,
-                    weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10,
+                    weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10, precision=CPU_PRECISION,
                     track_hessian=10),  # the server model's curvature at rounds 10, 20 and 30
         "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=60,
                         trace_rtol=0.01, samples=None, batch_size=512),

@@ -8,6 +8,7 @@ from importlib import resources
 
 from ..errors import unknown_name
 from ..paper_tables import GROUPS, TABLES, TableSpec
+from ..utils.machine import machine_label
 from .run_files import MODELS
 
 __all__ = ["METRIC_NAMES", "LOWER_IS_FLATTER", "TABLE_ALIASES", "TABLES", "TableSpec", "paper_values",
@@ -109,7 +110,14 @@ def scale_label(records) -> str:
                        for r in records}, key=str)
     return (f"ours: {'/'.join(datasets)}, {model}, {one('clients')} clients, {part} participation "
             f"({one('sampling')}), {one('rounds')} rounds x {one('local_epochs')} local epochs, "
-            f"{len(seeds)} seed(s); {training_path_label(records)}")
+            f"{len(seeds)} seed(s); {_machines(records)}{training_path_label(records)}")
+
+
+def _machines(records) -> str:
+    """'machine CPU (capability), BLAS b, torch t; ' of the machines the runs trained on (config.json's
+    ``environment``), '' where none is recorded."""
+    label = machine_label(getattr(r, "machine", None) for r in records)
+    return f"machine {label}; " if label else ""
 
 
 def training_path_label(records) -> str:
@@ -135,7 +143,7 @@ def training_path_label(records) -> str:
     devices = values("device", lambda d: str(d))
     names = sorted({str(p["device_name"]) for p in paths if p.get("device_name")})
     label = (f"trained on {devices}{' (' + '/'.join(names) + ')' if names else ''}, {each(clients)}, "
-             f"float32 {values('float32_matmul')}")
+             f"{each(precision_text)}")
     ranks = sorted({(int(p["world_size"]), str(p.get("backend"))) for p in paths
                     if isinstance(p.get("world_size"), int) and not isinstance(p.get("world_size"), bool)
                     and p["world_size"] > 1})
@@ -146,6 +154,13 @@ def training_path_label(records) -> str:
         label += ", steps as CUDA graphs" + ("" if graphed == len(paths) else f" in {graphed} of {len(paths)} runs")
     missing = len(records) - len(paths)
     return label + (f" ({missing} run(s) without a record)" if missing else "")
+
+
+def precision_text(path: dict) -> str:
+    """A training path's floating type as the scale line shows it: 'float64', or 'float32 full' / 'float32 tf32'
+    (how its float32 products ran); a run recorded without a type ran in float32."""
+    dtype = str(path.get("dtype") or "float32")
+    return dtype if dtype != "float32" else f"float32 {path.get('float32_matmul', '?')}"
 
 
 _BOOKKEEPING = ("eval_every", "checkpoint_every", "save_clients", "device", "seed")

@@ -84,6 +84,7 @@ class RunRecord:
     clients_all: dict = field(default_factory=dict)  # protocol -> H_N / H_D results (clients_results)
     tracking: dict = field(default_factory=dict)  # config.json's curvature-tracking settings (--track-hessian)
     training_path: dict = field(default_factory=dict)  # config.json's record of how it trained (device, clients at once)
+    machine: dict = field(default_factory=dict)  # config.json's environment: the machine it trained on (CPU, BLAS...)
     weights_sha256: str | None = None  # the digest of final.pt's weights (a finished run)
     versions: dict = field(default_factory=dict)  # (flatfl, torch) -> what was made with them ('training', ...)
     network: dict | None = None  # config.json's record of the network ('model': a custom network's class, structure)
@@ -348,6 +349,7 @@ def load_run(run_dir: str | Path, model: str = "server") -> RunRecord:
                     network=network, data=data, data_digest=digest,
                     rounds_done=rounds_done, curve=curve, analyses=analyses,
                     clients_all=clients_all, stale=stale, tracking=tracking, training_path=path,
+                    machine=info["environment"] if isinstance(info.get("environment"), dict) else {},
                     weights_sha256=digests.get("server"),
                     versions=recorded_versions(d, analyses, clients_all))
     return rec.select(model).select_clients(None)

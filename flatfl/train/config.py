@@ -104,6 +104,9 @@ class RunConfig:
     threads: int | None = None  # torch threads; None: flatfl.utils.threads.default_threads() at run time
     # clients trained at once: an int >= 1 or "all"; None: "all" on CUDA, 1 elsewhere (see Trainer)
     parallel_clients: object = None
+    # the floating type of the model, data, algorithm state and every product: "float32" or "float64"
+    # (flatfl.utils.precision; a run recorded without it ran in float32)
+    precision: str = "float32"
     # float32 products and convolutions on CUDA: "full" (IEEE float32) or "tf32" (flatfl.utils.precision)
     float32_matmul: str = "full"
     # CUDA: a cohort's full local steps captured once a round as a CUDA graph and replayed (flatfl.train.step_graph)
@@ -190,9 +193,10 @@ class RunConfig:
 
         check_threads(self.threads, "--threads")
         self.parallel_clients = parallel_clients_value(self.parallel_clients)
-        from ..utils.precision import check_float32_matmul
+        from ..utils.precision import check_float32_matmul, check_precision
 
         check_float32_matmul(self.float32_matmul)
+        check_precision(self.precision)
         if self.partition != "iid":
             need(self.alpha > 0, f"the Dirichlet concentration --alpha must be > 0, got {self.alpha}")
         from .catalog import all_hparams

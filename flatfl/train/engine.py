@@ -24,6 +24,7 @@ from ..data.partition import make_partition
 from ..errors import DivergenceError
 from ..utils import distributed
 from ..utils.environment import environment
+from ..utils.precision import computing_in, gpu_precision_notice, torch_dtype
 from ..utils.provenance import settings_digest
 from ..version import __version__
 from .build import (check_observer, check_resumed_data, choose_graphs, choose_parallel, build_network, fit_network,
@@ -74,12 +75,16 @@ class Trainer(RoundLoop):
         self.cfg, self.observer, self.run_dir, self.quiet = cfg, observer, Path(run_dir), quiet
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self.device = prepare_process(cfg)
-        self._load_data(resume, dataset, test_dataset)
-        self._build_model(resume, model, model_factory)
-        self._attach_pieces()
-        self._start_state()
-        if resume:
-            self._resume()
+        notice = gpu_precision_notice(cfg.precision, self.device)
+        if notice and not quiet:
+            self.log(notice)
+        with computing_in(cfg.precision):  # the network, the data's and the pieces' tensors in the run's type
+            self._load_data(resume, dataset, test_dataset)
+            self._build_model(resume, model, model_factory)
+            self._attach_pieces()
+            self._start_state()
+            if resume:
+                self._resume()
 
     # ----- building (flatfl.train.build), in the order that draws the run's random numbers -----
     def _load_data(self, resume: bool, dataset, test_dataset) -> None:
@@ -104,7 +109,7 @@ class Trainer(RoundLoop):
         self.algo_cls, self.reg_cls, self.opt_cls = self.pieces.algo_cls, self.pieces.reg_cls, self.pieces.opt_cls
         self.opt_hp = self.pieces.opt_hp
         model, self.model_spec = fit_network(model, spec, self.pieces)
-        self.model = model.to(self.device)
+        self.model = model.to(device=self.device, dtype=torch_dtype(self.cfg.precision))
         if self.observer is not None and hasattr(self.observer, "check_model"):
             self.observer.check_model(self.model)  # its settings against this network, before anything is trained
         self.layout = ParamLayout(self.model)
@@ -147,10 +152,15 @@ class Trainer(RoundLoop):
         self.start_round = int(st["round"])
 
     # ----- the loop -----
+    def run_round(self, r: int) -> dict | None:
+        """Round ``r`` (:meth:`RoundLoop.run_round`), its new tensors in the run's floating type."""
+        with computing_in(self.cfg.precision):
+            return super().run_round(r)
+
     def run(self) -> Path:
         from ..utils.lock import folder_lock
 
-        with folder_lock(self.run_dir):
+        with folder_lock(self.run_dir), computing_in(self.cfg.precision):
             return self._run()
 
     def _run(self) -> Path:
@@ -233,7 +243,7 @@ class Trainer(RoundLoop):
         d.mkdir(parents=True, exist_ok=True)
         record = {"flatfl_version": __version__, "config": self._recorded_config(), "model": self.model_spec,
                   "resolved": self.resolved, "dataset": self._data_info(),
-                  "environment": environment(), "training_path": self.training_path(),
+                  "environment": environment(self.device), "training_path": self.training_path(),
                   **({"tracking": self.observer.settings} if self.observer else {}),
                   **({"regularizer": self.reg.record()} if self.reg.record() else {})}
         write_run_record(d, record, start_round=self.start_round)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError, unknown_name
 from .hessian_settings import CURVATURES
+from .precision import check_analysis_precision
 from .settings import Settings, check_kinds
 from .values import check_seed
 
@@ -35,6 +36,7 @@ class ClientMetricsSettings(Settings):
     data_dir: str | None = None  # None: the folder the checkpoint recorded
     model_factory: str | None = None
     curvature: str = "hessian"  # the matrix of every client: hessian | ggn | empirical-fisher
+    precision: str | None = None  # float32 | float64; None: the run's (flatfl.utils.precision)
 
     def validate(self) -> "ClientMetricsSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
@@ -60,4 +62,5 @@ class ClientMetricsSettings(Settings):
         check_seed(self.seed)
         if self.curvature not in CURVATURES:
             raise unknown_name("curvature", self.curvature, CURVATURES)
+        check_analysis_precision(self.precision)
         return self

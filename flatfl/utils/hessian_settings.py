@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError, unknown_name
+from .precision import check_analysis_precision
 from .settings import Settings, check_kinds
 from .values import check_seed
 
@@ -252,6 +253,7 @@ class HessianSettings(Settings):
     exact_residuals: bool = False
     data_dir: str | None = None  # None: the folder the checkpoint recorded
     model_factory: str | None = None
+    precision: str | None = None  # float32 | float64; None: the run's (flatfl.utils.precision)
     per_layer: bool = False  # each module's Hessian block too (per_layer.csv, figures, hessian.json's per_layer)
     per_layer_top: int = 1  # top eigenvalues per block
     loss: str | None = None  # "module:function", loss(model, batch) -> scalar, instead of cross-entropy
@@ -316,6 +318,7 @@ class HessianSettings(Settings):
             raise ConfigError("nothing to compute: ask for --top K >= 1, --trace, --density or --per-layer")
         if self.save_eigenvectors and self.top < 1:
             raise ConfigError("--save-eigenvectors needs --top >= 1")
+        check_analysis_precision(self.precision)
         return self
 
     @property

@@ -8,6 +8,7 @@ import numbers
 from dataclasses import dataclass
 
 from ..errors import ConfigError, unknown_name
+from .precision import check_analysis_precision
 from .settings import Settings, check_kinds
 from .values import check_seed
 
@@ -67,6 +68,7 @@ class SurfaceSettings(Settings):
     force: bool = False
     save_every: int = 8
     model_factory: str | None = None
+    precision: str | None = None  # float32 | float64; None: the run's (flatfl.utils.precision)
 
     def validate(self) -> "SurfaceSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
@@ -88,4 +90,5 @@ class SurfaceSettings(Settings):
             raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {self.tol!r}")
         check_kinds(self, (("include_bn_bias", bool, False), ("force", bool, False), ("model_factory", str, True)))
         check_save_every(self.save_every)
+        check_analysis_precision(self.precision)
         return self
