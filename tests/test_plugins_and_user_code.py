@@ -475,3 +475,21 @@ def test_a_keyboard_interrupt_raised_in_a_loss_is_one_line_naming_it_exit_130(ch
                                   "--no-trace", "--quiet", "--out", str(tmp_path / "h")])
     assert r.exit_code == 130 and r.output.count("\n") == 1, r.output
     assert r.output.startswith(f"flatfl: interrupted; in your code, loss ({keyboard}:2)")
+
+
+def test_a_16_bit_model_given_to_the_operator_and_a_budget_below_the_estimators_are_one_line():
+    """HessianOperator itself refuses a bfloat16 model (the API's check, one level down); a trace budget below what
+    the estimator needs (Hutch++: 2 products) names max_hvps instead of failing deeper."""
+    import torch
+    from torch import nn
+
+    from flatfl.analysis import HessianOperator, hessian
+    from flatfl.errors import ConfigError
+
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    with pytest.raises(ConfigError, match="16-bit"):
+        HessianOperator(nn.Linear(3, 2).to(torch.bfloat16), (x.to(torch.bfloat16), y))
+    h = hessian(nn.Linear(3, 2), nn.CrossEntropyLoss(), data=(x, y))
+    with pytest.raises(ConfigError, match="max_hvps of at least 2"):
+        h.trace_estimate(max_hvps=1)
+    assert h.trace_estimate(max_hvps=2, rtol=None).hvps <= 2

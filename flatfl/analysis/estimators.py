@@ -83,6 +83,9 @@ def estimate_trace(op: CurvatureOperator, method: str = "hutchpp", *, max_hvps: 
     """The trace by the estimator called ``method``: ``hutchpp`` (default), ``hutchinson`` or ``pyhessian`` (budget =
     PyHessian's max_iter), or any registered one."""
     entry = estimator("trace", method)
+    if isinstance(max_hvps, bool) or not isinstance(max_hvps, (int, np.integer)) or max_hvps < entry.min_budget:
+        raise ConfigError(f"the {method} trace method needs a budget max_hvps of at least {entry.min_budget} "
+                          f"products (an integer), got {max_hvps!r}")
     return _run(entry, as_operator(op, f"the {method} trace method"), max_hvps=max_hvps, rtol=rtol, seed=seed,
                 block_size=block_size)
 

@@ -111,6 +111,9 @@ class HessianOperator(CurvatureOperator):
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
             raise ConfigError(f"all parameters must share one floating dtype, found {sorted(map(str, dtypes))}")
+        if next(iter(dtypes)) in (torch.float16, torch.bfloat16):
+            raise ConfigError(f"the parameters are {next(iter(dtypes))}: Hessian products in 16-bit floating point are "
+                              "tens of percent off; cast the model first (model.float() or model.double())")
         self.dtype: torch.dtype = self.params[0].dtype
         self.device: torch.device = self.params[0].device
 
