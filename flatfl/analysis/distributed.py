@@ -87,12 +87,12 @@ class DistributedOperator(DerivedOperator):
         self.shard_samples = [int(c) for c in counts]
         self.num_samples = int(sum(self.shard_samples))
         self.scale = int(num_samples) / self.num_samples
-        self.param_names = getattr(local, "param_names", None)
+        self.param_names = local.param_names
         self.hvps = 0
         self.on_hvp: Callable[[int], None] | None = None
         # every rank must push the same blocks: the smallest preferred block (and limit) of all ranks
         self._block = distributed.all_reduce_min(int(local.preferred_block_size))
-        limit = getattr(local, "block_limit", None)
+        limit = getattr(local, "block_limit", None)  # a model's operator: the most vectors one pass takes
         self._limit = distributed.all_reduce_min(int(limit())) if callable(limit) else None
 
     @property
@@ -112,13 +112,13 @@ class DistributedOperator(DerivedOperator):
 
     @property
     def products(self) -> str | None:
-        return getattr(self.op, "products", None)
+        return self.op.products
 
     @property
     def product_error(self) -> float | None:
         """The stated relative error of a product (finite differences: rank 0's shard's, measured on its first
         product), else None."""
-        return getattr(self.op, "product_error", None)
+        return self.op.product_error
 
     @property
     def params(self):

@@ -120,8 +120,8 @@ def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: b
                                      seed=s.seed + 3, on_block=lambda i: phase("per-layer block"))
         report["per_layer"] = json_safe(layers.as_dict())
     report["hvps_total"] = int(op.hvps)
-    if isinstance(getattr(op, "products", None), str):  # a model's curvature: how its products were computed
-        error = getattr(op, "product_error", None)
+    if op.products is not None:  # a model's curvature: how its products were computed
+        error = op.product_error
         report["products"] = {"method": op.products, "relative_error": None if error is None else float(error)}
     # where the random vectors were drawn (a generator on the operator's device, seeded from seed, seed + 1, seed + 2)
     report["random_draws"] = {"seed": int(s.seed), "device": torch.device(op.device).type}

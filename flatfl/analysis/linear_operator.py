@@ -7,6 +7,8 @@ directly:
 * ``dim``, ``dtype``, ``device``: the vectors it takes and returns;
 * ``matmat(V)``: ``H V`` for a block ``V`` of shape ``(dim, k)`` (``matvec(v)`` is derived from it);
 * ``hvps``: the products computed so far (one per vector), ``on_hvp``: called with the count after each block;
+* ``products`` and ``product_error``: how a model's products are computed and their stated relative error (None for
+  an explicit matrix or an exact product);
 * ``param_shapes``: the parameter blocks of the flat layout (a plain matrix: one block of ``dim``), and
   ``has_param_layout``: whether those are a model's parameters (False for a plain matrix); ``param_names``: the
   blocks' names where the operator knows them (a model's parameter names), else None;
@@ -45,6 +47,11 @@ class CurvatureOperator(abc.ABC):
     on_hvp: Callable[[int], None] | None = None
     #: the names of the :attr:`param_shapes` blocks where known (a model's parameter names), else None
     param_names: list[str] | None = None
+    #: how a model's curvature computes its products (``"double-backward"``, ``"forward-over-reverse"``,
+    #: ``"finite-difference"``); None for an explicit matrix or a function
+    products: str | None = None
+    #: the stated relative error of a product where it is not exact (finite differences), else None
+    product_error: float | None = None
 
     @abc.abstractmethod
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
