@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,21 +79,17 @@ def test_training_over_ranks_equals_one_process(tmp_path, ranks, one_process_tra
     3 and 1 clients: shares of 3+2, 2+1, 1+0 over 2 ranks; 2+2+1, 1+1+1, 1+0+0 over 3), each rank stacking its
     share: server weights, clients' models, buffers and the algorithm's state within 1e-9 of one process training
     one client at a time, on every rank."""
-    assert {c.algo for c in training_cases()} >= set(_registered("algorithms"))
+    from flatfl.train.catalog import load_all
+    from flatfl.train.components import ALGORITHMS
+
+    load_all()
+    assert {c.algo for c in training_cases()} >= set(ALGORITHMS)
     reference = one_process_training
     run_job("training", ranks, str(tmp_path / "train"), timeout=600)
     for rank in range(ranks):
         got = torch.load(tmp_path / f"train.rank{rank}.pt", weights_only=True)
         off = _close(got, reference, 1e-9, f"rank {rank} of {ranks}")
         assert not off, off
-
-
-def _registered(kind: str) -> list[str]:
-    from flatfl.train.catalog import load_all
-    from flatfl.train.components import ALGORITHMS
-
-    load_all()
-    return sorted(ALGORITHMS) if kind == "algorithms" else []
 
 
 @pytest.fixture(scope="module")
