@@ -138,6 +138,7 @@ PAPER_NAMES = {
     "man": "MAN", "asd": "ASD", "fedalign": "FedAlign", "gradaug": "GradAug", "mixup": "Mixup",
     "stochdepth": "StochDepth", "sam": "SAM", "asam": "ASAM",
     "fedsmoo": "FedSMOO", "fedgamma": "FedGAMMA", "fedlesam": "FedLESAM", "fedgloss": "FedGloSS",
+    "fednsam": "FedNSAM", "fedwmsam": "FedWMSAM",
 }
 REGISTRIES = {"algorithm": ALGORITHMS, "regularizer": REGULARIZERS, "local optimizer": LOCAL_OPTIMIZERS}
 

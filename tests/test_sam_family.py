@@ -1,4 +1,5 @@
-"""FedSMOO, FedGAMMA, FedLESAM (and its -S / -D variants), FedGloSS (docs/update-rules.md §23-26) against hand
+"""FedSMOO, FedGAMMA, FedLESAM (and its -S / -D variants), FedGloSS, FedNSAM, FedWMSAM (docs/update-rules.md §23-26,
+§28-29) against hand
 computations of their equations in float64 numpy through the real engine; each with and without MAN on the
 ``tiny`` model; clients trained together against one at a time (float64, the differential case of
 ``tests/combinations.py``); and the one-line refusals of the optimizers they replace."""
@@ -55,11 +56,11 @@ def close(a, b, tol=1e-9):
     return np.abs(a - b).max() <= tol * max(1.0, np.abs(b).max())
 
 
-def test_the_four_are_registered_and_listed():
+def test_the_family_is_registered_and_listed():
     load_all()
     listed = [line.split(":")[0] for line in describe(ALGORITHMS).splitlines() if not line.startswith(" ")]
     for name, label in (("fedsmoo", "FedSMOO"), ("fedgamma", "FedGAMMA"), ("fedlesam", "FedLESAM"),
-                        ("fedgloss", "FedGloSS")):
+                        ("fedgloss", "FedGloSS"), ("fednsam", "FedNSAM"), ("fedwmsam", "FedWMSAM")):
         assert name in listed and ALGORITHMS[name].label() == label
 
 
@@ -261,10 +262,115 @@ def test_fedgloss_defaults_and_asam_is_refused(tmp_path):
         run(tmp_path / "b", algo="fedgloss", local_opt="asam", dataset=ds, model=model)
 
 
+# ------------------------------------------------------------------------------------------------ FedNSAM (section 28)
+def test_fednsam_equals_hand_computation(tmp_path):
+    """Four rounds of 3 unequal clients joining with probability 0.5 (the mean over the round's participants), two
+    full-batch local SAM steps from theta + gamma m, decaying rate, weight decay on."""
+    from flatfl.train.rounds import sample_clients
+
+    ds, model, theta = _setup(39, num_samples=26)
+    lr, decay, K, rho, gamma, wd, rounds = 0.4, 0.9, 2, 0.15, 0.7, 0.01, 4
+    tr = run64(tmp_path, rounds=rounds, clients=3, participation=0.5, local_epochs=K, lr=lr, lr_decay=decay,
+               weight_decay=wd, algo="fednsam", params={"rho": rho, "nsam_gamma": gamma}, dataset=ds, model=model)
+    assert tr.opt_cls.name == "sam" and tr.opt_hp == {"rho": rho}
+    data, n, w = _clients(tr)
+    m, joined = np.zeros_like(theta), []
+    for t in range(rounds):
+        eta = lr * decay ** t
+        who = sample_clients(0, t, len(data), 0.5, "bernoulli")
+        joined.append(len(who))
+        start = theta + gamma * m
+        deltas = []
+        for i in who:
+            x, y = data[i]
+            p = start.copy()
+            for _ in range(K):
+                p = p - eta * (g(p + sam_eps(g(p, x, y), rho), x, y) + wd * p)
+            deltas.append(p - start)
+        m = gamma * m + np.mean(deltas, 0)
+        theta = theta + m
+    assert sorted(set(joined)) != [len(data)]  # some round leaves a client out
+    assert close(_np(tr.theta), theta) and close(_np(tr.algo.server["momentum"]), m)
+    assert np.abs(m).max() > 1e-2
+
+
+def test_fednsam_defaults_and_asam_is_refused(tmp_path):
+    ds, model, _ = _setup(40)
+    a = run64(tmp_path / "a", rounds=2, local_epochs=1, algo="fednsam", dataset=ds, model=model)
+    assert a.opt_hp == {"rho": 0.05} and a.algo.gamma == 0.85
+    with pytest.raises(ConfigError, match="--algo fednsam runs with --local-opt sam, not 'asam'"):
+        run(tmp_path / "b", algo="fednsam", local_opt="asam", dataset=ds, model=model)
+
+
+# ----------------------------------------------------------------------------------------------- FedWMSAM (section 29)
+@pytest.mark.parametrize("direction, norm", [("code", "tensors"), ("paper", "global")])
+def test_fedwmsam_equals_hand_computation(tmp_path, direction, norm):
+    """Four rounds of 3 unequal clients joining with probability 0.5 (c over N, v_i = c/w_i - c_i), three
+    full-batch steps each (the target moves by m_i a step), alpha adapted every round, decaying rate, server rate
+    0.8, weight decay on."""
+    from flatfl.train.rounds import sample_clients
+
+    ds, model, theta = _setup(41, num_samples=26)
+    lr, decay, K, rho, alpha, wd, server_lr, rounds = 0.4, 0.9, 3, 0.2, 0.4, 0.01, 0.8, 4
+    tr = run64(tmp_path, rounds=rounds, clients=3, participation=0.5, local_epochs=K, lr=lr, lr_decay=decay,
+               weight_decay=wd, algo="fedwmsam", dataset=ds, model=model,
+               params={"rho": rho, "wmsam_alpha": alpha, "wmsam_direction": direction, "wmsam_norm": norm,
+                       "server_lr": server_lr})
+    assert tr.opt_cls.name == "sgd"
+    data, n, w = _clients(tr)
+    N = len(data)
+    m, c, ci, alphas = np.zeros_like(theta), np.zeros_like(theta), np.zeros((N, theta.size)), [alpha]
+    for t in range(rounds):
+        eta = lr * decay ** t
+        who = sample_clients(0, t, N, 0.5, "bernoulli")
+        news, dc, estimates, agree = [], 0.0, [], []
+        for i in who:
+            x, y = data[i]
+            mi = m + (c / w[i] - ci[i]) * alpha / (1 - alpha)
+            p = theta.copy()
+            for b in range(K):
+                d = p - (theta + b * mi)
+                d = d if direction == "code" else -d
+                eps = rho * d / (_direction_norm(d, norm) + 1e-7)
+                p = p - eta * (alpha * g(p + eps, x, y) + (1 - alpha) * mi + wd * p)
+            new_ci = ci[i] - c + (theta - p) / (K * eta)
+            dc = dc + w[i] * (new_ci - ci[i])
+            ci[i] = new_ci
+            u = p - theta
+            size = np.linalg.norm(u) * np.linalg.norm(m)
+            agree.append(0.0 if size == 0 else u @ m / size + 1.0)
+            estimates.append(-u / (K * eta))
+            news.append(p)
+        c = c + dc / N
+        alpha = 0.99 * alpha + 0.01 * min(max(np.mean(agree), 0.1), 0.9)
+        alphas.append(alpha)
+        m = np.mean(estimates, 0)
+        theta = theta + server_lr * (np.mean(news, 0) - theta)
+    assert close(_np(tr.theta), theta) and close(_np(tr.algo.server["momentum"]), m)
+    assert close(_np(tr.algo.server["c"]), c) and close(_np(tr.algo.clients["c"]), ci)
+    assert abs(float(tr.algo.server["alpha"]) - alpha) <= 1e-12 and len(set(np.round(alphas, 12))) > 2
+    assert np.abs(c).max() > 1e-2 and np.abs(m).max() > 1e-2
+
+
+def test_fedwmsam_choices_change_the_numbers_and_bad_settings_are_refused(tmp_path):
+    ds, model, _ = _setup(42)
+    kw = dict(rounds=3, local_epochs=2, algo="fedwmsam", dataset=ds, model=model)
+    a = run64(tmp_path / "a", **kw)
+    b = run64(tmp_path / "b", params={"wmsam_direction": "paper"}, **kw)
+    assert (a.algo.rho, a.algo.alpha, a.algo.direction, a.algo.norm, a.algo.server_lr) == (0.1, 0.1, "code",
+                                                                                          "tensors", 1.0)
+    assert not torch.equal(a.theta, b.theta)
+    with pytest.raises(ConfigError, match="--algo fedwmsam runs with --local-opt sgd, not 'sam'"):
+        run(tmp_path / "c", algo="fedwmsam", local_opt="sam", dataset=ds, model=model)
+    with pytest.raises(ConfigError, match="--wmsam-alpha for fedwmsam must be below 1"):
+        run(tmp_path / "d", algo="fedwmsam", params={"wmsam_alpha": 1.0}, dataset=ds, model=model)
+
+
 # ------------------------------------------------------------------------------- every one: MAN, clients together
 FAMILY = [("fedsmoo", {}), ("fedgamma", {}), ("fedgamma", {"gamma_ascent": "corrected"}), ("fedlesam", {}),
           ("fedlesam", {"lesam_variant": "s", "lesam_estimate": "client"}),
-          ("fedlesam", {"lesam_variant": "d", "lesam_norm": "global"}), ("fedgloss", {})]
+          ("fedlesam", {"lesam_variant": "d", "lesam_norm": "global"}), ("fedgloss", {}), ("fednsam", {}),
+          ("fedwmsam", {}), ("fedwmsam", {"wmsam_direction": "paper", "wmsam_norm": "global"})]
 
 
 @pytest.mark.parametrize("reg", ["none", "man"])
@@ -290,9 +396,11 @@ def test_trains_with_and_without_man_and_together_equals_one_at_a_time(tmp_path,
 
 # -------------------------------------------------------------------------------------------------------- resume
 @pytest.mark.parametrize("algo, params", [("fedsmoo", {}), ("fedlesam", {"lesam_estimate": "client"}),
-                                          ("fedgloss", {})], ids=["fedsmoo", "fedlesam-client", "fedgloss"])
+                                          ("fedgloss", {}), ("fednsam", {}), ("fedwmsam", {})],
+                         ids=["fedsmoo", "fedlesam-client", "fedgloss", "fednsam", "fedwmsam"])
 def test_resume_after_crash_equals_uninterrupted(tmp_path, crash_in_round, algo, params):
-    """The server and client state (s and mu_i; the last global models; G and the duals) survive --resume."""
+    """The server and client state (s and mu_i; the last global models; G and the duals; FedNSAM's momentum;
+    FedWMSAM's momentum, c, c_i and alpha) survive --resume."""
     from flatfl.train.config import RunConfig
 
     cfg = RunConfig(dataset="digits", model="tiny", clients=6, participation=0.5, rounds=5, local_epochs=1,

@@ -12,7 +12,8 @@ from __future__ import annotations
 from .man_common import MAN_CODE, PRESETS, pair
 from .spec import Method, PaperTable, TableSpec, with_reg
 
-BASES = ("FedSAM", "FedASAM", "MoFedSAM", "FedSpeed", "FedSMOO", "FedGAMMA", "FedLESAM", "FedGloSS")
+BASES = ("FedSAM", "FedASAM", "MoFedSAM", "FedSpeed", "FedSMOO", "FedGAMMA", "FedLESAM", "FedGloSS", "FedWMSAM",
+         "FedNSAM")
 
 SPEC = TableSpec(
     key="sam-family", source="MAN", table="SAM family (no paper table)",
@@ -39,7 +40,9 @@ TABLE = PaperTable(
              + pair("FedSMOO", {"algo": "fedsmoo"})
              + pair("FedGAMMA", {"algo": "fedgamma"})
              + pair("FedLESAM", {"algo": "fedlesam"})
-             + pair("FedGloSS", {"algo": "fedgloss"})),
+             + pair("FedGloSS", {"algo": "fedgloss"})
+             + pair("FedWMSAM", {"algo": "fedwmsam"})
+             + pair("FedNSAM", {"algo": "fednsam"})),
     code_followed={
         "FedSAM": "fedMAN man_code_sam SAM minimiser: flatfl's SAM (as in MAN Table 2)",
         "FedASAM": "fedMAN man_code_sam ASAM minimiser: flatfl's ASAM (as in MAN Table 6)",
@@ -49,5 +52,8 @@ TABLE = PaperTable(
         "FedGAMMA": "the FedSpeed authors' simulator, client/fedgamma.py",
         "FedLESAM": "the FedLESAM authors' code (FedLESAM, the global change of the last round)",
         "FedGloSS": "the FedGloSS authors' code (server-side SAM, ADMM duals); no warm-up of the radii",
+        "FedWMSAM": "the FedWMSAM authors' code (client/fedwmsam.py, optimizer/WMSAM.py, server/FedWMSAM.py); each "
+                    "entry of the perturbation from its own entry of the direction (no g_update[idx] indexing)",
+        "FedNSAM": "the FedNSAM authors' code (main_FedNSAM.py: update_NSAM, apply_weights_avgACG)",
         **MAN_CODE},
 )

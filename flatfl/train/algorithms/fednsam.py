@@ -1,0 +1,63 @@
+"""FedNSAM (Liu et al. 2026, "FedNSAM: Consistency of Local and Global Flatness for Federated Learning",
+arXiv:2602.23827), as the authors' code runs it (``junkangLiu0/FedNSAM``, ``main_FedNSAM.py``: ``update_NSAM``
+and ``apply_weights_avgACG``; docs/update-rules.md §28).
+
+Local SAM started from the Nesterov look-ahead of the global model along the server's momentum, so that the clients'
+flat regions are searched where the global model is heading.
+
+* **Server state:** the global momentum m (0 at first).
+* **Round t**, theta^t the server model::
+
+      w~ = theta^t + gamma m          (what every participant starts from)
+
+* **One local step:** flatfl's SAM step at radius rho (clipped, then the SGD step with weight decay).
+* **After training:** Delta_i = theta_i - w~.
+* **Server**, over the participants P_t (plain mean, as the code's)::
+
+      m           = gamma m + mean_{P_t} Delta_i
+      theta^{t+1} = theta^t + m
+
+(so theta^{t+1} is the plain mean of the participants' models and m the last change of the global model.)
+Pieces that read the round's server model (ASD's teacher, MOON's global model) see theta^t, not w~. The SAM step is
+:class:`flatfl.train.optimizers.SAM`: ``--local-opt asam`` is refused.
+
+Defaults (the authors' code): gamma = 0.85 and rho = 0.05, the values ``update_NSAM`` and ``apply_weights_avgACG``
+set whatever the command line says.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..components import HParam
+from .base import Algorithm, ClientResult, register
+
+
+@register
+class FedNSAM(Algorithm):
+    name, display_name = "fednsam", "FedNSAM"
+    summary = "FedNSAM: local SAM from the Nesterov point theta + gamma m; server momentum m = gamma m + mean update"
+    all_model_weighting = "uniform"
+    local_opt = "sam"
+    hparams = (HParam("rho", 0.05, "SAM radius for FedNSAM (FedNSAM code: update_NSAM sets rho = 0.05)",
+                      check="nonnegative"),
+               HParam("gamma", 0.85, "FedNSAM's momentum gamma: clients start from theta + gamma m, and m = gamma m "
+                      "+ mean update (FedNSAM code: gamma = 0.85)", flag="nsam-gamma", check="prob"))
+
+    def init_state(self) -> None:
+        self.server["momentum"] = self.zeros()
+
+    def round_start(self, rctx) -> None:
+        self._start = rctx.global_params + self.gamma * self.server["momentum"]  # the Nesterov point w~
+
+    def client_start(self, cctx):
+        cctx.extras["nsam_start"] = self._start
+        return self._start.clone()
+
+    def client_end(self, cctx, params, loss):
+        delta = params - cctx.extras["nsam_start"]
+        return ClientResult(cctx.client_id, cctx.num_samples, params, loss, extras={"delta": delta})
+
+    def aggregate(self, rctx, results):
+        mean = torch.stack([r.extras["delta"] for r in results]).mean(0)
+        self.server["momentum"] = self.gamma * self.server["momentum"] + mean
+        return rctx.global_params + self.server["momentum"]
