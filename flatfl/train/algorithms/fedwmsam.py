@@ -75,7 +75,7 @@ class FedWMSAM(Scaffold):
             raise ConfigError(f"--wmsam-alpha for fedwmsam must be below 1 (it divides by 1 - alpha), got {self.alpha}")
         super().init_state()  # c, c_i
         self.server["momentum"] = self.zeros()
-        self.server["alpha"] = torch.tensor(float(self.alpha), dtype=torch.float64, device=self.device)
+        self.server["alpha"] = torch.full((), float(self.alpha), device=self.device)  # the run's floating type
 
     # ----- the client
     def round_start(self, rctx) -> None:
