@@ -60,6 +60,8 @@ def test_registry_refuses_bad_entries_in_one_line():
         register_metric("Bad Name", "x", lambda rec: None)
     with pytest.raises(ConfigError, match="value must be a function"):
         register_metric("fine_name", "x", 3.0)
+    with pytest.raises(ConfigError, match="value must be a function"):
+        register_metric("fine_name", "x", None)
     with pytest.raises(ConfigError, match="runs.csv part"):
         register_metric("fine_name", "x", lambda rec: None, runs_csv=("values",))
     with pytest.raises(ConfigError, match="unknown metric 'nope'"):

@@ -84,13 +84,13 @@ def register_metric(name: str, label: str, value: Callable, *, short: str = "", 
             raise ConfigError(f"report metric {name!r}: {what} must be {'a non-empty ' if what == 'label' else 'a '}"
                               f"string, got {text!r}")
     for what, fn in (("value", value), ("error", error), ("setting", setting)):
-        if fn is not None and not callable(fn):
+        if (fn is not None or what == "value") and not callable(fn):
             raise ConfigError(f"report metric {name!r}: {what} must be a function of a run record, got {fn!r}")
     names = (paper_names,) if isinstance(paper_names, str) else tuple(paper_names)
     if not all(isinstance(n, str) and n for n in names):
         raise ConfigError(f"report metric {name!r}: paper_names must be names of paper_values.csv's metric column, "
                           f"got {paper_names!r}")
-    parts = tuple(runs_csv)
+    parts = (runs_csv,) if isinstance(runs_csv, str) else tuple(runs_csv)
     for part in parts:
         if part not in RUNS_CSV_PARTS:
             raise unknown_name("runs.csv part", part, RUNS_CSV_PARTS)
