@@ -136,7 +136,7 @@ def _setting_parts(target: str, preset: str, model: str | None, track_hessian: i
     """What a reproduction's report folder name adds for the settings that change the report's content besides
     its runs: another model than the table reports (``model-server``), another curvature tracking than the
     preset's (``track5``)."""
-    from .report.tables import model_for
+    from .report.layouts import model_for
 
     key = tables_of(target)[0]
     parts = []
@@ -172,7 +172,7 @@ def default_out(target: str, preset: str, methods=None, seeds=None, model: str |
 
 def _measured(target: str, model: str | None) -> str:
     """The model a reproduction of ``target`` measures (``model``, else the one its tables report)."""
-    from .report.tables import model_for
+    from .report.layouts import model_for
 
     return model_for(paper_tables.TABLES[tables_of(target)[0]], model)
 
@@ -231,7 +231,7 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
     ``methods`` (names of the tables' rows, see :func:`methods_of`) only those rows' runs.
 
     ``model``: the model the Hessian analyses measure, 'server' or 'clients-average'; default the one the table
-    reports (:func:`flatfl.report.tables.model_for`: the all-clients average for the MAN tables, the server model
+    reports (:func:`flatfl.report.layouts.model_for`: the all-clients average for the MAN tables, the server model
     for FedAlign's). ``track_hessian``: the curvature every K rounds (``flatfl train --track-hessian``, 0: off);
     default the preset's. ``precision``: the runs' floating type, default the preset's (float64 on the CPU presets,
     float32 on ``paper`` and ``tiny``)."""
@@ -255,7 +255,7 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
         from .utils.precision import check_precision
 
         extra["precision"] = check_precision(precision)
-    from .report.tables import model_for
+    from .report.layouts import model_for
 
     keys = tables_of(target)
     model = model_for(paper_tables.TABLES[keys[0]], model)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flatfl.report.tables import method_label
+from flatfl.report.records import method_label
 from flatfl.train.catalog import load_all
 from flatfl.train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 
@@ -59,7 +59,7 @@ FIND = r"""
 import json
 from click.testing import CliRunner
 from flatfl.cli import main
-from flatfl.report.tables import method_label
+from flatfl.report.records import method_label
 from flatfl.train.config import RunConfig
 
 listing = CliRunner().invoke(main, ["algos"]).output

@@ -333,7 +333,8 @@ def test_fashion_mnist_mlp_with_man_one_at_a_time_and_together_agree(tmp_path):
 
 def test_the_report_scale_line_names_the_training_path(tmp_path):
     """config.json records how a run trained; the report's scale line says it (and says when a run has no record)."""
-    from flatfl.report.tables import load_run, scale_label
+    from flatfl.report.layouts import scale_label
+    from flatfl.report.records import load_run
 
     cfg = RunConfig(**{**settings("mlp", "man", "fedavg", "sgd"), "rounds": 1, "eval_every": 1,
                        "checkpoint_every": 1}, parallel_clients=3, out=str(tmp_path / "run")).validate()

@@ -10,7 +10,8 @@ import torch
 
 from flatfl.paper_tables import TABLES
 from flatfl.report.paired import paired_differences, paired_stats, seeds_needed
-from flatfl.report.tables import build_table, direction_checks
+from flatfl.report.tables import build_table
+from flatfl.report.verdicts import direction_checks
 
 # Student's t quantiles t(0.975, dof) from printed tables (e.g. Abramowitz & Stegun 26.10)
 T975 = {1: 12.706205, 2: 4.302653, 5: 2.570582, 6: 2.446912}

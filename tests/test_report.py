@@ -14,9 +14,12 @@ from click.testing import CliRunner
 
 from flatfl.cli import main
 from flatfl.errors import ConfigError
+from flatfl.paper_tables import TABLES
 from flatfl.report import build_report, pdf_page_count
-from flatfl.report.tables import (TABLES, build_table, direction_checks, incomparable_notes, method_label,
-                                   paper_values)
+from flatfl.report.layouts import paper_values
+from flatfl.report.records import method_label
+from flatfl.report.tables import build_table, incomparable_notes
+from flatfl.report.verdicts import direction_checks
 from flatfl.sweep import RunTask, run_tasks
 
 TINY = dict(dataset="digits", clients=4, participation=1.0, local_epochs=1, batch_size=50, eval_every=1,

@@ -1,6 +1,6 @@
 """The report's contracts: typed table rows written with their fixed CSV columns, direction checks with theirs,
-which layouts need cross-client results (from each table's spec, never from its key), the names other modules
-import from ``flatfl.report.tables``, and no report module growing past one job's size."""
+which layouts need cross-client results (from each table's metrics, never from its key), and no report module
+growing past one job's size."""
 from __future__ import annotations
 
 import csv
@@ -8,10 +8,10 @@ import dataclasses
 import io
 from pathlib import Path
 
-import pytest
 
 from flatfl.paper_tables import TABLES
 from flatfl.report.files import ROW_COLUMNS, table_csv
+from flatfl.report.metrics import clients_needed
 from flatfl.report.missing import needs
 from flatfl.report.tables import MetricCell, TableRow, build_table
 from flatfl.report.verdicts import DIRECTION_COLUMNS, direction_checks
@@ -64,31 +64,18 @@ def test_checks_carry_the_directions_columns_in_order():
 
 
 def test_cross_client_results_are_asked_by_the_layout_spec():
-    assert [k for k, s in TABLES.items() if s.cross_client] == ["fedalign-table1"]
+    assert [k for k, s in TABLES.items() if clients_needed(s)] == ["fedalign-table1"]
     run = Run("FedAvg", 0, 1.0, partition="dirichlet-0.3")
     run.hessian = {"top_eigenvalues": [1.0], "trace": {"estimate": 2.0}}
     plain = TABLES["man-table2"]
     assert needs(run, [plain]) == []
     # the same layout under another key, with an H_N column: its runs need H_N / H_D
     other = dataclasses.replace(plain, key="made-up", metrics=plain.metrics + ("hessian_norm_gap",))
-    assert other.cross_client and needs(run, [other]) == ["clients"]
-
-
-@pytest.mark.parametrize("name", ["RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_label",
-                                  "partition_label", "TableSpec", "TABLES", "paper_values", "build_table",
-                                  "direction_checks", "matching_tables", "scale_label", "METRIC_NAMES", "MODELS",
-                                  "MODEL_NAMES", "model_for", "read_clients_metrics", "analysis_model",
-                                  "incomparable_notes", "VERDICTS", "check_runs_belong_together",
-                                  "version_notices", "paper_differences", "NEUTRAL_SETTINGS", "training_settings",
-                                  "TOO_FEW_SEEDS", "trained_differently", "experiment_notes", "tables_for"])
-def test_names_taken_from_report_tables_stay(name):
-    import flatfl.report.tables as tables
-
-    assert name in tables.__all__ and getattr(tables, name) is not None
+    assert clients_needed(other) and needs(run, [other]) == ["clients"]
 
 
 def test_the_one_experiment_rule_is_the_projects():
-    from flatfl.report.tables import NEUTRAL_SETTINGS, training_settings
+    from flatfl.report.experiments import NEUTRAL_SETTINGS, training_settings
     from flatfl.train.identity import experiment_settings
     from flatfl.utils.run_identity import NO_NUMBER_SETTINGS
 

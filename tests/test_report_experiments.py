@@ -13,8 +13,11 @@ import pytest
 
 from flatfl.paper_tables import TABLES
 from flatfl.report import build_report
-from flatfl.report.tables import (build_table, collect_runs, direction_checks, incomparable_notes, paper_values,
-                                   training_settings)
+from flatfl.report.experiments import training_settings
+from flatfl.report.layouts import paper_values
+from flatfl.report.records import collect_runs
+from flatfl.report.tables import build_table, incomparable_notes
+from flatfl.report.verdicts import direction_checks
 from flatfl.sweep import RunTask, run_tasks
 
 TINY = dict(dataset="digits", clients=4, participation=1.0, local_epochs=1, batch_size=50, eval_every=1,

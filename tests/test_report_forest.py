@@ -10,7 +10,8 @@ import pytest
 
 from flatfl.paper_tables import TABLES
 from flatfl.report.forest import forest_figure
-from flatfl.report.tables import build_table, direction_checks
+from flatfl.report.tables import build_table
+from flatfl.report.verdicts import direction_checks
 from test_report_contracts import Run as FakeRun  # what build_table reads of a run
 
 T975_2 = 4.302653  # Student's t(0.975, 2), from printed tables

@@ -18,7 +18,8 @@ from flatfl.errors import ConfigError
 from flatfl.paper_tables import TABLES
 from flatfl.report import build_report
 from flatfl.report.records import RunRecord
-from flatfl.report.tables import build_table, direction_checks
+from flatfl.report.tables import build_table
+from flatfl.report.verdicts import direction_checks
 from flatfl.train.identity import experiment_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")

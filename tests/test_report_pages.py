@@ -88,7 +88,7 @@ MAN_VALUES = {"FedAvg": (10.0, 12.0), "FedAvg+MAN": (13.0, 8.0), "FedDyn": (20.0
 def man_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("man-fake")
     tasks = plan("man-table2", "tiny", runs_dir=root, seeds=(0, 1))
-    from flatfl.report.tables import method_label
+    from flatfl.report.records import method_label
 
     for t in tasks:
         method = method_label(t.settings | t.settings.get("params", {}))

@@ -292,7 +292,7 @@ def test_reproduce_help_states_every_presets_default_seeds_and_keeps_target_name
 def test_methods_runs_only_the_named_rows(tmp_path):
     """--methods: the runs of the named rows only (names matched ignoring case), each planned exactly as in the full
     reproduction; an unknown name is one line listing the table's rows, before any run folder exists."""
-    from flatfl.report.tables import method_label
+    from flatfl.report.records import method_label
 
     every = plan("man-tables", "tiny", runs_dir=tmp_path)
     some = plan("man-tables", "tiny", runs_dir=tmp_path, methods="fedavg, FedSpeed+MAN")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flatfl.errors import ConfigError
-from flatfl.report.tables import training_settings
+from flatfl.report.experiments import training_settings
 from flatfl.sweep import run_state
 from flatfl.train.config import RunConfig
 from flatfl.train.engine import Trainer

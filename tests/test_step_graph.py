@@ -200,7 +200,8 @@ def test_cuda_graphs_give_the_eager_numbers_on_cuda(tmp_path, case):
 def test_the_report_scale_line_says_steps_were_graphs(tmp_path, replay_on_cpu):
     import json
 
-    from flatfl.report.tables import load_run, scale_label
+    from flatfl.report.layouts import scale_label
+    from flatfl.report.records import load_run
     from combinations import Combination
 
     settings = dict(step_graph_settings(Combination("tiny", "man", "fedavg", "sgd")), rounds=1, eval_every=1,

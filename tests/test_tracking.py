@@ -129,7 +129,7 @@ def test_sweep_tasks_track_and_the_report_draws_the_series(tmp_path):
     # two seeds of FedAvg and FedAvg+MAN through the sweep's task runner (the path flatfl sweep and reproduce take)
     from flatfl.report import build_report
     from flatfl.report.curvature import curvature_page
-    from flatfl.report.tables import load_run
+    from flatfl.report.records import load_run
     from flatfl.sweep import RunTask, run_tasks
 
     tiny = dict(dataset="digits", model="tiny", clients=3, participation=1.0, local_epochs=1, batch_size=64,

@@ -14,6 +14,8 @@ FEDDC_OFFICIAL = {"cv_lr": "initial", "steps_rule": "mean"}
 #: the floating type of the CPU presets' runs (quick, fmnist, fmnist-cnn): float64, so that the same command gives
 #: the same numbers on any CPU (docs/reproductions.md, "Same numbers"); the paper presets keep the papers' float32
 CPU_PRECISION = "float64"
+#: the MAN paper's accuracies (its Table 1, 'accuracy_after_500_rounds'), set beside the rows of its other tables
+MAN_ACCURACIES = ("MAN", "Table 1")
 MAN_CODE = {"MAN": "fedMAN's penalty, CE + (zeta / 2) * sum_l mean(a_l^2) over the post-ReLU activations"}
 
 

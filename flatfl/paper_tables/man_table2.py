@@ -2,7 +2,7 @@
 Hessian eigenvalue and trace; MAN Fig. 4 for the FedAvg and FedSAM pairs)."""
 from __future__ import annotations
 
-from .man_common import ALPHAS, FEDDC_OFFICIAL, MAN_CODE, MAN_SCALE, PRESETS, pair
+from .man_common import ALPHAS, FEDDC_OFFICIAL, MAN_ACCURACIES, MAN_CODE, MAN_SCALE, PRESETS, pair
 from .spec import PaperTable, TableSpec, with_reg
 
 SPEC = TableSpec(
@@ -11,7 +11,7 @@ SPEC = TableSpec(
     rows=("FedAvg", "FedAvg+MAN", "FedSAM", "FedSAM+MAN", "FedDyn", "FedDyn+MAN", "FedDC", "FedDC+MAN"),
     partitions=("dirichlet-0.3", "dirichlet-0.6"), metrics=("top_eigenvalue", "trace", "accuracy"),
     comparisons=with_reg(("FedAvg", "FedSAM", "FedDyn", "FedDC")), paper_scale=MAN_SCALE,
-    default_model="clients-average",
+    default_model="clients-average", also_tables=(MAN_ACCURACIES,),
     notes=("the paper's accuracies are its Table 1 ('accuracy_after_500_rounds').",
            "the paper's FedDC values are identical for delta 0.3 and 0.6."),
     curated_notes=(("FedDyn", "on digits an independent FedDyn+MAN loop found that MAN raises FedDyn's trace while "

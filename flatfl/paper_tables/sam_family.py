@@ -9,26 +9,29 @@ Table 2; FedASAM, FedSpeed and their +MAN rows in its supplementary Table 6; CIF
 """
 from __future__ import annotations
 
-from .man_common import MAN_CODE, PRESETS, pair
+from .man_common import MAN_ACCURACIES, MAN_CODE, PRESETS as MAN_PRESETS, pair
 from .spec import Method, PaperTable, TableSpec, with_reg
 
 BASES = ("FedSAM", "FedASAM", "MoFedSAM", "FedSpeed", "FedSMOO", "FedGAMMA", "FedLESAM", "FedGloSS", "FedWMSAM",
          "FedNSAM")
 
 SPEC = TableSpec(
-    key="sam-family", source="MAN", table="SAM family (no paper table)",
+    key="sam-family", source=None, table=None,
     title="The SAM family: top Hessian eigenvalue and trace, with and without MAN, against FedAvg",
     rows=("FedAvg",) + tuple(label for base in BASES for label in (base, f"{base}+MAN")),
-    partitions=("dirichlet-0.3",), metrics=("top_eigenvalue", "trace", "accuracy"),
+    partitions=("dirichlet-0.3",), metrics=("top_eigenvalue", "trace", "eigenvalue_ratio", "accuracy"),
     comparisons=with_reg(BASES) + tuple(("FedAvg", base) for base in BASES),
     paper_scale="no paper table: the MAN paper's CIFAR-100 values (Table 2, supplementary Table 6) where it has the "
                 "row; the newer methods' papers publish no Hessian values for this protocol",
     default_model="clients-average",
-    also_tables=("Table 2", "Table 6 (supplementary)"), auto_match=False,  # its rows are other tables' too
+    also_tables=(MAN_ACCURACIES, ("MAN", "Table 2"), ("MAN", "Table 6 (supplementary)")), auto_match=False,  # its rows are other tables' too
     notes=("paper values: MAN Table 2 (FedAvg, FedSAM) and supplementary Table 6 (FedASAM, FedSpeed), CIFAR-100 "
            "at 500 rounds; the MAN paper's FedASAM rows repeat its FedAvg rows digit for digit.",
            "each method at its authors' code's defaults (flatfl algos); FedSAM, FedASAM and FedSpeed at the MAN "
            "tables' settings."))
+
+#: the MAN tables' presets, with the top five eigenvalues of each Hessian (for lambda_1 / lambda_5)
+PRESETS = {name: dict(preset, hessian=dict(preset["hessian"], top=5)) for name, preset in MAN_PRESETS.items()}
 
 TABLE = PaperTable(
     spec=SPEC, position=40, presets=PRESETS, alphas=(0.3,),

@@ -5,23 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: the metrics measured across clients (FedAlign's H_N and H_D): a layout holding one needs each run's clients'
-#: models (``--save-clients``) and a ``flatfl hessian-clients`` result
-CROSS_CLIENT_METRICS = ("hessian_norm_gap", "hessian_direction")
-
-
 @dataclass(frozen=True)
 class TableSpec:
-    """A paper table's layout. ``rows`` are our method names; ``paper_names`` maps those the paper names
-    differently; ``comparisons`` are (reference, compared) row pairs whose direction of change is checked.
-    ``notes``: printed under the table; ``curated_notes``: (row, note) pairs of measurements made outside the
-    report, printed among the findings (marked as curated) when the row has runs; ``also_tables``: other tables of
-    the same source whose published values are set beside the rows (and partitions) this layout shares with them
-    (a layout no paper has as such)."""
+    """A table's layout. ``source`` and ``table``: the paper's table it is, as ``paper_values.csv`` names it
+    (both None for a layout no paper has); ``metrics``: its columns, names of the report's metric registry
+    (:mod:`flatfl.report.metrics`, which says how each is read, labelled and looked up among the papers' values).
+    ``rows`` are our method names; ``paper_names`` maps those the paper names differently; ``comparisons`` are
+    (reference, compared) row pairs whose direction of change is checked. ``notes``: printed under the table;
+    ``curated_notes``: (row, note) pairs of measurements made outside the report, printed among the findings
+    (marked as curated) when the row has runs; ``also_tables``: (source, table) pairs of other papers' tables
+    whose published values are set beside the rows (and partitions) this layout shares with them."""
 
     key: str
-    source: str  # "MAN" / "FedAlign", as in paper_values.csv
-    table: str  # "Table 2", as in paper_values.csv
+    source: str | None  # "MAN" / "FedAlign", as in paper_values.csv; None: no paper's table
+    table: str | None  # "Table 2", as in paper_values.csv; None: no paper's table
     title: str
     rows: tuple[str, ...]
     partitions: tuple[str, ...]
@@ -32,16 +29,17 @@ class TableSpec:
     paper_names: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
     curated_notes: tuple[tuple[str, str], ...] = ()
-    also_tables: tuple[str, ...] = ()  # other tables of ``source`` whose values stand beside the rows they have
+    also_tables: tuple[tuple[str, str], ...] = ()  # (source, table): values that stand beside the rows they have
     auto_match: bool = True  # made by ``flatfl report`` whenever a run fills it (False: only when named)
+
+    def __post_init__(self) -> None:
+        if (self.source is None) != (self.table is None):
+            raise ValueError(f"table layout {self.key!r}: give both its paper's source and table, or neither")
+        if not all(isinstance(t, tuple) and len(t) == 2 for t in self.also_tables):
+            raise ValueError(f"table layout {self.key!r}: also_tables holds (source, table) pairs")
 
     def paper_name(self, row: str) -> str:
         return dict(self.paper_names).get(row, row)
-
-    @property
-    def cross_client(self) -> bool:
-        """Whether the layout has a cross-client column (:data:`CROSS_CLIENT_METRICS`): its runs need H_N / H_D."""
-        return any(m in CROSS_CLIENT_METRICS for m in self.metrics)
 
 
 @dataclass(frozen=True)

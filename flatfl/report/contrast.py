@@ -33,7 +33,7 @@ from ..utils.io import atomic_write_many, csv_text
 from ..utils.lock import folder_lock
 from ..utils.plots import format_number
 from ..paper_tables import REPRODUCED
-from .layouts import METRIC_NAMES
+from .metrics import metric_title
 from .report_folder import KEY as _KEY, MAX_FILE_BYTES, read_report
 from .verdicts import NO_PAPER_VALUE, TOO_FEW_SEEDS, VERDICTS
 
@@ -143,7 +143,7 @@ def _paragraph(rows: list[dict], labels: list[str], metrics: list[str]) -> list[
     comparison in opposite directions (or the same one)."""
     out = []
     for metric in metrics:
-        name = METRIC_NAMES.get(metric, metric)
+        name = metric_title(metric)
         parts = []
         for label in labels:
             c = _counts(rows, label, metric)
@@ -182,7 +182,7 @@ def settings_lines(report: dict) -> list[str]:
         out.append("model: " + "; ".join(f"{t} {m}" for t, m in report["models"].items()))
     for metric, settings in (report.get("settings") or {}).items():
         if settings:
-            out.append(f"{METRIC_NAMES.get(metric, metric)}: {' | '.join(settings)}")
+            out.append(f"{metric_title(metric)}: {' | '.join(settings)}")
     return out
 
 
@@ -286,7 +286,7 @@ def _markdown(reports: list[dict], labels: list[str], rows: list[dict], metrics:
                   f"{', '.join(d['held_by'])} |" for d in dropped]
     lines += _values_markdown(reports, labels)
     for metric in metrics:
-        lines += ["", f"## {METRIC_NAMES.get(metric, metric)}", "",
+        lines += ["", f"## {metric_title(metric)}", "",
                   "| table | comparison | partition | paper | " + " | ".join(labels) + " |",
                   "|---|---|---|---|" + "---|" * len(labels)]
         for key, g in _by_comparison(rows, metric).items():
@@ -312,7 +312,7 @@ def _values_markdown(reports: list[dict], labels: list[str]) -> list[str]:
         metrics = [m for m in reports[0]["values"][rows[0]] if all(m in r["values"][k] for r in reports for k in rows)]
         if not metrics:
             continue
-        head = ["method", "partition"] + [f"{METRIC_NAMES[m]} {x}" for m in metrics for x in labels + ["paper"]]
+        head = ["method", "partition"] + [f"{metric_title(m)} {x}" for m in metrics for x in labels + ["paper"]]
         lines += ["", f"## Values: {table}", "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
         for k in rows:
             cells = [k[1], k[2]]

@@ -1,6 +1,6 @@
 """The report's CSV files and summary.json: their records and columns.
 
-* ``runs.csv``: one line per run (:func:`run_rows`);
+* ``runs.csv``: one line per run (:func:`run_rows`; of the metrics, those whose registry entry asks for it);
 * ``<table>.csv``: one line per (method, partition): the row's columns (:class:`.tables.TableRow`'s fields up to
   ``training``), then per metric ``ours_<metric>_left_out``, ``ours_<metric>``, ``_n``, ``_sd``, ``_se``,
   ``_setting``, ``_mark`` and ``paper_<metric>`` (:func:`table_csv`);
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..utils.io import csv_text
 from .experiments import shown_value
+from .metrics import metric_names, report_metric
 from .run_files import MODEL_NAMES
 from .tables import MetricCell, TableRow
 
@@ -61,6 +62,19 @@ def shown_path(path) -> str:
         return str(path)
 
 
+def _metric_values(record) -> dict:
+    """A run's columns of the metrics runs.csv carries (each registry entry's ``runs_csv``): ``<name>`` its value,
+    ``<name>_stderr`` its estimator's own error, in the registry's order."""
+    out = {}
+    for name in metric_names():
+        parts = report_metric(name).runs_csv
+        if "value" in parts:
+            out[name] = record.value(name)
+        if "error" in parts:
+            out[f"{name}_stderr"] = record.stderr(name)
+    return out
+
+
 def run_rows(records) -> list[dict]:
     """runs.csv's lines: each run's values with the settings that made them."""
     rows = []
@@ -75,10 +89,7 @@ def run_rows(records) -> list[dict]:
             "clients": r.config.get("clients"),
             "rounds": r.config.get("rounds"), "rounds_done": r.rounds_done, "finished": r.finished,
             "test_acc": r.accuracy("test_acc"), "all_test_acc": r.accuracy("all_test_acc"),
-            "top_eigenvalue": r.value("top_eigenvalue"), "trace": r.value("trace"), "trace_stderr": r.stderr("trace"),
-            "hessian_norm_gap": r.value("hessian_norm_gap"), "hessian_norm_gap_stderr": r.stderr("hessian_norm_gap"),
-            "hessian_direction": r.value("hessian_direction"),
-            "hessian_direction_stderr": r.stderr("hessian_direction"),
+            **_metric_values(r),
             "num_eigenvalues": len(h.get("top_eigenvalues") or []), "density": bool(h.get("density")),
             "hessian_method": s.get("method"), "trace_method": s.get("trace_method"),
             "hessian_samples": h.get("num_samples"), "hessian_samples_asked": s.get("samples"),

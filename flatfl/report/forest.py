@@ -15,7 +15,7 @@ grey, so that what the runs resolve reads apart from what they do not.
 """
 from __future__ import annotations
 
-from .layouts import LOWER_IS_FLATTER, METRIC_NAMES
+from .metrics import metric_names, report_metric
 
 __all__ = ["forest_items", "forest_figure", "EFFECT_COLOURS"]
 
@@ -65,10 +65,11 @@ def forest_items(checks: list[dict], partitions: int = 1) -> list[dict]:
 
 
 def _metric_title(metric: str) -> str:
-    name = METRIC_NAMES.get(metric, metric).removesuffix(" (%)")
-    if metric in LOWER_IS_FLATTER:
-        return f"{name}\n(lower: flatter)"
-    return f"{name}\n(higher: better)" if metric == "accuracy" else name
+    """The panel's title: the metric's label and how its direction reads ('top eigenvalue\n(lower: flatter)')."""
+    if metric not in metric_names():
+        return metric
+    entry = report_metric(metric)
+    return f"{entry.label}\n({entry.reading})" if entry.reading else entry.label
 
 
 def _panels(results) -> list[tuple[str, list[tuple[str, list[dict]]]]]:

@@ -9,20 +9,12 @@ from importlib import resources
 from ..errors import unknown_name
 from ..paper_tables import GROUPS, TABLES, TableSpec
 from ..utils.machine import machine_label
+from .metrics import report_metric
 from .run_files import MODELS
 
-__all__ = ["METRIC_NAMES", "LOWER_IS_FLATTER", "TABLE_ALIASES", "TABLES", "TableSpec", "paper_values",
-           "paper_lookup", "fills", "records_of", "matching_tables", "tables_for", "model_for", "scale_label",
+__all__ = ["TABLE_ALIASES", "TABLES", "TableSpec", "paper_values", "paper_lookup", "fills", "records_of", "matching_tables", "tables_for", "model_for", "scale_label",
            "training_path_label", "paper_differences"]
 
-METRIC_NAMES = {
-    "accuracy": "accuracy (%)",
-    "top_eigenvalue": "top eigenvalue",
-    "trace": "trace",
-    "hessian_norm_gap": "H_N",
-    "hessian_direction": "H_D",
-}
-LOWER_IS_FLATTER = {"top_eigenvalue", "trace", "hessian_norm_gap"}
 TABLE_ALIASES = GROUPS
 
 
@@ -36,19 +28,19 @@ def paper_values() -> list[dict]:
 
 
 def paper_lookup(spec: TableSpec, values: list[dict]) -> dict:
-    """(paper method, partition, metric) -> value for ``spec`` (its own table, and ``also_tables`` for the rows they
-    have); accuracy of MAN tables from MAN Table 1."""
-    out = {}
+    """(paper method, partition, metric) -> value for ``spec``: the values of its own table (a paper's table:
+    ``source`` and ``table``), and of its ``also_tables`` those of its rows and partitions; a value is read under
+    each of its metric's ``paper_names`` (:mod:`.metrics`)."""
+    names = {name: m for m in spec.metrics for name in report_metric(m).paper_names}
     rows = {spec.paper_name(row) for row in spec.rows}
+    out = {}
     for r in values:
-        if r["source"] != spec.source:
+        metric, where = names.get(r["metric"]), (r["source"], r["table"])
+        if metric is None:
             continue
-        metric = r["metric"]
-        if r["table"] == spec.table or (r["table"] in spec.also_tables and r["partition"] in spec.partitions
-                                        and r["method"] in rows):
+        if (spec.source is not None and where == (spec.source, spec.table)) or (
+                where in spec.also_tables and r["partition"] in spec.partitions and r["method"] in rows):
             out[(r["method"], r["partition"], metric)] = r["value"]
-        elif spec.source == "MAN" and r["table"] == "Table 1" and metric == "accuracy_after_500_rounds":
-            out[(r["method"], r["partition"], "accuracy")] = r["value"]
     return out
 
 

@@ -3,7 +3,7 @@ direction of each change and the findings, then what is missing."""
 from __future__ import annotations
 
 from ..utils.plots import format_number
-from .layouts import METRIC_NAMES
+from .metrics import metric_title
 from .run_files import MODEL_NAMES
 from .tables import incomparable_notes
 from .text import cell_text, ci_text, counts_line, seeds_cell, setting_parts
@@ -30,7 +30,7 @@ def directions_markdown(checks: list[dict]) -> list[str]:
         ppct = "-" if c["paper_change_pct"] is None else f"{c['paper_change_pct']:+.1f}%"
         two_se = "-" if c["ours_uncertainty"] is None else f"±{f(2 * c['ours_uncertainty'], 2)}"
         lines.append(_table_line([
-            f"{c['compared']} vs {c['reference']}", c["partition"], METRIC_NAMES.get(c["metric"], c["metric"]),
+            f"{c['compared']} vs {c['reference']}", c["partition"], metric_title(c["metric"]),
             f"{f(c['ours_reference'])} → {f(c['ours_compared'])}", pct, ci_text(c), two_se, ppct, c["effect"],
             c["verdict"],
             c.get("unpaired_verdict", c["verdict"]), seeds_cell(c)]))
@@ -39,7 +39,7 @@ def directions_markdown(checks: list[dict]) -> list[str]:
 
 def _values_table(spec, rows) -> list[str]:
     metrics = list(spec.metrics)
-    head = ["method", "partition", "model"] + [f"{METRIC_NAMES[m]} {who}" for m in metrics
+    head = ["method", "partition", "model"] + [f"{metric_title(m)} {who}" for m in metrics
                                                for who in ("ours", "paper")] + ["settings", "runs"]
     lines = [_table_line(head), "|" + "---|" * len(head)]
     for r in rows:

@@ -1,5 +1,5 @@
 """What the report needs of each run and does not have (a Hessian of the run's model with the settings asked for;
-H_N / H_D where a layout has a cross-client column, ``TableSpec.cross_client``), computed with
+H_N / H_D where a layout has a cross-client column, :func:`.metrics.clients_needed`), computed with
 ``--compute-missing`` or listed; and the notices on the analyses used (one H_N / H_D protocol per column, sample
 counts larger than the split)."""
 from __future__ import annotations
@@ -9,6 +9,7 @@ import time
 from ..errors import FlatflError
 from ..utils.hessian_settings import HessianSettings
 from .layouts import fills, records_of
+from .metrics import clients_needed
 from .records import choose_clients_protocol
 from .run_files import MODEL_NAMES
 
@@ -28,7 +29,7 @@ def needs(rec, specs) -> list[str]:
     has_trace = (h.get("trace") or {}).get("estimate") is not None
     if not h.get("top_eigenvalues") or not has_trace:
         need.append("hessian")
-    wants_clients = any(s.cross_client and fills(s, rec) for s in specs)
+    wants_clients = any(clients_needed(s) and fills(s, rec) for s in specs)
     if wants_clients and (rec.clients or {}).get("H_N") is None:
         need.append("clients")
     return need
@@ -109,7 +110,7 @@ def pick_clients(records, specs) -> list[str]:
     returns a notice for each layout whose runs hold results of more than one protocol (which one is shown)."""
     out = []
     for spec in specs:
-        if not spec.cross_client:
+        if not clients_needed(spec):
             continue
         recs = records_of(spec, records)
         proto = choose_clients_protocol(recs)

@@ -8,16 +8,14 @@ from collections import defaultdict
 
 from . import figures
 from .curvature import curvature_page, has_curvature
-from .layouts import METRIC_NAMES
+from .metrics import metric_title, report_metric
 from .run_files import MODEL_ACCURACY, MODEL_NAMES
 from .tables import incomparable_notes
 from .text import cell_text, ci_text, counts_line, seeds_cell, setting_parts
 from .verdicts import NO_PAPER_VALUE, TOO_FEW_SEEDS
 
-__all__ = ["title_sections", "contents", "table_pages", "other_pages", "run_pages", "SHORT"]
+__all__ = ["title_sections", "contents", "table_pages", "other_pages", "run_pages"]
 
-SHORT = {"top_eigenvalue": "λmax", "trace": "trace", "accuracy": "acc %", "hessian_norm_gap": "H_N",
-         "hessian_direction": "H_D"}
 _VERDICT_COLOURS = {"agree": "#d9f2d9", "disagree": "#f8d7d7", "inconclusive": "#f2f2f2", "incomparable": "#fff2cc",
                     TOO_FEW_SEEDS: "#f2f2f2", NO_PAPER_VALUE: "#ffffff"}
 #: the effect cell's colour: the forest plot's (:mod:`.forest`), lighter
@@ -85,7 +83,7 @@ def _table_figure(result, ours_scale: str):
     for part in spec.partitions:
         for m in spec.metrics:
             pre = f"{part}\n" if multi else ""
-            header += [f"{pre}{SHORT[m]} ours", f"{pre}{SHORT[m]} paper"]
+            header += [f"{pre}{report_metric(m).short} ours", f"{pre}{report_metric(m).short} paper"]
     by = {(r.method, r.partition): r for r in rows}
     cells = []
     for method in [m for m in spec.rows if any((m, part) in by for part in spec.partitions)]:  # rows shown only
@@ -113,7 +111,7 @@ def _pct(v) -> str:
 def _direction_cells(c: dict) -> list:
     f = figures.format_number
     two_se = "-" if c["ours_uncertainty"] is None else f"{f(2 * c['ours_uncertainty'], 2)} ({c['uncertainty_from']})"
-    return [c["partition"], f"{c['reference']}\nvs {c['compared']}", METRIC_NAMES[c["metric"]],
+    return [c["partition"], f"{c['reference']}\nvs {c['compared']}", metric_title(c["metric"]),
             f"{f(c['ours_reference'])} → {f(c['ours_compared'])}", _pct(c["ours_change_pct"]),
             ci_text(c).replace(" k=", "\nk="), two_se, f"{f(c['paper_reference'])} → {f(c['paper_compared'])}",
             _pct(c["paper_change_pct"]), c["effect"],

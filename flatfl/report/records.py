@@ -17,18 +17,13 @@ from ..errors import ConfigError, unknown_name
 from ..train.catalog import display_name
 from ..train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 from ..train.identity import data_identity
+from .metrics import data_setting, report_metric
 from .provenance import check_provenance, check_runs_belong_together, recorded_versions
-from .run_files import (MODEL_ACCURACY, MODEL_NAMES, MODELS, analysis_model, clients_results, measured_round,
-                        protocol_order, read_analyses, read_metrics)
+from .run_files import (MODELS, analysis_model, clients_results, measured_round, protocol_order, read_analyses,
+                        read_metrics)
 
 __all__ = ["RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_label", "partition_label",
-           "choose_clients_protocol", "own_data_digest", "precision_setting", "data_setting", "measures_defaults",
-           "DEFAULT_SPLIT"]
-
-DEFAULT_SPLIT = "train"  # the split a Hessian is measured on unless --split says otherwise
-_DEFAULT_LOSSES = (None, "cross_entropy")  # how hessian.json records the default loss (none given: cross-entropy)
-
-CROSS_CLIENT = {"hessian_norm_gap": "H_N", "hessian_direction": "H_D"}  # metric -> key in a clients result
+           "choose_clients_protocol", "own_data_digest", "measures_defaults"]
 
 
 def method_label(cfg: dict) -> str:
@@ -167,96 +162,21 @@ class RunRecord:
                 return 100.0 * v
         return None
 
-    def value(self, metric: str, accuracy_column: str | None = None) -> float | None:
-        """``metric`` of this run's selected model (accuracy: ``accuracy_column``, default the model's own)."""
-        h = self.hessian or {}
-        if metric == "accuracy":
-            return self.accuracy(accuracy_column or MODEL_ACCURACY[self.model])
-        if metric == "top_eigenvalue":
-            values = h.get("top_eigenvalues") or []
-            return float(values[0]) if values else None
-        if metric == "trace":
-            tr = h.get("trace") or {}
-            return None if tr.get("estimate") is None else float(tr["estimate"])
-        if metric in CROSS_CLIENT:
-            v = (self.clients or {}).get(CROSS_CLIENT[metric])
-            return None if v is None else float(v)
-        raise ConfigError(f"unknown metric {metric!r}")
+    def value(self, metric: str) -> float | None:
+        """``metric`` of this run's selected model, as its registry entry reads it (:mod:`.metrics`)."""
+        return report_metric(metric).value(self)
 
     def stderr(self, metric: str) -> float | None:
-        """The estimator's own error of ``metric`` where the analysis gives one: the trace's standard error, the top
-        eigenvalue's error estimate (else its residual norm, a bound on the error), H_N / H_D's standard errors."""
-        h = self.hessian or {}
-        if metric == "trace":
-            v = (h.get("trace") or {}).get("stderr")
-        elif metric == "top_eigenvalue":
-            est, res = h.get("error_estimates") or [], h.get("residuals") or []
-            v = est[0] if est and est[0] is not None else (res[0] if res else None)
-        elif metric in CROSS_CLIENT:
-            v = (self.clients or {}).get(f"{CROSS_CLIENT[metric]}_stderr")
-        else:
-            v = None
+        """The estimator's own error of ``metric`` where the analysis gives one (its registry entry's ``error``:
+        the trace's standard error, the top eigenvalue's error estimate or else its residual norm, H_N / H_D's
+        standard errors), as a non-negative finite number."""
+        v = report_metric(metric).error(self)
         return None if v is None or not math.isfinite(float(v)) else abs(float(v))
 
     def setting(self, metric: str) -> str | None:
         """The settings that change ``metric``'s number, as one short string (model, method, samples, protocol);
         two runs whose strings differ must not be compared without a mark."""
-        if metric == "accuracy":
-            return MODEL_NAMES[self.model]
-        if metric in CROSS_CLIENT:
-            cl = self.clients or {}
-            if not cl:
-                return None
-            s = cl.get("settings") or {}
-            return (f"protocol {cl.get('protocol', s.get('protocol', '?'))}, probes {s.get('probes', '?')}, "
-                    f"samples {s.get('samples') or 'all'}")
-        h = self.hessian
-        if not h:
-            return None
-        s = h.get("settings") or {}
-        how = s.get("method", "?") if metric == "top_eigenvalue" else s.get("trace_method", "?")
-        return (f"{MODEL_NAMES[self.model]}, {how}{precision_setting(s, metric)}, {h.get('num_samples', '?')} "
-                f"samples{data_setting(s)}")
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def precision_setting(settings: dict, metric: str) -> str:
-    """How precisely ``metric`` was estimated, as :meth:`RunRecord.setting` shows it after the method: the
-    eigenvalue method's tolerance (' (tol 0.001)'), the trace's budget of products and relative stopping rule
-    (' (<= 40 HVPs, rtol 0.02)'); '' where a file of an older flatfl recorded none. A looser estimate is another
-    setting: never averaged with tighter ones unmarked."""
-    if metric == "top_eigenvalue":
-        tol = settings.get("tol")
-        return f" (tol {tol:g})" if _number(tol) else ""
-    parts = []
-    if _number(settings.get("trace_hvps")):
-        parts.append(f"<= {settings['trace_hvps']:g} HVPs")
-    if _number(settings.get("trace_rtol")):
-        parts.append(f"rtol {settings['trace_rtol']:g}")
-    return f" ({', '.join(parts)})" if parts else ""
-
-
-def data_setting(settings: dict) -> str:
-    """What of a Hessian's settings changes what it measures besides the model, method and sample count, as the
-    end of :meth:`RunRecord.setting`: ', test split' (another split than :data:`DEFAULT_SPLIT`), ', train mode' (not
-    the evaluation mode), ', loss M:F' (a loss of the user's), ', ggn curvature' (another matrix than the Hessian:
-    rows of two curvatures are never averaged together), ', finite-difference products'; '' for the defaults."""
-    out = ""
-    split = settings.get("split", DEFAULT_SPLIT)
-    if split not in (None, DEFAULT_SPLIT):
-        out += f", {split} split"
-    if settings.get("mode") not in (None, "eval"):
-        out += f", {settings['mode']} mode"
-    if settings.get("loss") not in _DEFAULT_LOSSES:
-        out += f", loss {settings['loss']}"
-    if settings.get("curvature") not in (None, "hessian"):
-        out += f", {settings['curvature']} curvature"
-    if settings.get("products") == "finite-difference":
-        out += ", finite-difference products"
-    return out
+        return report_metric(metric).setting(self)
 
 
 def measures_defaults(h: dict | None) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..paper_tables import TABLES
 from .bounded import csv_rows, loads
-from .layouts import METRIC_NAMES
+from .metrics import metric_names
 from .verdicts import VERDICTS
 
 __all__ = ["read_report", "MAX_FILE_BYTES", "KEY"]
@@ -192,7 +192,7 @@ def _read_values(folder: Path, tables: list[str], settings: dict | None = None) 
                               "(damaged or not flatfl's)")
         path = folder / f"{table}.csv"
         fields, rows = _csv_rows(path, ("method", "partition"), "table")
-        metrics = [m for m in dict.fromkeys(f[len("ours_"):] for f in fields) if m in METRIC_NAMES]  # CSV order
+        metrics = [m for m in dict.fromkeys(f[len("ours_"):] for f in fields) if m in metric_names()]  # CSV order
         for line, row in rows:
             values = {}
             for m in metrics:

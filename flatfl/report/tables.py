@@ -3,8 +3,7 @@
 value), and the notes on what keeps every row one experiment.
 
 :func:`build_table` makes the rows; :func:`.verdicts.direction_checks` compares them; :mod:`.files`,
-:mod:`.markdown` and :mod:`.pages` write them. The names of the other report modules that callers used to take from
-here (run records, layouts, verdicts) are still importable from this module.
+:mod:`.markdown` and :mod:`.pages` write them. Each metric's label comes from its registry entry (:mod:`.metrics`).
 """
 from __future__ import annotations
 
@@ -12,23 +11,14 @@ import math
 from dataclasses import dataclass, field
 
 from ..paper_tables import TableSpec
-from .experiments import (NEUTRAL_SETTINGS, check_same_settings, neutral_differences, one_run_per_seed,
-                          run_identity, settings_differences, training_settings)
-from .layouts import (METRIC_NAMES, TABLES, fills, matching_tables, model_for, paper_differences, paper_lookup,
-                      paper_values, scale_label, tables_for)
-from .records import RunRecord, collect_runs, find_run_dirs, load_run, method_label, partition_label
-from .run_files import MODEL_NAMES, MODELS, analysis_model, read_clients_metrics
-from .provenance import check_runs_belong_together, version_notices
-from .verdicts import TOO_FEW_SEEDS, VERDICTS, direction_checks
+from .experiments import (check_same_settings, neutral_differences, one_run_per_seed, run_identity,
+                          settings_differences)
+from .layouts import fills, paper_lookup, paper_values
+from .metrics import metric_title
+from .run_files import MODEL_NAMES
 
 __all__ = ["MetricCell", "TableRow", "build_table", "incomparable_notes", "experiment_notes",
-           "trained_differently",
-           # re-exported from the modules that define them
-           "RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_label", "partition_label",
-           "TableSpec", "TABLES", "paper_values", "direction_checks", "matching_tables", "scale_label",
-           "METRIC_NAMES", "MODELS", "MODEL_NAMES", "model_for", "read_clients_metrics", "analysis_model",
-           "VERDICTS", "check_runs_belong_together", "version_notices", "paper_differences", "NEUTRAL_SETTINGS",
-           "training_settings", "TOO_FEW_SEEDS", "tables_for"]
+           "trained_differently"]
 
 
 @dataclass
@@ -149,11 +139,12 @@ def build_table(spec: TableSpec, records, values: list[dict] | None = None) -> l
     (``se``), the settings that made the number (``setting``) and the paper's value. The records must already hold
     the model to report (:meth:`RunRecord.select`); the row names it (``model``).
 
-    A row is one experiment: its finished runs of distinct seeds, trained alike (:func:`training_settings`; other
-    settings refused). A run not finished is in no column (``unfinished``); a second run of a seed counts once
-    (``same_seed_left_out``); settings that change no number (:data:`NEUTRAL_SETTINGS`) do not split the row and are
-    named where its runs differ in them (``settings_not_changing_numbers``); ``training`` keeps the row's settings
-    for :func:`direction_checks`."""
+    A row is one experiment: its finished runs of distinct seeds, trained alike
+    (:func:`.experiments.training_settings`; other settings refused). A run not finished is in no column
+    (``unfinished``); a second run of a seed counts once (``same_seed_left_out``); settings that change no number
+    (:data:`.experiments.NEUTRAL_SETTINGS`) do not split the row and are named where its runs differ in them
+    (``settings_not_changing_numbers``); ``training`` keeps the row's settings for
+    :func:`.verdicts.direction_checks`."""
     paper = paper_lookup(spec, values if values is not None else paper_values())
     common = _common_settings(spec, [r for r in records if fills(spec, r)])
     rows = [_row(spec, method, part, records, common, paper) for method in spec.rows for part in spec.partitions]
@@ -188,13 +179,13 @@ def incomparable_notes(spec: TableSpec, rows: list[TableRow]) -> list[str]:
         if not marked:
             continue
         what = "; ".join(f"{r.method} {r.partition}: {r.cells[metric].setting}" for r in marked)
-        out.append(f"† {METRIC_NAMES.get(metric, metric)} computed with other settings than the rest of its column "
+        out.append(f"† {metric_title(metric)} computed with other settings than the rest of its column "
                    f"({_column_setting(rows, metric)}): {what}. Not comparable without caution; direction checks "
                    "between them are marked 'incomparable'.")
     for metric in spec.metrics:
         left = [r for r in rows if r.cells[metric].left_out]
         if left:
-            out.append(f"{METRIC_NAMES.get(metric, metric)}: runs made with other settings than the rest of their row "
+            out.append(f"{metric_title(metric)}: runs made with other settings than the rest of their row "
                        "are left out of its mean: " + "; ".join(
                            f"{r.method} {r.partition}: {r.cells[metric].left_out}" for r in left))
     return out + experiment_notes(spec, rows)

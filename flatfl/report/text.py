@@ -6,14 +6,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..utils.plots import format_number
-from .layouts import METRIC_NAMES
+from .metrics import metric_title, report_metric
 from .paired import MAX_SEEDS
 from .verdicts import NO_PAPER_VALUE, TOO_FEW_SEEDS
 
-__all__ = ["cell_text", "counts_line", "effects_text", "needed_text", "seeds_cell", "ci_text", "SETTING_LABEL",
-           "setting_parts", "findings"]
-
-SETTING_LABEL = {"top_eigenvalue": "λmax", "trace": "trace", "hessian_norm_gap": "H_N", "hessian_direction": "H_D"}
+__all__ = ["cell_text", "counts_line", "effects_text", "needed_text", "seeds_cell", "ci_text", "setting_parts",
+           "findings"]
 
 
 def cell_text(cell, newline: bool = False) -> str:
@@ -42,7 +40,7 @@ def counts_line(metric: str, c: dict) -> str:
            f"{n_paired} paired by seed (95% t interval of the per-seed differences), the others unpaired"
            if n_paired else "unpaired: change within twice its standard error")
     judged = c["compared"] - c.get(TOO_FEW_SEEDS, 0) - c.get("incomparable", 0)
-    line = (f"{METRIC_NAMES.get(metric, metric)}: of {c['compared']} comparisons, our change "
+    line = (f"{metric_title(metric)}: of {c['compared']} comparisons, our change "
             f"{effects_text(c['effects'])}" + (f" ({how})" if judged else "")
             + f"; {c['agree']} agree with the paper's direction, {c['disagree']} disagree, "
             f"{c['inconclusive']} inconclusive")
@@ -95,16 +93,14 @@ def ci_text(c: dict) -> str:
 
 
 def setting_parts(metrics, setting_of) -> list[tuple[str, str]]:
-    """(label, settings) for every metric with settings; H_N and H_D as one 'H_N, H_D' where they agree."""
-    parts = []
+    """(label, settings) for every metric with settings (its registry entry's ``settings_line``), metrics made with
+    the same settings as one ('H_N, H_D')."""
+    parts: dict[str, list[str]] = {}  # settings -> the labels of the metrics made with them
     for m in metrics:
-        if m not in SETTING_LABEL or not setting_of(m):
-            continue
-        if m == "hessian_direction" and setting_of("hessian_norm_gap") == setting_of(m):
-            parts = [("H_N, H_D", t) if lab == "H_N" else (lab, t) for lab, t in parts]
-            continue
-        parts.append((SETTING_LABEL[m], setting_of(m)))
-    return parts
+        text = setting_of(m) if report_metric(m).settings_line else None
+        if text:
+            parts.setdefault(text, []).append(report_metric(m).short)
+    return [(", ".join(labels), text) for text, labels in parts.items()]
 
 
 def _final_train_loss(records, method, part) -> float | None:
@@ -142,7 +138,7 @@ def findings(spec, rows, checks, records) -> list[str]:
         for verdict, word in _FINDING_WORDS:
             sel = [c for c in cs if c["verdict"] == verdict]
             if sel:
-                out.append(f"{METRIC_NAMES.get(metric, metric)}: {len(sel)} of {len(cs)} {word}: "
+                out.append(f"{metric_title(metric)}: {len(sel)} of {len(cs)} {word}: "
                            + "; ".join(_finding(c, verdict) for c in sel))
     loss_pairs = sorted({(c["reference"], c["compared"], c["partition"]) for c in checks if c["verdict"] == "disagree"})
     for ref, cmp_, part in loss_pairs:

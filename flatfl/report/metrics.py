@@ -1,0 +1,250 @@
+"""The report's metrics, one registry: each :class:`ReportMetric` says what a table column is called, how its value,
+its estimator's own error and the settings that made it are read from a run, under which names the papers' values
+of it stand in ``paper_values.csv``, and how the forest plot reads its direction. A table (``TableSpec.metrics``)
+names its metrics; the table builder, the direction checks, the CSV, Markdown and PDF renderers and ``flatfl
+contrast`` ask this registry and never compare metric names.
+
+Another package adds a metric by calling :func:`register_metric` before the report is built (a table naming it then
+gets its column, its direction checks and its CSV columns ``ours_<name>``, ``paper_<name>``, ...).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import ConfigError, unknown_name
+from .run_files import MODEL_ACCURACY, MODEL_NAMES
+
+__all__ = ["ReportMetric", "register_metric", "unregister_metric", "report_metric", "metric_names", "metric_title",
+           "clients_needed",
+           "eigen_precision", "trace_precision", "data_setting", "DEFAULT_SPLIT", "RUNS_CSV_PARTS"]
+
+DEFAULT_SPLIT = "train"  # the split a Hessian is measured on unless --split says otherwise
+_DEFAULT_LOSSES = (None, "cross_entropy")  # how hessian.json records the default loss (none given: cross-entropy)
+#: what of a metric runs.csv may carry: its value (column ``<name>``) and its error (``<name>_stderr``)
+RUNS_CSV_PARTS = ("value", "error")
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def _nothing(record) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class ReportMetric:
+    """One metric of the report's tables.
+
+    ``name``: the key tables name it by and the CSV columns are made of; ``label``: its name in the Markdown
+    tables, the findings and the forest plot; ``short``: its PDF column head and settings-line label; ``unit``:
+    shown after the label ('accuracy (%)'). ``value``, ``error`` and ``setting`` are functions of a run record
+    (:class:`~flatfl.report.records.RunRecord`: its selected ``hessian``, ``clients`` and accuracy curve): the
+    number (None: not measured), the estimator's own error of it (None: none given) and the settings that change
+    the number as one short string (two runs whose strings differ are never averaged unmarked). ``paper_names``:
+    the names of its published values in ``paper_values.csv``'s metric column (default: ``name``). ``reading``:
+    how its direction reads in the forest plot ('lower: flatter'; '' for none). ``cross_client``: measured across
+    clients (H_N / H_D): a table with it needs each run's clients' models and a ``flatfl hessian-clients`` result.
+    ``settings_line``: whether a table's settings line names the settings of its column (the model is said once).
+    ``runs_csv``: what runs.csv carries of it, of :data:`RUNS_CSV_PARTS`."""
+
+    name: str
+    label: str
+    short: str
+    value: Callable[[Any], float | None]
+    error: Callable[[Any], float | None] = _nothing
+    setting: Callable[[Any], str | None] = _nothing
+    unit: str = ""
+    paper_names: tuple[str, ...] = ()
+    reading: str = ""
+    cross_client: bool = False
+    settings_line: bool = True
+    runs_csv: tuple[str, ...] = ()
+
+    @property
+    def title(self) -> str:
+        """The label with its unit: 'accuracy (%)', 'top eigenvalue'."""
+        return f"{self.label} ({self.unit})" if self.unit else self.label
+
+
+_REGISTRY: dict[str, ReportMetric] = {}
+
+
+def register_metric(name: str, label: str, value: Callable, *, short: str = "", error: Callable | None = None,
+                    setting: Callable | None = None, unit: str = "", paper_names=(), reading: str = "",
+                    cross_client: bool = False, settings_line: bool = True, runs_csv=(),
+                    replace: bool = False) -> ReportMetric:
+    """Register a report metric (see :class:`ReportMetric` for the fields) and return its entry. ``short``
+    defaults to the label, ``paper_names`` to the name. A name already taken is a ConfigError unless ``replace``."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"a report metric's name must be lower-case letters, digits and '_' (a CSV column's "
+                          f"part), starting with a letter; got {name!r}")
+    for what, text in (("label", label), ("short", short), ("unit", unit), ("reading", reading)):
+        if not isinstance(text, str) or (what == "label" and not text.strip()):
+            raise ConfigError(f"report metric {name!r}: {what} must be {'a non-empty ' if what == 'label' else 'a '}"
+                              f"string, got {text!r}")
+    for what, fn in (("value", value), ("error", error), ("setting", setting)):
+        if (fn is not None or what == "value") and not callable(fn):
+            raise ConfigError(f"report metric {name!r}: {what} must be a function of a run record, got {fn!r}")
+    names = (paper_names,) if isinstance(paper_names, str) else tuple(paper_names)
+    if not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"report metric {name!r}: paper_names must be names of paper_values.csv's metric column, "
+                          f"got {paper_names!r}")
+    parts = (runs_csv,) if isinstance(runs_csv, str) else tuple(runs_csv)
+    for part in parts:
+        if part not in RUNS_CSV_PARTS:
+            raise unknown_name("runs.csv part", part, RUNS_CSV_PARTS)
+    if name in _REGISTRY and not replace:
+        raise ConfigError(f"a report metric called {name!r} is already registered (pass replace=True to replace it)")
+    entry = ReportMetric(name, label.strip(), short or label.strip(), value, error or _nothing, setting or _nothing,
+                         unit=unit, paper_names=names or (name,), reading=reading, cross_client=bool(cross_client),
+                         settings_line=bool(settings_line), runs_csv=parts)
+    _REGISTRY[name] = entry
+    return entry
+
+
+def unregister_metric(name: str) -> None:
+    """Remove a registered metric (a no-op when there is none of that name)."""
+    _REGISTRY.pop(name, None)
+
+
+def report_metric(name: str) -> ReportMetric:
+    """The registered metric ``name``; an unknown one is a ConfigError naming the known ones."""
+    if name not in _REGISTRY:
+        raise unknown_name("metric", name, list(_REGISTRY))
+    return _REGISTRY[name]
+
+
+def metric_names() -> tuple[str, ...]:
+    """The registered metrics' names, in the order they were registered."""
+    return tuple(_REGISTRY)
+
+
+def metric_title(name: str) -> str:
+    """The metric's label with its unit ('accuracy (%)'); a name not registered now (in a report folder written
+    while it was) as it is."""
+    return _REGISTRY[name].title if name in _REGISTRY else name
+
+
+def clients_needed(spec) -> bool:
+    """Whether a table (:class:`~flatfl.paper_tables.TableSpec`) has a cross-client column: its runs need H_N / H_D."""
+    return any(report_metric(m).cross_client for m in spec.metrics)
+
+
+# ---------------------------------------------------------------------------------------------- settings strings
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def eigen_precision(settings: dict) -> str:
+    """How precisely the eigenvalues were estimated, as their setting shows it after the method: the tolerance
+    (' (tol 0.001)'); '' where a file of an older flatfl recorded none. A looser estimate is another setting: never
+    averaged with tighter ones unmarked."""
+    tol = settings.get("tol")
+    return f" (tol {tol:g})" if _number(tol) else ""
+
+
+def trace_precision(settings: dict) -> str:
+    """How precisely the trace was estimated, as its setting shows it after the method: the budget of products and
+    the relative stopping rule (' (<= 40 HVPs, rtol 0.02)'); '' where a file of an older flatfl recorded none."""
+    parts = []
+    if _number(settings.get("trace_hvps")):
+        parts.append(f"<= {settings['trace_hvps']:g} HVPs")
+    if _number(settings.get("trace_rtol")):
+        parts.append(f"rtol {settings['trace_rtol']:g}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def data_setting(settings: dict) -> str:
+    """What of a Hessian's settings changes what it measures besides the model, method and sample count, as the
+    end of a Hessian metric's setting: ', test split' (another split than :data:`DEFAULT_SPLIT`), ', train mode'
+    (not the evaluation mode), ', loss M:F' (a loss of the user's), ', ggn curvature' (another matrix than the
+    Hessian: rows of two curvatures are never averaged together), ', finite-difference products'; '' for the
+    defaults."""
+    out = ""
+    split = settings.get("split", DEFAULT_SPLIT)
+    if split not in (None, DEFAULT_SPLIT):
+        out += f", {split} split"
+    if settings.get("mode") not in (None, "eval"):
+        out += f", {settings['mode']} mode"
+    if settings.get("loss") not in _DEFAULT_LOSSES:
+        out += f", loss {settings['loss']}"
+    if settings.get("curvature") not in (None, "hessian"):
+        out += f", {settings['curvature']} curvature"
+    if settings.get("products") == "finite-difference":
+        out += ", finite-difference products"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the built-in metrics
+def _finite(v) -> float | None:
+    return float(v) if _number(v) and math.isfinite(float(v)) else None
+
+
+def _hessian_setting(method_key: str, precision: Callable[[dict], str]) -> Callable:
+    """The setting of a metric of the run's Hessian analysis: 'all-clients average, lanczos (tol 0.001), 1437
+    samples' (the model, the estimator and its precision, the samples, what differs from the defaults)."""
+    def setting(rec) -> str | None:
+        h = rec.hessian
+        if not h:
+            return None
+        s = h.get("settings") or {}
+        return (f"{MODEL_NAMES[rec.model]}, {s.get(method_key, '?')}{precision(s)}, "
+                f"{h.get('num_samples', '?')} samples{data_setting(s)}")
+    return setting
+
+
+def _top_eigenvalue(rec) -> float | None:
+    values = (rec.hessian or {}).get("top_eigenvalues") or []
+    return float(values[0]) if values else None
+
+
+def _top_eigenvalue_error(rec) -> float | None:
+    """The top eigenvalue's error estimate, else its residual norm (a bound on the error)."""
+    h = rec.hessian or {}
+    est, res = h.get("error_estimates") or [], h.get("residuals") or []
+    return est[0] if est and est[0] is not None else (res[0] if res else None)
+
+
+def _trace(rec) -> float | None:
+    tr = (rec.hessian or {}).get("trace") or {}
+    return None if tr.get("estimate") is None else float(tr["estimate"])
+
+
+def _eigenvalue_ratio(rec) -> float | None:
+    """lambda_1 / lambda_5 as hessian.json records it (``eigenvalue_ratio``: written when at least five eigenvalues
+    were computed); None for an analysis of fewer."""
+    ratio = (rec.hessian or {}).get("eigenvalue_ratio")
+    return _finite(ratio.get("value")) if isinstance(ratio, dict) and ratio.get("k") == 5 else None
+
+
+def _clients_reader(key: str) -> Callable:
+    def read(rec) -> float | None:
+        v = (rec.clients or {}).get(key)
+        return None if v is None else float(v)
+    return read
+
+
+def _clients_setting(rec) -> str | None:
+    cl = rec.clients or {}
+    if not cl:
+        return None
+    s = cl.get("settings") or {}
+    return (f"protocol {cl.get('protocol', s.get('protocol', '?'))}, probes {s.get('probes', '?')}, "
+            f"samples {s.get('samples') or 'all'}")
+
+
+register_metric("accuracy", "accuracy", lambda rec: rec.accuracy(MODEL_ACCURACY[rec.model]), short="acc %",
+                unit="%", setting=lambda rec: MODEL_NAMES[rec.model],
+                paper_names=("accuracy", "accuracy_after_500_rounds"), reading="higher: better", settings_line=False)
+register_metric("top_eigenvalue", "top eigenvalue", _top_eigenvalue, short="λmax", error=_top_eigenvalue_error,
+                setting=_hessian_setting("method", eigen_precision), reading="lower: flatter", runs_csv=("value",))
+register_metric("trace", "trace", _trace, error=lambda rec: ((rec.hessian or {}).get("trace") or {}).get("stderr"),
+                setting=_hessian_setting("trace_method", trace_precision), reading="lower: flatter",
+                runs_csv=("value", "error"))
+register_metric("hessian_norm_gap", "H_N", _clients_reader("H_N"), error=_clients_reader("H_N_stderr"),
+                setting=_clients_setting, reading="lower: flatter", cross_client=True, runs_csv=("value", "error"))
+register_metric("hessian_direction", "H_D", _clients_reader("H_D"), error=_clients_reader("H_D_stderr"),
+                setting=_clients_setting, cross_client=True, runs_csv=("value", "error"))
+register_metric("eigenvalue_ratio", "lambda_1/lambda_5", _eigenvalue_ratio, short="λ1/λ5",
+                setting=_hessian_setting("method", eigen_precision), reading="lower: flatter")
