@@ -1,11 +1,12 @@
 """The SAM family's curvature, side by side: FedSAM, FedASAM, MoFedSAM, FedSpeed and the methods that came after the
-source papers (FedSMOO, FedGAMMA, FedLESAM, FedGloSS), each with and without MAN, against FedAvg, Dirichlet delta
-0.3 (top Hessian eigenvalue, trace, accuracy).
+source papers (FedSMOO, FedGAMMA, FedLESAM, FedGloSS, FedWMSAM, FedNSAM), each with and without MAN, against FedAvg,
+Dirichlet delta 0.3 (top Hessian eigenvalue, trace, lambda_1/lambda_5, accuracy; the presets' Hessian asks for five
+eigenvalues so that the ratio is there).
 
 No paper publishes this table; the MAN paper's values for the rows it has (FedAvg, FedSAM and FedSAM+MAN in its
 Table 2; FedASAM, FedSpeed and their +MAN rows in its supplementary Table 6; CIFAR-100) stand beside ours
 (``also_tables``), and give the direction of those rows' comparisons. The others' rules: docs/update-rules.md
-§7-§10 and §23-§26.
+§7-§10 and §23-§29.
 """
 from __future__ import annotations
 
