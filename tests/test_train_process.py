@@ -3,6 +3,7 @@ torch's threads are set one time each (the Trainer takes the process the command
 ``--threads`` is the count it trains with. The Trainer holds its round loop and the state the two share."""
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
@@ -25,8 +26,8 @@ TINY = ["--dataset", "digits", "--model", "tiny", "--clients", "2", "--local-epo
 def calls(monkeypatch):
     """Every call of ``resolve_device`` and ``apply_threads`` (their arguments), wherever flatfl calls them from: the
     function is replaced in its module and in every flatfl module that imported it by name."""
-    import flatfl.analysis.tracking  # noqa: F401  the modules ``flatfl train`` loads, loaded before the spies are
-    import flatfl.train.run  # noqa: F401  set: a name they import is replaced here and restored after the test
+    for loaded in ("flatfl.analysis.tracking", "flatfl.train.run"):  # what ``flatfl train`` loads, loaded before
+        importlib.import_module(loaded)  # the spies are set: a name they import is replaced, and restored after
 
     seen = {"resolve_device": [], "apply_threads": []}
     for module, name in ((device_module, "resolve_device"), (threads_module, "apply_threads")):
@@ -82,8 +83,8 @@ def test_trainer_holds_its_round_loop_and_the_state_they_share(tmp_path, calls):
     cfg = RunConfig(dataset="digits", model="tiny", rounds=1, clients=2, local_epochs=1, batch_size=64).validate()
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
     assert calls == {"resolve_device": [("cpu",)], "apply_threads": []} and torch.get_num_threads() == 1
-    assert not issubclass(Trainer, RoundLoop) and isinstance(tr.rounds, RoundLoop)
-    assert isinstance(tr.state, RoundState) and tr.rounds.state is tr.state
+    assert not issubclass(Trainer, RoundLoop) and isinstance(tr.loop, RoundLoop)
+    assert isinstance(tr.state, RoundState) and tr.loop.state is tr.state
     start = tr.theta.clone()
     done = tr.run_round(0)
     assert tr.theta is tr.state.theta and not torch.equal(tr.theta, start)

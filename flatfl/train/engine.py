@@ -53,7 +53,7 @@ def _state_field(name: str) -> property:
 class Trainer:
     """Builds a run from its config and runs (or resumes) it. ``run()`` returns the path of ``final.pt``.
 
-    It holds its rounds (:attr:`rounds`, a :class:`~flatfl.train.rounds.RoundLoop`) and the state they change
+    It holds its round loop (:attr:`loop`, a :class:`~flatfl.train.rounds.RoundLoop`) and the state they change
     (:attr:`state`, a :class:`~flatfl.train.rounds.RoundState`: the server model, every client's latest model, how
     many clients train at once); ``theta``, ``buffers``, ``latest``, ``latest_buffers``, ``parallel`` and
     ``parallel_reason`` read that state."""
@@ -156,10 +156,10 @@ class Trainer:
         self.state = RoundState.at_start(self.model, self.layout, n, parallel, why)
         self.metrics: list[dict] = []
         self.start_round, self.elapsed, self.observer_seconds = 0, 0.0, 0.0
-        self.rounds = RoundLoop(self.cfg, self.state, device=self.device, ds=self.ds, partition=self.partition,
-                                label_counts=self.label_counts, augment=self.augment, model=self.model,
-                                layout=self.layout, algo=self.algo, reg=self.reg, opt_cls=self.opt_cls,
-                                opt_hp=self.opt_hp, graphs=self.graphs, observer=self.observer, log=self.log)
+        self.loop = RoundLoop(self.cfg, self.state, device=self.device, ds=self.ds, partition=self.partition,
+                              label_counts=self.label_counts, augment=self.augment, model=self.model,
+                              layout=self.layout, algo=self.algo, reg=self.reg, opt_cls=self.opt_cls,
+                              opt_hp=self.opt_hp, graphs=self.graphs, observer=self.observer, log=self.log)
 
     def _resume(self) -> None:
         """The state resume.pt holds (none when the run was killed before its first checkpoint)."""
@@ -182,15 +182,15 @@ class Trainer:
         """Round ``r`` (:meth:`RoundLoop.run_round`): its metrics row (``.row``, None when the round is not
         evaluated) and whether the clients' training path changed in it (``.path_changed``). ``run()`` calls it for
         each round and writes what it returns; benchmarks time it. It writes no files."""
-        return self.rounds.run_round(r)
+        return self.loop.run_round(r)
 
     def working_network(self, n: int):
         """The network a cohort of ``n`` clients trains and its layout (:meth:`RoundLoop.working_network`)."""
-        return self.rounds.working_network(n)
+        return self.loop.working_network(n)
 
     def client_data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Client ``i``'s training data on the run's device (:meth:`RoundLoop.client_data`)."""
-        return self.rounds.client_data(i)
+        return self.loop.client_data(i)
 
     def run(self) -> Path:
         from ..utils.lock import folder_lock
@@ -292,9 +292,9 @@ class Trainer:
     def _model_payload(self, rnd: int) -> dict:
         """The checkpoint of round ``rnd`` (:mod:`flatfl.checkpoint`): the server model, the all-clients average,
         and what analysis needs to rebuild and evaluate them."""
-        self.rounds.load_into_model(self.theta, self.buffers)
+        self.loop.load_into_model(self.theta, self.buffers)
         server = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        self.rounds.load_into_model(self.rounds.all_clients_params(), self.buffers)
+        self.loop.load_into_model(self.loop.all_clients_params(), self.buffers)
         all_sd = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         return {
             "flatfl_version": __version__,
