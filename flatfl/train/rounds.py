@@ -90,7 +90,7 @@ class RoundState:
                    {k: v.unsqueeze(0).repeat(num_clients, *[1] * v.dim()) for k, v in buffers.items()},
                    parallel, parallel_reason)
 
-    def training_path(self) -> tuple[int, str]:
+    def clients_at_once(self) -> tuple[int, str]:
         """How the clients train: (clients at once, why)."""
         return self.parallel, self.parallel_reason
 
@@ -204,10 +204,10 @@ class RoundLoop:
         into the server model. Returns the round's metrics when it is evaluated (every ``eval_every`` rounds, the
         last, and those the observer wants; else None) and whether the clients' training path changed in it.
         ``Trainer.run`` calls it for each round. It writes no files."""
-        before = self.state.training_path()
+        before = self.state.clients_at_once()
         with computing_in(self.cfg.precision):
             row = self._round(r)
-        return RoundDone(row, self.state.training_path() != before)
+        return RoundDone(row, self.state.clients_at_once() != before)
 
     def _round(self, r: int) -> dict | None:
         cfg = self.cfg
