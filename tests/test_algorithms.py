@@ -353,7 +353,7 @@ def _contexts(model, global_params, x, y, client=0):
                 p.copy_(v)
         return m
 
-    rctx = RoundContext(0, 0.1, global_params, _build_model=build)
+    rctx = RoundContext(0, 0.1, global_params, build_model=build)
     cctx = ClientContext(client_id=client, round=rctx, x=x, y=y, num_samples=len(y), weight=1.0,
                          label_counts=torch.bincount(y, minlength=C), steps=1, lr=0.1,
                          generator=torch.Generator().manual_seed(0),

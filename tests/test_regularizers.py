@@ -41,7 +41,7 @@ def make_step(model, x, y, *, label_counts=None, teacher=None, num_classes=10, r
     (x, y), given with the leading client dimension: x (1, B, ...), y (1, B). The client's in-model random stream
     (Mixup's draws) is seeded with ``rng_seed``."""
     counts = label_counts if label_counts is not None else torch.bincount(y, minlength=num_classes)
-    rctx = RoundContext(0, 0.1, torch.zeros(1), _build_model=lambda: teacher)
+    rctx = RoundContext(0, 0.1, torch.zeros(1), build_model=lambda: teacher)
     cctx = ClientContext(client_id=0, round=rctx, x=x, y=y, num_samples=len(y), weight=1.0,
                          label_counts=counts, steps=1, lr=0.1, generator=torch.Generator().manual_seed(0),
                          rng_state=torch.Generator().manual_seed(rng_seed).get_state())

@@ -1,8 +1,8 @@
 """Building a run from its config, one step a function, in the order :class:`~flatfl.train.engine.Trainer` calls
 them (the order draws the run's random numbers in, so it is part of the run's numbers):
 
-1. :func:`check_observer`, :func:`prepare_process`: the process (device, float32 products, threads, the global
-   seeds);
+1. :func:`check_observer`, :func:`prepare_process`: the process (device and threads, once:
+   :func:`start_process`; float32 products, the global seeds);
 2. :func:`load_run_dataset`, :func:`run_partition`: the data and its split over the clients;
 3. :func:`build_network`: the network, seeded so that every run of a seed starts from the same weights, and checked
    against the data (:mod:`flatfl.train.network_checks`);
@@ -31,7 +31,7 @@ from .config import RunConfig
 from .network_checks import check_model_fits_data, check_no_batch_of_one, check_spec_rebuilds
 from .run_files import (CONFIG_FILE, CUSTOM_DATA_FILE, saved_factory, saved_partition, saved_run_info)
 
-__all__ = ["set_global_seed", "check_observer", "prepare_process", "load_run_dataset", "is_custom_dataset",
+__all__ = ["set_global_seed", "check_observer", "ProcessSetup", "start_process", "prepare_process", "load_run_dataset", "is_custom_dataset",
            "check_resumed_data", "run_partition", "build_network", "check_same_network", "Pieces", "resolve_pieces",
            "fit_network", "choose_parallel", "choose_graphs"]
 
@@ -49,24 +49,46 @@ def check_observer(cfg: RunConfig, observer) -> None:
                           "Trainer(..., observer=flatfl.analysis.tracking.curvature_observer(cfg))")
 
 
-def prepare_process(cfg: RunConfig) -> torch.device:
-    """Set the process up for the run and return its device: freed activation memory reused across steps
-    (:mod:`flatfl.utils.memory`), float32 products as recorded (never torch's default, :mod:`flatfl.utils.precision`),
-    the run's thread count (None: the process's setting, which the command line sets), and python's, numpy's and
-    torch's generators at the run's seed."""
+@dataclass(frozen=True)
+class ProcessSetup:
+    """How this process computes a run, as :func:`start_process` set it: the device (under torchrun this rank's,
+    the ranks joined) and torch's thread count."""
+    device: torch.device
+    threads: int
+
+
+def start_process(device: str, threads: int | None, *, set_threads: bool = True) -> ProcessSetup:
+    """Resolve ``device`` (one line naming the problem when it cannot be used), join the ranks under torchrun, and
+    set torch's threads to ``threads`` (None: the machine's default, :func:`flatfl.utils.threads.default_threads`;
+    ``set_threads=False``: left as the process has them). Once per run: ``flatfl train`` calls it before it makes
+    the run's folder (the ranks meet there) and hands the result to the Trainer."""
+    dev = distributed.join(resolve_device(device))  # under torchrun: the process group, this rank's device
+    if set_threads:
+        from ..utils.threads import apply_threads
+
+        return ProcessSetup(dev, apply_threads(threads))
+    return ProcessSetup(dev, torch.get_num_threads())
+
+
+def prepare_process(cfg: RunConfig, process: ProcessSetup | None = None) -> torch.device:
+    """Set the process up for the run and return its device: ``process`` (by default :func:`start_process` with
+    the config's device and thread count, None leaving torch's threads as the process has them, which the command
+    line sets), freed activation memory reused across steps (:mod:`flatfl.utils.memory`), float32 products as
+    recorded (never torch's default, :mod:`flatfl.utils.precision`), and python's, numpy's and torch's generators
+    at the run's seed."""
     from ..utils.memory import keep_freed_memory
     from ..utils.precision import set_float32_matmul
 
+    if process is not None and not isinstance(process, ProcessSetup):
+        raise ConfigError(f"Trainer(process=...) takes what flatfl.train.build.start_process returns, "
+                          f"not {type(process).__name__}")
     keep_freed_memory()
-    device = distributed.join(resolve_device(cfg.device))  # under torchrun: the process group, this rank's device
+    if process is None:
+        process = start_process(cfg.device, cfg.threads, set_threads=cfg.threads is not None)
     set_float32_matmul(cfg.float32_matmul)
-    if cfg.threads is not None:
-        from ..utils.threads import apply_threads
-
-        apply_threads(cfg.threads)
     torch.use_deterministic_algorithms(False)
     set_global_seed(cfg.seed)
-    return device
+    return process.device
 
 
 def load_run_dataset(cfg: RunConfig, run_dir: Path, resume: bool, dataset=None, test_dataset=None):

@@ -21,10 +21,13 @@ from torch import nn
 
 @dataclass
 class RoundContext:
+    """One round as algorithms and regularizers see it. ``build_model``: a function of no argument that returns
+    the frozen copy of the network the server sent (:attr:`global_model` calls it once, on first use; a round
+    whose pieces never ask for that copy never builds it). Without one, :attr:`global_model` is refused."""
     index: int  # 0-based index of this round
     lr: float
     global_params: torch.Tensor  # theta^t, flat
-    _build_model: Callable[[], nn.Module] = field(repr=False, default=None)
+    build_model: Callable[[], nn.Module] | None = field(repr=False, default=None)
     _global_model: nn.Module | None = field(repr=False, default=None)
 
     _trainable: nn.Module | None = field(repr=False, default=None)
@@ -33,7 +36,9 @@ class RoundContext:
     def global_model(self) -> nn.Module:
         """A frozen copy of the network the server sent this round (eval mode, no gradients)."""
         if self._global_model is None:
-            self._global_model = self._build_model()
+            if self.build_model is None:
+                raise TypeError("RoundContext(..., build_model=None): this round has no network to copy")
+            self._global_model = self.build_model()
         return self._global_model
 
     @property

@@ -29,13 +29,13 @@ from ..utils.provenance import settings_digest
 from ..version import __version__
 from .build import (check_observer, check_resumed_data, choose_graphs, choose_parallel, build_network, fit_network,
                     is_custom_dataset, load_run_dataset, prepare_process, resolve_pieces, run_partition,
-                    set_global_seed)
+                    set_global_seed, ProcessSetup)
 from .catalog import load_all
 from .config import RunConfig
 from .identity import run_settings
 from .network_checks import BATCH_NORMS
 from .resume import rng_state
-from .rounds import RoundLoop, client_seed, sample_clients
+from .rounds import RoundDone, RoundLoop, RoundState, client_seed, sample_clients
 from .run_files import (METRIC_COLUMNS, dataset_info, last_good_checkpoint, load_resume, read_run_config,
                         recover_final, save_round, save_run_data, update_training_path, write_metrics,
                         write_run_record)
@@ -45,12 +45,30 @@ __all__ = ["Trainer", "read_run_config", "sample_clients", "client_seed", "set_g
            "BATCH_NORMS"]
 
 
-class Trainer(RoundLoop):
-    """Builds a run from its config and runs (or resumes) it. ``run()`` returns the path of ``final.pt``."""
+def _state_field(name: str) -> property:
+    """The Trainer's read-only view of one field of its :class:`~flatfl.train.rounds.RoundState`."""
+    return property(lambda self: getattr(self.state, name), doc=f"``state.{name}`` (:class:`RoundState`)")
+
+
+class Trainer:
+    """Builds a run from its config and runs (or resumes) it. ``run()`` returns the path of ``final.pt``.
+
+    It holds its round loop (:attr:`loop`, a :class:`~flatfl.train.rounds.RoundLoop`) and the state they change
+    (:attr:`state`, a :class:`~flatfl.train.rounds.RoundState`: the server model, every client's latest model, how
+    many clients train at once); ``theta``, ``buffers``, ``latest``, ``latest_buffers``, ``parallel`` and
+    ``parallel_reason`` read that state."""
+
+    theta = _state_field("theta")
+    buffers = _state_field("buffers")
+    latest = _state_field("latest")
+    latest_buffers = _state_field("latest_buffers")
+    parallel = _state_field("parallel")
+    parallel_reason = _state_field("parallel_reason")
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, quiet: bool = False,
                  log: Callable[[str], None] | None = None, dataset=None, model: torch.nn.Module | None = None,
-                 test_dataset=None, model_factory: str | None = None, observer=None):
+                 test_dataset=None, model_factory: str | None = None, observer=None,
+                 process: ProcessSetup | None = None):
         """``observer``: what else to measure on some rounds, e.g. the curvature (``--track-hessian K``, made by
         :func:`flatfl.analysis.tracking.curvature_observer`; the engine knows nothing of Hessians). It has ``columns``
         (extra metrics.csv columns), ``settings`` (recorded in config.json), ``wants(round, rounds)`` (the round is
@@ -69,12 +87,17 @@ class Trainer(RoundLoop):
           it from weights alone. Given ``model_factory`` alone, the network is built right after
           ``torch.manual_seed(cfg.seed)``, as the built-in models are: its initial weights follow the run's seed
           (X and X+MAN of one seed start alike). A ``model`` passed in keeps the weights it was built with: call
-          ``torch.manual_seed(seed)`` before building it for a repeatable run."""
+          ``torch.manual_seed(seed)`` before building it for a repeatable run.
+
+        ``process``: the device and thread count the caller already set this process up with
+        (:func:`flatfl.train.build.start_process`; ``flatfl train`` does so before it makes the run's folder). By
+        default the Trainer resolves ``cfg.device`` itself and sets torch's threads to ``cfg.threads`` when the
+        config gives a count (else leaves them as the process has them)."""
         load_all()
         check_observer(cfg, observer)
         self.cfg, self.observer, self.run_dir, self.quiet = cfg, observer, Path(run_dir), quiet
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-        self.device = prepare_process(cfg)
+        self.device = prepare_process(cfg, process)
         notice = gpu_precision_notice(cfg.precision, self.device)
         if notice and not quiet:
             self.log(notice)
@@ -82,7 +105,7 @@ class Trainer(RoundLoop):
             self._load_data(resume, dataset, test_dataset)
             self._build_model(resume, model, model_factory)
             self._attach_pieces()
-            self._start_state()
+            self._start_rounds()
             if resume:
                 self._resume()
 
@@ -124,38 +147,50 @@ class Trainer(RoundLoop):
         self.algo.attach(self.model)
         self.reg.attach(self.model)
 
-    def _start_state(self) -> None:
-        """Round 0: the server and every client at the network as built, how many clients train at once and
-        whether their steps replay as CUDA graphs, no metrics yet, the data caches."""
-        self.init_round_state()
-        self.parallel, self.parallel_reason = choose_parallel(self.cfg, self.device, self.partition.num_clients,
-                                                              self.reg, self.model, log=self.log, quiet=self.quiet)
+    def _start_rounds(self) -> None:
+        """Round 0: how many clients train at once and whether their steps replay as CUDA graphs, the server and
+        every client at the network as built, no metrics yet; the round loop over them."""
+        n = self.partition.num_clients
+        parallel, why = choose_parallel(self.cfg, self.device, n, self.reg, self.model, log=self.log, quiet=self.quiet)
         self.graphs = choose_graphs(self.cfg, self.device, self.augment, self.log)
+        self.state = RoundState.at_start(self.model, self.layout, n, parallel, why)
         self.metrics: list[dict] = []
         self.start_round, self.elapsed, self.observer_seconds = 0, 0.0, 0.0
-        self.init_data_caches()
+        self.loop = RoundLoop(self.cfg, self.state, device=self.device, ds=self.ds, partition=self.partition,
+                              label_counts=self.label_counts, augment=self.augment, model=self.model,
+                              layout=self.layout, algo=self.algo, reg=self.reg, opt_cls=self.opt_cls,
+                              opt_hp=self.opt_hp, graphs=self.graphs, observer=self.observer, log=self.log)
 
     def _resume(self) -> None:
         """The state resume.pt holds (none when the run was killed before its first checkpoint)."""
         st = load_resume(self.run_dir, self.cfg.to_dict(), self.layout.dim)
         if st is None:
             return
-        dev = self.device
-        self.theta = st["theta"].to(dev)
-        self.buffers = {k: v.to(dev) for k, v in st["buffers"].items()}
-        self.latest = st["latest"].to(dev)
-        self.latest_buffers = {k: v.to(dev) for k, v in st["latest_buffers"].items()}
+        dev, state = self.device, self.state
+        state.theta = st["theta"].to(dev)
+        state.buffers = {k: v.to(dev) for k, v in st["buffers"].items()}
+        state.latest = st["latest"].to(dev)
+        state.latest_buffers = {k: v.to(dev) for k, v in st["latest_buffers"].items()}
         self.algo.load_state_dict(st["algorithm"])
         self.metrics = list(st["metrics"])
         self.elapsed = float(st.get("elapsed", 0.0))
         self.observer_seconds = float(st.get("observer_seconds", 0.0))
         self.start_round = int(st["round"])
 
-    # ----- the loop -----
-    def run_round(self, r: int) -> dict | None:
-        """Round ``r`` (:meth:`RoundLoop.run_round`), its new tensors in the run's floating type."""
-        with computing_in(self.cfg.precision):
-            return super().run_round(r)
+    # ----- the loop (flatfl.train.rounds) -----
+    def run_round(self, r: int) -> RoundDone:
+        """Round ``r`` (:meth:`RoundLoop.run_round`): its metrics row (``.row``, None when the round is not
+        evaluated) and whether the clients' training path changed in it (``.path_changed``). ``run()`` calls it for
+        each round and writes what it returns; benchmarks time it. It writes no files."""
+        return self.loop.run_round(r)
+
+    def working_network(self, n: int):
+        """The network a cohort of ``n`` clients trains and its layout (:meth:`RoundLoop.working_network`)."""
+        return self.loop.working_network(n)
+
+    def client_data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Client ``i``'s training data on the run's device (:meth:`RoundLoop.client_data`)."""
+        return self.loop.client_data(i)
 
     def run(self) -> Path:
         from ..utils.lock import folder_lock
@@ -174,7 +209,6 @@ class Trainer(RoundLoop):
             return self.run_dir / FINAL_FILE
         if distributed.is_main():  # under torchrun rank 0 alone writes the run's files
             self._write_run_files()
-        self.training_path_changed = False  # config.json records the path as it is now
         from tqdm.auto import tqdm
 
         bar = tqdm(range(self.start_round, cfg.rounds), initial=self.start_round, total=cfg.rounds, unit="round",
@@ -183,15 +217,15 @@ class Trainer(RoundLoop):
         for r in bar:
             t0 = time.perf_counter()
             try:
-                row = self.run_round(r)
+                done = self.run_round(r)
             except DivergenceError as e:
                 bar.close()
                 good = last_good_checkpoint(self.run_dir)
                 raise DivergenceError(f"{e}; stopped. Last good checkpoint: {good}") from None
             self.elapsed += time.perf_counter() - t0
-            if self.training_path_changed and distributed.is_main():  # clients no longer train together
+            if done.path_changed and distributed.is_main():  # clients no longer train together
                 update_training_path(self.run_dir, self.training_path(), start_round=self.start_round, from_round=r + 1)
-                self.training_path_changed = False
+            row = done.row
             if row is not None:
                 self._record_row(r, row)
                 bar.set_postfix(acc=f"{row['test_acc']:.3f}", loss=f"{row['train_loss']:.3f}")
@@ -258,9 +292,9 @@ class Trainer(RoundLoop):
     def _model_payload(self, rnd: int) -> dict:
         """The checkpoint of round ``rnd`` (:mod:`flatfl.checkpoint`): the server model, the all-clients average,
         and what analysis needs to rebuild and evaluate them."""
-        self.load_into_model(self.theta, self.buffers)
+        self.loop.load_into_model(self.theta, self.buffers)
         server = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        self.load_into_model(self.all_clients_params(), self.buffers)
+        self.loop.load_into_model(self.loop.all_clients_params(), self.buffers)
         all_sd = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         return {
             "flatfl_version": __version__,

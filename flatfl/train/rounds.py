@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -19,7 +20,8 @@ import torch
 from ..data.partition import Partition
 from ..errors import DivergenceError
 from ..models.functional_stack import StackingRefused
-from ..models.params import ParamLayout
+from ..models.params import ParamLayout, float_buffers
+from ..utils.precision import computing_in
 from .algorithms.base import Algorithm, weighted_mean
 from .config import FLOAT32_MAX, RunConfig
 from .context import ClientContext, Cohort, RoundContext, client_rng, frozen_copy
@@ -28,7 +30,7 @@ from .local import train_cohort
 from .over_ranks import exchange, my_share
 from .regularizers.base import Regularizer
 
-__all__ = ["CACHE_LIMIT_BYTES", "sample_clients", "client_seed", "RoundLoop"]
+__all__ = ["CACHE_LIMIT_BYTES", "sample_clients", "client_seed", "RoundState", "RoundDone", "RoundLoop"]
 
 CACHE_LIMIT_BYTES = 1 << 30  # normalised copies of a split are kept in memory below this size
 
@@ -66,49 +68,61 @@ def _overflow_is_divergence(r: int):
                               f"({' '.join(str(e).split())[:120]})") from None
 
 
-class RoundLoop:
-    """The rounds of a built run. What a round reads and changes is declared below; the subclass
-    (:class:`~flatfl.train.engine.Trainer`) sets every attribute before the first round."""
-
-    # the run (read only)
-    cfg: RunConfig
-    device: torch.device
-    ds: object  # flatfl.data.ImageDataset
-    partition: Partition
-    label_counts: torch.Tensor  # (clients, classes)
-    augment: bool
-    log: Callable[[str], None]
-    model: torch.nn.Module  # the plain network, which the server model is loaded into for evaluation
-    layout: ParamLayout
-    algo: Algorithm
-    reg: Regularizer
-    opt_cls: type
-    opt_hp: dict
-    graphs: bool
-    observer: object  # or None (see Trainer)
-    # the state a round changes
+@dataclass
+class RoundState:
+    """What the rounds change, in one object: the :class:`~flatfl.train.engine.Trainer` holds it and saves it
+    (checkpoints, resume.pt), restores it (``--resume``) and records how its clients trained (config.json's
+    training path); its :class:`RoundLoop` updates it, round after round."""
     theta: torch.Tensor  # the server model's parameters (dim,)
-    buffers: dict  # its float buffers (BatchNorm statistics)
+    buffers: dict[str, torch.Tensor]  # its float buffers (BatchNorm statistics)
     latest: torch.Tensor  # each client's most recent local model (clients, dim)
-    latest_buffers: dict  # and its buffers, each (clients, ...)
-    parallel: int  # clients trained at once (halved when they do not fit in GPU memory)
+    latest_buffers: dict[str, torch.Tensor]  # and its buffers, each (clients, ...)
+    parallel: int  # clients trained at once (halved when they do not fit in GPU memory, 1 when they cannot stack)
+    parallel_reason: str  # why (config.json's clients_at_once_why)
 
-    def init_round_state(self) -> None:
-        """The server model from the network as built and every client's latest model at it (before the cohort
-        size is chosen: :attr:`parallel`)."""
-        from ..models.params import float_buffers
+    @classmethod
+    def at_start(cls, model: torch.nn.Module, layout: ParamLayout, num_clients: int, parallel: int,
+                 parallel_reason: str) -> RoundState:
+        """Round 0: the server model from the network as built and every client's latest model at it."""
+        theta = layout.get()
+        buffers = {k: v.detach().clone() for k, v in float_buffers(model).items()}
+        return cls(theta, buffers, theta.unsqueeze(0).repeat(num_clients, 1),
+                   {k: v.unsqueeze(0).repeat(num_clients, *[1] * v.dim()) for k, v in buffers.items()},
+                   parallel, parallel_reason)
 
-        n = self.partition.num_clients
-        self.theta = self.layout.get()
-        self.buffers = {k: v.detach().clone() for k, v in float_buffers(self.model).items()}
-        self.latest = self.theta.unsqueeze(0).repeat(n, 1)
-        self.latest_buffers = {k: v.unsqueeze(0).repeat(n, *[1] * v.dim()) for k, v in self.buffers.items()}
+    def clients_at_once(self) -> tuple[int, str]:
+        """How the clients train: (clients at once, why)."""
+        return self.parallel, self.parallel_reason
+
+
+@dataclass
+class RoundDone:
+    """What :meth:`RoundLoop.run_round` returns: the round's metrics row (None when the round is not evaluated)
+    and whether its clients stopped training together during it (out of GPU memory, or a network that could not be
+    stacked after all): the run's training path changed, and config.json is to record it."""
+    row: dict | None
+    path_changed: bool
+
+
+class RoundLoop:
+    """The rounds of a built run: the run's parts, given once, read only; :attr:`state` (a :class:`RoundState`),
+    which every round changes. :class:`~flatfl.train.engine.Trainer` builds the parts and holds the loop."""
+
+    def __init__(self, cfg: RunConfig, state: RoundState, *, device: torch.device, ds, partition: Partition,
+                 label_counts: torch.Tensor, augment: bool, model: torch.nn.Module, layout: ParamLayout,
+                 algo: Algorithm, reg: Regularizer, opt_cls: type, opt_hp: dict, graphs: bool, observer,
+                 log: Callable[[str], None]):
+        """``ds``: the run's :class:`~flatfl.data.ImageDataset`; ``label_counts``: (clients, classes); ``model``:
+        the plain network, which the server model is loaded into for evaluation; ``observer``: see
+        :class:`~flatfl.train.engine.Trainer` (or None; its ``wants`` makes a round evaluated). Normalised copies of
+        the splits are kept on the device (up to :data:`CACHE_LIMIT_BYTES` each), and a network that only
+        torch.func stacks is tried stacked once, here."""
+        self.cfg, self.state, self.device, self.ds, self.partition = cfg, state, device, ds, partition
+        self.label_counts, self.augment, self.model, self.layout = label_counts, augment, model, layout
+        self.algo, self.reg, self.opt_cls, self.opt_hp = algo, reg, opt_cls, opt_hp
+        self.graphs, self.observer, self.log = graphs, observer, log
         self._networks: dict[int, tuple] = {}
         self._noticed = False
-        self.training_path_changed = False  # clients stopped training together mid-run (Trainer records it)
-
-    def init_data_caches(self) -> None:
-        """Normalised copies of the splits on the device, for splits of up to :data:`CACHE_LIMIT_BYTES`."""
         self._train_cache = self._maybe_cache(self.ds.train_x)
         self._test_cache = self._maybe_cache(self.ds.test_x)
         self._probe_stacking()
@@ -119,7 +133,7 @@ class RoundLoop:
         run trains one client at a time, said in one line."""
         from ..models.stacking import probe_stacking, stacking_path
 
-        if self.parallel > 1 and stacking_path(self.model) == "torch.func":
+        if self.state.parallel > 1 and stacking_path(self.model) == "torch.func":
             x = self._as_model_dtype(self.ds.normalize(self.ds.train_x[:4].to(self.device)))
             why = probe_stacking(self.model, x)
             if why is not None:
@@ -129,9 +143,8 @@ class RoundLoop:
         """One client at a time from now on, said in one line: the model cannot be stacked (``why``)."""
         self.log(f"--parallel-clients {self.cfg.parallel_clients or 'all'}: training one client at a time (the "
                  f"model cannot be stacked: {why})")
-        self.parallel, self.parallel_reason = 1, f"the model cannot be stacked: {why}"
+        self.state.parallel, self.state.parallel_reason = 1, f"the model cannot be stacked: {why}"
         self._networks = {k: v for k, v in self._networks.items() if k == 1}
-        self.training_path_changed = True
 
     # ----- data -----
     def _maybe_cache(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -141,7 +154,7 @@ class RoundLoop:
 
     def _as_model_dtype(self, x: torch.Tensor) -> torch.Tensor:
         """Inputs in the floating type of the model's parameters (float32; float64 for a float64 model)."""
-        dtype = self.theta.dtype
+        dtype = self.state.theta.dtype
         return x if x.dtype == dtype else x.to(dtype)
 
     def client_data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,7 +186,7 @@ class RoundLoop:
         def build():
             m = copy.deepcopy(self.model)
             ParamLayout(m).set(theta)
-            for k, v in self.buffers.items():
+            for k, v in self.state.buffers.items():
                 m.get_buffer(k).copy_(v)
             return frozen_copy(m)
 
@@ -182,14 +195,21 @@ class RoundLoop:
     def all_clients_params(self) -> torch.Tensor:
         """The average of all clients' latest models ("all" in docs/update-rules.md section 0)."""
         if type(self.algo).all_model_weighting == "uniform":
-            return self.latest.mean(0)
-        return weighted_mean(list(self.latest), self.partition.sizes)
+            return self.state.latest.mean(0)
+        return weighted_mean(list(self.state.latest), self.partition.sizes)
 
     # ----- a round -----
-    def run_round(self, r: int) -> dict | None:
-        """Round ``r`` (0-based): sample clients, train them, aggregate into the server model; returns the round's
-        metrics when it is evaluated (every ``eval_every`` rounds, the last, and those the observer wants), else
-        None. ``Trainer.run`` calls it for each round; benchmarks time it. It writes no files."""
+    def run_round(self, r: int) -> RoundDone:
+        """Round ``r`` (0-based), its new tensors in the run's floating type: sample clients, train them, aggregate
+        into the server model. Returns the round's metrics when it is evaluated (every ``eval_every`` rounds, the
+        last, and those the observer wants; else None) and whether the clients' training path changed in it.
+        ``Trainer.run`` calls it for each round. It writes no files."""
+        before = self.state.clients_at_once()
+        with computing_in(self.cfg.precision):
+            row = self._round(r)
+        return RoundDone(row, self.state.clients_at_once() != before)
+
+    def _round(self, r: int) -> dict | None:
         cfg = self.cfg
         try:
             lr = cfg.lr * cfg.lr_decay ** r
@@ -199,7 +219,7 @@ class RoundLoop:
             raise DivergenceError(f"the run diverged in round {r + 1}: the learning rate --lr {cfg.lr:g} x --lr-decay "
                                   f"{cfg.lr_decay:g}^{r} is beyond the float32 range")
         participants = sample_clients(cfg.seed, r, self.partition.num_clients, cfg.participation, cfg.sampling)
-        rctx = RoundContext(r, lr, self.theta, _build_model=self._frozen_global(self.theta))
+        rctx = RoundContext(r, lr, self.state.theta, build_model=self._frozen_global(self.state.theta))
         self.algo.round_start(rctx)
         augment = self._augment_fn()
         results, client_buffers = [], []
@@ -207,7 +227,7 @@ class RoundLoop:
         state_keys = set(self.algo.clients)
         pending = list(share)
         while pending:
-            ids, pending = pending[:self.parallel], pending[self.parallel:]
+            ids, pending = pending[:self.state.parallel], pending[self.state.parallel:]
             saved = self._client_state_rows(ids) if len(ids) > 1 else {}
             try:
                 with _overflow_is_divergence(r):
@@ -227,17 +247,17 @@ class RoundLoop:
             results += cohort_results
             client_buffers += cohort_buffers
         results, client_buffers = exchange(share, results, client_buffers, clients_state=self.algo.clients,
-                                           latest=self.latest, latest_buffers=self.latest_buffers,
+                                           latest=self.state.latest, latest_buffers=self.state.latest_buffers,
                                            created=set(self.algo.clients) - state_keys)
         with _overflow_is_divergence(r):
             theta = self.algo.aggregate(rctx, results)
         if not torch.isfinite(theta).all():
             raise DivergenceError(f"the server model became non-finite in round {r + 1}")
-        self.theta = theta
-        if self.buffers:
+        self.state.theta = theta
+        if self.state.buffers:
             sizes = [res.num_samples for res in results]
-            self.buffers = {k: weighted_mean([b[k].reshape(-1) for b in client_buffers], sizes).view_as(v)
-                            for k, v in self.buffers.items()}  # a buffer of any shape (a user's (C, 1, 1) gain)
+            self.state.buffers = {k: weighted_mean([b[k].reshape(-1) for b in client_buffers], sizes).view_as(v)
+                                  for k, v in self.state.buffers.items()}  # any shape (a user's (C, 1, 1) gain)
         if (r + 1) % cfg.eval_every != 0 and r + 1 != cfg.rounds and \
                 not (self.observer is not None and self.observer.wants(r + 1, cfg.rounds)):
             return None
@@ -268,11 +288,11 @@ class RoundLoop:
     def _halve_parallel(self, tried: int) -> None:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.parallel = max(1, tried // 2)
-        self.parallel_reason = f"{tried} clients at once did not fit in GPU memory"
+        self.state.parallel = max(1, tried // 2)
+        self.state.parallel_reason = f"{tried} clients at once did not fit in GPU memory"
         self._networks.clear()
-        self.training_path_changed = True
-        self.log(f"--parallel-clients: {tried} clients did not fit in GPU memory; training {self.parallel} at once")
+        self.log(f"--parallel-clients: {tried} clients did not fit in GPU memory; training {self.state.parallel} at "
+                 "once")
 
     def working_network(self, n: int):
         """The working network for a cohort of ``n`` clients (the model itself for one, else ``n`` stacked copies
@@ -313,7 +333,7 @@ class RoundLoop:
             torch.set_rng_state(contexts[0].rng_state)
         network, layout = self.working_network(len(ids))
         layout.set(torch.stack(starts))
-        layout.set_buffers(self.buffers)
+        layout.set_buffers(self.state.buffers)
         cohort = Cohort(contexts, rctx, network, layout, lr)
         self.algo.start_cohort(cohort)
         self.reg.start_cohort(cohort)
@@ -332,10 +352,10 @@ class RoundLoop:
             i = cctx.client_id
             params = new[k].clone()
             results.append(self.algo.client_end(cctx, params, float(losses[k])))
-            self.latest[i] = params
-            bufs = {name: b[k].view_as(self.buffers[name]).clone() for name, b in buffers.items()}
+            self.state.latest[i] = params
+            bufs = {name: b[k].view_as(self.state.buffers[name]).clone() for name, b in buffers.items()}
             for name, v in bufs.items():
-                self.latest_buffers[name][i] = v
+                self.state.latest_buffers[name][i] = v
             client_buffers.append(bufs)
         return results, client_buffers
 
@@ -349,10 +369,10 @@ class RoundLoop:
         test_x = self._test_cache if self._test_cache is not None else ds.test_x
         train_x = self._train_cache if self._train_cache is not None else ds.train_x
         tnorm = None if self._train_cache is not None else ds.normalize
-        self.load_into_model(self.theta, self.buffers)
+        self.load_into_model(self.state.theta, self.state.buffers)
         test_loss, test_acc = evaluate(self.model, test_x, ds.test_y, cfg.eval_batch_size, norm)
         train_loss, train_acc = evaluate(self.model, train_x, ds.train_y, cfg.eval_batch_size, tnorm)
-        self.load_into_model(self.all_clients_params(), self.buffers)
+        self.load_into_model(self.all_clients_params(), self.state.buffers)
         all_loss, all_acc = evaluate(self.model, test_x, ds.test_y, cfg.eval_batch_size, norm)
         return {"round": r + 1, "lr": lr, "clients": n_clients, "local_loss": local_loss,
                 "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,

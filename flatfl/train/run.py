@@ -8,8 +8,8 @@ from pathlib import Path
 from .config import build_config, read_config_file
 from ..errors import ConfigError
 from ..utils import distributed
-from ..utils.device import resolve_device
 from ..utils.lock import LOCK_NAME, folder_lock
+from .build import start_process
 from .engine import Trainer
 from .run_files import read_run_config
 
@@ -32,8 +32,6 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
     line passes :func:`flatfl.analysis.tracking.curvature_observer`."""
     opts = dict(opts or {})
     observer_for = observer_for or (lambda cfg: None)
-    from ..utils.threads import apply_threads
-
     if resume_dir is not None:
         given = sorted(f"--{k.replace('_', '-')}" for k, v in opts.items() if v is not None and k not in RESUME_FLAGS)
         given = (["--config"] if config_file else []) + (["--force"] if force else []) + given
@@ -41,9 +39,10 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
             raise ConfigError(f"--resume continues {resume_dir} with the settings it started with; {', '.join(given)} "
                               "would be ignored: leave them out (or start a new run with another --out)")
         cfg = read_run_config(resume_dir)
-        apply_threads(opts.get("threads") if opts.get("threads") is not None else cfg.threads)
+        # the device and threads once, for the Trainer too: --threads given here wins over the run's recorded count
+        process = start_process(cfg.device, opts.get("threads") if opts.get("threads") is not None else cfg.threads)
         with _resume_hint(Path(resume_dir)), folder_lock(resume_dir):
-            trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet, observer=observer_for(cfg))
+            trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet, observer=observer_for(cfg), process=process)
             return trainer.run()
     from .catalog import all_hparams
 
@@ -54,9 +53,8 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
         cli["params"] = params
     file_settings = read_config_file(config_file) if config_file else {}
     cfg = build_config(file_settings, cli)
-    # before any folder is made or data read; under torchrun the ranks meet here
-    distributed.join(resolve_device(cfg.device))
-    apply_threads(cfg.threads)
+    # the device and threads once, before any folder is made or data read; under torchrun the ranks meet here
+    process = start_process(cfg.device, cfg.threads)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     cfg.out = str(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -64,7 +62,7 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
     with folder_lock(run_dir):  # rank 0's alone, which checks (and with --force empties) the folder
         distributed.on_main(lambda: _fresh_run_dir(run_dir, force))
         with _resume_hint(run_dir):
-            return Trainer(cfg, run_dir, quiet=quiet, observer=observer_for(cfg)).run()
+            return Trainer(cfg, run_dir, quiet=quiet, observer=observer_for(cfg), process=process).run()
 
 
 def _fresh_run_dir(run_dir: Path, force: bool) -> None:
