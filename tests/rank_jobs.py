@@ -48,7 +48,7 @@ def estimator_results() -> dict:
     from flatfl.analysis.operator import HessianOperator
     from flatfl.analysis.per_layer import per_layer_curvature
     from flatfl.utils import distributed
-    from flatfl.utils.hessian_settings import estimator_names
+    from flatfl.analysis.registry import estimator_names
 
     distributed.join(torch.device("cpu"))
     model, batches = problem()

@@ -16,9 +16,10 @@ from flatfl.analysis.surface_run import run_surface
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 from flatfl.sweep import read_grid
-from flatfl.utils.client_metrics_settings import ClientMetricsSettings
-from flatfl.utils.hessian_settings import EIGEN_ESTIMATORS, TRACE_ESTIMATORS, HessianSettings
-from flatfl.utils.surface_settings import SurfaceSettings
+from flatfl.analysis.client_metrics_settings import ClientMetricsSettings
+from flatfl.analysis.registry import EIGEN_ESTIMATORS, TRACE_ESTIMATORS
+from flatfl.analysis.hessian_settings import HessianSettings
+from flatfl.analysis.surface_settings import SurfaceSettings
 
 # the documented defaults (--help before the settings were gathered): written out, not derived
 CLIENTS = {"protocol": "default", "probes": 100, "groups": 10, "samples": None, "batch_size": None, "seed": 0,
@@ -30,8 +31,9 @@ SURFACE = {"directions": "random", "grid": 21, "range": 1.0, "samples": None, "w
 GRID = '[fixed]\nmodel = "tiny"\nclients = 4\nrounds = 1\nlocal_epochs = 1\nsave_clients = true\n[grid]\nalgo = ["fedavg"]\n'
 
 
-def keyword_defaults(fn, skip=("checkpoint", "out", "quiet", "replace")) -> dict:
-    return {n: p.default for n, p in inspect.signature(fn).parameters.items() if n not in skip}
+def settings_default(fn):
+    """The settings object ``fn`` computes with when none is given (its ``settings`` parameter's default)."""
+    return inspect.signature(fn).parameters["settings"].default
 
 
 @pytest.mark.parametrize("cls, expected", [(ClientMetricsSettings, CLIENTS), (SurfaceSettings, SURFACE)])
@@ -45,21 +47,21 @@ def test_the_defaults_did_not_change_and_are_frozen(cls, expected):
     ("hessian-clients", "flatfl.analysis.clients_run.run_client_metrics", CLIENTS),
     ("surface", "flatfl.analysis.surface_run.run_surface", SURFACE)])
 def test_cli_defaults_equal_the_dataclass(received_settings, command, function, expected):
-    """What the command passes on when no option is given: the documented defaults (save_every is no option)."""
-    received = received_settings(command, function)
-    assert received == {k: v for k, v in expected.items() if k != "save_every"}
+    """What the command passes on when no option is given: the documented defaults (save_every is no option: its
+    default)."""
+    assert received_settings(command, function) == expected
 
 
 def test_surface_flags_given_reach_the_function(received_settings):
     received = received_settings("surface", "flatfl.analysis.surface_run.run_surface", "--include-bn-bias", "--force",
                                  "--range", "0.5")
-    assert received == {k: v for k, v in dict(SURFACE, include_bn_bias=True, force=True, range=0.5).items()
-                        if k != "save_every"}
+    assert received == dict(SURFACE, include_bn_bias=True, force=True, range=0.5)
 
 
 @pytest.mark.parametrize("fn, expected", [(run_client_metrics, CLIENTS), (run_surface, SURFACE)])
 def test_function_defaults_equal_the_dataclass(fn, expected):
-    assert keyword_defaults(fn) == expected
+    assert settings_default(fn).to_dict() == expected
+    assert list(inspect.signature(fn).parameters)[:3] == ["checkpoint", "out", "settings"]
 
 
 @pytest.mark.parametrize("section, cls, expected", [("clients", ClientMetricsSettings, CLIENTS),

@@ -14,7 +14,7 @@ from flatfl.analysis import EmpiricalFisherOperator, GGNOperator, HessianOperato
 from flatfl.analysis.estimators import estimate_eigenvalues, estimate_trace
 from flatfl.analysis.per_layer import per_layer_curvature
 from flatfl.errors import ConfigError
-from flatfl.utils.hessian_settings import estimator_names
+from flatfl.analysis.registry import estimator_names
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from flatfl.cli import main
 from flatfl.errors import ConfigError
-from flatfl.utils.hessian_settings import tracking_settings
+from flatfl.analysis.hessian_settings import tracking_settings
 
 TRAIN = ["train", "--dataset", "digits", "--model", "tiny", "--clients", "3", "--local-epochs", "1",
          "--batch-size", "64", "--eval-every", "3", "--quiet", "--threads", "1"]

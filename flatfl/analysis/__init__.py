@@ -57,7 +57,7 @@ Your own model, PyHessian's calls with the import changed (:mod:`flatfl.analysis
   :func:`smoothed_density` ``(nodes, weights) -> (grid, density)``.
 * :func:`estimate_eigenvalues` ``(op, method, k, ...)`` and :func:`estimate_trace` ``(op, method, ...)``: an
   estimator by name (:mod:`flatfl.analysis.estimators`); the registry of names, labels and defaults is
-  :mod:`flatfl.utils.hessian_settings`, where :func:`register_estimator` adds one from any package.
+  :mod:`flatfl.analysis.registry`, where :func:`register_estimator` adds one from any package.
 * :func:`cross_client_metrics` ``(operators, *, protocol="default", probes=100, groups=10, seed=0, ...) ->
   ClientMetrics`` and :func:`pairwise_metrics` ``(diagonals)``: H_N and H_D across clients
   (:mod:`flatfl.analysis.client_metrics`).
@@ -66,7 +66,9 @@ Your own model, PyHessian's calls with the import changed (:mod:`flatfl.analysis
   :mod:`flatfl.analysis.directions`; its files: :mod:`flatfl.analysis.surface_files`).
 
 The commands, each on the skeleton of :mod:`flatfl.analysis.command` (``--out`` checked, the device resolved,
-foreign files refused, the checkpoint loaded, a progress bar, the common header, an all-or-nothing write):
+foreign files refused, the checkpoint loaded, a progress bar, the common header, an all-or-nothing write), each
+``(checkpoint, out, settings, *, quiet)`` with one torch-free settings object (:mod:`flatfl.analysis.hessian_settings`,
+:mod:`flatfl.analysis.client_metrics_settings`, :mod:`flatfl.analysis.surface_settings`):
 :func:`flatfl.analysis.hessian_run.run_hessian` (``flatfl hessian``: hessian.json, eigenvalues.csv, figures;
 :func:`flatfl.analysis.hessian_run.load_eigenvectors` reads saved vectors),
 :func:`flatfl.analysis.clients_run.run_client_metrics` (``flatfl hessian-clients``: clients-<protocol>.json and a
@@ -77,21 +79,29 @@ heat map) and :func:`flatfl.analysis.surface_run.run_surface` (``flatfl surface`
 """
 from __future__ import annotations
 
-from .client_metrics import ClientMetrics, cross_client_metrics, pairwise_metrics
-from .curvatures import EmpiricalFisherOperator, GGNOperator, curvature_operator
-from .density import DensityResult, smoothed_density, spectral_density
-from ..utils.hessian_settings import Estimator, register_estimator
-from .batches import as_batches
-from .eigen import EigenResult, top_eigenvalues
-from .estimators import estimate_eigenvalues, estimate_trace
-from .linear_operator import CurvatureOperator, FunctionOperator, MatrixOperator, as_operator
-from .model_hessian import ModelHessian, hessian
-from .operator import HessianOperator
-from .per_layer import LayerCurvature, PerLayerResult, per_layer_curvature
-from .power import power_iteration
-from .second_order import SecondDerivativeError
-from .surface import SurfaceEvaluator, SurfaceResult, loss_surface
-from .trace import TraceResult, hutchinson_diagonal, hutchinson_trace, hutchpp_trace, pyhessian_trace
+import importlib
+
+#: each public name and the module that defines it: imported when the name is first asked for, so that importing a
+#: torch-free module of this package (the settings, the estimator registry) imports no torch
+_WHERE = {
+    "ClientMetrics": "client_metrics", "cross_client_metrics": "client_metrics", "pairwise_metrics": "client_metrics",
+    "EmpiricalFisherOperator": "curvatures", "GGNOperator": "curvatures", "curvature_operator": "curvatures",
+    "DensityResult": "density", "smoothed_density": "density", "spectral_density": "density",
+    "Estimator": "registry", "register_estimator": "registry",
+    "as_batches": "batches",
+    "EigenResult": "eigen", "top_eigenvalues": "eigen",
+    "estimate_eigenvalues": "estimators", "estimate_trace": "estimators",
+    "CurvatureOperator": "linear_operator", "FunctionOperator": "linear_operator", "MatrixOperator": "linear_operator",
+    "as_operator": "linear_operator",
+    "ModelHessian": "model_hessian", "hessian": "model_hessian",
+    "HessianOperator": "operator",
+    "LayerCurvature": "per_layer", "PerLayerResult": "per_layer", "per_layer_curvature": "per_layer",
+    "power_iteration": "power",
+    "SecondDerivativeError": "second_order",
+    "SurfaceEvaluator": "surface", "SurfaceResult": "surface", "loss_surface": "surface",
+    "TraceResult": "trace", "hutchinson_diagonal": "trace", "hutchinson_trace": "trace", "hutchpp_trace": "trace",
+    "pyhessian_trace": "trace",
+}
 
 __all__ = [
     "hessian",
@@ -131,3 +141,16 @@ __all__ = [
     "LayerCurvature",
     "SecondDerivativeError",
 ]
+
+
+def __getattr__(name: str):
+    """A public name, its module imported now (module ``__getattr__``, PEP 562); a submodule as usual."""
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,17 +1,17 @@
 """What ``flatfl hessian-clients`` does: a run saved with ``--save-clients`` in; ``clients-<protocol>.json`` and
 ``clients_heatmap-<protocol>.png/.pdf`` out (:mod:`flatfl.analysis.command`'s skeleton; the estimator:
 :func:`flatfl.analysis.client_metrics.cross_client_metrics`; settings:
-:class:`~flatfl.utils.client_metrics_settings.ClientMetricsSettings`; the file read back:
+:class:`~flatfl.analysis.client_metrics_settings.ClientMetricsSettings`; the file read back:
 :func:`flatfl.analysis.result_files.read_clients_file`)."""
 from __future__ import annotations
 
 from ..errors import CheckpointError, ConfigError
 from ..utils import distributed
-from ..utils.client_metrics_settings import ClientMetricsSettings
+from .client_metrics_settings import ClientMetricsSettings
 from ..utils.lock import locks_output
 from .client_metrics import FEDALIGN_BATCH, FEDALIGN_SAMPLES, cross_client_metrics
 from .distributed import spread
-from .command import AnalysisCommand, keyword_signature, progress_bar, versions, weights_digest
+from .command import AnalysisCommand, progress_bar, versions, weights_digest
 from .figures import clients_heatmap
 from .result_files import clients_file, read_clients_file, read_hessian_file
 
@@ -20,23 +20,22 @@ __all__ = ["run_client_metrics", "clients_file"]
 
 
 @locks_output
-def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = False, **settings) -> dict:
+def run_client_metrics(checkpoint, out, settings: ClientMetricsSettings = ClientMetricsSettings(), *,
+                       quiet: bool = False, replace: bool = False) -> dict:
     """What ``flatfl hessian-clients`` does: a run saved with ``--save-clients`` in; ``clients-<protocol>.json`` and
-    ``clients_heatmap-<protocol>.png/.pdf`` out (every file atomic; nothing written on bad input). ``settings``: the
-    fields of :class:`~flatfl.utils.client_metrics_settings.ClientMetricsSettings` (each defaults to its field).
+    ``clients_heatmap-<protocol>.png/.pdf`` out (every file atomic; nothing written on bad input). ``settings``: what
+    is computed and where (:class:`~flatfl.analysis.client_metrics_settings.ClientMetricsSettings`).
 
     Each protocol has files of its own, so the two protocols' results live side by side in one folder. Results of
     the same protocol with other settings (probes, groups, samples, batch size, seed, tol) already in ``out`` are
     never replaced silently: a :class:`ConfigError` names them, unless ``replace`` (a sweep re-running with its
     grid's new settings). An ``out/hessian.json`` of another checkpoint is refused as before."""
-    s = ClientMetricsSettings(**settings).validate()
-    protocol, probes, groups, samples, batch_size = s.protocol, s.probes, s.groups, s.samples, s.batch_size
-    seed, tol, device, data_dir, model_factory = s.seed, s.tol, s.device, s.data_dir, s.model_factory
-    heatmap = clients_file(protocol, "heatmap", s.curvature)
-    target_name = clients_file(protocol, curvature=s.curvature)
-    cmd = AnalysisCommand.open(checkpoint, out, device=device, outputs=[target_name, f"{heatmap}.png",
-                                                                        f"{heatmap}.pdf"],
-                               data_dir=data_dir, model_factory=model_factory, precision=s.precision)
+    s = settings.validate()
+    heatmap = clients_file(s.protocol, "heatmap", s.curvature)
+    target_name = clients_file(s.protocol, curvature=s.curvature)
+    cmd = AnalysisCommand.open(checkpoint, out, device=s.device, outputs=[target_name, f"{heatmap}.png",
+                                                                          f"{heatmap}.pdf"],
+                               data_dir=s.data_dir, model_factory=s.model_factory, precision=s.precision)
     out, ckpt = cmd.out, cmd.checkpoint
     _check_hessian_report(out / "hessian.json", ckpt)  # a folder of another checkpoint is refused
     target = out / target_name
@@ -48,52 +47,54 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
 
     from .curvatures import curvature_operator
 
-    if protocol == "default":
-        batch = batch_size or 256
+    if s.protocol == "default":
+        batch = s.batch_size or 256
         sizes = ckpt.partition.sizes
         clients = [k for k in range(num_clients) if sizes[k] > 0]
         if len(clients) < 2:
             raise CheckpointError(f"{ckpt.path}: fewer than 2 clients hold data")
         factories = [(lambda k=k: curvature_operator(s.curvature, ckpt.model,
-                                                     ckpt.client_batches(k, batch_size=batch, samples=samples,
-                                                                         seed=seed)))
+                                                     ckpt.client_batches(k, batch_size=batch, samples=s.samples,
+                                                                         seed=s.seed)))
                      for k in clients]
-        data = ("each client's own training data" + (f" ({samples} samples drawn once per client with seed {seed})"
-                                                      if samples else " (all of it)") + ", no augmentation")
+        data = ("each client's own training data"
+                + (f" ({s.samples} samples drawn once per client with seed {s.seed})" if s.samples else " (all of it)")
+                + ", no augmentation")
         model_used = "global (server) model"
         deviations = []
     else:
-        batch = batch_size or FEDALIGN_BATCH
-        count = samples or FEDALIGN_SAMPLES
+        batch = s.batch_size or FEDALIGN_BATCH
+        count = s.samples or FEDALIGN_SAMPLES
         clients = list(range(num_clients))
-        shared = ckpt.eval_batches("train", samples=count, batch_size=batch, seed=seed)
+        shared = ckpt.eval_batches("train", samples=count, batch_size=batch, seed=s.seed)
         factories = [(lambda k=k: curvature_operator(s.curvature, ckpt.client_model(k, state), shared))
                      for k in clients]
         data = (f"the global training set: {min(count, sum(len(y) for _, y in shared))} samples drawn once with "
-                f"seed {seed}, batches of {batch}, no augmentation")
+                f"seed {s.seed}, batches of {batch}, no augmentation")
         model_used = "each client's latest local model"
         deviations = ["FedAlign's loader applied training augmentation and reshuffled the training set for every "
                       "Hessian-vector product; here the samples are drawn once and not augmented (a fixed operator)",
                       "FedAlign's probes came from torch's global CUDA generator after set_random_seed(1); here "
-                      f"from a CPU torch.Generator seeded with {seed}, the same for every client as in FedAlign"]
+                      f"from a CPU torch.Generator seeded with {s.seed}, the same for every client as in FedAlign"]
 
-    settings = {"protocol": protocol, "probes": probes, "groups": groups, "samples": samples, "batch_size": batch,
-                "seed": seed, "tol": tol if protocol == "fedalign" else None, "device": str(cmd.device),
-                **({"precision": ckpt.precision} if ckpt.precision != "float32" else {})}  # float32: as always
+    record = {"protocol": s.protocol, "probes": s.probes, "groups": s.groups, "samples": s.samples,
+              "batch_size": batch, "seed": s.seed, "tol": s.tol if s.protocol == "fedalign" else None,
+              "device": str(cmd.device),
+              **({"precision": ckpt.precision} if ckpt.precision != "float32" else {})}  # float32: as always
     if s.curvature != "hessian":  # recorded when it is not the Hessian (the files of a Hessian are as they were)
-        settings["curvature"] = s.curvature
+        record["curvature"] = s.curvature
     digest = weights_digest(ckpt.model)
     if existing is not None:  # refused before any work
         if existing.get("weights_sha256") not in (None, digest):
             raise ConfigError(f"{target} holds results of other weights than {ckpt.path}; choose another --out")
-        changed = changed_settings(existing.get("settings"), settings)
+        changed = changed_settings(existing.get("settings"), record)
         if changed and not replace:
-            raise ConfigError(f"{target} holds {protocol}-protocol results made with {changed}; choose another "
+            raise ConfigError(f"{target} holds {s.protocol}-protocol results made with {changed}; choose another "
                               "--out (or delete that file) to keep both")
 
     with progress_bar(quiet, total=len(factories), desc="clients", unit="client") as bar:
-        metrics = cross_client_metrics(factories, protocol=protocol, probes=probes, groups=groups, seed=seed,
-                                       tol=tol, progress=lambda k: bar.update(1), spread=spread())
+        metrics = cross_client_metrics(factories, protocol=s.protocol, probes=s.probes, groups=s.groups,
+                                       seed=s.seed, tol=s.tol, progress=lambda k: bar.update(1), spread=spread())
 
     section = metrics.as_dict()
     section.update({
@@ -101,11 +102,11 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
         "model": model_used,
         "data": data,
         "mode": "eval",
-        "deviations_from_fedalign_code": deviations if protocol == "fedalign" else None,
-        "settings": settings,
+        "deviations_from_fedalign_code": deviations if s.protocol == "fedalign" else None,
+        "settings": record,
     })
-    on = (f"{samples} samples a client" if samples else "all of each client's data") if protocol == "default" \
-        else f"{min(count, sum(len(y) for _, y in shared))} shared training samples"
+    on = (f"{s.samples} samples a client" if s.samples else "all of each client's data") \
+        if s.protocol == "default" else f"{min(count, sum(len(y) for _, y in shared))} shared training samples"
     names = [f"{heatmap}.{fmt}" for fmt in ("pdf", "png")]
     report = dict(section, **cmd.header(digest=digest, network_key="network"), distributed=distributed.record(),
                   **versions(), files=names + [target.name])
@@ -113,9 +114,6 @@ def run_client_metrics(checkpoint, out, *, quiet: bool = False, replace: bool = 
         cmd.write({name: clients_heatmap(metrics, cmd.title, name.rsplit(".", 1)[1], data=on) for name in names},
                   target.name, report)
     return report
-
-
-keyword_signature(run_client_metrics, ClientMetricsSettings, tail=(("quiet", False), ("replace", False)))
 
 
 # settings that change no number: where it ran

@@ -141,19 +141,3 @@ def write_result(out: Path, files: Mapping[str, bytes | str], result_name: str, 
     payloads[out / result_name] = json_text(result)
     atomic_write_many(payloads)  # all or nothing: a full disk leaves the folder as it was
     return payloads
-
-
-def keyword_signature(fn, settings_cls, fields=None, head=("checkpoint", "out"), tail=()) -> None:
-    """Give ``fn`` (which takes ``**settings``) the signature that names each field of ``settings_cls`` (all, or
-    ``fields``) as a keyword with its default, after the positional ``head`` and before the keyword ``tail``
-    (``(name, default)`` pairs): ``help()`` and ``inspect.signature`` show the settings the call accepts."""
-    import dataclasses
-    import inspect
-
-    defaults = settings_cls()
-    names = fields if fields is not None else [f.name for f in dataclasses.fields(settings_cls)]
-    kw = inspect.Parameter.KEYWORD_ONLY
-    params = ([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in head]
-              + [inspect.Parameter(n, kw, default=getattr(defaults, n)) for n in names]
-              + [inspect.Parameter(n, kw, default=d) for n, d in tail])
-    fn.__signature__ = inspect.Signature(params, return_annotation=fn.__annotations__.get("return"))

@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from ..errors import ConfigError, unknown_name
-from ..utils.hessian_settings import CURVATURES
+from .hessian_settings import CURVATURES
 from .operator import HessianOperator
 from .products import ForwardOverReverse, LossTerms, ProductMethod, check_scalar
 from .second_order import needs_double_backward

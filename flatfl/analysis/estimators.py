@@ -1,7 +1,7 @@
-"""The Hessian estimators by name, from the registry of :mod:`flatfl.utils.hessian_settings` (one
-:class:`~flatfl.utils.hessian_settings.Estimator` per name: the command line's help and labels, the settings' checks,
+"""The Hessian estimators by name, from the registry of :mod:`flatfl.analysis.registry` (one
+:class:`~flatfl.analysis.registry.Estimator` per name: the command line's help and labels, the settings' checks,
 the figures and the dispatch here all read it). A new estimator is a function of its kind's shared signature plus
-one :func:`~flatfl.utils.hessian_settings.register_estimator` call, inside flatfl or in another package.
+one :func:`~flatfl.analysis.registry.register_estimator` call, inside flatfl or in another package.
 
 * :func:`eigen_estimator`, :func:`trace_estimator`: the function of a name (a ConfigError line for an unknown one);
 * :func:`estimate_eigenvalues`, :func:`estimate_trace`, :func:`estimate_density`: run one by name, with its
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError, FlatflError, raised_in
-from ..utils.hessian_settings import DEFAULT_DENSITY_METHOD, KINDS, Estimator, estimator
+from .registry import DEFAULT_DENSITY_METHOD, KINDS, Estimator, estimator
 from .density import DensityResult
 from .eigen import EigenResult, top_eigenvalues
 from .linear_operator import CurvatureOperator, as_operator

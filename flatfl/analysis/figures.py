@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..utils.hessian_settings import estimator_title
+from .registry import estimator_title
 from ..utils.plots import (COLORS, LEGEND_SIZE, NOTE_SIZE, TITLE_SIZE, context_title, draw_density,
                            draw_top_eigenvalues, finish, format_number, label_axes, new_figure, saved)
 

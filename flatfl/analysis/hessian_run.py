@@ -5,11 +5,11 @@
 * :func:`write_outputs` renders the figures in memory and only then writes every file atomically (one file at a
   time with :mod:`flatfl.utils.io`, ``hessian.json`` last): a failure while computing leaves no output at all.
 * :func:`run_hessian` validates the settings, loads the checkpoint and its evaluation set (the skeleton of
-  :mod:`flatfl.analysis.command`), and chains the two. One :class:`~flatfl.utils.hessian_settings.HessianSettings`
-  travels through them (:func:`hessian_command`, :func:`compute`; ``run_hessian`` and ``analyse`` take its fields
-  as keywords). The estimators are chosen by name from the registry (:mod:`flatfl.analysis.estimators`); the
-  figures are :func:`flatfl.analysis.figures.hessian_figures`; the file
-  is read back with :func:`flatfl.analysis.result_files.read_hessian_file`.
+  :mod:`flatfl.analysis.command`), and chains the two. One :class:`~flatfl.analysis.hessian_settings.HessianSettings`
+  travels through them: the command line (or a grid file, a preset, Python) builds it, :func:`run_hessian` takes it
+  whole, :func:`compute` reads it and :func:`settings_record` writes it into hessian.json. The estimators are chosen
+  by name from the registry (:mod:`flatfl.analysis.estimators`); the figures are
+  :func:`flatfl.analysis.figures.hessian_figures`; the file is read back with :func:`flatfl.analysis.result_files.read_hessian_file`.
 
 Outputs in ``--out DIR`` (the command line's default: the run's ``hessian`` folder,
 :func:`flatfl.cli.analysis_commands.default_out`): ``hessian.json`` (eigenvalues with residuals ``||Hv - lambda v||``, error estimates
@@ -38,23 +38,23 @@ import torch
 
 from ..checkpoint import load_tensors
 from ..errors import CheckpointError, ConfigError
-from ..utils.hessian_settings import DEFAULT_DENSITY_METHOD, HessianSettings
+from .registry import DEFAULT_DENSITY_METHOD
+from .hessian_settings import HessianSettings
 from ..utils import distributed
 from ..utils.io import json_safe
 from ..utils.lock import locks_output
 from .distributed import over_ranks
 from .per_layer import layer_sizes
 from .progress import PhasedProgress, phase_bounds
-from .command import (AnalysisCommand, check_out_folder, keyword_signature, progress_bar, versions, weights_digest,
-                      write_result)
+from .command import AnalysisCommand, check_out_folder, progress_bar, versions, weights_digest, write_result
 from .estimators import estimate_density, estimate_eigenvalues, estimate_trace
 from .figures import hessian_figures
 from .linear_operator import CurvatureOperator, as_operator
 from .curvatures import curvature_operator
 from .result_files import ResultFileError, read_hessian_file
 
-__all__ = ["run_hessian", "hessian_command", "analyse", "compute", "write_outputs", "load_eigenvectors",
-           "EigenvectorFile", "weights_digest", "settings_record", "eigenvalue_ratio", "ANALYSE_FIELDS"]
+__all__ = ["run_hessian", "compute", "write_outputs", "load_eigenvectors", "EigenvectorFile", "weights_digest",
+           "settings_record", "eigenvalue_ratio"]
 
 EIGENVECTOR_FORMAT = "flatfl-eigenvectors"
 OUTPUT_NAMES = ("eigenvalues.png", "eigenvalues.pdf", "density.png", "density.pdf", "eigenvalues.csv",
@@ -62,13 +62,11 @@ OUTPUT_NAMES = ("eigenvalues.png", "eigenvalues.pdf", "density.png", "density.pd
 
 
 # ---------------------------------------------------------------------------------------------- computing
-#: the settings :func:`compute` reads (the others say where the model and its data come from)
-ANALYSE_FIELDS = ("top", "method", "tol", "trace", "trace_method", "trace_hvps", "trace_rtol", "density",
-                  "density_steps", "density_starts", "seed", "exact_residuals", "per_layer", "per_layer_top")
-
-
-def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: bool = False, on_phase=None):
-    """Run the estimators ``settings`` ask for on ``op``; returns ``(report, eigen_result, density_result)``.
+def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings(), *, keep_vectors: bool = False,
+            on_phase=None):
+    """Run the estimators ``settings`` ask for on ``op`` (any operator: a user's model without a checkpoint too);
+    returns ``(report, eigen_result, density_result)``. Only what is computed is read of ``settings``: not where
+    the model and its data come from.
 
     The trace estimator is ``settings.resolved_trace_method`` (the eigenvalue method's own when none is given:
     power iteration runs PyHessian's whole protocol, docs/update-rules.md §21). Each estimator gets its own seed
@@ -77,7 +75,7 @@ def compute(op: CurvatureOperator, settings: HessianSettings, *, keep_vectors: b
     """
     phase = on_phase or (lambda name: None)
     op = as_operator(op, "the Hessian analysis")
-    s = settings
+    s = settings.validate()
     if s.top > op.dim:
         raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
     start = time.perf_counter()
@@ -139,18 +137,6 @@ def eigenvalue_ratio(values) -> dict | None:
     if len(values) < RATIO_K or values[RATIO_K - 1] == 0:
         return None
     return {"k": RATIO_K, "value": float(values[0]) / float(values[RATIO_K - 1])}
-
-
-def analyse(op: CurvatureOperator, *, keep_vectors: bool = False, **settings):
-    """:func:`compute` with the settings as keywords (those of :data:`ANALYSE_FIELDS`, defaults from
-    :class:`HessianSettings`); returns ``(report, eigen_result, density_result)``."""
-    unknown = sorted(set(settings) - set(ANALYSE_FIELDS))
-    if unknown:
-        raise TypeError(f"analyse() got an unexpected keyword argument {unknown[0]!r}")
-    return compute(op, HessianSettings(**settings), keep_vectors=keep_vectors)
-
-
-keyword_signature(analyse, HessianSettings, ANALYSE_FIELDS, head=("op",), tail=(("keep_vectors", False),))
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -294,8 +280,9 @@ def settings_record(s: HessianSettings, device, precision: str = "float32") -> d
 
 
 @locks_output
-def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool = False) -> dict:
-    """Load ``checkpoint``, compute what ``settings`` ask for, write it into ``out``; returns the report."""
+def run_hessian(checkpoint, out, settings: HessianSettings = HessianSettings(), *, quiet: bool = False) -> dict:
+    """What ``flatfl hessian`` does: load ``checkpoint``, compute what ``settings`` ask for, write it into ``out``;
+    returns the report."""
     s = settings.validate()
     loss = None
     if s.loss is not None:
@@ -342,11 +329,3 @@ def hessian_command(checkpoint, out, settings: HessianSettings, *, quiet: bool =
     if distributed.is_main():  # the other ranks computed the same numbers; rank 0 alone writes
         write_outputs(out, report, eig, dens, op, save_eigenvectors=s.save_eigenvectors, title=cmd.title)
     return report
-
-
-def run_hessian(checkpoint, out, *, quiet: bool = False, **settings) -> dict:
-    """:func:`hessian_command` with the :class:`HessianSettings` fields as keywords (each defaults to its field)."""
-    return hessian_command(checkpoint, out, HessianSettings(**settings), quiet=quiet)
-
-
-keyword_signature(run_hessian, HessianSettings, tail=(("quiet", False),))

@@ -52,7 +52,8 @@ import torch
 
 from ..errors import ConfigError
 from ..utils.atomic import atomic_write_bytes_unrecorded
-from ..utils.hessian_settings import DEFAULT_TRACE_METHOD, HessianSettings
+from .registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, estimator
+from .hessian_settings import HessianSettings
 from .density import DensityResult, spectral_density
 from .eigen import EigenResult
 from .estimators import estimate_eigenvalues, estimate_trace
@@ -67,9 +68,6 @@ __all__ = ["hessian", "ModelHessian", "DENSITY_FORMATS"]
 DEFAULTS = HessianSettings()
 #: what :meth:`ModelHessian.save_density` writes, by the file's suffix
 DENSITY_FORMATS = (".png", ".pdf", ".csv")
-#: the eigenvalue methods of :meth:`ModelHessian.eigenvalues` and the trace methods of :meth:`ModelHessian.trace`
-PYHESSIAN_EIGEN_METHODS = ("lanczos", "power")
-PYHESSIAN_TRACE_METHODS = ("hutchpp", "hutchinson", "pyhessian")
 
 
 def _check_cuda(cuda) -> None:
@@ -191,14 +189,14 @@ class ModelHessian:
 
     # ------------------------------------------------------------------ PyHessian's calls
     def eigenvalues(self, maxIter: int = 100, tol: float = 1e-3, top_n: int = 1, *,
-                    method: str = "lanczos") -> tuple[list[float], list[list[torch.Tensor]]]:
+                    method: str = DEFAULT_EIGEN_METHOD) -> tuple[list[float], list[list[torch.Tensor]]]:
         """PyHessian's ``eigenvalues``: ``(values, vectors)``, the ``top_n`` largest eigenvalues as floats and each
         one's eigenvector as a list of tensors shaped like :attr:`params`. ``method="lanczos"`` (default: largest
-        algebraic, descending, relative residual ``tol``) or ``"power"`` (PyHessian's power iteration, at most
-        ``maxIter`` products per eigenvalue, in the order found). The rich result: ``h.last``."""
-        if method not in PYHESSIAN_EIGEN_METHODS:
-            raise ConfigError(f"unknown eigenvalue method {method!r}; choose one of "
-                              f"{', '.join(PYHESSIAN_EIGEN_METHODS)}")
+        algebraic, descending, relative residual ``tol``), ``"power"`` (PyHessian's power iteration, at most
+        ``maxIter`` products per eigenvalue, in the order found) or any other registered eigenvalue method
+        (:mod:`flatfl.analysis.registry`; ``maxIter`` is PyHessian's power iteration's alone). The rich result:
+        ``h.last``."""
+        estimator("eigenvalues", method)  # an unknown name: the registry's one line, naming the registered ones
         if not isinstance(maxIter, (int, np.integer)) or isinstance(maxIter, bool) or maxIter < 1:
             raise ConfigError(f"maxIter must be a positive integer, got {maxIter!r}")
         _check_tol("tol", tol)
@@ -206,8 +204,7 @@ class ModelHessian:
             result = power_iteration(self.operator, top_n, max_iter=int(maxIter), tol=tol, seed=self.seed,
                                      return_vectors=True)
         else:
-            result = estimate_eigenvalues(self.operator, "lanczos", top_n, tol=tol, seed=self.seed,
-                                          return_vectors=True)
+            result = estimate_eigenvalues(self.operator, method, top_n, tol=tol, seed=self.seed, return_vectors=True)
         self._keep(result)
         vectors = [[t.detach().clone() for t in self.operator.unflatten(v).values()] for v in result.eigenvectors]
         return [float(v) for v in result.eigenvalues], vectors
@@ -217,9 +214,9 @@ class ModelHessian:
         most ``maxIter`` products. ``method="hutchpp"`` (default): Hutch++, stopped once its standard error is below
         ``tol`` of the estimate, each entry the sketch's exact trace plus one probe of the rest;
         ``"hutchinson"``: ``z^T H z`` probes with the same stopping rule; ``"pyhessian"``: PyHessian's loop and
-        stopping rule. The rich result (estimate, standard error, products): ``h.last``."""
-        if method not in PYHESSIAN_TRACE_METHODS:
-            raise ConfigError(f"unknown trace method {method!r}; choose one of {', '.join(PYHESSIAN_TRACE_METHODS)}")
+        stopping rule; any other registered trace method with the budget ``maxIter`` and the relative standard error
+        ``tol``. The rich result (estimate, standard error, products): ``h.last``."""
+        estimator("trace", method)  # an unknown name: the registry's one line, naming the registered ones
         if not isinstance(maxIter, (int, np.integer)) or isinstance(maxIter, bool) or maxIter < 1:
             raise ConfigError(f"maxIter must be a positive integer, got {maxIter!r}")
         _check_tol("tol", tol)
@@ -230,7 +227,7 @@ class ModelHessian:
         elif method == "hutchpp":
             result = hutchpp_trace(self.operator, max_hvps=int(maxIter), rtol=tol, seed=self.seed + 1)
         else:
-            result = estimate_trace(self.operator, "hutchinson", max_hvps=int(maxIter), rtol=tol, seed=self.seed + 1)
+            result = estimate_trace(self.operator, method, max_hvps=int(maxIter), rtol=tol, seed=self.seed + 1)
         self._keep(result)
         offset = float(result.info.get("sketch_trace", 0.0))
         return [offset + float(s) for s in result.samples]

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from ..utils.hessian_settings import PRODUCT_METHODS
+from .hessian_settings import PRODUCT_METHODS
 from .batches import ACCEPTED_DATA, as_batches
 from .linear_operator import CurvatureOperator, MatrixOperator, block_size_for
 from .objective import loss_batches

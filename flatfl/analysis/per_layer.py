@@ -17,8 +17,9 @@ vectors, so the whole analysis costs about as many passes as the longest block's
 with the same numbers as block by block (each block runs the same code on the same seeds). A block of at
 most ``dense_up_to`` parameters (default: the trace budget, so it costs no more products than the estimate would)
 is formed exactly, column by column, and solved with ``numpy.linalg.eigh`` (method ``dense``: exact eigenvalues,
-exact trace, standard error 0); a larger one gets thick-restart Lanczos for the eigenvalues and Hutch++ for the
-trace (method ``lanczos+hutchpp``). Block ``i`` draws its random vectors from the seed ``seed + i``.
+exact trace, standard error 0); a larger one gets the registered estimators named by ``method`` and
+``trace_method`` (:mod:`flatfl.analysis.registry`; by default thick-restart Lanczos and Hutch++, method
+``lanczos+hutchpp``). Block ``i`` draws its random vectors from the seed ``seed + i``.
 """
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .eigen import top_eigenvalues
+from .estimators import estimate_eigenvalues, estimate_trace
 from .linear_operator import CurvatureOperator, DerivedOperator, as_operator
-from .trace import hutchpp_trace
+from .registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, estimator
 
 __all__ = ["GROUPINGS", "BlockOperator", "Lockstep", "LayerCurvature", "PerLayerResult", "layer_groups", "layer_sizes",
            "per_layer_curvature",
@@ -228,11 +229,14 @@ def _dense_block(block: BlockOperator, chunk: int) -> np.ndarray:
 
 def per_layer_curvature(op: CurvatureOperator, top: int = 1, *, grouping: str = "module", tol: float = 1e-3,
                         trace_hvps: int = 100, trace_rtol: float | None = 1e-2, seed: int = 0,
-                        dense_up_to: int | None = None, on_block=None) -> PerLayerResult:
+                        dense_up_to: int | None = None, method: str = DEFAULT_EIGEN_METHOD,
+                        trace_method: str = DEFAULT_TRACE_METHOD, on_block=None) -> PerLayerResult:
     """Each block's top ``top`` eigenvalues and trace +- standard error (see the module docstring). ``op``: a
     :class:`~flatfl.analysis.operator.HessianOperator` (its ``param_names`` give the modules) or any operator with a
-    parameter layout (blocks named ``param0``, ``param1``...). ``on_block(i)``: called as block ``i`` begins."""
+    parameter layout (blocks named ``param0``, ``param1``...). ``method`` / ``trace_method``: the registered
+    eigenvalue and trace estimators of a block too large to form. ``on_block(i)``: called as block ``i`` begins."""
     op = as_operator(op, "per-layer curvature")
+    estimator("eigenvalues", method), estimator("trace", trace_method)  # an unknown name: one line, before any work
     if not isinstance(top, (int, np.integer)) or isinstance(top, bool) or top < 1:
         raise ConfigError(f"the number of eigenvalues per layer must be a positive integer, got {top!r}")
     shapes = [tuple(s) for s in op.param_shapes]
@@ -253,21 +257,21 @@ def per_layer_curvature(op: CurvatureOperator, top: int = 1, *, grouping: str = 
             on_block(i)
         k = min(int(top), block.dim)
         if block.dim == 0:  # parameters of no entries (a zero-element tensor): an empty block, of trace 0 exactly
-            values, residuals, trace, stderr, method = [], [], 0.0, 0.0, "empty"
+            values, residuals, trace, stderr, how = [], [], 0.0, 0.0, "empty"
         elif block.dim <= dense_up_to:
             dense = _dense_block(block, max(1, min(block.dim, 32)))
             values, vectors = np.linalg.eigh(dense)
             order = np.argsort(values)[::-1][:k]
             values = values[order]
             residuals = np.linalg.norm(dense @ vectors[:, order] - vectors[:, order] * values, axis=0)
-            trace, stderr, method = float(np.trace(dense)), 0.0, "dense"
+            trace, stderr, how = float(np.trace(dense)), 0.0, "dense"
         else:
-            eig = top_eigenvalues(block, k, tol=tol, seed=seed + i)
+            eig = estimate_eigenvalues(block, method, k, tol=tol, seed=seed + i)
             values, residuals = eig.eigenvalues, eig.residuals
-            tr = hutchpp_trace(block, max_hvps=trace_hvps, rtol=trace_rtol, seed=seed + i)
-            trace, stderr, method = tr.estimate, tr.stderr, "lanczos+hutchpp"
+            tr = estimate_trace(block, trace_method, max_hvps=trace_hvps, rtol=trace_rtol, seed=seed + i)
+            trace, stderr, how = tr.estimate, tr.stderr, f"{method}+{trace_method}"
         return LayerCurvature(module, [names[j] for j in members], block.dim, np.asarray(values, dtype=float),
-                              np.asarray(residuals, dtype=float), float(trace), float(stderr), method, block.hvps)
+                              np.asarray(residuals, dtype=float), float(trace), float(stderr), how, block.hvps)
 
     groups = layer_groups(names, grouping)
     blocks = lockstep.run([lambda i=i, m=m, g=g: job(i, m, g) for i, (m, g) in enumerate(groups)])

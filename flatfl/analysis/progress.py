@@ -10,7 +10,8 @@ block its size (a dense block) or its own Lanczos and trace budgets; each eigenv
 An estimator registered from outside flatfl has no known bound: the bar then counts products without a total."""
 from __future__ import annotations
 
-from ..utils.hessian_settings import DEFAULT_TRACE_METHOD, HessianSettings, estimator
+from .registry import estimator
+from .hessian_settings import HessianSettings
 
 __all__ = ["lanczos_bound", "phase_bounds", "PhasedProgress"]
 

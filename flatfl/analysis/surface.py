@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from ..utils.surface_settings import DIRECTION_KINDS, check_grid, check_save_every, check_workers
+from .surface_settings import DIRECTION_KINDS, check_grid, check_save_every, check_workers
 from .directions import direction_params
 from .batches import as_batches
 from .distributed import Spread

@@ -1,7 +1,7 @@
 """Curvature during training (``flatfl train --track-hessian K``): the observer the training engine calls.
 
 Every K rounds and at the last, on the server model of that round, exactly what ``flatfl hessian`` computes on a
-checkpoint with the same settings (:func:`flatfl.utils.hessian_settings.tracking_settings`): the model is rebuilt
+checkpoint with the same settings (:func:`flatfl.analysis.hessian_settings.tracking_settings`): the model is rebuilt
 from the round's checkpoint payload (the bytes ``final.pt`` holds at the last round), the evaluation batches are
 :meth:`flatfl.checkpoint.Checkpoint.eval_batches` of the same split, sample and seed, and the estimators run through
 :func:`flatfl.analysis.hessian_run.compute`. So the last row of ``metrics.csv`` equals ``flatfl hessian final.pt``
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..checkpoint import FINAL_FILE, Checkpoint
 from ..errors import ConfigError
-from ..utils.hessian_settings import TRACKING_FIELDS, HessianSettings, tracking_settings
+from .hessian_settings import TRACKING_FIELDS, HessianSettings, tracking_settings
 from .hessian_run import compute
 from .curvatures import curvature_operator
 from .distributed import over_ranks

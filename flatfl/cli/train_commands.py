@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..train.config import RunConfig
-from ..utils.hessian_settings import tracking_settings
+from ..analysis.hessian_settings import tracking_settings
 from ..utils.precision import PRECISIONS
 from .common import NameChoice, friendly_errors, threads_option
 

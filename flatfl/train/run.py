@@ -41,9 +41,10 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
             raise ConfigError(f"--resume continues {resume_dir} with the settings it started with; {', '.join(given)} "
                               "would be ignored: leave them out (or start a new run with another --out)")
         cfg = read_run_config(resume_dir)
+        observer = observer_for(cfg)  # checks the run's tracking settings before the folder is locked
         apply_threads(opts.get("threads") if opts.get("threads") is not None else cfg.threads)
         with _resume_hint(Path(resume_dir)), folder_lock(resume_dir):
-            trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet, observer=observer_for(cfg))
+            trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet, observer=observer)
             return trainer.run()
     from .catalog import all_hparams
 
@@ -54,6 +55,7 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
         cli["params"] = params
     file_settings = read_config_file(config_file) if config_file else {}
     cfg = build_config(file_settings, cli)
+    observer = observer_for(cfg)  # the tracking settings checked by the analysis that computes them, before any folder
     # before any folder is made or data read; under torchrun the ranks meet here
     distributed.join(resolve_device(cfg.device))
     apply_threads(cfg.threads)
@@ -64,7 +66,7 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
     with folder_lock(run_dir):  # rank 0's alone, which checks (and with --force empties) the folder
         distributed.on_main(lambda: _fresh_run_dir(run_dir, force))
         with _resume_hint(run_dir):
-            return Trainer(cfg, run_dir, quiet=quiet, observer=observer_for(cfg)).run()
+            return Trainer(cfg, run_dir, quiet=quiet, observer=observer).run()
 
 
 def _fresh_run_dir(run_dir: Path, force: bool) -> None:

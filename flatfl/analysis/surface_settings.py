@@ -8,9 +8,9 @@ import numbers
 from dataclasses import dataclass
 
 from ..errors import ConfigError, unknown_name
-from .precision import check_analysis_precision
+from ..utils.precision import check_analysis_precision
 from .settings import Settings, check_kinds
-from .values import check_seed
+from ..utils.values import check_seed
 
 DIRECTION_KINDS = ("random", "hessian")
 SPLITS = ("train", "test")

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError, unknown_name
 from .hessian_settings import CURVATURES
-from .precision import check_analysis_precision
+from ..utils.precision import check_analysis_precision
 from .settings import Settings, check_kinds
-from .values import check_seed
+from ..utils.values import check_seed
 
 PROTOCOLS = ("default", "fedalign")
 

@@ -1,6 +1,6 @@
-"""What the typed settings of the analyses share (:class:`~flatfl.utils.hessian_settings.HessianSettings`,
-:class:`~flatfl.utils.client_metrics_settings.ClientMetricsSettings`,
-:class:`~flatfl.utils.surface_settings.SurfaceSettings`): frozen dataclasses whose field defaults are the defaults of
+"""What the typed settings of the analyses share (:class:`~flatfl.analysis.hessian_settings.HessianSettings`,
+:class:`~flatfl.analysis.client_metrics_settings.ClientMetricsSettings`,
+:class:`~flatfl.analysis.surface_settings.SurfaceSettings`): frozen dataclasses whose field defaults are the defaults of
 the command line, the grid files, the presets and the functions; unknown keys refused in one line; types checked
 with the flag named as on the command line. No torch here: the command line reads the defaults when it starts."""
 from __future__ import annotations
