@@ -174,3 +174,24 @@ def test_the_clients_command_refuses_bad_settings_before_reading_anything(tmp_pa
                                     "--groups", "1"])
     assert res.exit_code != 0 and not (tmp_path / "o").exists()
     assert "--groups must be an integer >= 2, got 1" in res.output + (res.stderr or "")
+
+
+def test_the_settings_and_the_registry_import_no_torch():
+    """The command line reads the analyses' defaults, choices and help texts from flatfl.analysis without torch:
+    the settings modules and the registry import none, nor does the package itself until a name is asked for."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent  # this checkout's package, whatever is installed
+    code = ("import sys, flatfl.cli, flatfl.analysis, flatfl.analysis.hessian_settings, flatfl.analysis.registry, "
+            "flatfl.analysis.surface_settings, flatfl.analysis.client_metrics_settings\n"
+            "from flatfl.analysis.registry import estimator_names\n"
+            "assert estimator_names('eigenvalues')\n"
+            "print('torch' in sys.modules)\n"
+            "from flatfl.analysis import HessianOperator\n"  # a name asked for: its module imported now
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0 and r.stdout.split() == ["False", "True"], (r.stdout, r.stderr)

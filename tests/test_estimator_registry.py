@@ -16,7 +16,8 @@ from flatfl.analysis import EigenResult
 from flatfl.analysis.estimators import estimate_eigenvalues
 from flatfl.cli import main
 from flatfl.errors import ConfigError
-from flatfl.analysis.registry import EIGEN_ESTIMATORS, estimator, estimator_names, register_estimator, unregister_estimator
+from flatfl.analysis.registry import (EIGEN_ESTIMATORS, estimator, estimator_names, register_estimator,
+                                      unregister_estimator)
 from flatfl.analysis.hessian_settings import HessianSettings
 from tiny_run import train_tiny
 

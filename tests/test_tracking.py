@@ -123,6 +123,14 @@ def test_tracking_settings_checked_where_they_enter():
     cfg = RunConfig(dataset="digits", model="tiny", clients=2, rounds=1, track_hessian=1).validate()
     with pytest.raises(ConfigError, match="needs the observer"):
         Trainer(cfg, "/nonexistent-run-dir", quiet=True)
+    # training records the tracking settings without reading them (train/ does not import analysis/): the
+    # observer, which the analysis makes and every caller builds before a run folder, checks them
+    from flatfl.analysis.tracking import curvature_observer
+
+    recorded = RunConfig(dataset="digits", model="tiny", clients=2, rounds=1, track_hessian=1,
+                         track_hessian_settings={"top": -1}).validate()
+    with pytest.raises(ConfigError, match="--track-top must be a non-negative integer, got -1"):
+        curvature_observer(recorded)
 
 
 def test_sweep_tasks_track_and_the_report_draws_the_series(tmp_path):

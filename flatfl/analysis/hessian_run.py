@@ -1,7 +1,7 @@
 """What ``flatfl hessian`` does: checkpoint in; ``hessian.json``, ``eigenvalues.csv`` and figures out.
 
-* :func:`analyse` runs the requested estimators on any operator and returns a JSON-ready report (plus the raw
-  results), so it works on user models without a checkpoint.
+* :func:`compute` runs the estimators its settings ask for on any operator and returns a JSON-ready report (plus
+  the raw results), so it works on user models without a checkpoint.
 * :func:`write_outputs` renders the figures in memory and only then writes every file atomically (one file at a
   time with :mod:`flatfl.utils.io`, ``hessian.json`` last): a failure while computing leaves no output at all.
 * :func:`run_hessian` validates the settings, loads the checkpoint and its evaluation set (the skeleton of
@@ -9,7 +9,8 @@
   travels through them: the command line (or a grid file, a preset, Python) builds it, :func:`run_hessian` takes it
   whole, :func:`compute` reads it and :func:`settings_record` writes it into hessian.json. The estimators are chosen
   by name from the registry (:mod:`flatfl.analysis.estimators`); the figures are
-  :func:`flatfl.analysis.figures.hessian_figures`; the file is read back with :func:`flatfl.analysis.result_files.read_hessian_file`.
+  :func:`flatfl.analysis.figures.hessian_figures`; the file is read back with
+  :func:`flatfl.analysis.result_files.read_hessian_file`.
 
 Outputs in ``--out DIR`` (the command line's default: the run's ``hessian`` folder,
 :func:`flatfl.cli.analysis_commands.default_out`): ``hessian.json`` (eigenvalues with residuals ``||Hv - lambda v||``, error estimates

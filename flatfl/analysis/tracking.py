@@ -72,8 +72,9 @@ class CurvatureTracker:
         self._batches = None
 
     def hessian_settings(self) -> dict:
-        """The keywords of ``flatfl hessian`` (run_hessian) that give the same numbers on a checkpoint (the curvature
-        only when it is not the Hessian: the record of a Hessian tracking is what it always was)."""
+        """The fields of ``flatfl hessian``'s settings (run_hessian's HessianSettings) that give the same numbers on a
+        checkpoint (the curvature only when it is not the Hessian: the record of a Hessian tracking is what it always
+        was)."""
         return {name: getattr(self.hessian, name) for name in TRACKING_FIELDS
                 if name != "curvature" or self.hessian.curvature != "hessian"}
 

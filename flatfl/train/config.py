@@ -111,8 +111,8 @@ class RunConfig:
     float32_matmul: str = "full"
     # CUDA: a cohort's full local steps captured once a round as a CUDA graph and replayed (flatfl.train.step_graph)
     cuda_graphs: bool = False
-    # curvature during training: every K rounds and at the end (0: off), settings: the keys of flatfl hessian's that tracking takes
-    # (flatfl.analysis.hessian_settings.tracking_settings, which checks them)
+    # curvature during training: every K rounds and at the end (0: off); its settings, keys of flatfl hessian's,
+    # are recorded here and checked by the analysis (flatfl.analysis.hessian_settings.tracking_settings)
     # (TRACKING_FIELDS; unset ones take TRACKING_DEFAULTS). The engine only calls the observer that computes them.
     track_hessian: int = 0
     track_hessian_settings: dict = field(default_factory=dict)
