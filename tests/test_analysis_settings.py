@@ -10,16 +10,16 @@ import inspect
 import pytest
 from click.testing import CliRunner
 
-from flatfl.analysis.clients_run import run_client_metrics
-from flatfl.analysis.estimators import eigen_estimator, estimate_trace, trace_estimator
-from flatfl.analysis.surface_run import run_surface
+from flatfl.analysis.commands.clients_command import run_client_metrics
+from flatfl.analysis.estimators.by_name import eigen_estimator, estimate_trace, trace_estimator
+from flatfl.analysis.commands.surface_command import run_surface
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 from flatfl.sweep import read_grid
-from flatfl.analysis.client_metrics_settings import ClientMetricsSettings
-from flatfl.analysis.registry import EIGEN_ESTIMATORS, TRACE_ESTIMATORS
-from flatfl.analysis.hessian_settings import HessianSettings
-from flatfl.analysis.surface_settings import SurfaceSettings
+from flatfl.analysis.commands.client_metrics_settings import ClientMetricsSettings
+from flatfl.analysis.estimators.registry import EIGEN_ESTIMATORS, TRACE_ESTIMATORS
+from flatfl.analysis.commands.hessian_settings import HessianSettings
+from flatfl.analysis.commands.surface_settings import SurfaceSettings
 
 # the documented defaults (--help before the settings were gathered): written out, not derived
 CLIENTS = {"protocol": "default", "probes": 100, "groups": 10, "samples": None, "batch_size": None, "seed": 0,
@@ -44,8 +44,8 @@ def test_the_defaults_did_not_change_and_are_frozen(cls, expected):
 
 
 @pytest.mark.parametrize("command, function, expected", [
-    ("hessian-clients", "flatfl.analysis.clients_run.run_client_metrics", CLIENTS),
-    ("surface", "flatfl.analysis.surface_run.run_surface", SURFACE)])
+    ("hessian-clients", "flatfl.analysis.commands.clients_command.run_client_metrics", CLIENTS),
+    ("surface", "flatfl.analysis.commands.surface_command.run_surface", SURFACE)])
 def test_cli_defaults_equal_the_dataclass(received_settings, command, function, expected):
     """What the command passes on when no option is given: the documented defaults (save_every is no option: its
     default)."""
@@ -53,8 +53,8 @@ def test_cli_defaults_equal_the_dataclass(received_settings, command, function, 
 
 
 def test_surface_flags_given_reach_the_function(received_settings):
-    received = received_settings("surface", "flatfl.analysis.surface_run.run_surface", "--include-bn-bias", "--force",
-                                 "--range", "0.5")
+    received = received_settings("surface", "flatfl.analysis.commands.surface_command.run_surface",
+                                 "--include-bn-bias", "--force", "--range", "0.5")
     assert received == dict(SURFACE, include_bn_bias=True, force=True, range=0.5)
 
 
@@ -185,9 +185,10 @@ def test_the_settings_and_the_registry_import_no_torch():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent  # this checkout's package, whatever is installed
-    code = ("import sys, flatfl.cli, flatfl.analysis, flatfl.analysis.hessian_settings, flatfl.analysis.registry, "
-            "flatfl.analysis.surface_settings, flatfl.analysis.client_metrics_settings\n"
-            "from flatfl.analysis.registry import estimator_names\n"
+    code = ("import sys, flatfl.cli, flatfl.analysis, flatfl.analysis.commands.hessian_settings, "
+            "flatfl.analysis.estimators.registry, flatfl.analysis.commands.surface_settings, "
+            "flatfl.analysis.commands.client_metrics_settings\n"
+            "from flatfl.analysis.estimators.registry import estimator_names\n"
             "assert estimator_names('eigenvalues')\n"
             "print('torch' in sys.modules)\n"
             "from flatfl.analysis import HessianOperator\n"  # a name asked for: its module imported now

@@ -13,12 +13,12 @@ import torch
 from click.testing import CliRunner
 
 from flatfl.analysis import EigenResult
-from flatfl.analysis.estimators import estimate_eigenvalues
+from flatfl.analysis.estimators.by_name import estimate_eigenvalues
 from flatfl.cli import main
 from flatfl.errors import ConfigError
-from flatfl.analysis.registry import (EIGEN_ESTIMATORS, estimator, estimator_names, register_estimator,
+from flatfl.analysis.estimators.registry import (EIGEN_ESTIMATORS, estimator, estimator_names, register_estimator,
                                       unregister_estimator)
-from flatfl.analysis.hessian_settings import HessianSettings
+from flatfl.analysis.commands.hessian_settings import HessianSettings
 from tiny_run import train_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -114,7 +114,7 @@ def test_registered_defaults_labels_and_pairings():
 
 
 def test_a_path_is_imported_only_when_the_estimator_runs(toy):
-    entry = register_estimator("toy-path", "eigenvalues", "flatfl.analysis.estimators:lanczos",
+    entry = register_estimator("toy-path", "eigenvalues", "flatfl.analysis.estimators.by_name:lanczos",
                                label="largest algebraic")
     try:
         matrix = torch.diag(torch.tensor([5.0, -9.0, 3.0, 1.0], dtype=torch.float64))

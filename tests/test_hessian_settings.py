@@ -7,13 +7,13 @@ import inspect
 
 import pytest
 
-from flatfl.analysis.hessian_run import compute, run_hessian
+from flatfl.analysis.commands.hessian_command import compute, run_hessian
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 from flatfl.report.pdf import DEFAULT_HESSIAN
 from flatfl.sweep import read_grid
-from flatfl.analysis.registry import estimator_names
-from flatfl.analysis.hessian_settings import HessianSettings
+from flatfl.analysis.estimators.registry import estimator_names
+from flatfl.analysis.commands.hessian_settings import HessianSettings
 
 # the documented defaults (README / --help before the settings were gathered): written out, not derived
 EXPECTED = {"top": 1, "trace": True, "density": False, "samples": None, "batch_size": 256, "split": "train",
@@ -46,8 +46,8 @@ def test_the_defaults_did_not_change():
 
 def test_cli_defaults_equal_the_dataclass(received_settings):
     """What ``flatfl hessian`` passes on when no option is given: the documented defaults; flags given turn on."""
-    assert received_settings("hessian", "flatfl.analysis.hessian_run.run_hessian") == EXPECTED
-    flags = received_settings("hessian", "flatfl.analysis.hessian_run.run_hessian", "--save-eigenvectors",
+    assert received_settings("hessian", "flatfl.analysis.commands.hessian_command.run_hessian") == EXPECTED
+    flags = received_settings("hessian", "flatfl.analysis.commands.hessian_command.run_hessian", "--save-eigenvectors",
                               "--exact-residuals", "--no-trace", "--density")
     assert flags == dict(EXPECTED, save_eigenvectors=True, exact_residuals=True, trace=False, density=True)
 

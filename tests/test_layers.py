@@ -248,8 +248,8 @@ ANALYSE = r"""
 import json, sys
 import flatfl.analysis
 import flatfl
-from flatfl.analysis.hessian_run import run_hessian
-from flatfl.analysis.hessian_settings import HessianSettings
+from flatfl.analysis.commands.hessian_command import run_hessian
+from flatfl.analysis.commands.hessian_settings import HessianSettings
 
 out = {}
 for name, path in json.loads(sys.argv[1]).items():

@@ -29,7 +29,7 @@ ROOT = Path(flatfl.__file__).resolve().parent.parent
 PLUGIN = '''
 import sys
 import numpy as np
-from flatfl.analysis.registry import Estimator, register_estimator
+from flatfl.analysis.estimators.registry import Estimator, register_estimator
 
 def exits():
     sys.exit(0)
@@ -99,7 +99,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def test_a_non_finite_estimate_is_refused(checkpoint, tmp_path):
-    from flatfl.analysis.registry import register_estimator, unregister_estimator
+    from flatfl.analysis.estimators.registry import register_estimator, unregister_estimator
     import numpy as np
     from flatfl.analysis import EigenResult
 
@@ -245,7 +245,7 @@ def test_the_python_api_refuses_16_bit_models_bad_tolerances_and_endless_loaders
     import torch
     from torch import nn
 
-    from flatfl.analysis import batches as batches_module
+    from flatfl.analysis.operators import batches as batches_module
     from flatfl.analysis import hessian
     from flatfl.errors import ConfigError
 
@@ -319,7 +319,7 @@ def test_gpu_check_refuses_an_out_it_cannot_create_in_one_line(tmp_path):
                                          (("--trace-method", "hutchinson"), 1), (("--no-trace",), 1)])
 def test_trace_hvps_is_checked_against_what_the_estimators_need(flags, need):
     from flatfl.errors import ConfigError
-    from flatfl.analysis.hessian_settings import HessianSettings
+    from flatfl.analysis.commands.hessian_settings import HessianSettings
 
     method = flags[1] if flags[:1] == ("--trace-method",) else None
     settings = dict(trace_method=method, per_layer="--per-layer" in flags, trace="--no-trace" not in flags)
@@ -358,8 +358,8 @@ def test_each_phases_bound_holds_what_the_phase_spent(checkpoint, tmp_path):
     """The bar's total is the products left at most: every phase of a real run spends no more than its bound."""
     import json
 
-    from flatfl.analysis.progress import phase_bounds
-    from flatfl.analysis.hessian_settings import HessianSettings
+    from flatfl.analysis.commands.progress import phase_bounds
+    from flatfl.analysis.commands.hessian_settings import HessianSettings
 
     args = ["--top", "3", "--per-layer", "--density", "--density-steps", "20", "--trace-hvps", "30"]
     r = CliRunner().invoke(main, ["hessian", str(checkpoint), *args, "--samples", "64", "--quiet", "--out",
@@ -377,7 +377,7 @@ def test_each_phases_bound_holds_what_the_phase_spent(checkpoint, tmp_path):
 
 
 def test_the_bar_total_is_the_products_left_at_most_tightened_at_each_phase():
-    from flatfl.analysis.progress import PhasedProgress
+    from flatfl.analysis.commands.progress import PhasedProgress
 
     class Bar:  # what PhasedProgress reads and sets of a tqdm bar
         n, total, description = 0, None, ""

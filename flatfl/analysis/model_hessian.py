@@ -34,7 +34,7 @@ The richer answers stay reachable: :meth:`ModelHessian.top_eigenvalues` (residua
 (``h.last_eigenvalues``, ``h.last_trace``, ``h.last_density`` for each kind).
 
 Beyond PyHessian: ``loss=fn`` instead of a criterion, ``fn(model, batch) -> scalar`` for batches of any structure
-(:mod:`flatfl.analysis.objective`); ``data=`` is then one batch and ``dataloader=`` yields batches, weighted by
+(:mod:`flatfl.analysis.operators.objective`); ``data=`` is then one batch and ``dataloader=`` yields batches, weighted by
 their number of samples. ``cuda``: PyHessian's flag. flatfl computes on the model's device (move the model
 first, ``model.cuda()``; the data follows it); ``cuda=True`` on a machine without CUDA is a ConfigError naming
 ``cuda=False``. The default, ``None``, takes the model's device without a check. Every estimator runs with
@@ -52,16 +52,16 @@ import torch
 
 from ..errors import ConfigError
 from ..utils.atomic import atomic_write_bytes_unrecorded
-from .registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, estimator
-from .hessian_settings import HessianSettings
-from .density import DensityResult, spectral_density
-from .eigen import EigenResult
-from .estimators import estimate_eigenvalues, estimate_trace
-from .batches import as_batches
-from .curvatures import curvature_operator
-from .per_layer import PerLayerResult, per_layer_curvature
-from .power import power_iteration
-from .trace import TraceResult, hutchpp_trace, pyhessian_trace
+from .estimators.registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, estimator
+from .commands.hessian_settings import HessianSettings
+from .estimators.density import DensityResult, spectral_density
+from .estimators.eigen import EigenResult
+from .estimators.by_name import estimate_eigenvalues, estimate_trace
+from .operators.batches import as_batches
+from .operators.curvatures import curvature_operator
+from .estimators.per_layer import PerLayerResult, per_layer_curvature
+from .estimators.power import power_iteration
+from .estimators.trace import TraceResult, hutchpp_trace, pyhessian_trace
 
 __all__ = ["hessian", "ModelHessian", "DENSITY_FORMATS"]
 
@@ -81,11 +81,11 @@ def _check_cuda(cuda) -> None:
 
 
 def _operator(model, batches, criterion, loss, mode: str, curvature: str, products: str):
-    """The curvature operator of the API (:func:`~flatfl.analysis.curvatures.curvature_operator`): under torchrun
+    """The curvature operator of the API (:func:`~flatfl.analysis.operators.curvatures.curvature_operator`): under torchrun
     (several ranks), this rank's shard of the batches with its products all-reduced
-    (:mod:`flatfl.analysis.distributed`), the process group started on the model's device; else the plain operator."""
+    (:mod:`flatfl.analysis.operators.distributed`), the process group started on the model's device; else the plain operator."""
     from ..utils import distributed
-    from .distributed import over_ranks
+    from .operators.distributed import over_ranks
 
     if distributed.launched().distributed:
         first = next((p for p in model.parameters()), None)
@@ -118,9 +118,9 @@ class ModelHessian:
 
     Attributes as PyHessian's: ``model``, ``criterion``, ``params`` (the parameters differentiated, in order),
     ``device`` (``"cuda"`` or ``"cpu"``), ``full_dataset`` (True with ``dataloader=``), ``data``. :attr:`operator`
-    is the :class:`~flatfl.analysis.operator.HessianOperator` (``matvec``, ``dim``, ``hvps``...) for the other
+    is the :class:`~flatfl.analysis.operators.hessian.HessianOperator` (``matvec``, ``dim``, ``hvps``...) for the other
     estimators of :mod:`flatfl.analysis`; with ``curvature="ggn"`` or ``"empirical-fisher"`` it is its sibling,
-    the generalized Gauss-Newton matrix or the empirical Fisher (:mod:`flatfl.analysis.curvatures`), and every
+    the generalized Gauss-Newton matrix or the empirical Fisher (:mod:`flatfl.analysis.operators.curvatures`), and every
     method answers for that matrix. ``products``: how Hessian products are computed (``"finite-difference"`` for
     an operation torch cannot differentiate twice).
     """
@@ -148,7 +148,7 @@ class ModelHessian:
                               "point are too coarse for eigenvalues; analyse a float32 copy "
                               "(copy.deepcopy(model).float()) or model.double()")
         if loss is not None:
-            from .objective import loss_batches
+            from .operators.objective import loss_batches
 
             batches = loss_batches(data, one_batch=True) if data is not None else loss_batches(dataloader)
         else:
@@ -194,7 +194,7 @@ class ModelHessian:
         one's eigenvector as a list of tensors shaped like :attr:`params`. ``method="lanczos"`` (default: largest
         algebraic, descending, relative residual ``tol``), ``"power"`` (PyHessian's power iteration, at most
         ``maxIter`` products per eigenvalue, in the order found) or any other registered eigenvalue method
-        (:mod:`flatfl.analysis.registry`; ``maxIter`` is PyHessian's power iteration's alone). The rich result:
+        (:mod:`flatfl.analysis.estimators.registry`; ``maxIter`` is PyHessian's power iteration's alone). The rich result:
         ``h.last``."""
         estimator("eigenvalues", method)  # an unknown name: the registry's one line, naming the registered ones
         if not isinstance(maxIter, (int, np.integer)) or isinstance(maxIter, bool) or maxIter < 1:
@@ -269,7 +269,7 @@ class ModelHessian:
                   max_hvps: int = DEFAULTS.trace_hvps, rtol: float | None = DEFAULTS.trace_rtol,
                   dense_up_to: int | None = None) -> PerLayerResult:
         """Each module's Hessian block (weights and bias together; ``grouping="parameter"``: each named parameter):
-        its top ``top_n`` eigenvalues and its trace +- standard error (:mod:`flatfl.analysis.per_layer`; a block
+        its top ``top_n`` eigenvalues and its trace +- standard error (:mod:`flatfl.analysis.estimators.per_layer`; a block
         of at most ``dense_up_to`` entries, default ``max_hvps``, exactly). ``.blocks``, ``.trace_sum``."""
         _check_tol("tol", tol)
         _check_tol("rtol", rtol, none=True)
@@ -297,7 +297,7 @@ class ModelHessian:
                 out.write(f"{x:.9g},{d:.9g}\n")
             data = out.getvalue().encode()
         else:
-            from .figures import density_figure
+            from .commands.figures import density_figure
 
             marks = [] if self.last_eigenvalues is None else self.last_eigenvalues.eigenvalues.tolist()
             data = density_figure(dens, suffix[1:], marks=marks, samples=self.num_samples,

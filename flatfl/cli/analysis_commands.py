@@ -1,6 +1,6 @@
 """``flatfl hessian``, ``hessian-clients`` and ``surface``: the analyses of a checkpoint. Their options' defaults
-are the fields of the typed settings (:mod:`flatfl.analysis.hessian_settings`, ...); the Hessian estimators' names,
-labels and pairings come from the registry (:mod:`flatfl.analysis.registry`)."""
+are the fields of the typed settings (:mod:`flatfl.analysis.commands.hessian_settings`, ...); the Hessian estimators' names,
+labels and pairings come from the registry (:mod:`flatfl.analysis.estimators.registry`)."""
 from __future__ import annotations
 
 import functools
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import click
 
-from ..analysis.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # no torch: the defaults
-from ..analysis.registry import DEFAULT_TRACE_METHOD, estimator, estimator_names
-from ..analysis.hessian_settings import CURVATURES, PRODUCT_METHODS, HessianSettings
+from ..analysis.commands.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # no torch: the defaults
+from ..analysis.estimators.registry import DEFAULT_TRACE_METHOD, estimator, estimator_names
+from ..analysis.commands.hessian_settings import CURVATURES, PRODUCT_METHODS, HessianSettings
 from ..utils.precision import PRECISIONS
-from ..analysis.surface_settings import DIRECTION_KINDS, SurfaceSettings
+from ..analysis.commands.surface_settings import DIRECTION_KINDS, SurfaceSettings
 from .common import LazyHelp, NameChoice, apply_threads, friendly_errors, threads_option
 
 __all__ = ["hessian", "hessian_clients", "surface", "default_out"]
@@ -117,7 +117,7 @@ Examples:
 @on_a_checkpoint("hessian", HessianSettings)
 def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
     """Top Hessian eigenvalues, trace and spectral density of a checkpoint's model (mean loss, eval mode)."""
-    from ..analysis.hessian_run import run_hessian
+    from ..analysis.commands.hessian_command import run_hessian
 
     report = run_hessian(checkpoint, out, settings, quiet=quiet)
     values = report["top_eigenvalues"]
@@ -216,7 +216,7 @@ is refused (choose another --out). The run must have been trained with --save-cl
 @on_a_checkpoint("hessian-clients", ClientMetricsSettings)
 def hessian_clients(checkpoint, out, where, settings: ClientMetricsSettings, quiet: bool):
     """Cross-client Hessian metrics H_N and H_D (FedAlign Eq. 3-4) with standard errors."""
-    from ..analysis.clients_run import run_client_metrics
+    from ..analysis.commands.clients_command import run_client_metrics
 
     c = run_client_metrics(checkpoint, out, settings, quiet=quiet)
 
@@ -263,7 +263,7 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 @on_a_checkpoint("surface", SurfaceSettings)
 def surface(checkpoint, out, where, settings: SurfaceSettings, quiet: bool):
     """Loss and accuracy on a 2-D grid around a checkpoint's model (contour and 3-D figures)."""
-    from ..analysis.surface_run import run_surface
+    from ..analysis.commands.surface_command import run_surface
 
     report = run_surface(checkpoint, out, settings, quiet=quiet)
     origin = report["loss_at_origin"]

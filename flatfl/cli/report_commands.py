@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..analysis.hessian_settings import HessianSettings  # no torch: the defaults and the estimators' names
-from ..analysis.registry import estimator_names
+from ..analysis.commands.hessian_settings import HessianSettings  # no torch: the defaults and the estimators' names
+from ..analysis.estimators.registry import estimator_names
 from ..errors import error_line
 from ..paper_tables import DEFAULT_SEEDS, PRESETS, TARGETS  # no torch: the tables flatfl reproduce makes
 from ..utils.precision import PRECISIONS

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from ..errors import FlatflError
-from ..analysis.hessian_settings import HessianSettings
+from ..analysis.commands.hessian_settings import HessianSettings
 from .layouts import fills, records_of
 from .records import choose_clients_protocol
 from .run_files import MODEL_NAMES

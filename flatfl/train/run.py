@@ -29,7 +29,7 @@ RESUME_FLAGS = ("threads",)
 def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=False, opts=None,
                        observer_for=None) -> Path:
     """``observer_for(cfg)``: the run's observer (see :class:`~flatfl.train.engine.Trainer`) or None; the command
-    line passes :func:`flatfl.analysis.tracking.curvature_observer`."""
+    line passes :func:`flatfl.analysis.commands.tracking.curvature_observer`."""
     opts = dict(opts or {})
     observer_for = observer_for or (lambda cfg: None)
     from ..utils.threads import apply_threads
