@@ -2,7 +2,7 @@
 of ``--per-layer`` against the whole-model analysis with the same settings. One run, one process.
 
 * curvatures: the Hessian (double backward, graph kept; and finite differences), the generalized Gauss-Newton
-  matrix and the empirical Fisher (flatfl/analysis/curvatures.py), each through ``curvature_operator`` on the same
+  matrix and the empirical Fisher (flatfl/analysis/operators/curvatures.py), each through ``curvature_operator`` on the same
   model and inputs, pushing blocks of ``--block`` vectors; a gradient is the unit of cost;
 * per layer: flatfl hessian's defaults (top 1 by Lanczos at tol 1e-3, Hutch++ trace with at most 100 products) on
   the whole model, then each module's block with the same settings (per_layer_curvature, blocks in lockstep). Both
@@ -19,8 +19,8 @@ import time
 import torch
 
 from flatfl.analysis import curvature_operator
-from flatfl.analysis.estimators import estimate_eigenvalues, estimate_trace
-from flatfl.analysis.per_layer import per_layer_curvature
+from flatfl.analysis.estimators.by_name import estimate_eigenvalues, estimate_trace
+from flatfl.analysis.estimators.per_layer import per_layer_curvature
 from flatfl.models import build_model
 
 

@@ -3,7 +3,7 @@
 One run, on the same operator (flatfl's ``HessianOperator``): a gradient; a double-backward HVP through the kept
 first-order graph (Pearlmutter, one vector at a time); and ``torch.func`` forward-over-reverse (``jvp`` of ``grad``)
 under ``vmap`` over blocks of vectors, as time per vector. Ratios to the gradient are printed, and the products are
-checked to agree. The result decides ``HessianOperator(products="auto")`` per device (flatfl/analysis/operator.py).
+checked to agree. The result decides ``HessianOperator(products="auto")`` per device (flatfl/analysis/operators/hessian.py).
 
     python benchmarks/hessian_products.py                    # MAN CIFAR CNN at 512 inputs and the digits CNN, CPU
     python benchmarks/hessian_products.py --device cuda      # on a GPU (adds blocks of 32)

@@ -5,7 +5,7 @@ Both sides evaluate the same model, directions, evaluation batches and grid, the
 * baseline (what tomgoldstein/loss-landscape does per point, written plainly): build a perturbed state dict
   ``{name: theta + x d1 + y d2}`` (buffers copied), ``model.load_state_dict(...)``, then the loss and accuracy over
   the batches under ``torch.no_grad``;
-* flatfl: :func:`flatfl.analysis.surface.loss_surface` (in-place foreach perturbation, ``inference_mode``), in one
+* flatfl: :func:`flatfl.analysis.estimators.surface.loss_surface` (in-place foreach perturbation, ``inference_mode``), in one
   process with all ``--threads``, in one process with one thread, and with ``--workers`` processes
   (``threads // workers`` threads each).
 
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flatfl.analysis.directions import random_directions  # noqa: E402
-from flatfl.analysis.surface import grid_coordinates, loss_surface  # noqa: E402
+from flatfl.analysis.estimators.directions import random_directions  # noqa: E402
+from flatfl.analysis.estimators.surface import grid_coordinates, loss_surface  # noqa: E402
 from flatfl.data import load_dataset  # noqa: E402
 from flatfl.models import build_model  # noqa: E402
 

@@ -51,9 +51,9 @@ def model_checkpoint(run_dir: str | Path, model: str = "server") -> Path:
 
 
 def _stored(reader, path: Path) -> dict | None:
-    """A result file read by its reader (:mod:`flatfl.analysis.result_files`); a damaged one counts as absent, so
+    """A result file read by its reader (:mod:`flatfl.analysis.commands.result_files`); a damaged one counts as absent, so
     that it is computed again."""
-    from .analysis.result_files import ResultFileError
+    from .analysis.commands.result_files import ResultFileError
 
     try:
         return reader(path)
@@ -80,7 +80,7 @@ def settings_match(saved: dict | None, wanted: dict) -> bool:
         if key in _NEVER_COMPARED:
             continue
         if value is None and key == "trace_method":
-            from .utils.hessian_settings import HessianSettings
+            from .analysis.commands.hessian_settings import HessianSettings
 
             try:
                 value = HessianSettings(method=wanted.get("method", HessianSettings.method)).resolved_trace_method
@@ -113,8 +113,9 @@ def _weights_digest(checkpoint: Path) -> str:
 def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str = HESSIAN_DIR) -> str:
     """Compute into RUN/folder unless an analysis of ``final`` with the wanted settings is there (one made with other
     settings, or of another model, is replaced: callers that keep it choose another folder)."""
-    from .analysis.hessian_run import run_hessian
-    from .analysis.result_files import read_hessian_file
+    from .analysis.commands.hessian_command import run_hessian
+    from .analysis.commands.hessian_settings import HessianSettings
+    from .analysis.commands.result_files import read_hessian_file
 
     out = run_dir / folder
     report = _stored(read_hessian_file, out / "hessian.json")
@@ -122,26 +123,29 @@ def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str 
             and Path(str(report.get("checkpoint", ""))).name == final.name \
             and settings_match(report.get("settings"), wanted):
         return "skipped"
-    run_hessian(str(final), str(out), quiet=quiet, **wanted)
+    run_hessian(str(final), str(out), HessianSettings.from_mapping(wanted), quiet=quiet)
     return "computed"
 
 
 def _clients(run_dir: Path, final: Path, wanted: dict, quiet: bool) -> str:
-    from .analysis.clients_run import run_client_metrics
-    from .analysis.result_files import clients_file, read_clients_file
+    from .analysis.commands.client_metrics_settings import ClientMetricsSettings
+    from .analysis.commands.clients_command import run_client_metrics
+    from .analysis.commands.result_files import clients_file, read_clients_file
 
     out = run_dir / CLIENTS_DIR
     path = out / clients_file(wanted.get("protocol", "default"))
     section = _stored(read_clients_file, path) or {}
     if section and _fresh(path, final, section) and settings_match(section.get("settings"), wanted):
         return "skipped"
-    run_client_metrics(str(final), str(out), quiet=quiet, replace=True, **wanted)  # the grid says what it holds
+    run_client_metrics(str(final), str(out), ClientMetricsSettings.from_mapping(wanted), quiet=quiet,
+                       replace=True)  # the grid says what it holds
     return "computed"
 
 
 def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str = SURFACE_DIR) -> str:
-    from .analysis.result_files import read_surface_file
-    from .analysis.surface_run import run_surface
+    from .analysis.commands.result_files import read_surface_file
+    from .analysis.commands.surface_command import run_surface
+    from .analysis.commands.surface_settings import SurfaceSettings
 
     out = run_dir / folder
     summary = _stored(read_surface_file, out / "surface.json")
@@ -151,12 +155,12 @@ def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str 
         if all(s.get(k) == v for k, v in wanted.items() if k in s and k not in ("device", "workers")) and \
                 (vectors is None or s.get("eigenvectors_sha1") == _file_sha1(vectors)):
             return "skipped"
-    run_surface(str(final), str(out), quiet=quiet, **wanted)
+    run_surface(str(final), str(out), SurfaceSettings.from_mapping(wanted), quiet=quiet)
     return "computed"
 
 
 def _file_sha1(path) -> str | None:
-    from .analysis.surface_files import file_sha1
+    from .analysis.commands.surface_files import file_sha1
 
     try:
         return file_sha1(path)

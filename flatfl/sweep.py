@@ -59,9 +59,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .errors import CheckpointError, ConfigError
-from .utils.client_metrics_settings import ClientMetricsSettings
-from .utils.hessian_settings import HessianSettings
-from .utils.surface_settings import SurfaceSettings
+from .analysis.commands.client_metrics_settings import ClientMetricsSettings
+from .analysis.commands.hessian_settings import HessianSettings, tracking_settings
+from .analysis.commands.surface_settings import SurfaceSettings
 from .runs import (CLIENTS_DIR, HESSIAN_DIR, MODEL_CHECKPOINTS, SPECTRUM_DIR, SURFACE_DIR, analyse_run,  # noqa: F401
                    analysis_dir, model_checkpoint, settings_match)
 
@@ -76,8 +76,8 @@ __all__ = ["RunTask", "run_task", "analyse_run", "run_tasks", "run_state", "read
 class RunTask:
     """Everything one run needs, picklable: the run's settings (RunConfig fields; hyper-parameters under
     ``params``), its directory, and the analyses to run on its final model (keyword arguments of
-    :func:`~flatfl.analysis.hessian_run.run_hessian`, :func:`~flatfl.analysis.clients_run.run_client_metrics`,
-    :func:`~flatfl.analysis.surface_run.run_surface`; None = skip)."""
+    :func:`~flatfl.analysis.commands.hessian_command.run_hessian`, :func:`~flatfl.analysis.commands.clients_command.run_client_metrics`,
+    :func:`~flatfl.analysis.commands.surface_command.run_surface`; None = skip)."""
 
     name: str
     run_dir: str
@@ -134,7 +134,7 @@ def _leftover(name: str) -> bool:
 
 
 def _train(task: RunTask, log: Callable[[str], None]) -> str:
-    from .analysis.tracking import curvature_observer
+    from .analysis.commands.tracking import curvature_observer
     from .train.config import build_config
     from .train.engine import Trainer
     from .train.run_files import recover_final
@@ -341,6 +341,8 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
         settings = _drop_unused_fixed(settings, set(own.get("params", {})), fixed_used)
         try:
             cfg = build_config({}, settings)  # validate now: a bad value fails before any run starts
+            if cfg.track_hessian:  # the tracking settings: checked by the analysis (training only records them)
+                tracking_settings(cfg.track_hessian_settings)
         except ConfigError as e:
             where = ", ".join(f"{k}={v}" for k, v in point.items()) or "the fixed settings"
             raise ConfigError(f"{source}, run {where}: {e}") from None
@@ -382,9 +384,9 @@ def _drop_unused_fixed(settings: dict, own_params: set, fixed_used: set) -> dict
 
 def check_analysis_options(section: str, options: dict, source: str = "grid") -> None:
     """A grid's [hessian] / [spectrum] / [clients] / [surface] options, checked against the analysis's typed
-    settings (:class:`~flatfl.utils.hessian_settings.HessianSettings`,
-    :class:`~flatfl.utils.client_metrics_settings.ClientMetricsSettings`,
-    :class:`~flatfl.utils.surface_settings.SurfaceSettings`): names, types (values coerced in place), then the
+    settings (:class:`~flatfl.analysis.commands.hessian_settings.HessianSettings`,
+    :class:`~flatfl.analysis.commands.client_metrics_settings.ClientMetricsSettings`,
+    :class:`~flatfl.analysis.commands.surface_settings.SurfaceSettings`): names, types (values coerced in place), then the
     values together, so that a typo or a bad value fails before any run starts."""
     import dataclasses
 

@@ -20,11 +20,11 @@ def one_thread():
 
 @pytest.fixture
 def received_settings(monkeypatch):
-    """``received_settings(command, function, *flags)``: the keywords that ``flatfl <command> CHECKPOINT --out DIR
-    [flags]`` passes to the library function it calls (``function``: its dotted path, replaced for the call by one
-    that records them and stops with a ConfigError), ``quiet`` left out. What a user gets when a flag is not given,
-    read from the command's own behaviour rather than from click's parameter objects (whose ``default`` of an
-    unset flag changed between click releases)."""
+    """``received_settings(command, function, *flags)``: the settings object that ``flatfl <command> CHECKPOINT
+    --out DIR [flags]`` passes to the library function it calls (``function``: its dotted path, replaced for the call
+    by one that records it and stops with a ConfigError), as a dict of its fields. What a user gets when a flag is
+    not given, read from the command's own behaviour rather than from click's parameter objects (whose ``default``
+    of an unset flag changed between click releases)."""
     from click.testing import CliRunner
 
     from flatfl.cli import main
@@ -33,14 +33,13 @@ def received_settings(monkeypatch):
     def run(command: str, function: str, *flags: str) -> dict:
         received = {}
 
-        def record(checkpoint, out, **kwargs):
-            received.update(kwargs)
+        def record(checkpoint, out, settings, *, quiet):
+            received.update(settings.to_dict())
             raise ConfigError("recorded")
 
         monkeypatch.setattr(function, record)
         res = CliRunner().invoke(main, [command, "missing.pt", "--out", "unused", "--threads", "1", *flags])
         assert res.exit_code == 2 and "flatfl: error: recorded" in res.output, res.output  # stdout and stderr
-        received.pop("quiet")
         return received
 
     return run

@@ -43,12 +43,12 @@ def dict_loss(model, batch):
 def estimator_results() -> dict:
     """Every registered estimator's numbers on :func:`problem` (torch tensors and floats, by name)."""
     from flatfl.analysis import hessian
-    from flatfl.analysis.distributed import over_ranks
-    from flatfl.analysis.estimators import estimate_density, estimate_eigenvalues, estimate_trace
-    from flatfl.analysis.operator import HessianOperator
-    from flatfl.analysis.per_layer import per_layer_curvature
+    from flatfl.analysis.operators.distributed import over_ranks
+    from flatfl.analysis.estimators.by_name import estimate_density, estimate_eigenvalues, estimate_trace
+    from flatfl.analysis.operators.hessian import HessianOperator
+    from flatfl.analysis.estimators.per_layer import per_layer_curvature
     from flatfl.utils import distributed
-    from flatfl.utils.hessian_settings import estimator_names
+    from flatfl.analysis.estimators.registry import estimator_names
 
     distributed.join(torch.device("cpu"))
     model, batches = problem()

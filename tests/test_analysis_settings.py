@@ -10,15 +10,16 @@ import inspect
 import pytest
 from click.testing import CliRunner
 
-from flatfl.analysis.clients_run import run_client_metrics
-from flatfl.analysis.estimators import eigen_estimator, estimate_trace, trace_estimator
-from flatfl.analysis.surface_run import run_surface
+from flatfl.analysis.commands.clients_command import run_client_metrics
+from flatfl.analysis.estimators.by_name import eigen_estimator, estimate_trace, trace_estimator
+from flatfl.analysis.commands.surface_command import run_surface
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 from flatfl.sweep import read_grid
-from flatfl.utils.client_metrics_settings import ClientMetricsSettings
-from flatfl.utils.hessian_settings import EIGEN_ESTIMATORS, TRACE_ESTIMATORS, HessianSettings
-from flatfl.utils.surface_settings import SurfaceSettings
+from flatfl.analysis.commands.client_metrics_settings import ClientMetricsSettings
+from flatfl.analysis.estimators.registry import EIGEN_ESTIMATORS, TRACE_ESTIMATORS
+from flatfl.analysis.commands.hessian_settings import HessianSettings
+from flatfl.analysis.commands.surface_settings import SurfaceSettings
 
 # the documented defaults (--help before the settings were gathered): written out, not derived
 CLIENTS = {"protocol": "default", "probes": 100, "groups": 10, "samples": None, "batch_size": None, "seed": 0,
@@ -30,8 +31,9 @@ SURFACE = {"directions": "random", "grid": 21, "range": 1.0, "samples": None, "w
 GRID = '[fixed]\nmodel = "tiny"\nclients = 4\nrounds = 1\nlocal_epochs = 1\nsave_clients = true\n[grid]\nalgo = ["fedavg"]\n'
 
 
-def keyword_defaults(fn, skip=("checkpoint", "out", "quiet", "replace")) -> dict:
-    return {n: p.default for n, p in inspect.signature(fn).parameters.items() if n not in skip}
+def settings_default(fn):
+    """The settings object ``fn`` computes with when none is given (its ``settings`` parameter's default)."""
+    return inspect.signature(fn).parameters["settings"].default
 
 
 @pytest.mark.parametrize("cls, expected", [(ClientMetricsSettings, CLIENTS), (SurfaceSettings, SURFACE)])
@@ -42,24 +44,24 @@ def test_the_defaults_did_not_change_and_are_frozen(cls, expected):
 
 
 @pytest.mark.parametrize("command, function, expected", [
-    ("hessian-clients", "flatfl.analysis.clients_run.run_client_metrics", CLIENTS),
-    ("surface", "flatfl.analysis.surface_run.run_surface", SURFACE)])
+    ("hessian-clients", "flatfl.analysis.commands.clients_command.run_client_metrics", CLIENTS),
+    ("surface", "flatfl.analysis.commands.surface_command.run_surface", SURFACE)])
 def test_cli_defaults_equal_the_dataclass(received_settings, command, function, expected):
-    """What the command passes on when no option is given: the documented defaults (save_every is no option)."""
-    received = received_settings(command, function)
-    assert received == {k: v for k, v in expected.items() if k != "save_every"}
+    """What the command passes on when no option is given: the documented defaults (save_every is no option: its
+    default)."""
+    assert received_settings(command, function) == expected
 
 
 def test_surface_flags_given_reach_the_function(received_settings):
-    received = received_settings("surface", "flatfl.analysis.surface_run.run_surface", "--include-bn-bias", "--force",
-                                 "--range", "0.5")
-    assert received == {k: v for k, v in dict(SURFACE, include_bn_bias=True, force=True, range=0.5).items()
-                        if k != "save_every"}
+    received = received_settings("surface", "flatfl.analysis.commands.surface_command.run_surface",
+                                 "--include-bn-bias", "--force", "--range", "0.5")
+    assert received == dict(SURFACE, include_bn_bias=True, force=True, range=0.5)
 
 
 @pytest.mark.parametrize("fn, expected", [(run_client_metrics, CLIENTS), (run_surface, SURFACE)])
 def test_function_defaults_equal_the_dataclass(fn, expected):
-    assert keyword_defaults(fn) == expected
+    assert settings_default(fn).to_dict() == expected
+    assert list(inspect.signature(fn).parameters)[:3] == ["checkpoint", "out", "settings"]
 
 
 @pytest.mark.parametrize("section, cls, expected", [("clients", ClientMetricsSettings, CLIENTS),
@@ -172,3 +174,25 @@ def test_the_clients_command_refuses_bad_settings_before_reading_anything(tmp_pa
                                     "--groups", "1"])
     assert res.exit_code != 0 and not (tmp_path / "o").exists()
     assert "--groups must be an integer >= 2, got 1" in res.output + (res.stderr or "")
+
+
+def test_the_settings_and_the_registry_import_no_torch():
+    """The command line reads the analyses' defaults, choices and help texts from flatfl.analysis without torch:
+    the settings modules and the registry import none, nor does the package itself until a name is asked for."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent  # this checkout's package, whatever is installed
+    code = ("import sys, flatfl.cli, flatfl.analysis, flatfl.analysis.commands.hessian_settings, "
+            "flatfl.analysis.estimators.registry, flatfl.analysis.commands.surface_settings, "
+            "flatfl.analysis.commands.client_metrics_settings\n"
+            "from flatfl.analysis.estimators.registry import estimator_names\n"
+            "assert estimator_names('eigenvalues')\n"
+            "print('torch' in sys.modules)\n"
+            "from flatfl.analysis import HessianOperator\n"  # a name asked for: its module imported now
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0 and r.stdout.split() == ["False", "True"], (r.stdout, r.stderr)

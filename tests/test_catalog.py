@@ -103,9 +103,9 @@ def test_a_module_dropped_into_a_copy_of_the_package_is_registered(tmp_path):
 REGISTRY_TESTS = ["tests/test_catalog.py", "tests/test_names.py", "tests/test_hessian_settings.py",
                   "tests/test_analysis_settings.py"]
 NEW_ESTIMATORS = '''
-register_estimator("krylov", "eigenvalues", "flatfl.analysis.estimators:lanczos", label="largest algebraic",
+register_estimator("krylov", "eigenvalues", "flatfl.analysis.estimators.by_name:lanczos", label="largest algebraic",
                    title="Krylov", residuals="lanczos relation")
-register_estimator("girard", "trace", "flatfl.analysis.trace:hutchinson_trace", title="Girard")
+register_estimator("girard", "trace", "flatfl.analysis.estimators.trace:hutchinson_trace", title="Girard")
 '''
 
 
@@ -122,7 +122,7 @@ def test_pieces_dropped_into_a_copy_train_and_break_no_test_of_the_registries(tm
     assert r.returncode == 0 and (folder / "run" / "final.pt").is_file(), r.stderr[-2000:]
     config = json.loads((folder / "run" / "config.json").read_text())["config"]
     assert (config["algo"], config["reg"]) == ("fedfoo", "barreg")
-    r = run_in(folder, "-c", "from flatfl.utils.hessian_settings import estimator_names as n; "
+    r = run_in(folder, "-c", "from flatfl.analysis.estimators.registry import estimator_names as n; "
                              "print(n('eigenvalues')[-1], n('trace')[-1])")
     assert r.stdout.split() == ["krylov", "girard"], r.stderr[-2000:]  # the copy's registry holds them
     r = run_in(folder, "-m", "pytest", "-q", "-p", "no:cacheprovider", *REGISTRY_TESTS, "-k", "not copy")

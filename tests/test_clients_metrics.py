@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import flatfl
 from flatfl.analysis import HessianOperator, MatrixOperator, pyhessian_trace
-from flatfl.analysis.client_metrics import block_probe_rows, cross_client_metrics, pairwise_metrics
+from flatfl.analysis.estimators.client_metrics import block_probe_rows, cross_client_metrics, pairwise_metrics
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 

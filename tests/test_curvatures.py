@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from flatfl.analysis import EmpiricalFisherOperator, GGNOperator, HessianOperator, curvature_operator, hessian
-from flatfl.analysis.estimators import estimate_eigenvalues, estimate_trace
-from flatfl.analysis.per_layer import per_layer_curvature
+from flatfl.analysis.estimators.by_name import estimate_eigenvalues, estimate_trace
+from flatfl.analysis.estimators.per_layer import per_layer_curvature
 from flatfl.errors import ConfigError
-from flatfl.utils.hessian_settings import estimator_names
+from flatfl.analysis.estimators.registry import estimator_names
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -131,7 +131,7 @@ def test_a_loss_without_second_derivative_and_finite_differences(run, tmp_path, 
 def test_tracking_another_curvature(tmp_path):
     import csv
 
-    from flatfl.utils.hessian_settings import tracking_settings
+    from flatfl.analysis.commands.hessian_settings import tracking_settings
 
     run = train_tiny(tmp_path / "run", "--track-hessian", "1", "--track-curvature", "ggn", "--track-samples", "64")
     config = json.loads((run / "config.json").read_text())

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from flatfl.analysis.distributed import shard_batches, shard_ranges
+from flatfl.analysis.operators.distributed import shard_batches, shard_ranges
 from flatfl.errors import ConfigError
 from ranks import run_job, start_ranks, torchrun
 from rank_jobs import estimator_results, training_cases, training_results

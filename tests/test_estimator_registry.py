@@ -13,11 +13,12 @@ import torch
 from click.testing import CliRunner
 
 from flatfl.analysis import EigenResult
-from flatfl.analysis.estimators import estimate_eigenvalues
+from flatfl.analysis.estimators.by_name import estimate_eigenvalues
 from flatfl.cli import main
 from flatfl.errors import ConfigError
-from flatfl.utils.hessian_settings import (EIGEN_ESTIMATORS, HessianSettings, estimator, estimator_names,
-                                           register_estimator, unregister_estimator)
+from flatfl.analysis.estimators.registry import (EIGEN_ESTIMATORS, estimator, estimator_names, register_estimator,
+                                      unregister_estimator)
+from flatfl.analysis.commands.hessian_settings import HessianSettings
 from tiny_run import train_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -113,7 +114,7 @@ def test_registered_defaults_labels_and_pairings():
 
 
 def test_a_path_is_imported_only_when_the_estimator_runs(toy):
-    entry = register_estimator("toy-path", "eigenvalues", "flatfl.analysis.estimators:lanczos",
+    entry = register_estimator("toy-path", "eigenvalues", "flatfl.analysis.estimators.by_name:lanczos",
                                label="largest algebraic")
     try:
         matrix = torch.diag(torch.tensor([5.0, -9.0, 3.0, 1.0], dtype=torch.float64))
@@ -122,3 +123,57 @@ def test_a_path_is_imported_only_when_the_estimator_runs(toy):
         assert entry.load() is estimator("eigenvalues", "lanczos").load()
     finally:
         unregister_estimator("toy-path", "eigenvalues")
+
+
+def test_a_taken_name_is_refused_unless_its_caller_replaces_it_on_purpose(toy):
+    """The one rule for a taken name (docs/analysis.md): refused in one line; ``replace=True`` is the caller's own
+    choice (an entry point may not make it: tests/test_plugins_and_user_code.py)."""
+    with pytest.raises(ConfigError) as e:
+        register_estimator(TOY, "eigenvalues", dense_eigh)
+    assert str(e.value) == f"an eigenvalue method called '{TOY}' is already registered (pass replace=True to " \
+                           "replace it)"
+    assert estimator("eigenvalues", TOY) is toy
+    again = register_estimator(TOY, "eigenvalues", dense_eigh, title="again", replace=True)
+    assert estimator("eigenvalues", TOY) is again and again.title == "again"
+
+
+def _tiny_model_and_dense_hessian():
+    """A float64 two-layer network, a batch, and the dense Hessian of its mean cross-entropy over its flat
+    parameters (torch.autograd.functional.hessian: the truth the estimators are checked against)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 3)).double()
+    x, y = torch.randn(16, 4, dtype=torch.float64), torch.randint(0, 3, (16,))
+    params = list(model.parameters())
+    shapes = [p.shape for p in params]
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+
+    def loss(v):
+        chunks, offset = {}, 0
+        for (name, _), shape in zip(model.named_parameters(), shapes):
+            chunks[name] = v[offset:offset + shape.numel()].reshape(shape)
+            offset += shape.numel()
+        out = torch.func.functional_call(model, chunks, (x,))
+        return torch.nn.functional.cross_entropy(out, y)
+
+    return model, (x, y), torch.autograd.functional.hessian(loss, flat).numpy()
+
+
+def test_per_layer_and_the_pyhessian_api_run_any_registered_estimator(toy):
+    """--per-layer's blocks and ``hessian(...).eigenvalues`` ask the registry: the toy estimator runs there, and
+    gives the dense Hessian's eigenvalues (each block's: of its principal sub-matrix)."""
+    from flatfl.analysis import hessian, per_layer_curvature
+
+    model, batch, dense = _tiny_model_and_dense_hessian()
+    h = hessian(model, torch.nn.functional.cross_entropy, data=batch)
+    values, vectors = h.eigenvalues(top_n=2, method=TOY)
+    assert np.allclose(values, np.sort(np.linalg.eigvalsh(dense))[::-1][:2], rtol=1e-9, atol=1e-12)
+    assert h.last.method == TOY and len(vectors) == 2
+
+    layers = per_layer_curvature(h.operator, 1, dense_up_to=0, method=TOY, trace_method="hutchinson",
+                                 trace_hvps=50)
+    first, second = 4 * 3 + 3, 3 * 3 + 3  # each Linear's weight and bias: one block
+    for block, (a, b) in zip(layers.blocks, ((0, first), (first, first + second))):
+        truth = np.linalg.eigvalsh(dense[a:b, a:b])[-1]
+        assert block.method == f"{TOY}+hutchinson" and np.isclose(block.eigenvalues[0], truth, rtol=1e-9)
+    with pytest.raises(ConfigError, match="unknown trace method 'exact'"):
+        per_layer_curvature(h.operator, 1, trace_method="exact")

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flatfl.analysis import HessianOperator, hessian
-from flatfl.analysis.second_order import SecondDerivativeError
+from flatfl.analysis.operators.second_order import SecondDerivativeError
 from no_double_backward import Square
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import flatfl
 from flatfl.analysis import HessianOperator
-from flatfl.analysis.hessian_run import load_eigenvectors
+from flatfl.analysis.commands.hessian_command import load_eigenvectors
 from flatfl.cli import main
 from tiny_run import train_tiny
 

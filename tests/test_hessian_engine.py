@@ -27,7 +27,7 @@ from flatfl.analysis import (
     spectral_density,
     top_eigenvalues,
 )
-from flatfl.analysis.eigen import dense_matrix
+from flatfl.analysis.estimators.eigen import dense_matrix
 from flatfl.errors import ConfigError
 
 N_SAMPLES = 48

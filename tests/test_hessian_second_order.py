@@ -13,7 +13,7 @@ from torch.autograd.function import once_differentiable
 
 from dense import dense_hessian
 from flatfl.analysis import HessianOperator, hessian
-from flatfl.analysis.second_order import SecondDerivativeError
+from flatfl.analysis.operators.second_order import SecondDerivativeError
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 
@@ -112,7 +112,7 @@ def test_an_op_without_a_double_backward_is_named():
 
 def test_auto_products_fall_back_to_double_backward(monkeypatch):
     # where "auto" picks forward-over-reverse (CUDA), a Function without torch.func support falls back
-    import flatfl.analysis.operator as operator
+    import flatfl.analysis.operators.hessian as operator
 
     monkeypatch.setitem(operator.AUTO_PRODUCTS, "cpu", "forward-over-reverse")
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """The Hessian analysis defaults live in one place (HessianSettings); the command line, a grid file's [hessian]
-section, run_hessian / analyse and report --compute-missing all read them from there, and none changed."""
+section, run_hessian / compute and report --compute-missing all read them from there, and none changed."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,12 +7,13 @@ import inspect
 
 import pytest
 
-from flatfl.analysis.hessian_run import analyse, run_hessian
+from flatfl.analysis.commands.hessian_command import compute, run_hessian
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 from flatfl.report.pdf import DEFAULT_HESSIAN
 from flatfl.sweep import read_grid
-from flatfl.utils.hessian_settings import HessianSettings, estimator_names
+from flatfl.analysis.estimators.registry import estimator_names
+from flatfl.analysis.commands.hessian_settings import HessianSettings
 
 # the documented defaults (README / --help before the settings were gathered): written out, not derived
 EXPECTED = {"top": 1, "trace": True, "density": False, "samples": None, "batch_size": 256, "split": "train",
@@ -32,8 +33,9 @@ def choices(message: str) -> str:
 GRID = '[fixed]\nmodel = "tiny"\nclients = 4\nrounds = 1\nlocal_epochs = 1\n[grid]\nalgo = ["fedavg"]\n'
 
 
-def keyword_defaults(fn, skip=("checkpoint", "out", "quiet", "op", "keep_vectors")) -> dict:
-    return {n: p.default for n, p in inspect.signature(fn).parameters.items() if n not in skip}
+def settings_default(fn):
+    """The settings object ``fn`` computes with when none is given (its ``settings`` parameter's default)."""
+    return inspect.signature(fn).parameters["settings"].default
 
 
 def test_the_defaults_did_not_change():
@@ -44,16 +46,17 @@ def test_the_defaults_did_not_change():
 
 def test_cli_defaults_equal_the_dataclass(received_settings):
     """What ``flatfl hessian`` passes on when no option is given: the documented defaults; flags given turn on."""
-    assert received_settings("hessian", "flatfl.analysis.hessian_run.run_hessian") == EXPECTED
-    flags = received_settings("hessian", "flatfl.analysis.hessian_run.run_hessian", "--save-eigenvectors",
+    assert received_settings("hessian", "flatfl.analysis.commands.hessian_command.run_hessian") == EXPECTED
+    flags = received_settings("hessian", "flatfl.analysis.commands.hessian_command.run_hessian", "--save-eigenvectors",
                               "--exact-residuals", "--no-trace", "--density")
     assert flags == dict(EXPECTED, save_eigenvectors=True, exact_residuals=True, trace=False, density=True)
 
 
 def test_analysis_function_defaults_equal_the_dataclass():
-    assert keyword_defaults(run_hessian) == EXPECTED
-    own = keyword_defaults(analyse)
-    assert own and own == {k: EXPECTED[k] for k in own}
+    """run_hessian and compute take one settings object (no keyword per setting), defaulting to the defaults."""
+    for fn in (run_hessian, compute):
+        assert settings_default(fn).to_dict() == EXPECTED
+        assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
 
 
 def test_grid_file_defaults_equal_the_dataclass(tmp_path):

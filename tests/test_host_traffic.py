@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dense import dense_hessian
 from flatfl.analysis import (HessianOperator, hutchinson_trace, hutchpp_trace, power_iteration, spectral_density,
                              top_eigenvalues)
-from flatfl.analysis.operator import random_block, seeded_generator
+from flatfl.analysis.operators.hessian import random_block, seeded_generator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -248,7 +248,8 @@ ANALYSE = r"""
 import json, sys
 import flatfl.analysis
 import flatfl
-from flatfl.analysis.hessian_run import run_hessian
+from flatfl.analysis.commands.hessian_command import run_hessian
+from flatfl.analysis.commands.hessian_settings import HessianSettings
 
 out = {}
 for name, path in json.loads(sys.argv[1]).items():
@@ -256,7 +257,7 @@ for name, path in json.loads(sys.argv[1]).items():
     model = ckpt.model
     inner = getattr(model, "encoder", model)
     blocks = inner.residual_blocks() if hasattr(inner, "residual_blocks") else []
-    report = run_hessian(path, sys.argv[2] + "/" + name, top=1, trace=False, samples=64, quiet=True)
+    report = run_hessian(path, sys.argv[2] + "/" + name, HessianSettings(top=1, trace=False, samples=64), quiet=True)
     out[name] = {"class": type(model).__name__, "proj_dim": getattr(model, "proj_dim", None),
                  "survival": [b.survival for b in blocks], "top": report["top_eigenvalues"]}
 out["modules"] = sorted(m for m in sys.modules if m == "flatfl.train" or m.startswith("flatfl.train."))

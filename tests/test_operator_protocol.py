@@ -1,4 +1,4 @@
-"""The curvature-operator contract (flatfl.analysis.linear_operator): every operator flatfl makes keeps it, the
+"""The curvature-operator contract (flatfl.analysis.operators.linear_operator): every operator flatfl makes keeps it, the
 estimators call its members directly, anything else is turned into an operator in one place or refused in one line."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from flatfl.analysis import (CurvatureOperator, FunctionOperator, HessianOperator, MatrixOperator, as_operator,
                              hutchinson_trace, power_iteration, spectral_density, top_eigenvalues)
-from flatfl.analysis.linear_operator import DeflatedOperator, ForwardedOperator
+from flatfl.analysis.operators.linear_operator import DeflatedOperator, ForwardedOperator
 from flatfl.errors import ConfigError
 
 ANALYSIS = Path(__file__).resolve().parent.parent / "flatfl" / "analysis"
@@ -80,6 +80,6 @@ def test_an_object_with_the_products_part_is_forwarded():
 def test_no_estimator_probes_an_operator():
     """The members are the contract's: no getattr / hasattr / isinstance on an operator in flatfl/analysis."""
     probe = re.compile(r"(getattr|hasattr)\((op|item)\b|isinstance\(op\b|_Deflated")
-    found = [f"{path.name}:{i}" for path in sorted(ANALYSIS.glob("*.py"))
+    found = [f"{path.name}:{i}" for path in sorted(ANALYSIS.rglob("*.py"))
              for i, line in enumerate(path.read_text().splitlines(), 1) if probe.search(line)]
     assert not found, found

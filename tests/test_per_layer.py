@@ -15,7 +15,7 @@ from torch import nn
 
 from dense import dense_hessian
 from flatfl.analysis import hessian
-from flatfl.analysis.per_layer import layer_groups, per_layer_curvature
+from flatfl.analysis.estimators.per_layer import layer_groups, per_layer_curvature
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 from tiny_run import train_tiny

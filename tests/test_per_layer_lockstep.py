@@ -8,10 +8,10 @@ import torch
 from torch import nn
 
 from flatfl.analysis import GGNOperator, HessianOperator
-from flatfl.analysis.eigen import top_eigenvalues
-from flatfl.analysis.per_layer import BlockOperator, layer_groups, per_layer_curvature
-from flatfl.analysis.second_order import SecondDerivativeError
-from flatfl.analysis.trace import hutchpp_trace
+from flatfl.analysis.estimators.eigen import top_eigenvalues
+from flatfl.analysis.estimators.per_layer import BlockOperator, layer_groups, per_layer_curvature
+from flatfl.analysis.operators.second_order import SecondDerivativeError
+from flatfl.analysis.estimators.trace import hutchpp_trace
 from no_double_backward import Square
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

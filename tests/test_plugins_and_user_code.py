@@ -29,7 +29,7 @@ ROOT = Path(flatfl.__file__).resolve().parent.parent
 PLUGIN = '''
 import sys
 import numpy as np
-from flatfl.utils.hessian_settings import Estimator, register_estimator
+from flatfl.analysis.estimators.registry import Estimator, register_estimator
 
 def exits():
     sys.exit(0)
@@ -37,6 +37,9 @@ def exits():
 def registers_then_fails():
     register_estimator("half-done", "eigenvalues", "plugmod:nan_top")
     raise RuntimeError("second half broken")
+
+def replaces_lanczos():
+    register_estimator("lanczos", "eigenvalues", "plugmod:nan_top", replace=True)
 
 dup = Estimator("lanczos", "eigenvalues", "plugmod:nan_top")
 badkind = Estimator("x", "hessians", "plugmod:nan_top")
@@ -49,7 +52,8 @@ def nan_top(op, k, *, tol, seed, return_vectors, exact_residuals):
 '''
 
 POINTS = {"missing": "no_such_module_xyz:thing", "exits": "plugmod:exits", "dup": "plugmod:dup",
-          "badkind": "plugmod:badkind", "partial": "plugmod:registers_then_fails", "good": "plugmod:good"}
+          "badkind": "plugmod:badkind", "partial": "plugmod:registers_then_fails", "good": "plugmod:good",
+          "replaces": "plugmod:replaces_lanczos"}
 
 
 @pytest.fixture
@@ -79,11 +83,14 @@ def test_broken_plugins_are_one_warning_each_and_every_command_works(plugins, tm
     # the good one is offered; 'half-done', registered by a plug-in that failed after, was taken back with it
     assert "lanczos | power | nan-top (power" in " ".join(helped.stdout.split())
     warnings = helped.stderr.strip().splitlines()
-    assert len(warnings) == 5, warnings  # one per broken entry point, none for the good one
-    for line, name in zip(warnings, ("missing", "exits", "dup", "badkind", "partial")):
+    assert len(warnings) == 6, warnings  # one per broken entry point, none for the good one
+    for line, name in zip(warnings, ("missing", "exits", "dup", "badkind", "partial", "replaces")):
         assert line.startswith(f"flatfl: warning: the estimator plug-in {name} = {POINTS[name]} of the "
                                "distribution brokenplug 0.1"), line
-    assert "second half broken" in warnings[4] and "sys.exit(0)" in warnings[1] and "already registered" in warnings[2] and "'hessians'" in warnings[3]
+    assert "second half broken" in warnings[4] and "sys.exit(0)" in warnings[1] and "'hessians'" in warnings[3]
+    # a taken name: the one rule of docs/analysis.md, refused whether the plug-in asks to replace it or not
+    taken = "an eigenvalue method called 'lanczos' is already registered (a plug-in cannot replace it)"
+    assert warnings[2].endswith(taken) and warnings[5].endswith(taken), warnings
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +99,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def test_a_non_finite_estimate_is_refused(checkpoint, tmp_path):
-    from flatfl.utils.hessian_settings import register_estimator, unregister_estimator
+    from flatfl.analysis.estimators.registry import register_estimator, unregister_estimator
     import numpy as np
     from flatfl.analysis import EigenResult
 
@@ -238,7 +245,7 @@ def test_the_python_api_refuses_16_bit_models_bad_tolerances_and_endless_loaders
     import torch
     from torch import nn
 
-    from flatfl.analysis import batches as batches_module
+    from flatfl.analysis.operators import batches as batches_module
     from flatfl.analysis import hessian
     from flatfl.errors import ConfigError
 
@@ -312,7 +319,7 @@ def test_gpu_check_refuses_an_out_it_cannot_create_in_one_line(tmp_path):
                                          (("--trace-method", "hutchinson"), 1), (("--no-trace",), 1)])
 def test_trace_hvps_is_checked_against_what_the_estimators_need(flags, need):
     from flatfl.errors import ConfigError
-    from flatfl.utils.hessian_settings import HessianSettings
+    from flatfl.analysis.commands.hessian_settings import HessianSettings
 
     method = flags[1] if flags[:1] == ("--trace-method",) else None
     settings = dict(trace_method=method, per_layer="--per-layer" in flags, trace="--no-trace" not in flags)
@@ -351,8 +358,8 @@ def test_each_phases_bound_holds_what_the_phase_spent(checkpoint, tmp_path):
     """The bar's total is the products left at most: every phase of a real run spends no more than its bound."""
     import json
 
-    from flatfl.analysis.progress import phase_bounds
-    from flatfl.utils.hessian_settings import HessianSettings
+    from flatfl.analysis.commands.progress import phase_bounds
+    from flatfl.analysis.commands.hessian_settings import HessianSettings
 
     args = ["--top", "3", "--per-layer", "--density", "--density-steps", "20", "--trace-hvps", "30"]
     r = CliRunner().invoke(main, ["hessian", str(checkpoint), *args, "--samples", "64", "--quiet", "--out",
@@ -370,7 +377,7 @@ def test_each_phases_bound_holds_what_the_phase_spent(checkpoint, tmp_path):
 
 
 def test_the_bar_total_is_the_products_left_at_most_tightened_at_each_phase():
-    from flatfl.analysis.progress import PhasedProgress
+    from flatfl.analysis.commands.progress import PhasedProgress
 
     class Bar:  # what PhasedProgress reads and sets of a tqdm bar
         n, total, description = 0, None, ""

@@ -266,7 +266,7 @@ def test_shipped_paper_values_equal_the_shared_spec():
 
 def test_fedalign_layout_reads_the_clients_section(runs, tmp_path):
     """A FedAvg run on the FedML Dirichlet 0.5 split fills FedAlign Table 1; H_N / H_D come from the 'clients'
-    section that flatfl.analysis.clients_run.run_client_metrics adds to hessian.json."""
+    section that flatfl.analysis.commands.clients_command.run_client_metrics adds to hessian.json."""
     run = tmp_path / "fedavg-fedml"
     shutil.copytree(runs / "fedavg", run)
     cfg = json.loads((run / "config.json").read_text())

@@ -237,9 +237,9 @@ def test_an_analysis_with_other_settings_is_never_reused_for_the_default(tmp_pat
     ``--trace-method`` is there."""
     import dataclasses
 
-    from flatfl.analysis.hessian_run import settings_record
+    from flatfl.analysis.commands.hessian_command import settings_record
     from flatfl.runs import settings_match
-    from flatfl.utils.hessian_settings import HessianSettings
+    from flatfl.analysis.commands.hessian_settings import HessianSettings
 
     asked = dataclasses.asdict(HessianSettings())
     assert asked["loss"] is None and asked["samples"] is None and asked["trace_method"] is None

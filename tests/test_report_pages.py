@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import flatfl.report.pdf as report_pdf
-from flatfl.analysis.result_files import clients_file
+from flatfl.analysis.commands.result_files import clients_file
 from flatfl.train.config import build_config
 from flatfl.report import build_report
 from flatfl.reproduce import plan
@@ -366,7 +366,7 @@ def test_pdfs_carry_no_creation_date(monkeypatch, tmp_path):
     are rendered at two different (SOURCE_DATE_EPOCH) dates and must be equal, with no /CreationDate."""
     from matplotlib.figure import Figure
 
-    from flatfl.analysis.figures import figure_bytes
+    from flatfl.analysis.commands.figures import figure_bytes
     from flatfl.report.pdf import write_pdf
 
     def draw(fig, ax):

@@ -15,7 +15,7 @@ from flatfl.cli import main
 from flatfl.errors import ConfigError
 from flatfl.train.config import RunConfig
 from flatfl.train.identity import experiment_settings, run_settings
-from flatfl.utils.hessian_settings import HessianSettings
+from flatfl.analysis.commands.hessian_settings import HessianSettings
 from flatfl.utils.machine import cpu_model, machine_label
 from flatfl.utils.precision import computing_in, gpu_precision_notice
 from tiny_run import train_tiny

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from flatfl.cli import main
 from flatfl.errors import ConfigError
-from flatfl.utils.hessian_settings import tracking_settings
+from flatfl.analysis.commands.hessian_settings import tracking_settings
 
 TRAIN = ["train", "--dataset", "digits", "--model", "tiny", "--clients", "3", "--local-epochs", "1",
          "--batch-size", "64", "--eval-every", "3", "--quiet", "--threads", "1"]
@@ -123,6 +123,14 @@ def test_tracking_settings_checked_where_they_enter():
     cfg = RunConfig(dataset="digits", model="tiny", clients=2, rounds=1, track_hessian=1).validate()
     with pytest.raises(ConfigError, match="needs the observer"):
         Trainer(cfg, "/nonexistent-run-dir", quiet=True)
+    # training records the tracking settings without reading them (train/ does not import analysis/): the
+    # observer, which the analysis makes and every caller builds before a run folder, checks them
+    from flatfl.analysis.commands.tracking import curvature_observer
+
+    recorded = RunConfig(dataset="digits", model="tiny", clients=2, rounds=1, track_hessian=1,
+                         track_hessian_settings={"top": -1}).validate()
+    with pytest.raises(ConfigError, match="--track-top must be a non-negative integer, got -1"):
+        curvature_observer(recorded)
 
 
 def test_sweep_tasks_track_and_the_report_draws_the_series(tmp_path):
@@ -171,7 +179,7 @@ def test_reproduce_passes_the_tracking_through():
 def test_tracked_trace_meets_its_target_or_is_marked_unresolved(tmp_path):
     from flatfl.train.config import RunConfig
     from flatfl.train.engine import Trainer
-    from flatfl.analysis.tracking import curvature_observer
+    from flatfl.analysis.commands.tracking import curvature_observer
 
     def run(name, **tracking):
         cfg = RunConfig(dataset="digits", model="tiny", clients=3, local_epochs=1, batch_size=64, rounds=2,
@@ -210,7 +218,7 @@ def test_track_top_is_checked_before_the_first_round(tmp_path):
 def test_a_tracking_failure_is_named_and_training_goes_on(tmp_path, monkeypatch):
     import numpy as np
 
-    import flatfl.analysis.tracking as tracking
+    import flatfl.analysis.commands.tracking as tracking
 
     real, calls = tracking.compute, []
 

@@ -34,7 +34,7 @@ The richer answers stay reachable: :meth:`ModelHessian.top_eigenvalues` (residua
 (``h.last_eigenvalues``, ``h.last_trace``, ``h.last_density`` for each kind).
 
 Beyond PyHessian: ``loss=fn`` instead of a criterion, ``fn(model, batch) -> scalar`` for batches of any structure
-(:mod:`flatfl.analysis.objective`); ``data=`` is then one batch and ``dataloader=`` yields batches, weighted by
+(:mod:`flatfl.analysis.operators.objective`); ``data=`` is then one batch and ``dataloader=`` yields batches, weighted by
 their number of samples. ``cuda``: PyHessian's flag. flatfl computes on the model's device (move the model
 first, ``model.cuda()``; the data follows it); ``cuda=True`` on a machine without CUDA is a ConfigError naming
 ``cuda=False``. The default, ``None``, takes the model's device without a check. Every estimator runs with
@@ -52,24 +52,22 @@ import torch
 
 from ..errors import ConfigError
 from ..utils.atomic import atomic_write_bytes_unrecorded
-from ..utils.hessian_settings import DEFAULT_TRACE_METHOD, HessianSettings
-from .density import DensityResult, spectral_density
-from .eigen import EigenResult
-from .estimators import estimate_eigenvalues, estimate_trace
-from .batches import as_batches
-from .curvatures import curvature_operator
-from .per_layer import PerLayerResult, per_layer_curvature
-from .power import power_iteration
-from .trace import TraceResult, hutchpp_trace, pyhessian_trace
+from .estimators.registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, estimator
+from .commands.hessian_settings import HessianSettings
+from .estimators.density import DensityResult, spectral_density
+from .estimators.eigen import EigenResult
+from .estimators.by_name import estimate_eigenvalues, estimate_trace
+from .operators.batches import as_batches
+from .operators.curvatures import curvature_operator
+from .estimators.per_layer import PerLayerResult, per_layer_curvature
+from .estimators.power import power_iteration
+from .estimators.trace import TraceResult, hutchpp_trace, pyhessian_trace
 
 __all__ = ["hessian", "ModelHessian", "DENSITY_FORMATS"]
 
 DEFAULTS = HessianSettings()
 #: what :meth:`ModelHessian.save_density` writes, by the file's suffix
 DENSITY_FORMATS = (".png", ".pdf", ".csv")
-#: the eigenvalue methods of :meth:`ModelHessian.eigenvalues` and the trace methods of :meth:`ModelHessian.trace`
-PYHESSIAN_EIGEN_METHODS = ("lanczos", "power")
-PYHESSIAN_TRACE_METHODS = ("hutchpp", "hutchinson", "pyhessian")
 
 
 def _check_cuda(cuda) -> None:
@@ -83,11 +81,11 @@ def _check_cuda(cuda) -> None:
 
 
 def _operator(model, batches, criterion, loss, mode: str, curvature: str, products: str):
-    """The curvature operator of the API (:func:`~flatfl.analysis.curvatures.curvature_operator`): under torchrun
+    """The curvature operator of the API (:func:`~flatfl.analysis.operators.curvatures.curvature_operator`): under torchrun
     (several ranks), this rank's shard of the batches with its products all-reduced
-    (:mod:`flatfl.analysis.distributed`), the process group started on the model's device; else the plain operator."""
+    (:mod:`flatfl.analysis.operators.distributed`), the process group started on the model's device; else the plain operator."""
     from ..utils import distributed
-    from .distributed import over_ranks
+    from .operators.distributed import over_ranks
 
     if distributed.launched().distributed:
         first = next((p for p in model.parameters()), None)
@@ -120,9 +118,9 @@ class ModelHessian:
 
     Attributes as PyHessian's: ``model``, ``criterion``, ``params`` (the parameters differentiated, in order),
     ``device`` (``"cuda"`` or ``"cpu"``), ``full_dataset`` (True with ``dataloader=``), ``data``. :attr:`operator`
-    is the :class:`~flatfl.analysis.operator.HessianOperator` (``matvec``, ``dim``, ``hvps``...) for the other
+    is the :class:`~flatfl.analysis.operators.hessian.HessianOperator` (``matvec``, ``dim``, ``hvps``...) for the other
     estimators of :mod:`flatfl.analysis`; with ``curvature="ggn"`` or ``"empirical-fisher"`` it is its sibling,
-    the generalized Gauss-Newton matrix or the empirical Fisher (:mod:`flatfl.analysis.curvatures`), and every
+    the generalized Gauss-Newton matrix or the empirical Fisher (:mod:`flatfl.analysis.operators.curvatures`), and every
     method answers for that matrix. ``products``: how Hessian products are computed (``"finite-difference"`` for
     an operation torch cannot differentiate twice).
     """
@@ -150,7 +148,7 @@ class ModelHessian:
                               "point are too coarse for eigenvalues; analyse a float32 copy "
                               "(copy.deepcopy(model).float()) or model.double()")
         if loss is not None:
-            from .objective import loss_batches
+            from .operators.objective import loss_batches
 
             batches = loss_batches(data, one_batch=True) if data is not None else loss_batches(dataloader)
         else:
@@ -191,14 +189,14 @@ class ModelHessian:
 
     # ------------------------------------------------------------------ PyHessian's calls
     def eigenvalues(self, maxIter: int = 100, tol: float = 1e-3, top_n: int = 1, *,
-                    method: str = "lanczos") -> tuple[list[float], list[list[torch.Tensor]]]:
+                    method: str = DEFAULT_EIGEN_METHOD) -> tuple[list[float], list[list[torch.Tensor]]]:
         """PyHessian's ``eigenvalues``: ``(values, vectors)``, the ``top_n`` largest eigenvalues as floats and each
         one's eigenvector as a list of tensors shaped like :attr:`params`. ``method="lanczos"`` (default: largest
-        algebraic, descending, relative residual ``tol``) or ``"power"`` (PyHessian's power iteration, at most
-        ``maxIter`` products per eigenvalue, in the order found). The rich result: ``h.last``."""
-        if method not in PYHESSIAN_EIGEN_METHODS:
-            raise ConfigError(f"unknown eigenvalue method {method!r}; choose one of "
-                              f"{', '.join(PYHESSIAN_EIGEN_METHODS)}")
+        algebraic, descending, relative residual ``tol``), ``"power"`` (PyHessian's power iteration, at most
+        ``maxIter`` products per eigenvalue, in the order found) or any other registered eigenvalue method
+        (:mod:`flatfl.analysis.estimators.registry`; ``maxIter`` is PyHessian's power iteration's alone). The rich result:
+        ``h.last``."""
+        estimator("eigenvalues", method)  # an unknown name: the registry's one line, naming the registered ones
         if not isinstance(maxIter, (int, np.integer)) or isinstance(maxIter, bool) or maxIter < 1:
             raise ConfigError(f"maxIter must be a positive integer, got {maxIter!r}")
         _check_tol("tol", tol)
@@ -206,8 +204,7 @@ class ModelHessian:
             result = power_iteration(self.operator, top_n, max_iter=int(maxIter), tol=tol, seed=self.seed,
                                      return_vectors=True)
         else:
-            result = estimate_eigenvalues(self.operator, "lanczos", top_n, tol=tol, seed=self.seed,
-                                          return_vectors=True)
+            result = estimate_eigenvalues(self.operator, method, top_n, tol=tol, seed=self.seed, return_vectors=True)
         self._keep(result)
         vectors = [[t.detach().clone() for t in self.operator.unflatten(v).values()] for v in result.eigenvectors]
         return [float(v) for v in result.eigenvalues], vectors
@@ -217,9 +214,9 @@ class ModelHessian:
         most ``maxIter`` products. ``method="hutchpp"`` (default): Hutch++, stopped once its standard error is below
         ``tol`` of the estimate, each entry the sketch's exact trace plus one probe of the rest;
         ``"hutchinson"``: ``z^T H z`` probes with the same stopping rule; ``"pyhessian"``: PyHessian's loop and
-        stopping rule. The rich result (estimate, standard error, products): ``h.last``."""
-        if method not in PYHESSIAN_TRACE_METHODS:
-            raise ConfigError(f"unknown trace method {method!r}; choose one of {', '.join(PYHESSIAN_TRACE_METHODS)}")
+        stopping rule; any other registered trace method with the budget ``maxIter`` and the relative standard error
+        ``tol``. The rich result (estimate, standard error, products): ``h.last``."""
+        estimator("trace", method)  # an unknown name: the registry's one line, naming the registered ones
         if not isinstance(maxIter, (int, np.integer)) or isinstance(maxIter, bool) or maxIter < 1:
             raise ConfigError(f"maxIter must be a positive integer, got {maxIter!r}")
         _check_tol("tol", tol)
@@ -230,7 +227,7 @@ class ModelHessian:
         elif method == "hutchpp":
             result = hutchpp_trace(self.operator, max_hvps=int(maxIter), rtol=tol, seed=self.seed + 1)
         else:
-            result = estimate_trace(self.operator, "hutchinson", max_hvps=int(maxIter), rtol=tol, seed=self.seed + 1)
+            result = estimate_trace(self.operator, method, max_hvps=int(maxIter), rtol=tol, seed=self.seed + 1)
         self._keep(result)
         offset = float(result.info.get("sketch_trace", 0.0))
         return [offset + float(s) for s in result.samples]
@@ -272,7 +269,7 @@ class ModelHessian:
                   max_hvps: int = DEFAULTS.trace_hvps, rtol: float | None = DEFAULTS.trace_rtol,
                   dense_up_to: int | None = None) -> PerLayerResult:
         """Each module's Hessian block (weights and bias together; ``grouping="parameter"``: each named parameter):
-        its top ``top_n`` eigenvalues and its trace +- standard error (:mod:`flatfl.analysis.per_layer`; a block
+        its top ``top_n`` eigenvalues and its trace +- standard error (:mod:`flatfl.analysis.estimators.per_layer`; a block
         of at most ``dense_up_to`` entries, default ``max_hvps``, exactly). ``.blocks``, ``.trace_sum``."""
         _check_tol("tol", tol)
         _check_tol("rtol", rtol, none=True)
@@ -300,7 +297,7 @@ class ModelHessian:
                 out.write(f"{x:.9g},{d:.9g}\n")
             data = out.getvalue().encode()
         else:
-            from .figures import density_figure
+            from .commands.figures import density_figure
 
             marks = [] if self.last_eigenvalues is None else self.last_eigenvalues.eigenvalues.tolist()
             data = density_figure(dens, suffix[1:], marks=marks, samples=self.num_samples,

@@ -1,6 +1,6 @@
 """``flatfl hessian``, ``hessian-clients`` and ``surface``: the analyses of a checkpoint. Their options' defaults
-are the fields of the typed settings (:mod:`flatfl.utils.hessian_settings`, ...); the Hessian estimators' names,
-labels and pairings come from the registry there."""
+are the fields of the typed settings (:mod:`flatfl.analysis.commands.hessian_settings`, ...); the Hessian estimators' names,
+labels and pairings come from the registry (:mod:`flatfl.analysis.estimators.registry`)."""
 from __future__ import annotations
 
 import functools
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import click
 
-from ..utils.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # no torch: the defaults
-from ..utils.hessian_settings import (CURVATURES, DEFAULT_TRACE_METHOD, PRODUCT_METHODS, HessianSettings, estimator,
-                                      estimator_names)
+from ..analysis.commands.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # no torch: the defaults
+from ..analysis.estimators.registry import DEFAULT_TRACE_METHOD, estimator, estimator_names
+from ..analysis.commands.hessian_settings import CURVATURES, PRODUCT_METHODS, HessianSettings
 from ..utils.precision import PRECISIONS
-from ..utils.surface_settings import DIRECTION_KINDS, SurfaceSettings
+from ..analysis.commands.surface_settings import DIRECTION_KINDS, SurfaceSettings
 from .common import LazyHelp, NameChoice, apply_threads, friendly_errors, threads_option
 
 __all__ = ["hessian", "hessian_clients", "surface", "default_out"]
@@ -29,16 +29,18 @@ def _trace_default_text() -> str:
     return f"(default: {DEFAULT_TRACE_METHOD}{pairs})"
 
 
-def on_a_checkpoint(command: str):
-    """What every analysis command shares: ``--quiet`` and ``--threads``, errors as one line, the threads applied
-    and the output folder resolved (``--out``, else the run's own folder for ``command``); the command gets ``out``
-    and ``where`` (a note for its last line when the folder was chosen for it)."""
+def on_a_checkpoint(command: str, settings_type):
+    """What every analysis command shares: ``--quiet`` and ``--threads``, errors as one line, the threads applied,
+    the output folder resolved (``--out``, else the run's own folder for ``command``) and the command's options made
+    into its one settings object (``settings_type``: one field per option, where the command line enters); the
+    command gets ``checkpoint``, ``out``, ``where`` (a note for its last line when the folder was chosen for it),
+    ``settings`` and ``quiet``."""
     def wrap(fn):
         @functools.wraps(fn)
-        def run(checkpoint, out, threads, **opts):
+        def run(checkpoint, out, threads, quiet, **options):
             apply_threads(threads)
             out, where = _out_folder(checkpoint, out, command)
-            return fn(checkpoint, out, where, **opts)
+            return fn(checkpoint, out, where, settings_type(**options), quiet)
         return click.option("--quiet", is_flag=True, help="no progress bar")(threads_option(friendly_errors(run)))
     return wrap
 
@@ -112,12 +114,12 @@ Examples:
               show_default=True, help=f"{' | '.join(PRODUCT_METHODS)}: how Hessian products are computed (auto: forward-over-reverse on CUDA, "
               "double backward elsewhere; finite-difference: two gradients per product, for operations torch cannot "
               "differentiate twice)")
-@on_a_checkpoint("hessian")
-def hessian(checkpoint, out, where, **opts):
+@on_a_checkpoint("hessian", HessianSettings)
+def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
     """Top Hessian eigenvalues, trace and spectral density of a checkpoint's model (mean loss, eval mode)."""
-    from ..analysis.hessian_run import run_hessian
+    from ..analysis.commands.hessian_command import run_hessian
 
-    report = run_hessian(checkpoint, out, **opts)
+    report = run_hessian(checkpoint, out, settings, quiet=quiet)
     values = report["top_eigenvalues"]
     found = []
     if values:
@@ -211,12 +213,12 @@ is refused (choose another --out). The run must have been trained with --save-cl
 @click.option("--seed", type=int, default=CLIENTS_DEFAULTS.seed, show_default=True, help="seed of the sample draws and the probes")
 @click.option("--curvature", default=CLIENTS_DEFAULTS.curvature, show_default=True, help=f"{' | '.join(CURVATURES)}: the matrix of every client (a curvature other than the Hessian writes files of its own, clients-<protocol>-<curvature>.json, which reports do not use)")
 @model_source_options(CLIENTS_DEFAULTS)
-@on_a_checkpoint("hessian-clients")
-def hessian_clients(checkpoint, out, where, **opts):
+@on_a_checkpoint("hessian-clients", ClientMetricsSettings)
+def hessian_clients(checkpoint, out, where, settings: ClientMetricsSettings, quiet: bool):
     """Cross-client Hessian metrics H_N and H_D (FedAlign Eq. 3-4) with standard errors."""
-    from ..analysis.clients_run import run_client_metrics
+    from ..analysis.commands.clients_command import run_client_metrics
 
-    c = run_client_metrics(checkpoint, out, **opts)
+    c = run_client_metrics(checkpoint, out, settings, quiet=quiet)
 
     def show(value, err):
         return "n/a" if value is None else f"{value:.6g} +- {'n/a' if err is None else f'{err:.3g}'}"
@@ -247,7 +249,7 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 @click.option("--out", default=None, type=click.Path(), help="output directory (surface.npz/.csv/.json, figures; default: the run's 'surface' folder)")
 @click.option("--directions", default=SURFACE_DEFAULTS.directions, show_default=True, help=f"{' | '.join(DIRECTION_KINDS)} (random: filter-normalised; hessian: top-2 eigenvectors)")
 @click.option("--grid", type=int, default=SURFACE_DEFAULTS.grid, show_default=True, help="points per axis (linspace(-R, R, N))")
-@click.option("--range", "range_", type=float, default=SURFACE_DEFAULTS.range, show_default=True, help="half-width R of the square")
+@click.option("--range", "range", type=float, default=SURFACE_DEFAULTS.range, show_default=True, help="half-width R of the square")
 @click.option("--samples", type=int, default=SURFACE_DEFAULTS.samples, help="draw N evaluation samples once with --seed (default: whole split)")
 @click.option("--workers", type=int, default=SURFACE_DEFAULTS.workers, show_default=True, help="local worker processes (CPU)")
 @click.option("--batch-size", type=int, default=SURFACE_DEFAULTS.batch_size, show_default=True, help="evaluation batch size")
@@ -258,12 +260,12 @@ Killed? Run the same command again: finished grid points are kept in surface.npz
 @click.option("--tol", type=float, default=SURFACE_DEFAULTS.tol, show_default=True, help="Lanczos tolerance for --directions hessian")
 @model_source_options(SURFACE_DEFAULTS)
 @click.option("--force", is_flag=True, default=SURFACE_DEFAULTS.force, help="start over instead of resuming surface.npz in --out")
-@on_a_checkpoint("surface")
-def surface(checkpoint, out, where, range_, **opts):
+@on_a_checkpoint("surface", SurfaceSettings)
+def surface(checkpoint, out, where, settings: SurfaceSettings, quiet: bool):
     """Loss and accuracy on a 2-D grid around a checkpoint's model (contour and 3-D figures)."""
-    from ..analysis.surface_run import run_surface
+    from ..analysis.commands.surface_command import run_surface
 
-    report = run_surface(checkpoint, out, range=range_, **opts)
+    report = run_surface(checkpoint, out, settings, quiet=quiet)
     origin = report["loss_at_origin"]
     shown = "" if origin is None else f", loss at origin {origin:.6g}"
     click.echo(f"loss min {report['loss_min']:.6g}, max {report['loss_max']:.6g}{shown}; {report['points']} points "

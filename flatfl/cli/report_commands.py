@@ -8,10 +8,12 @@ from pathlib import Path
 
 import click
 
+from ..analysis.commands.hessian_settings import HessianSettings  # no torch: the defaults and the estimators' names
+from ..analysis.estimators.registry import estimator_names
 from ..errors import error_line
 from ..paper_tables import DEFAULT_SEEDS, PRESETS, TARGETS  # no torch: the tables flatfl reproduce makes
 from ..utils.precision import PRECISIONS
-from .common import NameChoice, apply_threads, friendly_errors, threads_option
+from .common import LazyHelp, NameChoice, apply_threads, friendly_errors, threads_option
 
 __all__ = ["report", "contrast", "reproduce", "sweep", "echo_summary"]
 
@@ -35,7 +37,9 @@ Examples:
 @click.option("--top", type=int, default=None, help="Hessian asked for: number of top eigenvalues (--compute-missing default 1)")
 @click.option("--density/--no-density", default=None, help="Hessian asked for: with the spectral density (--compute-missing default: no)")
 @click.option("--samples", type=int, default=None, help="Hessian asked for: evaluation samples (default: the whole training split)")
-@click.option("--method", default=None, help="Hessian asked for: lanczos | power (--compute-missing default lanczos)")
+@click.option("--method", default=None, cls=LazyHelp,
+              lazy_help=lambda: f"Hessian asked for: {' | '.join(estimator_names('eigenvalues'))} (--compute-missing "
+              f"default {HessianSettings.method})")
 @click.option("--device", default="cpu", show_default=True, help="--compute-missing: cpu | cuda | cuda:N | mps")
 @threads_option
 @friendly_errors

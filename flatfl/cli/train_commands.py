@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..train.config import RunConfig
-from ..utils.hessian_settings import tracking_settings
+from ..analysis.commands.hessian_settings import tracking_settings
 from ..utils.precision import PRECISIONS
 from .common import NameChoice, friendly_errors, threads_option
 
@@ -142,7 +142,7 @@ Examples:
 @friendly_errors
 def train(config_file, resume_dir, force, quiet, **opts):
     """Simulate federated training and write a run directory (config, partition, metrics.csv, checkpoints)."""
-    from ..analysis.tracking import curvature_observer
+    from ..analysis.commands.tracking import curvature_observer
     from ..train.run import train_from_options
 
     tracking = {k: v for k, v in (("top", opts.pop("track_top")), ("samples", opts.pop("track_samples")),

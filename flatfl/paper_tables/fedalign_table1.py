@@ -20,7 +20,7 @@ SPEC = TableSpec(
     paper_names=(("FedAvg+Mixup", "Mixup"), ("FedAvg+StochDepth", "StochDepth"), ("FedAvg+GradAug", "GradAug")),
     notes=("FedAlign itself has no row in the paper's Table 1 (its accuracy is in Table 2 there); ours is shown "
            "without a paper value.",
-           "H_N and H_D: cross-client Hessian diagonals (flatfl.analysis.client_metrics); the protocol used is in the "
+           "H_N and H_D: cross-client Hessian diagonals (flatfl.analysis.estimators.client_metrics); the protocol used is in the "
            "subtitle, each run's in runs.csv (clients_protocol)."))
 
 #: what every preset's runs share: FedAlign's training recipe (all clients every round, the FedML Dirichlet 0.5

@@ -24,7 +24,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from ..utils.device import resolve_device
-from ..utils.hessian_settings import HessianSettings
+from ..analysis.commands.hessian_settings import HessianSettings
 from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
 from ..utils.lock import locks_output
 from ..utils.manifest import refuse_foreign, remove_owned

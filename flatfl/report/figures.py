@@ -282,7 +282,7 @@ def surface_page(title: str, records: list) -> Figure:
     points left blank), with the directions named on the axes."""
     from pathlib import Path
 
-    from ..analysis.result_files import ResultFileError, read_surface_file
+    from ..analysis.commands.result_files import ResultFileError, read_surface_file
 
     fig = _canvas(Figure(figsize=PAGE_SIZE))
     fig.suptitle(title, fontsize=12, weight="bold", y=0.975)

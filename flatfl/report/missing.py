@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from ..errors import FlatflError
-from ..utils.hessian_settings import HessianSettings
+from ..analysis.commands.hessian_settings import HessianSettings
 from .layouts import fills, records_of
 from .metrics import clients_needed
 from .records import choose_clients_protocol

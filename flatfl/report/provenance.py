@@ -19,7 +19,7 @@ def check_provenance(d: Path, cfg: dict, rounds_done: int, analyses: dict, clien
     is final.pt's, so is its record of data of the user's (``data``: name and digest), metrics.csv reaches final.pt's round (a truncated one would pair an early accuracy with a later
     Hessian), and each hessian.json, clients-*.json and surface.json measured the weights of the model it names
     (not another run's, copied in). Returns {'server': digest, 'clients-average': digest}."""
-    from ..analysis.result_files import read_surface_file
+    from ..analysis.commands.result_files import read_surface_file
     from ..checkpoint import read_checkpoint
     from ..runs import MODEL_CHECKPOINTS, analysis_dir
     from ..utils.provenance import differing_settings, settings_digest, short, state_digest

@@ -68,7 +68,7 @@ def read_metrics(path: Path) -> list[dict]:
 def read_analyses(run_dir: Path) -> dict[str, dict]:
     """Every Hessian analysis of a run, folder name -> hessian.json; one written before the checkpoint was recorded
     is of the server model (its checkpoint is set to the run's final.pt)."""
-    from ..analysis.result_files import read_hessian_file
+    from ..analysis.commands.result_files import read_hessian_file
 
     analyses = {}
     for sub in sorted(run_dir.iterdir()):
@@ -86,7 +86,7 @@ def clients_results(run_dir: Path, analyses: dict[str, dict], final_round: int |
     its own (``clients-<protocol>.json``, in the run's hessian folder or the run itself); older runs hold one as the
     'clients' section of a hessian.json. For each protocol the first found in that order is used. With
     ``final_round``, a result that records another round (of a run resumed after it was measured) is not used."""
-    from ..analysis.result_files import read_clients_file
+    from ..analysis.commands.result_files import read_clients_file
     from ..runs import CLIENTS_DIR
 
     def current(data):  # of the final round, and of the Hessian (another curvature's H_N is not the table's)

@@ -46,7 +46,7 @@ def check_observer(cfg: RunConfig, observer) -> None:
     """``--track-hessian`` needs the observer that computes the curvature (the engine knows nothing of Hessians)."""
     if cfg.track_hessian and observer is None:
         raise ConfigError("--track-hessian needs the observer that computes the curvature: "
-                          "Trainer(..., observer=flatfl.analysis.tracking.curvature_observer(cfg))")
+                          "Trainer(..., observer=flatfl.analysis.commands.tracking.curvature_observer(cfg))")
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,8 @@ class RunConfig:
     float32_matmul: str = "full"
     # CUDA: a cohort's full local steps captured once a round as a CUDA graph and replayed (flatfl.train.step_graph)
     cuda_graphs: bool = False
-    # curvature during training: every K rounds and at the end (0: off), settings as in flatfl.utils.hessian_settings
+    # curvature during training: every K rounds and at the end (0: off); its settings, keys of flatfl hessian's,
+    # are recorded here and checked by the analysis (flatfl.analysis.commands.hessian_settings.tracking_settings)
     # (TRACKING_FIELDS; unset ones take TRACKING_DEFAULTS). The engine only calls the observer that computes them.
     track_hessian: int = 0
     track_hessian_settings: dict = field(default_factory=dict)
@@ -182,12 +183,11 @@ class RunConfig:
         need(self.checkpoint_every >= 1, f"--checkpoint-every must be a positive integer, got {self.checkpoint_every}")
         need(0 <= self.track_hessian <= MAX_COUNT, f"--track-hessian must be an integer >= 0 (0: off), got "
              f"{self.track_hessian}")
-        if self.track_hessian:
-            from ..utils.hessian_settings import tracking_settings
-
-            tracking_settings(self.track_hessian_settings)  # raises ConfigError on a bad key or value
-        elif self.track_hessian_settings:
+        if self.track_hessian_settings and not self.track_hessian:
             raise ConfigError("curvature-tracking settings given without --track-hessian K")
+        # their keys and values are the analysis' to check (training records them, and never imports analysis):
+        # the observer that computes the curvature, flatfl.analysis.commands.tracking.curvature_observer(cfg), refuses a bad
+        # one, and every caller builds it before a run folder is made (train_from_options, the sweep's plan)
         need(self.eval_batch_size >= 1, f"--eval-batch-size must be a positive integer, got {self.eval_batch_size}")
         from ..utils.threads import check_threads
 

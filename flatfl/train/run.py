@@ -29,7 +29,7 @@ RESUME_FLAGS = ("threads",)
 def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=False, opts=None,
                        observer_for=None) -> Path:
     """``observer_for(cfg)``: the run's observer (see :class:`~flatfl.train.engine.Trainer`) or None; the command
-    line passes :func:`flatfl.analysis.tracking.curvature_observer`."""
+    line passes :func:`flatfl.analysis.commands.tracking.curvature_observer`."""
     opts = dict(opts or {})
     observer_for = observer_for or (lambda cfg: None)
     if resume_dir is not None:
@@ -39,10 +39,11 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
             raise ConfigError(f"--resume continues {resume_dir} with the settings it started with; {', '.join(given)} "
                               "would be ignored: leave them out (or start a new run with another --out)")
         cfg = read_run_config(resume_dir)
+        observer = observer_for(cfg)  # checks the run's tracking settings before the folder is locked
         # the device and threads once, for the Trainer too: --threads given here wins over the run's recorded count
         process = start_process(cfg.device, opts.get("threads") if opts.get("threads") is not None else cfg.threads)
         with _resume_hint(Path(resume_dir)), folder_lock(resume_dir):
-            trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet, observer=observer_for(cfg), process=process)
+            trainer = Trainer(cfg, resume_dir, resume=True, quiet=quiet, observer=observer, process=process)
             return trainer.run()
     from .catalog import all_hparams
 
@@ -53,6 +54,7 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
         cli["params"] = params
     file_settings = read_config_file(config_file) if config_file else {}
     cfg = build_config(file_settings, cli)
+    observer = observer_for(cfg)  # the tracking settings checked by the analysis that computes them, before any folder
     # the device and threads once, before any folder is made or data read; under torchrun the ranks meet here
     process = start_process(cfg.device, cfg.threads)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
@@ -62,7 +64,7 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
     with folder_lock(run_dir):  # rank 0's alone, which checks (and with --force empties) the folder
         distributed.on_main(lambda: _fresh_run_dir(run_dir, force))
         with _resume_hint(run_dir):
-            return Trainer(cfg, run_dir, quiet=quiet, observer=observer_for(cfg), process=process).run()
+            return Trainer(cfg, run_dir, quiet=quiet, observer=observer, process=process).run()
 
 
 def _fresh_run_dir(run_dir: Path, force: bool) -> None:

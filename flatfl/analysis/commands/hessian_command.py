@@ -1,0 +1,332 @@
+"""What ``flatfl hessian`` does: checkpoint in; ``hessian.json``, ``eigenvalues.csv`` and figures out.
+
+* :func:`compute` runs the estimators its settings ask for on any operator and returns a JSON-ready report (plus
+  the raw results), so it works on user models without a checkpoint.
+* :func:`write_outputs` renders the figures in memory and only then writes every file atomically (one file at a
+  time with :mod:`flatfl.utils.io`, ``hessian.json`` last): a failure while computing leaves no output at all.
+* :func:`run_hessian` validates the settings, loads the checkpoint and its evaluation set (the skeleton of
+  :mod:`flatfl.analysis.commands.skeleton`), and chains the two. One :class:`~flatfl.analysis.commands.hessian_settings.HessianSettings`
+  travels through them: the command line (or a grid file, a preset, Python) builds it, :func:`run_hessian` takes it
+  whole, :func:`compute` reads it and :func:`settings_record` writes it into hessian.json. The estimators are chosen
+  by name from the registry (:mod:`flatfl.analysis.estimators.by_name`); the figures are
+  :func:`flatfl.analysis.commands.figures.hessian_figures`; the file is read back with
+  :func:`flatfl.analysis.commands.result_files.read_hessian_file`.
+
+Outputs in ``--out DIR`` (the command line's default: the run's ``hessian`` folder,
+:func:`flatfl.cli.analysis_commands.default_out`): ``hessian.json`` (eigenvalues with residuals ``||Hv - lambda v||``, error estimates
+``min(r, r^2 / gap)`` and converged flags; ``eigenvalue_ratio``, lambda_1 / lambda_5 when at least five are computed;
+trace with standard error; ``products``: how the products were computed and, for finite differences, their stated
+relative error; SLQ nodes and weights; HVP counts, seconds,
+settings, checkpoint path, round, parameter count), ``eigenvalues.csv``, ``eigenvalues.png/.pdf`` (the top-k on a
+log axis and each one's residual and error estimate; when k >= 2), ``density.png/.pdf`` (spectral density as MAN
+Fig. 4b: every SLQ start averaged, Gaussian width stated, log axis from 1e-4 of the peak; with ``--density``), ``eigenvectors.pt`` with ``--save-eigenvectors`` (read it with :func:`load_eigenvectors`), and with
+``--per-layer`` ``per_layer.csv`` and ``per_layer.png/.pdf`` (each module's Hessian block,
+:mod:`flatfl.analysis.estimators.per_layer`). ``--loss module:function`` replaces cross-entropy by ``function(model, batch)``
+(:mod:`flatfl.analysis.operators.objective`). ``--curvature ggn`` or ``empirical-fisher`` measures the generalized
+Gauss-Newton matrix or the empirical Fisher instead of the Hessian (:mod:`flatfl.analysis.operators.curvatures`), recorded in
+the settings; ``--products`` chooses how Hessian products are computed.
+"""
+from __future__ import annotations
+
+import io
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...checkpoint import load_tensors
+from ...errors import CheckpointError, ConfigError
+from ..estimators.registry import DEFAULT_DENSITY_METHOD
+from .hessian_settings import HessianSettings
+from ...utils import distributed
+from ...utils.io import json_safe
+from ...utils.lock import locks_output
+from ..operators.distributed import over_ranks
+from ..estimators.per_layer import layer_sizes
+from .progress import PhasedProgress, phase_bounds
+from .skeleton import AnalysisCommand, check_out_folder, progress_bar, versions, weights_digest, write_result
+from ..estimators.by_name import estimate_density, estimate_eigenvalues, estimate_trace
+from .figures import hessian_figures
+from ..operators.linear_operator import CurvatureOperator, as_operator
+from ..operators.curvatures import curvature_operator
+from .result_files import ResultFileError, read_hessian_file
+
+__all__ = ["run_hessian", "compute", "write_outputs", "load_eigenvectors", "EigenvectorFile", "weights_digest",
+           "settings_record", "eigenvalue_ratio"]
+
+EIGENVECTOR_FORMAT = "flatfl-eigenvectors"
+OUTPUT_NAMES = ("eigenvalues.png", "eigenvalues.pdf", "density.png", "density.pdf", "eigenvalues.csv",
+                "eigenvectors.pt", "per_layer.csv", "per_layer.png", "per_layer.pdf")
+
+
+# ---------------------------------------------------------------------------------------------- computing
+def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings(), *, keep_vectors: bool = False,
+            on_phase=None):
+    """Run the estimators ``settings`` ask for on ``op`` (any operator: a user's model without a checkpoint too);
+    returns ``(report, eigen_result, density_result)``. Only what is computed is read of ``settings``: not where
+    the model and its data come from.
+
+    The trace estimator is ``settings.resolved_trace_method`` (the eigenvalue method's own when none is given:
+    power iteration runs PyHessian's whole protocol, docs/update-rules.md §21). Each estimator gets its own seed
+    stream: ``seed`` for the eigenvalues, ``seed + 1`` for the trace, ``seed + 2`` for the density.
+    ``on_phase(name)``: called as each phase begins (:mod:`flatfl.analysis.commands.progress`).
+    """
+    phase = on_phase or (lambda name: None)
+    op = as_operator(op, "the Hessian analysis")
+    s = settings.validate()
+    if s.top > op.dim:
+        raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
+    start = time.perf_counter()
+    report: dict = {}
+    eig = dens = None
+    if s.top > 0:
+        phase("top eigenvalues")
+        eig = estimate_eigenvalues(op, s.method, s.top, tol=s.tol, seed=s.seed, return_vectors=keep_vectors,
+                                   exact_residuals=s.exact_residuals)
+        report["top_eigenvalues"] = eig.eigenvalues.tolist()
+        report["residuals"] = eig.residuals.tolist()
+        report["error_estimates"] = None if eig.error_bounds is None else eig.error_bounds.tolist()
+        report["converged"] = eig.converged.tolist()
+        kind = "explicit" if s.exact_residuals else (eig.residual_kind or s.eigen.residuals)
+        report["eigen"] = {"method": eig.method, "hvps": eig.hvps, "tol": s.tol, "residual_kind": kind,
+                           **json_safe(eig.info)}
+        report["eigenvalue_ratio"] = eigenvalue_ratio(report["top_eigenvalues"])
+    else:
+        report["top_eigenvalues"], report["residuals"], report["converged"] = [], [], []
+        report["error_estimates"] = None
+        report["eigen"] = None
+        report["eigenvalue_ratio"] = None
+    if s.trace:
+        phase("trace")
+        tr = estimate_trace(op, s.resolved_trace_method, max_hvps=s.trace_hvps, rtol=s.trace_rtol, seed=s.seed + 1)
+        report["trace"] = json_safe(tr.as_dict())
+    else:
+        report["trace"] = None
+    if s.density:
+        phase("density")
+        dens = estimate_density(op, DEFAULT_DENSITY_METHOD, steps=s.density_steps, starts=s.density_starts,
+                                seed=s.seed + 2)
+        report["density"] = json_safe(dens.as_dict())
+    else:
+        report["density"] = None
+    if s.per_layer:
+        from ..estimators.per_layer import per_layer_curvature
+
+        layers = per_layer_curvature(op, s.per_layer_top, tol=s.tol, trace_hvps=s.trace_hvps, trace_rtol=s.trace_rtol,
+                                     seed=s.seed + 3, on_block=lambda i: phase("per-layer block"))
+        report["per_layer"] = json_safe(layers.as_dict())
+    report["hvps_total"] = int(op.hvps)
+    if op.products is not None:  # a model's curvature: how its products were computed
+        error = op.product_error
+        report["products"] = {"method": op.products, "relative_error": None if error is None else float(error)}
+    # where the random vectors were drawn (a generator on the operator's device, seeded from seed, seed + 1, seed + 2)
+    report["random_draws"] = {"seed": int(s.seed), "device": torch.device(op.device).type}
+    report["seconds"] = time.perf_counter() - start
+    return report, eig, dens
+
+
+#: the ratio of the top eigenvalues reported: lambda_1 / lambda_RATIO_K, when at least RATIO_K are computed
+RATIO_K = 5
+
+
+def eigenvalue_ratio(values) -> dict | None:
+    """``{"k": 5, "value": lambda_1 / lambda_5}`` (the FedSAM and FedGloSS papers' ratio) when at least
+    :data:`RATIO_K` eigenvalues were computed and lambda_5 is not zero; else None."""
+    if len(values) < RATIO_K or values[RATIO_K - 1] == 0:
+        return None
+    return {"k": RATIO_K, "value": float(values[0]) / float(values[RATIO_K - 1])}
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def _eigenvalues_csv(report: dict) -> str:
+    lines = ["index,eigenvalue,residual,error_estimate,converged"]
+    estimates = report.get("error_estimates") or [None] * len(report["top_eigenvalues"])
+    rows = zip(report["top_eigenvalues"], report["residuals"], estimates, report["converged"])
+    for i, (lam, res, est, ok) in enumerate(rows, 1):
+        lines.append(f"{i},{lam!r},{'' if res is None else repr(res)},{'' if est is None else repr(est)},"
+                     f"{str(bool(ok)).lower()}")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvectors: bool = False,
+                  title: str = "") -> list[Path]:
+    """Render everything in memory, then write each file atomically into ``out`` (``hessian.json`` last)."""
+    out = check_out_folder(out)
+    if not report.get("per_layer"):  # an earlier --per-layer of these weights: kept, its files written again
+        earlier = _previous_clients_section(out / "hessian.json", report.get("checkpoint"),
+                                            report.get("weights_sha256"), refuse_other=True, key="per_layer")
+        if earlier is not None:  # marked, with the settings it was computed with (its samples, seed...)
+            kept = {"settings": (read_hessian_file(out / "hessian.json") or {}).get("settings")}
+            report = dict(report, per_layer=dict(earlier, kept_from_earlier_analysis=kept))
+    figures = hessian_figures(report, title)
+    if report.get("per_layer"):
+        from ..estimators.per_layer import per_layer_csv, per_layer_figure
+
+        for fmt in ("png", "pdf"):
+            figures[f"per_layer.{fmt}"] = per_layer_figure(report["per_layer"], fmt, title, report)
+    csv_text = _eigenvalues_csv(report) if report["top_eigenvalues"] else None
+    vectors_payload = None
+    if save_eigenvectors:
+        if eig is None or eig.eigenvectors is None or op is None:
+            raise ConfigError("--save-eigenvectors needs --top >= 1")
+        vectors_payload = {
+            "format": EIGENVECTOR_FORMAT,
+            "eigenvalues": torch.as_tensor(eig.eigenvalues, dtype=torch.float64),
+            "residuals": torch.as_tensor(eig.residuals, dtype=torch.float64),
+            "vectors": eig.eigenvectors.detach().to("cpu", torch.float32).contiguous(),
+            "param_names": list(op.param_names),
+            "param_shapes": [list(s) for s in op.param_shapes],
+            "checkpoint": report.get("checkpoint"),
+            "round": report.get("round"),
+            "weights_sha256": report.get("weights_sha256"),
+        }
+    layers_csv = per_layer_csv(report["per_layer"]) if report.get("per_layer") else None
+    names = sorted(figures) + (["eigenvalues.csv"] if csv_text else []) + \
+        (["per_layer.csv"] if layers_csv else []) + (["eigenvectors.pt"] if vectors_payload else []) + ["hessian.json"]
+    report = dict(report, files=names)
+    previous = _previous_clients_section(out / "hessian.json", report.get("checkpoint"), report.get("weights_sha256"),
+                                         refuse_other=True)
+    if previous is not None and "clients" not in report:
+        report["clients"] = previous  # results of `flatfl hessian-clients` on the same checkpoint are kept
+    files: dict = dict(sorted(figures.items()))
+    if csv_text:
+        files["eigenvalues.csv"] = csv_text
+    if layers_csv:
+        files["per_layer.csv"] = layers_csv
+    if vectors_payload:
+        buf = io.BytesIO()
+        torch.save(vectors_payload, buf)
+        files["eigenvectors.pt"] = buf.getvalue()
+    files = write_result(out, files, "hessian.json", report)  # all or nothing
+    from ...utils.manifest import remove_owned
+
+    for name in OUTPUT_NAMES:  # outputs of an earlier run in the same folder that this run did not produce
+        if name not in names and (out / name).is_file():
+            remove_owned(out / name)  # only if flatfl wrote it: a user's file of the same name is kept
+    return list(files)
+
+
+def _previous_clients_section(path: Path, checkpoint, digest=None, refuse_other: bool = False,
+                              key: str = "clients") -> dict | None:
+    """The ``clients`` section (or ``key``: ``per_layer``) of an existing hessian.json for the same model (same
+    weights digest; the same checkpoint path for files written before digests were recorded), if any. With
+    ``refuse_other``, such a section of other weights (results that this write would drop) is a ConfigError."""
+    try:
+        old = read_hessian_file(path)
+    except ResultFileError:
+        return None  # not a flatfl hessian.json: replaced (refuse_foreign kept a user's own file)
+    if old is None or not isinstance(old.get(key), dict):
+        return None
+    same = old.get("weights_sha256") == digest if digest and old.get("weights_sha256") else \
+        old.get("checkpoint") == checkpoint
+    if not same and refuse_other:
+        what = "'flatfl hessian-clients' results" if key == "clients" else "per-layer results (per_layer.csv)"
+        raise ConfigError(f"{path} holds {what} of other weights ({old.get('checkpoint')}, round {old.get('round')}); "
+                          f"writing here would drop them: choose another --out")
+    return old[key] if same else None
+
+
+@dataclass
+class EigenvectorFile:
+    """Saved Hessian eigenvectors: ``vectors`` (k, dim) float32 unit rows in the parameter layout below."""
+
+    eigenvalues: torch.Tensor
+    residuals: torch.Tensor
+    vectors: torch.Tensor
+    param_names: list[str]
+    param_shapes: list[tuple[int, ...]]
+    checkpoint: str | None
+    round: int | None
+    weights_sha256: str | None = None
+
+    def as_parameters(self, i: int) -> "OrderedDict[str, torch.Tensor]":
+        """Eigenvector ``i`` shaped like the model's parameters, keyed by parameter name."""
+        out, offset = OrderedDict(), 0
+        for name, shape in zip(self.param_names, self.param_shapes):
+            size = int(np.prod(shape)) if shape else 1
+            out[name] = self.vectors[i, offset:offset + size].view(shape)
+            offset += size
+        return out
+
+
+def load_eigenvectors(path) -> EigenvectorFile:
+    """Read an ``eigenvectors.pt`` written by ``flatfl hessian --save-eigenvectors``."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"eigenvector file not found: {path}")
+    payload = load_tensors(path, "eigenvector file")
+    if not isinstance(payload, dict) or payload.get("format") != EIGENVECTOR_FORMAT:
+        raise CheckpointError(f"{path} is not a flatfl eigenvector file")
+    return EigenvectorFile(
+        eigenvalues=payload["eigenvalues"], residuals=payload["residuals"], vectors=payload["vectors"],
+        param_names=list(payload["param_names"]), param_shapes=[tuple(s) for s in payload["param_shapes"]],
+        checkpoint=payload.get("checkpoint"), round=payload.get("round"), weights_sha256=payload.get("weights_sha256"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the command
+def settings_record(s: HessianSettings, device, precision: str = "float32") -> dict:
+    """hessian.json's ``settings``: what made the numbers (the trace method as it ran, the device resolved, the
+    floating type the products ran in)."""
+    return {"top": s.top, "method": s.method, "tol": s.tol, "trace": s.trace, "trace_method": s.resolved_trace_method,
+            "trace_hvps": s.trace_hvps, "trace_rtol": s.trace_rtol, "density": s.density,
+            "density_steps": s.density_steps, "density_starts": s.density_starts, "samples": s.samples,
+            "batch_size": s.batch_size, "split": s.split, "seed": s.seed, "device": str(device), "mode": "eval",
+            "save_eigenvectors": s.save_eigenvectors, "exact_residuals": s.exact_residuals,
+            "per_layer": s.per_layer, "per_layer_top": s.per_layer_top, "loss": s.loss, "curvature": s.curvature,
+            "products": s.products, "precision": precision}
+
+
+@locks_output
+def run_hessian(checkpoint, out, settings: HessianSettings = HessianSettings(), *, quiet: bool = False) -> dict:
+    """What ``flatfl hessian`` does: load ``checkpoint``, compute what ``settings`` ask for, write it into ``out``;
+    returns the report."""
+    s = settings.validate()
+    loss = None
+    if s.loss is not None:
+        from ..operators.objective import load_loss
+
+        loss = load_loss(s.loss)  # the named module only, imported before any work
+    cmd = AnalysisCommand.open(checkpoint, out, device=s.device, outputs=OUTPUT_NAMES + ("hessian.json",),
+                               data_dir=s.data_dir, model_factory=s.model_factory, precision=s.precision)
+    out, ckpt, dev = cmd.out, cmd.checkpoint, cmd.device
+    # refused before any work: hessian-clients results of other weights in --out would be dropped
+    digest = weights_digest(ckpt.model)  # the weights are not changed by the analysis
+    _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True)
+    if not s.per_layer:  # nor per-layer results of other weights, which a run without --per-layer would drop
+        _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True, key="per_layer")
+    batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
+    # under torchrun: this rank's shard of the evaluation set, its products all-reduced
+    op = over_ranks(lambda shard: curvature_operator(s.curvature, ckpt.model, shard, mode="eval", loss=loss,
+                                                     products=s.products), batches, objective=loss is not None)
+    if s.top > op.dim:
+        raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
+
+    with progress_bar(quiet, desc="Hessian-vector products", unit="HVP") as bar:
+        progress = PhasedProgress(bar, phase_bounds(s, op.dim, layer_sizes(op) if s.per_layer else None))
+        op.on_hvp = progress.update
+        try:
+            report, eig, dens = compute(op, s, keep_vectors=s.save_eigenvectors, on_phase=progress.next_phase)
+        finally:
+            op.on_hvp = None
+    loss = op.loss()
+    op.release()
+    if weights_digest(ckpt.model) != digest:  # a loss that changed the weights: the Hessian of other weights
+        raise ConfigError(f"the model's weights changed during the analysis{f' (--loss {s.loss})' if s.loss else ''}"
+                          ": a loss must not modify the model's parameters or buffers; nothing was written")
+
+    header = {
+        **cmd.header(digest=digest, num_params=op.dim),
+        "num_samples": op.num_samples,
+        "loss": loss,
+        "settings": settings_record(s, dev, ckpt.precision),
+        "distributed": distributed.record(),
+        **versions(),
+    }
+    report = {**header, **report}
+    if distributed.is_main():  # the other ranks computed the same numbers; rank 0 alone writes
+        write_outputs(out, report, eig, dens, op, save_eigenvectors=s.save_eigenvectors, title=cmd.title)
+    return report

@@ -1,0 +1,183 @@
+"""The settings of one Hessian analysis and their defaults, in one place (:class:`HessianSettings`), and those of
+curvature tracking during training (:func:`tracking_settings`).
+
+``flatfl hessian``'s options, a grid file's ``[hessian]`` / ``[spectrum]`` sections, ``flatfl report
+--compute-missing``, the reproduce presets and Python build one :class:`HessianSettings` where they start; that one
+object is what :func:`flatfl.analysis.commands.hessian_command.run_hessian` and :func:`~flatfl.analysis.commands.hessian_command.compute`
+take, and what hessian.json's ``settings`` records (:func:`~flatfl.analysis.commands.hessian_command.settings_record`). No torch
+here: the command line reads the defaults when it starts. The estimators' names are checked against the registry
+(:mod:`flatfl.analysis.estimators.registry`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import ConfigError, unknown_name
+from ...utils.precision import check_analysis_precision
+from ...utils.values import check_seed
+from ..estimators.registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, Estimator, estimator
+from .settings import Settings, check_kinds
+
+__all__ = ["HessianSettings", "tracking_settings", "TRACKING_DEFAULTS", "TRACKING_FIELDS", "SPLITS", "CURVATURES",
+           "PRODUCT_METHODS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS", "MAX_TOP"]
+
+SPLITS = ("train", "test")
+#: the curvature matrices an analysis measures (flatfl.analysis.operators.curvatures): the Hessian, the generalized
+#: Gauss-Newton matrix, the empirical Fisher
+CURVATURES = ("hessian", "ggn", "empirical-fisher")
+#: how Hessian-vector products are computed (flatfl.analysis.operators.products); "auto": by device
+PRODUCT_METHODS = ("auto", "double-backward", "forward-over-reverse", "finite-difference")
+
+
+@dataclass(frozen=True)
+class HessianSettings(Settings):
+    """What a Hessian analysis computes and how (every keyword of ``run_hessian`` but ``quiet``); the field
+    defaults are the defaults everywhere. The names are those of hessian.json's ``settings``."""
+
+    SOURCE = "the Hessian settings"
+
+    top: int = 1
+    trace: bool = True
+    density: bool = False
+    samples: int | None = None  # None: the whole split
+    batch_size: int = 256
+    split: str = "train"
+    method: str = DEFAULT_EIGEN_METHOD
+    seed: int = 0
+    device: str = "cpu"
+    save_eigenvectors: bool = False
+    tol: float = 1e-3
+    trace_method: str | None = None  # None: hutchpp, or pyhessian with method 'power'
+    trace_hvps: int = 100
+    trace_rtol: float | None = 1e-2
+    density_steps: int = 100
+    density_starts: int = 4  # SLQ starts averaged (one start's quadrature is a spiky, noisy density)
+    exact_residuals: bool = False
+    data_dir: str | None = None  # None: the folder the checkpoint recorded
+    model_factory: str | None = None
+    precision: str | None = None  # float32 | float64; None: the run's (flatfl.utils.precision)
+    per_layer: bool = False  # each module's Hessian block too (per_layer.csv, figures, hessian.json's per_layer)
+    per_layer_top: int = 1  # top eigenvalues per block
+    loss: str | None = None  # "module:function", loss(model, batch) -> scalar, instead of cross-entropy
+    curvature: str = "hessian"  # the matrix measured: hessian | ggn | empirical-fisher (flatfl.analysis.operators.curvatures)
+    products: str = "auto"  # how Hessian products are computed (flatfl.analysis.operators.products); "auto": by device
+
+    def validate(self) -> "HessianSettings":
+        """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
+        check_kinds(self, _KINDS)
+        if self.top < 0:
+            raise ConfigError(f"--top must be a non-negative integer, got {self.top!r}")
+        if self.top > MAX_TOP:
+            raise ConfigError(f"--top must be at most {MAX_TOP:,} (one stored vector per eigenvalue), got {self.top}")
+        estimator("eigenvalues", self.method)  # the registry at run time: a method registered by now passes
+        if not 0 < self.tol < 1:
+            raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {self.tol!r}")
+        if self.trace_method is not None:
+            estimator("trace", self.trace_method)
+        if self.trace_hvps < 1:
+            raise ConfigError(f"--trace-hvps must be >= 1, got {self.trace_hvps}")
+        need, why = 1, ""
+        if self.trace and estimator("trace", self.resolved_trace_method).min_budget > need:
+            need = estimator("trace", self.resolved_trace_method).min_budget
+            why = f" (the {self.resolved_trace_method} trace needs {need} products at least)"
+        if self.per_layer and estimator("trace", DEFAULT_TRACE_METHOD).min_budget > need:
+            need = estimator("trace", DEFAULT_TRACE_METHOD).min_budget  # each block's trace: Hutch++
+            why = f" (--per-layer estimates each block's trace by {DEFAULT_TRACE_METHOD}, which needs {need} at least)"
+        if self.trace_hvps < need:
+            raise ConfigError(f"--trace-hvps must be >= {need}{why}, got {self.trace_hvps}")
+        if self.trace_rtol is not None and not self.trace_rtol > 0:
+            raise ConfigError(f"--trace-rtol must be positive, got {self.trace_rtol}")
+        if self.density_steps < 1 or self.density_starts < 1:
+            raise ConfigError("--density-steps and --density-starts must be >= 1")
+        if self.density_starts > MAX_DENSITY_STARTS:
+            raise ConfigError(f"--density-starts must be at most {MAX_DENSITY_STARTS}, got {self.density_starts}")
+        if self.density_steps > MAX_DENSITY_STEPS:
+            raise ConfigError(f"--density-steps must be at most {MAX_DENSITY_STEPS} (one stored Lanczos vector per "
+                              f"step), got {self.density_steps}")
+        if self.split not in SPLITS:
+            raise unknown_name("split", self.split, SPLITS)
+        if self.samples is not None and self.samples <= 0:
+            raise ConfigError(f"--samples must be a positive integer, got {self.samples}")
+        if self.batch_size <= 0:
+            raise ConfigError(f"--batch-size must be a positive integer, got {self.batch_size}")
+        check_seed(self.seed)
+        if self.per_layer_top < 1:
+            raise ConfigError(f"--per-layer-top must be a positive integer, got {self.per_layer_top}")
+        if self.per_layer_top > MAX_TOP:
+            raise ConfigError(f"--per-layer-top must be at most {MAX_TOP:,} (one stored vector per eigenvalue), "
+                              f"got {self.per_layer_top}")
+        if self.loss is not None and (":" not in self.loss or not all(self.loss.rpartition(":")[::2])):
+            raise ConfigError(f"--loss must be 'module:function' or 'path/to/file.py:function' (a function "
+                              f"loss(model, batch) -> scalar), got {self.loss!r}")
+        if self.curvature not in CURVATURES:
+            raise unknown_name("curvature", self.curvature, CURVATURES)
+        if self.products not in PRODUCT_METHODS:
+            raise unknown_name("product method", self.products, PRODUCT_METHODS)
+        if self.curvature != "hessian" and self.products != "auto":
+            raise ConfigError(f"--products {self.products} chooses how Hessian products are computed; the "
+                              f"{self.curvature} curvature has products of its own: leave --products at auto")
+        if not (self.top or self.trace or self.density or self.per_layer):
+            raise ConfigError("nothing to compute: ask for --top K >= 1, --trace, --density or --per-layer")
+        if self.save_eigenvectors and self.top < 1:
+            raise ConfigError("--save-eigenvectors needs --top >= 1")
+        check_analysis_precision(self.precision)
+        return self
+
+    @property
+    def resolved_trace_method(self) -> str:
+        """The trace estimator that runs: ``trace_method``, else the eigenvalue method's own (power: PyHessian's
+        rule), else :data:`DEFAULT_TRACE_METHOD`."""
+        if self.trace_method is not None:
+            return self.trace_method
+        return estimator("eigenvalues", self.method).trace_method or DEFAULT_TRACE_METHOD
+
+    @property
+    def eigen(self) -> Estimator:
+        """The registry's entry of ``method``."""
+        return estimator("eigenvalues", self.method)
+
+
+# bounds on the sizes a user sets, checked before anything is allocated (each stored vector has the model's size;
+# --top is bounded by the parameter count once the checkpoint is read, and before it by MAX_TOP: a metrics column
+# and a CSV column are named per eigenvalue before any model is built)
+MAX_TOP = 100_000
+MAX_DENSITY_STEPS = 10_000
+MAX_DENSITY_STARTS = 1000
+
+
+# (field, type, None allowed); device and data_dir are checked where they are used (a torch.device, a Path)
+_KINDS = (("top", int, False), ("trace", bool, False), ("density", bool, False), ("samples", int, True),
+          ("batch_size", int, False), ("split", str, False), ("method", str, False), ("save_eigenvectors", bool, False),
+          ("tol", float, False), ("trace_method", str, True), ("trace_hvps", int, False), ("trace_rtol", float, True),
+          ("density_steps", int, False), ("density_starts", int, False), ("exact_residuals", bool, False),
+          ("model_factory", str, True), ("per_layer", bool, False), ("per_layer_top", int, False),
+          ("loss", str, True), ("curvature", str, False), ("products", str, False))
+
+
+
+# ``flatfl train --track-hessian K``: the analysis made every K rounds, on a fixed evaluation set. Its defaults differ
+# from ``flatfl hessian``'s only where the cost must stay small next to training (README, "Curvature during
+# training"): a fixed sample of the training split and a shorter trace. Only these fields may be set for tracking.
+# The trace is Hutchinson's, stopped (checked per block of products) once its standard error is <= 10% of |trace|,
+# at most 300 products; a point that misses the target is marked unresolved in metrics.csv.
+TRACKING_DEFAULTS = {"samples": 128, "batch_size": 128, "tol": 1e-2, "trace_method": "hutchinson", "trace_rtol": 0.1,
+                     "trace_hvps": 300}
+TRACKING_FIELDS = ("top", "trace", "samples", "batch_size", "split", "method", "seed", "tol", "trace_method",
+                   "trace_hvps", "trace_rtol", "exact_residuals", "curvature")
+
+
+def tracking_settings(overrides: dict | None = None, device: str = "cpu") -> HessianSettings:
+    """The Hessian settings of curvature tracking: :data:`TRACKING_DEFAULTS` with ``overrides`` (a run config's
+    ``track_hessian_settings``), validated; ConfigError on an unknown or ill-typed key."""
+    overrides = dict(overrides or {})
+    unknown = sorted(str(k) for k in overrides if k not in TRACKING_FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown curvature-tracking setting {unknown[0]!r}; choose from {', '.join(TRACKING_FIELDS)}")
+    try:
+        settings = HessianSettings(**{**TRACKING_DEFAULTS, **overrides, "device": device}).validate()
+    except ConfigError as e:  # named as given: --track-top / --track-samples on the command line
+        message = str(e).replace("--top ", "--track-top ").replace("--samples ", "--track-samples ")
+        raise ConfigError(f"curvature tracking (--track-hessian): {message}") from None
+    if not (settings.top or settings.trace):
+        raise ConfigError("curvature tracking needs top >= 1 or trace")
+    return settings

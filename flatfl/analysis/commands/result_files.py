@@ -1,0 +1,84 @@
+"""One reader per result file the analyses write, so that every reader (the commands themselves, ``runs``,
+``report``) reads them alike.
+
+* :func:`read_hessian_file`: ``hessian.json`` of ``flatfl hessian``;
+* :func:`read_clients_file`: ``clients-<protocol>.json`` of ``flatfl hessian-clients`` (:func:`clients_file`
+  names it);
+* :func:`read_surface_file`: ``surface.json`` of ``flatfl surface``.
+
+Each returns None when the file does not exist and the file's JSON object otherwise, its fields that readers use
+checked for type; anything else (not JSON, not an object, a field of another type: a file flatfl did not write)
+is one :class:`ResultFileError` line. Callers that recompute a damaged result catch it; the others show it."""
+from __future__ import annotations
+
+import json
+import numbers
+from pathlib import Path
+from typing import Mapping
+
+from ...errors import ConfigError
+
+__all__ = ["ResultFileError", "read_result_file", "read_hessian_file", "read_clients_file", "read_surface_file",
+           "clients_file", "HESSIAN_FIELDS", "CLIENTS_FIELDS", "SURFACE_FIELDS"]
+
+
+class ResultFileError(ConfigError):
+    """A result file that is not what its name says (not JSON, not an object, a field of another type)."""
+
+
+_NUMBER = (numbers.Real,)
+# field -> the types it may have (None is always allowed: older files lack fields)
+HESSIAN_FIELDS = {"checkpoint": (str,), "round": (int,), "weights_sha256": (str,), "num_samples": (int,),
+                  "top_eigenvalues": (list,), "residuals": (list,), "error_estimates": (list,), "trace": (dict,),
+                  "density": (dict,), "settings": (dict,), "clients": (dict,)}
+CLIENTS_FIELDS = {"protocol": (str,), "H_N": _NUMBER, "H_D": _NUMBER, "H_N_stderr": _NUMBER, "H_D_stderr": _NUMBER,
+                  "settings": (dict,), "round": (int,), "weights_sha256": (str,), "checkpoint": (str,)}
+SURFACE_FIELDS = {"settings": (dict,), "checkpoint": (str,), "round": (int,), "weights_sha256": (str,)}
+# the provenance record of every result file (flatfl.analysis.commands.skeleton.AnalysisCommand.header, versions)
+PROVENANCE_FIELDS = {"weights_sha256": (str,), "run_settings_sha256": (str,), "round": (int,),
+                     "flatfl_version": (str,), "torch_version": (str,)}
+for _fields in (HESSIAN_FIELDS, CLIENTS_FIELDS, SURFACE_FIELDS):
+    _fields.update({k: v for k, v in PROVENANCE_FIELDS.items() if k not in _fields})
+
+
+def clients_file(protocol: str, kind: str = "json", curvature: str = "hessian") -> str:
+    """The name of a protocol's output: 'clients-default.json', or with ``kind='heatmap'`` the heat map's stem
+    'clients_heatmap-default' (.png / .pdf); another curvature than the Hessian adds its name
+    ('clients-default-ggn.json')."""
+    stem = protocol if curvature == "hessian" else f"{protocol}-{curvature}"
+    return f"clients-{stem}.json" if kind == "json" else f"clients_heatmap-{stem}"
+
+
+def read_result_file(path, what: str = "a flatfl result", fields: Mapping[str, tuple] | None = None,
+                     hint: str = "remove it or choose another --out") -> dict | None:
+    """The JSON object in ``path`` (None when there is no such file), ``fields`` checked; a ResultFileError line
+    (``hint`` says what to do) when it is not readable JSON or not ``what``."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply
+        raise ResultFileError(f"{path} is not readable JSON; {hint}") from None
+    if not isinstance(data, dict):
+        raise ResultFileError(f"{path} is not {what}; {hint}")
+    for name, kinds in (fields or {}).items():
+        value = data.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            raise ResultFileError(f"{path} is not {what} (its {name!r} is {type(value).__name__}); {hint}")
+    return data
+
+
+def read_hessian_file(path, hint: str = "remove it or choose another --out") -> dict | None:
+    """``hessian.json`` (see :func:`read_result_file`)."""
+    return read_result_file(path, "a flatfl hessian.json", HESSIAN_FIELDS, hint)
+
+
+def read_clients_file(path, hint: str = "remove it or choose another --out") -> dict | None:
+    """``clients-<protocol>.json`` (see :func:`read_result_file`)."""
+    return read_result_file(path, "a flatfl clients result", CLIENTS_FIELDS, hint)
+
+
+def read_surface_file(path, hint: str = "remove it or choose another --out") -> dict | None:
+    """``surface.json`` (see :func:`read_result_file`)."""
+    return read_result_file(path, "a flatfl surface.json", SURFACE_FIELDS, hint)

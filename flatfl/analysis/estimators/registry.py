@@ -1,0 +1,229 @@
+"""The registry of curvature estimators: one :class:`Estimator` per name and kind (``eigenvalues``, ``trace``,
+``density``), carrying its function as a ``"module:function"`` path imported only when it runs
+(:meth:`Estimator.load`), the kind of residuals it reports, the labels the command line and the figures print, and
+its own keyword defaults. Every place that names an estimator asks here: ``flatfl hessian``'s ``--method`` /
+``--trace-method`` and ``flatfl report --method`` (choices and help), :class:`~flatfl.analysis.commands.hessian_settings.
+HessianSettings`' checks, the dispatch (:mod:`flatfl.analysis.estimators.by_name`), ``--per-layer``
+(:func:`flatfl.analysis.estimators.per_layer.per_layer_curvature`), the PyHessian-style API
+(:mod:`flatfl.analysis.model_hessian`), the result files' headers and the figures. No torch here: the command line
+reads the names and labels when it starts.
+
+Another package registers its estimators by calling :func:`register_estimator`, or by naming, in the entry-point
+group ``flatfl.estimators``, a torch-free object that is an :class:`Estimator`, a list of them, or a function of no
+argument that registers them. One rule for a name already taken, whichever way it comes: it is refused, in one
+line naming it. :func:`register_estimator` raises that ConfigError (``replace=True`` is the caller's explicit choice
+to replace); an entry point is loaded through the same call and cannot pass ``replace`` (its ``replace=True`` is
+refused the same way), so a plug-in never replaces a built-in or another plug-in's estimator: it is skipped whole,
+the refusal its one warning line.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from ...errors import ConfigError, unknown_name
+
+__all__ = ["Estimator", "KINDS", "register_estimator", "unregister_estimator", "estimator", "estimator_names",
+           "estimator_title", "EIGEN_ESTIMATORS", "TRACE_ESTIMATORS", "DENSITY_ESTIMATORS", "DEFAULT_EIGEN_METHOD",
+           "DEFAULT_TRACE_METHOD", "DEFAULT_DENSITY_METHOD", "PLUGIN_PROBLEMS"]
+
+# ---------------------------------------------------------------------------------------------- estimators
+#: the kinds of estimator, as the registry and the error messages name them
+KINDS = {"eigenvalues": "eigenvalue", "trace": "trace", "density": "density"}
+#: what the residuals of an eigenvalue estimator are, as hessian.json's ``eigen.residual_kind`` says it
+RESIDUAL_KINDS = ("explicit", "lanczos relation")
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """One registered estimator: its ``name`` (``--method`` / ``--trace-method``), ``kind`` (``eigenvalues``,
+    ``trace`` or ``density``) and ``function``, a ``"module:function"`` path (imported by :meth:`load`) or the
+    function itself. The function takes the shared arguments of its kind:
+
+    * eigenvalues: ``fn(op, k, *, tol, seed, return_vectors, exact_residuals, **defaults) -> EigenResult``;
+    * trace: ``fn(op, *, max_hvps, rtol, seed, block_size, **defaults) -> TraceResult``;
+    * density: ``fn(op, *, steps, starts, seed, **defaults) -> DensityResult``;
+
+    ``defaults``: the estimator's own keywords (passed on every call). ``residuals``: ``"explicit"`` (each
+    ``||Hv - lambda v||`` computed from the vectors) or ``"lanczos relation"`` (read off a Krylov recurrence), what
+    hessian.json records unless the result says otherwise. ``label``: which eigenvalues are "top" (``largest
+    algebraic``, ``largest magnitude``), printed by ``flatfl hessian``; ``title``: the method's name in figures;
+    ``trace_method``: the trace estimator run with it when none is asked for (None: the default one);
+    ``min_budget``: the fewest products a trace estimator can work with (``--trace-hvps`` is checked against it)."""
+
+    name: str
+    kind: str
+    function: str | Callable
+    label: str = ""
+    title: str = ""
+    residuals: str = "explicit"
+    trace_method: str | None = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    min_budget: int = 1
+
+    def load(self) -> Callable:
+        """The estimator's function (its module imported now, when it is given as ``"module:function"``)."""
+        if callable(self.function):
+            return self.function
+        module, _, name = str(self.function).partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"the {KINDS[self.kind]} method {self.name!r} names {self.function!r}, which cannot be "
+                              f"imported: {e}") from None
+
+
+_REGISTRY: dict[str, dict[str, Estimator]] = {kind: {} for kind in KINDS}
+#: the registered estimators of each kind, name -> :class:`Estimator` (read-only views of the registry)
+EIGEN_ESTIMATORS: Mapping[str, Estimator] = MappingProxyType(_REGISTRY["eigenvalues"])
+TRACE_ESTIMATORS: Mapping[str, Estimator] = MappingProxyType(_REGISTRY["trace"])
+DENSITY_ESTIMATORS: Mapping[str, Estimator] = MappingProxyType(_REGISTRY["density"])
+#: the estimator of each kind that runs when none is named
+DEFAULT_EIGEN_METHOD = "lanczos"
+DEFAULT_TRACE_METHOD = "hutchpp"
+DEFAULT_DENSITY_METHOD = "slq"
+ENTRY_POINT_GROUP = "flatfl.estimators"
+_entry_points_loaded = False
+_loading_plugin: str | None = None  # the entry point being loaded, if one is
+
+
+def register_estimator(name: str, kind: str, function: str | Callable, *, label: str = "", title: str = "",
+                       residuals: str = "explicit", trace_method: str | None = None,
+                       defaults: Mapping[str, Any] | None = None, replace: bool = False,
+                       min_budget: int = 1) -> Estimator:
+    """Register an estimator (see :class:`Estimator` for the fields) and return its entry. A name already taken
+    in that kind is a ConfigError unless ``replace``; while an entry point loads, ``replace`` is refused too (the
+    module docstring's one rule for a taken name). No import happens here: ``function`` as
+    ``"module:function"`` is imported when the estimator first runs."""
+    if kind not in KINDS:
+        raise unknown_name("estimator kind", kind, KINDS)
+    if not isinstance(name, str) or not name or name != name.strip() or name.startswith("-"):
+        raise ConfigError(f"an estimator's name must be a non-empty word, got {name!r}")
+    if not callable(function) and (not isinstance(function, str) or ":" not in function):
+        raise ConfigError(f"estimator {name!r}: give its function, or its path as 'module:function', got "
+                          f"{function!r}")
+    if residuals not in RESIDUAL_KINDS:
+        raise unknown_name("residual kind", residuals, RESIDUAL_KINDS)
+    if name in _REGISTRY[kind] and (not replace or _loading_plugin is not None):
+        how = "a plug-in cannot replace it" if _loading_plugin is not None else "pass replace=True to replace it"
+        article = "an" if KINDS[kind][0] in "aeiou" else "a"
+        raise ConfigError(f"{article} {KINDS[kind]} method called {name!r} is already registered ({how})")
+    if isinstance(min_budget, bool) or not isinstance(min_budget, int) or min_budget < 1:
+        raise ConfigError(f"estimator {name!r}: min_budget must be an integer >= 1, got {min_budget!r}")
+    entry = Estimator(name, kind, function, label=label, title=title or name, residuals=residuals,
+                      trace_method=trace_method, defaults=MappingProxyType(dict(defaults or {})),
+                      min_budget=min_budget)
+    _REGISTRY[kind][name] = entry
+    return entry
+
+
+def unregister_estimator(name: str, kind: str) -> None:
+    """Remove a registered estimator (a KeyError-free no-op when there is none of that name)."""
+    _REGISTRY[kind].pop(name, None)
+
+
+#: one line per plug-in entry point that was skipped (what the warning on stderr said), for a caller to read
+PLUGIN_PROBLEMS: list[str] = []
+
+
+def _plugin_name(point) -> str:
+    """'the estimator plug-in NAME = VALUE of DIST VERSION': an entry point as its warning names it."""
+    dist = getattr(point, "dist", None)
+    meta = getattr(dist, "metadata", None)
+    owner = f" of the distribution {meta['Name']} {getattr(dist, 'version', '')}".rstrip() if meta else ""
+    return f"the estimator plug-in {point.name} = {point.value}{owner} (entry-point group {ENTRY_POINT_GROUP})"
+
+
+def _register_found(found) -> None:
+    """Register what an entry point gave: an Estimator, a list of them, or a function of no argument that
+    registers them (each checked as :func:`register_estimator` checks; a name already taken is refused)."""
+    for item in (found if isinstance(found, (list, tuple)) else [found]):
+        if isinstance(item, Estimator):
+            register_estimator(item.name, item.kind, item.function, label=item.label, title=item.title,
+                               residuals=item.residuals, trace_method=item.trace_method, defaults=item.defaults,
+                               min_budget=item.min_budget)
+        elif callable(item):
+            item()
+        else:
+            raise ConfigError(f"it gave a {type(item).__name__}, not an Estimator, a list of them or a function "
+                              "that registers them")
+
+
+def _load_entry_points() -> None:
+    """The estimators other packages declare in the entry-point group ``flatfl.estimators`` (once, when a name is
+    first asked for). Each loads in isolation: one that cannot be imported, raises (SystemExit included), gives
+    something else than estimators, names an unknown kind or a name already taken is skipped whole (what it
+    registered before failing is taken back), with one warning line on stderr naming its distribution and entry
+    point; the others and every command go on. Ctrl-C while one loads is an interruption naming it."""
+    global _entry_points_loaded, _loading_plugin
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    import sys
+    from importlib.metadata import entry_points
+
+    try:
+        points = list(entry_points(group=ENTRY_POINT_GROUP))
+    except Exception as e:  # noqa: BLE001 - unreadable installed metadata: no plug-ins, one warning
+        points = []
+        PLUGIN_PROBLEMS.append(f"the installed packages' entry points cannot be read ({type(e).__name__}: {e})")
+        sys.stderr.write(f"flatfl: warning: {PLUGIN_PROBLEMS[-1]}\n")
+    for point in points:
+        before = {kind: dict(entries) for kind, entries in _REGISTRY.items()}
+        try:
+            _loading_plugin = point.name
+            _register_found(point.load())
+        except KeyboardInterrupt as e:
+            e.hint = f"while loading {_plugin_name(point)}; nothing was written"
+            raise
+        except BaseException as e:  # noqa: BLE001 - a broken plug-in is skipped with one line, never fatal
+            for kind, entries in before.items():
+                _REGISTRY[kind].clear()
+                _REGISTRY[kind].update(entries)
+            if isinstance(e, SystemExit):
+                why = f"it called sys.exit({e.code!r}) while loading"
+            elif isinstance(e, ConfigError):
+                why = str(e)
+            else:
+                why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+            PLUGIN_PROBLEMS.append(f"{_plugin_name(point)} is skipped: {why}")
+            sys.stderr.write(f"flatfl: warning: {PLUGIN_PROBLEMS[-1]}\n")
+        finally:
+            _loading_plugin = None
+
+
+def estimator_names(kind: str) -> tuple[str, ...]:
+    """The registered names of ``kind``, in registration order (entry points included)."""
+    _load_entry_points()
+    return tuple(_REGISTRY[kind])
+
+
+def estimator(kind: str, name: str) -> Estimator:
+    """The registered estimator ``name`` of ``kind``; ConfigError ``unknown eigenvalue method 'x': ...``."""
+    if name in _REGISTRY[kind]:  # registered already (a built-in): no plug-in is loaded for it
+        return _REGISTRY[kind][name]
+    names = estimator_names(kind)
+    if name not in _REGISTRY[kind]:
+        raise unknown_name(f"{KINDS[kind]} method", name, names)
+    return _REGISTRY[kind][name]
+
+
+register_estimator("lanczos", "eigenvalues", "flatfl.analysis.estimators.by_name:lanczos", label="largest algebraic",
+                   title="Lanczos", residuals="lanczos relation")
+register_estimator("power", "eigenvalues", "flatfl.analysis.estimators.by_name:power", label="largest magnitude",
+                   title="power iteration", trace_method="pyhessian", defaults={"max_iter": 100})
+register_estimator("hutchpp", "trace", "flatfl.analysis.estimators.trace:hutchpp_trace", title="Hutch++",
+                   min_budget=2)  # a sketch of one vector and one probe of the rest
+register_estimator("hutchinson", "trace", "flatfl.analysis.estimators.trace:hutchinson_trace", title="Hutchinson")
+register_estimator("pyhessian", "trace", "flatfl.analysis.estimators.by_name:pyhessian", title="PyHessian's rule")
+register_estimator("slq", "density", "flatfl.analysis.estimators.density:spectral_density",
+                   title="stochastic Lanczos quadrature")
+
+
+def estimator_title(kind: str, name) -> str:
+    """The name figures give the estimator ``name`` of ``kind`` (its registered ``title``; a name the registry does
+    not hold, such as a result's ``dense``, as it is)."""
+    entry = _REGISTRY[kind].get(name)
+    return entry.title if entry is not None else str(name)

@@ -1,0 +1,186 @@
+"""A curvature operator over data shards on several ranks (docs/distributed.md; docs/analysis-protocols.md §1).
+
+Under torchrun every rank holds the whole model and one shard of the evaluation samples. The curvature of the
+sample-weighted mean loss over all N samples is the sample-weighted sum of the shards' curvatures::
+
+    H v = sum_r (n_r / N) H_r v          (H_r: the curvature of rank r's mean loss over its n_r samples)
+
+so :class:`DistributedOperator` wraps the operator of this rank's shard (any
+:class:`~flatfl.analysis.operators.linear_operator.CurvatureOperator`) and every product is one all-reduce of the scaled
+local products. Every rank then holds the same ``H V`` (an all-reduce leaves the same sum on every rank), the
+estimators run unchanged on every rank from the same seeds and take the same steps: no estimator knows of ranks.
+The block size the estimators ask for is agreed (the smallest over the ranks), so that every rank calls the same
+products in the same order.
+
+:func:`shard_batches` cuts the evaluation set into contiguous ranges of samples, as equal as the count allows
+(unequal shards when it does not divide), slicing a batch where a range ends; :func:`over_ranks` builds the
+operator of a command or of the Python API: the plain operator in one process, else this rank's shard wrapped;
+:func:`spread` deals ``flatfl hessian-clients``' clients out to the ranks instead (each client's operator stays
+whole on one rank).
+A Hessian in ``train`` mode (batch statistics, per-batch random state) keeps whole batches, so it is refused over
+several ranks.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ...errors import ConfigError
+from ...utils import distributed
+from .linear_operator import CurvatureOperator, DerivedOperator
+from .objective import batch_samples
+
+__all__ = ["DistributedOperator", "Spread", "shard_batches", "shard_ranges", "over_ranks", "spread"]
+
+
+def shard_ranges(sizes: list[int], ranks: int) -> list[tuple[int, int]]:
+    """Each rank's range ``[start, stop)`` of the samples of batches of ``sizes``: contiguous, sizes differing by at
+    most one sample."""
+    total = int(sum(sizes))
+    if total < ranks:
+        raise ConfigError(f"the evaluation set has {total} sample{'s' if total != 1 else ''}, fewer than the {ranks} "
+                          "ranks it is split over: use more samples or fewer ranks")
+    base, extra = divmod(total, ranks)
+    bounds = [0]
+    for r in range(ranks):
+        bounds.append(bounds[-1] + base + (1 if r < extra else 0))
+    return list(zip(bounds, bounds[1:]))
+
+
+def _slice(x, a: int, b: int, n: int):
+    """The samples ``a:b`` of a batch part ``x`` holding ``n`` samples (tensors whose first dimension is n are
+    sliced; tuples, lists and dicts are followed; anything else is kept as it is)."""
+    if isinstance(x, torch.Tensor):
+        return x[a:b] if x.dim() >= 1 and x.shape[0] == n else x
+    if isinstance(x, (tuple, list)):
+        return type(x)(_slice(t, a, b, n) for t in x)
+    if isinstance(x, dict):
+        return {k: _slice(t, a, b, n) for k, t in x.items()}
+    return x
+
+
+def shard_batches(batches: list, rank: int, ranks: int, *, objective: bool = False) -> list:
+    """Rank ``rank``'s batches of ``batches`` (``(inputs, targets)`` pairs, or with ``objective`` batches of any
+    structure, sized by :func:`~flatfl.analysis.operators.objective.batch_samples`): the samples of its range of
+    :func:`shard_ranges`, a batch sliced where the range starts or stops inside it."""
+    sizes = [batch_samples(b, i) for i, b in enumerate(batches)] if objective else [len(t) for _, t in batches]
+    start, stop = shard_ranges(sizes, ranks)[rank]
+    out, offset = [], 0
+    for batch, n in zip(batches, sizes):
+        a, b = max(start - offset, 0), min(stop - offset, n)
+        if a < b:
+            out.append(batch if (a, b) == (0, n) else _slice(batch, a, b, n))
+        offset += n
+    return out
+
+
+class DistributedOperator(DerivedOperator):
+    """The curvature of the mean loss over every rank's samples, from ``local``: this rank's operator of the mean
+    loss over its ``num_samples`` samples (see the module docstring). ``loss()`` and ``gradient()`` are reduced the
+    same way; the layout members (``param_shapes``, ``param_names``, ``unflatten``, ``flatten``) are ``local``'s."""
+
+    def __init__(self, local: CurvatureOperator, num_samples: int) -> None:
+        self.op = local
+        self.dim, self.dtype, self.device = local.dim, local.dtype, local.device
+        counts = distributed.all_gather_objects(int(num_samples))
+        self.shard_samples = [int(c) for c in counts]
+        self.num_samples = int(sum(self.shard_samples))
+        self.scale = int(num_samples) / self.num_samples
+        self.param_names = local.param_names
+        self.hvps = 0
+        self.on_hvp: Callable[[int], None] | None = None
+        # every rank must push the same blocks: the smallest preferred block (and limit) of all ranks
+        self._block = distributed.all_reduce_min(int(local.preferred_block_size))
+        limit = getattr(local, "block_limit", None)  # a model's operator: the most vectors one pass takes
+        self._limit = distributed.all_reduce_min(int(limit())) if callable(limit) else None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.shard_samples)
+
+    @property
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        return self.op.param_shapes
+
+    @property
+    def preferred_block_size(self) -> int:
+        return self._block
+
+    def block_limit(self) -> int:
+        return self._limit if self._limit is not None else self._block
+
+    @property
+    def products(self) -> str | None:
+        return self.op.products
+
+    @property
+    def product_error(self) -> float | None:
+        """The stated relative error of a product (finite differences: rank 0's shard's, measured on its first
+        product), else None."""
+        return self.op.product_error
+
+    @property
+    def params(self):
+        return self.op.params
+
+    def unflatten(self, vector: torch.Tensor):
+        return self.op.unflatten(vector)
+
+    def flatten(self, tensors):
+        return self.op.flatten(tensors)
+
+    def release(self) -> None:
+        self.op.release()
+
+    def matmat(self, V: torch.Tensor) -> torch.Tensor:
+        out = self.op.matmat(V).mul_(self.scale)
+        distributed.all_reduce_sum(out)
+        self.hvps += V.shape[1]
+        if self.on_hvp is not None:
+            self.on_hvp(V.shape[1])
+        return out
+
+    def loss(self) -> float:
+        """The mean loss over every rank's samples."""
+        total = torch.tensor([self.op.loss() * self.scale], dtype=torch.float64, device=self.device)
+        return float(distributed.all_reduce_sum(total).item())
+
+    def gradient(self) -> torch.Tensor:
+        """The flat gradient of the mean loss over every rank's samples."""
+        return distributed.all_reduce_sum(self.op.gradient().mul_(self.scale))
+
+
+def over_ranks(build: Callable[[list], CurvatureOperator], batches: list, *, objective: bool = False,
+               mode: str = "eval") -> CurvatureOperator:
+    """The operator of a command or of the Python API: ``build(batches)`` in one process; under torchrun,
+    ``build`` of this rank's shard (:func:`shard_batches`) in a :class:`DistributedOperator`. ``batches`` is the
+    whole evaluation set as a list (the same on every rank)."""
+    w = distributed.world()
+    if not w.distributed:
+        return build(batches)
+    if mode != "eval":
+        raise ConfigError(f"a Hessian in {mode!r} mode keeps whole batches (batch statistics, random state per batch) "
+                          "and runs in one process: use mode='eval' over several ranks")
+    mine = shard_batches(list(batches), w.rank, w.size, objective=objective)
+    local = build(mine)
+    return DistributedOperator(local, local.num_samples)
+
+
+class Spread:
+    """Which items (clients, grid points) this rank computes, every ``size``-th from ``rank``, and how its results
+    reach the other ranks (``gather(obj) -> [every rank's obj]``); one process by default. :func:`spread` makes the one of a torchrun
+    launch (``flatfl hessian-clients``' clients, ``flatfl surface``'s grid points)."""
+
+    def __init__(self, rank: int = 0, size: int = 1, gather: Callable | None = None) -> None:
+        self.rank, self.size = int(rank), int(size)
+        self.gather = gather if gather is not None else (lambda obj: [obj])
+
+    def mine(self, k: int) -> bool:
+        return k % self.size == self.rank
+
+
+def spread() -> Spread:
+    """The items of a command over the ranks of a torchrun launch (one process's without torchrun)."""
+    w = distributed.world()
+    return Spread(w.rank, w.size, distributed.all_gather_objects)
