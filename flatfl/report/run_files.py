@@ -2,7 +2,7 @@
 (``hessian*/hessian.json``, ``spectrum*/hessian.json``), every H_N / H_D result (``clients-<protocol>.json``, or the
 'clients' section of a hessian.json), and which model and round each result measured.
 
-The folder names are :mod:`flatfl.runs`'s; the file formats are read by :mod:`flatfl.analysis.result_files`.
+The folder names are :mod:`flatfl.runs`'s; the file formats are read by :mod:`flatfl.analysis.commands.result_files`.
 """
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ class Trainer:
                  test_dataset=None, model_factory: str | None = None, observer=None,
                  process: ProcessSetup | None = None):
         """``observer``: what else to measure on some rounds, e.g. the curvature (``--track-hessian K``, made by
-        :func:`flatfl.analysis.tracking.curvature_observer`; the engine knows nothing of Hessians). It has ``columns``
+        :func:`flatfl.analysis.commands.tracking.curvature_observer`; the engine knows nothing of Hessians). It has ``columns``
         (extra metrics.csv columns), ``settings`` (recorded in config.json), ``wants(round, rounds)`` (the round is
         then evaluated) and ``__call__(payload, run_dir) -> dict`` (the columns' values for a checkpoint payload).
 
