@@ -4,7 +4,7 @@ the other). One writer, :func:`save_checkpoint`; one reader, :func:`load_checkpo
 A model checkpoint (``final.pt``, ``checkpoints/round_XXXX.pt``) is a dict of tensors and plain values, loadable
 with ``torch.load(weights_only=True)``. It holds everything needed to rebuild the model and its data without the
 original command line and without the code of the run's algorithm or regularizer: the model's full architecture
-(``model_spec``, :mod:`flatfl.models.spec`: registry name and arguments, projection head, residual-block survival),
+(``model_spec``, :mod:`flatfl.models.model_spec`: registry name and arguments, projection head, residual-block survival),
 the weights of the server model and of the average of all clients' latest models, the dataset name and directory,
 the partition, the resolved config, the round, the metrics so far, the RNG states and the flatfl version.
 
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError, ConfigError
-from .models.spec import model_from_spec
+from .models.model_spec import model_from_spec
 from .utils.device import resolve_device
 from .utils.io import atomic_torch_save
 from .utils.precision import check_precision, computing_in, torch_dtype

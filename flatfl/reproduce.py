@@ -75,7 +75,7 @@ from typing import Callable
 from . import paper_tables
 from .errors import ConfigError, unknown_name
 from .paper_tables import man_common
-from .paper_tables.spec import Method, PaperTable
+from .paper_tables.table_spec import Method, PaperTable
 from .sweep import SECTION_SETTINGS, RunTask, run_tasks
 
 __all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method", "PaperTable",
@@ -300,7 +300,7 @@ def check_run_folders(out: Path, tasks: list[RunTask], tables) -> None:
     """Before any run trains, one ConfigError line for what would stop the reproduction only after hours of
     training: a file of the user's in ``out`` under a name the report writes, or a folder in a run's place that is
     not that run (no flatfl run, or a run with other settings)."""
-    from .report.build import report_files
+    from .report.pipeline import report_files
     from .sweep import run_state
     from .train.config import build_config
     from .utils.manifest import refuse_foreign

@@ -62,7 +62,7 @@ from .errors import CheckpointError, ConfigError
 from .analysis.commands.client_metrics_settings import ClientMetricsSettings
 from .analysis.commands.hessian_settings import HessianSettings, tracking_settings
 from .analysis.commands.surface_settings import SurfaceSettings
-from .runs import (CLIENTS_DIR, HESSIAN_DIR, MODEL_CHECKPOINTS, SPECTRUM_DIR, SURFACE_DIR, analyse_run,  # noqa: F401
+from .run_layout import (CLIENTS_DIR, HESSIAN_DIR, MODEL_CHECKPOINTS, SPECTRUM_DIR, SURFACE_DIR, analyse_run,  # noqa: F401
                    analysis_dir, model_checkpoint, settings_match)
 
 __all__ = ["RunTask", "run_task", "analyse_run", "run_tasks", "run_state", "read_grid", "expand_grid", "run_sweep",
@@ -137,7 +137,7 @@ def _train(task: RunTask, log: Callable[[str], None]) -> str:
     from .analysis.commands.tracking import curvature_observer
     from .train.config import build_config
     from .train.engine import Trainer
-    from .train.run_files import recover_final
+    from .train.run_folder import recover_final
 
     cfg = build_config({}, dict(task.settings, out=task.run_dir))
     run_dir = Path(task.run_dir)

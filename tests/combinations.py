@@ -22,7 +22,7 @@ from torch import nn
 
 from flatfl.errors import ConfigError
 from flatfl.models import build_model, model_names
-from flatfl.train.algorithms.base import Algorithm
+from flatfl.train.algorithms.algorithm import Algorithm
 from flatfl.train.catalog import load_all
 from flatfl.train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 from flatfl.train.config import RunConfig

@@ -1,6 +1,6 @@
 """An algorithm defined outside the package, as a user would write one: a subclass of
-:class:`flatfl.train.algorithms.base.Algorithm` registered with the public ``register``
-(``flatfl/train/algorithms/base.py``; docs/training-and-algorithms.md, "Adding an algorithm").
+:class:`flatfl.train.algorithms.algorithm.Algorithm` registered with the public ``register``
+(``flatfl/train/algorithms/algorithm.py``; docs/training-and-algorithms.md, "Adding an algorithm").
 
 :class:`ProxServerStep`: FedAvg with a proximal term and a server learning rate. Client i minimises
 CE + (mu/2)||theta - theta^t||^2 (the gradient mu (theta - theta^t) added to each client's row after backward, so it
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 
-from flatfl.train.algorithms.base import Algorithm, register, weighted_mean
+from flatfl.train.algorithms.algorithm import Algorithm, register, weighted_mean
 from flatfl.train.algorithms.fedcm import SERVER_LR
 from flatfl.train.catalog import load_all
 from flatfl.train.components import ALGORITHMS, HParam

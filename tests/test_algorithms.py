@@ -20,7 +20,7 @@ from flatfl.train.context import ClientContext, Cohort, RoundContext, StepContex
 from flatfl.train.engine import Trainer
 from flatfl.models.params import ParamLayout
 from flatfl.models.stacking import StackedLayout
-from flatfl.train.regularizers.base import NoRegularizer
+from flatfl.train.regularizers.regularizer import NoRegularizer
 
 DIM, C = 3, 3
 

@@ -1,4 +1,4 @@
-"""Without ``--out`` the analysis commands write into a fixed folder of the run (flatfl/runs.py's layout), say
+"""Without ``--out`` the analysis commands write into a fixed folder of the run (flatfl/run_layout.py's layout), say
 where, and never replace a file flatfl did not write."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from flatfl.cli.analysis_commands import default_out
 from flatfl.cli import main
-from flatfl.runs import CLIENTS_DIR, HESSIAN_DIR, SURFACE_DIR, analysis_dir
+from flatfl.run_layout import CLIENTS_DIR, HESSIAN_DIR, SURFACE_DIR, analysis_dir
 from tiny_run import train_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -10,7 +10,7 @@ import flatfl
 from flatfl.errors import CheckpointError
 from flatfl.checkpoint import FORMAT_VERSION, read_checkpoint, save_checkpoint
 from flatfl.models import ProjectionHeadModel, architecture_spec, build_model, model_from_spec, set_stochastic_depth
-from flatfl.runs import model_checkpoint
+from flatfl.run_layout import model_checkpoint
 from flatfl.utils.io import atomic_torch_save
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -140,7 +140,7 @@ def test_a_spec_that_does_not_fit_its_weights_is_one_clear_error(tmp_path):
 def test_training_refuses_a_network_change_its_spec_does_not_record(tmp_path, monkeypatch):
     from flatfl.train.config import RunConfig
     from flatfl.train.engine import Trainer
-    from flatfl.train.regularizers.base import NoRegularizer
+    from flatfl.train.regularizers.regularizer import NoRegularizer
 
     def grow(cls, model, hp):
         model.extra = torch.nn.Linear(2, 2)  # an architecture change no spec entry describes

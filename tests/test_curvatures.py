@@ -223,7 +223,7 @@ def test_curvlinops_gives_the_same_products():
 def test_a_report_keeps_curvatures_apart():
     from flatfl.report.metrics import data_setting
     from flatfl.report.records import measures_defaults
-    from flatfl.runs import settings_match
+    from flatfl.run_layout import settings_match
 
     assert data_setting({"curvature": "ggn"}) == ", ggn curvature"
     assert data_setting({"curvature": "hessian", "products": "auto"}) == ""

@@ -154,7 +154,7 @@ def test_tracking_another_curvature(tmp_path):
 
 def test_hessian_clients_of_another_curvature(tmp_path):
     from flatfl.analysis import GGNOperator, cross_client_metrics
-    from flatfl.report.run_files import clients_results
+    from flatfl.report.run_reader import clients_results
 
     run = train_tiny(tmp_path / "run", "--save-clients")
     args = ["hessian-clients", str(run), "--probes", "8", "--groups", "2", "--samples", "32", "--quiet"]

@@ -160,14 +160,14 @@ def test_partitions_cover_every_image(small):
 
 
 def model_list():
-    from flatfl.models.registry import model_names
+    from flatfl.models.model_registry import model_names
 
     return model_names()
 
 
 @pytest.mark.parametrize("name", model_list())
 def test_every_model_takes_28x28x1(name):
-    from flatfl.models.registry import build_model
+    from flatfl.models.model_registry import build_model
 
     torch.manual_seed(0)
     model = build_model(name, num_classes=10, in_channels=1, image_size=28).eval()

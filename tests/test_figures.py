@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory, request):
     """Run the three commands once; (output folders, {png file name: the Figure that made it})."""
-    import flatfl.analysis.commands.figures as figures_module
+    import flatfl.analysis.commands.result_figures as figures_module
 
     root = tmp_path_factory.mktemp("figures")
     run = root / "run"

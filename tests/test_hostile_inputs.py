@@ -353,7 +353,7 @@ def _passed_off_as_seed_5(c, run):
 
 
 def _clients_average_of_other_run(c, run):
-    from flatfl.runs import model_checkpoint
+    from flatfl.run_layout import model_checkpoint
 
     shutil.copy(model_checkpoint(c.base / "other", "clients-average"), run / "final-clients-average.pt")
 
@@ -994,9 +994,9 @@ def test_other_model_factory_gets_a_notice(tmp_path, monkeypatch):
 
 
 def test_sweep_recomputes_a_result_of_other_weights(base, tmp_path):
-    """Issue 29: ``flatfl.runs.analyse_run`` (sweeps, reproductions) does not skip a hessian.json that measured
+    """Issue 29: ``flatfl.run_layout.analyse_run`` (sweeps, reproductions) does not skip a hessian.json that measured
     other weights (copied in with its manifest, newer than final.pt): it computes it again, of this run's weights."""
-    from flatfl.runs import analyse_run
+    from flatfl.run_layout import analyse_run
     from flatfl.utils.provenance import state_digest
 
     run = tmp_path / "run"

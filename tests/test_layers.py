@@ -29,7 +29,7 @@ LAYERS = (
     ("models and data", ("flatfl.models", "flatfl.data")),
     ("checkpoint format", ("flatfl.checkpoint",)),
     ("train and analysis", ("flatfl.train", "flatfl.analysis")),
-    ("run folders and executors", ("flatfl.runs", "flatfl.executors")),
+    ("run folders and executors", ("flatfl.run_layout", "flatfl.executors")),
     ("paper tables", ("flatfl.paper_tables",)),  # each table's layout and run plan (data): report and reproduce read it
     ("sweep and report", ("flatfl.sweep", "flatfl.report")),
     ("reproduce", ("flatfl.reproduce",)),

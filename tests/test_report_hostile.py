@@ -238,7 +238,7 @@ def test_an_analysis_with_other_settings_is_never_reused_for_the_default(tmp_pat
     import dataclasses
 
     from flatfl.analysis.commands.hessian_command import settings_record
-    from flatfl.runs import settings_match
+    from flatfl.run_layout import settings_match
     from flatfl.analysis.commands.hessian_settings import HessianSettings
 
     asked = dataclasses.asdict(HessianSettings())

@@ -16,7 +16,7 @@ from flatfl.analysis.commands.result_files import clients_file
 from flatfl.train.config import build_config
 from flatfl.report import build_report
 from flatfl.reproduce import plan
-from flatfl.runs import CLIENTS_DIR, MODEL_CHECKPOINTS, analysis_dir
+from flatfl.run_layout import CLIENTS_DIR, MODEL_CHECKPOINTS, analysis_dir
 
 AVERAGE_HESSIAN = analysis_dir("hessian", "clients-average")  # where the MAN tables' Hessian lives in a run
 
@@ -223,7 +223,7 @@ def test_every_page_keeps_its_text_inside(which, man_runs, fedalign_runs, tmp_pa
 
 def test_the_extent_check_sees_a_leak():
     """The checker itself: a word far wider than its forced column is reported."""
-    from flatfl.report.figures import table_page
+    from flatfl.report.figure_pages import table_page
 
     fig = table_page("t", ["a", "b"], [["x" * 300, "y"]], col_widths=[0.1, 0.9])
     assert any("out of its cell" in b for b in _text_leaks(fig))
@@ -279,7 +279,7 @@ def test_density_panel_averages_slq_starts_and_states_its_width(tmp_path):
     import torch
 
     from flatfl.analysis import MatrixOperator, spectral_density
-    from flatfl.report.figures import format_number, spectrum_pair_page
+    from flatfl.report.figure_pages import format_number, spectrum_pair_page
     from flatfl.utils.plots import density_curves
 
     rng = np.random.default_rng(0)
@@ -334,7 +334,7 @@ def test_surface_panels_share_one_colour_scale(tmp_path):
 
     from matplotlib.contour import ContourSet
 
-    from flatfl.report.figures import surface_page
+    from flatfl.report.figure_pages import surface_page
 
     recs = []
     x = np.linspace(-1, 1, 7)
@@ -366,7 +366,7 @@ def test_pdfs_carry_no_creation_date(monkeypatch, tmp_path):
     are rendered at two different (SOURCE_DATE_EPOCH) dates and must be equal, with no /CreationDate."""
     from matplotlib.figure import Figure
 
-    from flatfl.analysis.commands.figures import figure_bytes
+    from flatfl.analysis.commands.result_figures import figure_bytes
     from flatfl.report.pdf import write_pdf
 
     def draw(fig, ax):

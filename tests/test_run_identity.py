@@ -15,7 +15,7 @@ from flatfl.sweep import run_state
 from flatfl.train.config import RunConfig
 from flatfl.train.engine import Trainer
 from flatfl.train.identity import experiment_settings, run_settings
-from flatfl.train.run import RESUME_FLAGS
+from flatfl.train.train_command import RESUME_FLAGS
 from flatfl.utils.provenance import differing_settings
 from flatfl.utils.run_identity import NO_NUMBER_SETTINGS, RESUMABLE_CHANGES, differing_keys
 

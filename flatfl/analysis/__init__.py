@@ -73,7 +73,7 @@ foreign files refused, the checkpoint loaded, a progress bar, the common header,
 :func:`flatfl.analysis.commands.hessian_command.load_eigenvectors` reads saved vectors),
 :func:`flatfl.analysis.commands.clients_command.run_client_metrics` (``flatfl hessian-clients``: clients-<protocol>.json and a
 heat map) and :func:`flatfl.analysis.commands.surface_command.run_surface` (``flatfl surface``). Their figures are in
-:mod:`flatfl.analysis.commands.figures`; their result files are read back by :mod:`flatfl.analysis.commands.result_files`
+:mod:`flatfl.analysis.commands.result_figures`; their result files are read back by :mod:`flatfl.analysis.commands.result_files`
 (one reader per file). :mod:`flatfl.analysis.commands.tracking` makes the observer of ``flatfl train --track-hessian K``
 (the same analysis on each K-th round's model).
 """

@@ -84,12 +84,12 @@ def _operator(model, batches, criterion, loss, mode: str, curvature: str, produc
     """The curvature operator of the API (:func:`~flatfl.analysis.operators.curvatures.curvature_operator`): under torchrun
     (several ranks), this rank's shard of the batches with its products all-reduced
     (:mod:`flatfl.analysis.operators.distributed`), the process group started on the model's device; else the plain operator."""
-    from ..utils import distributed
+    from ..utils import ranks
     from .operators.distributed import over_ranks
 
-    if distributed.launched().distributed:
+    if ranks.launched().distributed:
         first = next((p for p in model.parameters()), None)
-        distributed.join(first.device if first is not None else torch.device("cpu"))
+        ranks.join(first.device if first is not None else torch.device("cpu"))
         batches = batches if loss is not None else as_batches(batches)  # a list, to be cut into shards
     return over_ranks(lambda shard: curvature_operator(curvature, model, shard, loss_fn=criterion, mode=mode, loss=loss,
                                                        products=products), batches, objective=loss is not None,
@@ -297,7 +297,7 @@ class ModelHessian:
                 out.write(f"{x:.9g},{d:.9g}\n")
             data = out.getvalue().encode()
         else:
-            from .commands.figures import density_figure
+            from .commands.result_figures import density_figure
 
             marks = [] if self.last_eigenvalues is None else self.last_eigenvalues.eigenvalues.tolist()
             data = density_figure(dens, suffix[1:], marks=marks, samples=self.num_samples,

@@ -166,12 +166,12 @@ def _out_folder(checkpoint, out, command: str) -> tuple[str, str]:
 
 def default_out(checkpoint, command: str) -> Path:
     """Where ``command`` (``hessian``, ``hessian-clients``, ``surface``) writes when no ``--out`` is given: a fixed
-    folder of the run the checkpoint belongs to (flatfl/runs.py, :func:`flatfl.runs.analysis_dir`). A run folder or
+    folder of the run the checkpoint belongs to (flatfl/run_layout.py, :func:`flatfl.run_layout.analysis_dir`). A run folder or
     its ``final.pt``: ``RUN/hessian`` (``RUN/surface``); ``final-clients-average.pt``: ``RUN/hessian-clients-average``;
     any other checkpoint (``RUN/checkpoints/round_0010.pt``, a file of its own): ``hessian-<its name>`` beside it in
     the run (in its folder). Files there that flatfl did not write are refused, never replaced."""
     from ..checkpoint import resolve_checkpoint_path
-    from ..runs import CLIENTS_DIR, HESSIAN_DIR, MODEL_CHECKPOINTS, SURFACE_DIR, analysis_dir
+    from ..run_layout import CLIENTS_DIR, HESSIAN_DIR, MODEL_CHECKPOINTS, SURFACE_DIR, analysis_dir
 
     # flatfl hessian and hessian-clients share one folder (clients-<protocol>.json beside hessian.json)
     base = {"hessian": HESSIAN_DIR, "hessian-clients": CLIENTS_DIR, "surface": SURFACE_DIR}[command]

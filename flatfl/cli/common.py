@@ -24,15 +24,15 @@ def friendly_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from ..utils import distributed
+        from ..utils import ranks
 
         try:
             result = fn(*args, **kwargs)
-            distributed.leave()  # under torchrun: every rank waits until rank 0 has written its files
+            ranks.leave()  # under torchrun: every rank waits until rank 0 has written its files
             return result
         except FlatflError as e:
             # the same input error on every rank: rank 0 says it (another rank's own error is said by that rank)
-            _say(f"flatfl: error: {error_line(e)}", everywhere=isinstance(e, distributed.RankStopped))
+            _say(f"flatfl: error: {error_line(e)}", everywhere=isinstance(e, ranks.RankStopped))
             sys.exit(2)
         except KeyboardInterrupt as e:
             where = None if getattr(e, "hint", None) else user_frame(e, innermost=True)
@@ -48,7 +48,7 @@ def friendly_errors(fn):
                  "not finish (nothing half-written was kept)")
             sys.exit(2)
         except Exception as e:  # no traceback for the user: one line, exit 1 (FLATFL_DEBUG=1 shows it)
-            peer = distributed.peer_failure(e)
+            peer = ranks.peer_failure(e)
             if peer is not None:  # a collective failed because another rank stopped
                 _say(f"flatfl: error: {peer}", everywhere=True)
                 sys.exit(1)
@@ -63,10 +63,10 @@ def friendly_errors(fn):
 def _say(line: str, everywhere: bool = False) -> None:
     """An error line on the terminal: from rank 0 (the only process, without torchrun), and from every rank when
     ``everywhere`` (an error of that rank's own)."""
-    from ..utils import distributed
+    from ..utils import ranks
 
-    if everywhere or distributed.is_main():
-        click.echo(line, file=distributed.error_stream())
+    if everywhere or ranks.is_main():
+        click.echo(line, file=ranks.error_stream())
 
 
 #: what Ctrl-C leaves, when the command says nothing more precise (every output is written atomically)
@@ -127,7 +127,7 @@ class FlatflGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-#: the commands that split their work over the ranks of a torchrun launch (docs/distributed.md); any other
+#: the commands that split their work over the ranks of a torchrun launch (docs/ranks.md); any other
 #: command runs on rank 0 alone, as one process, and the other ranks end at once
 SPLIT_COMMANDS = ("train", "hessian", "hessian-clients", "surface")
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -138,10 +138,10 @@ def _under_torchrun(argv: list[str]) -> None:
     """Under torchrun with several ranks: the other ranks print nothing but their errors; a command that does not
     split its work runs on rank 0 as one process (its own workers, a sweep's, must not join the ranks), the others
     end here."""
-    from ..utils import distributed
+    from ..utils import ranks
 
     try:
-        w = distributed.launched()
+        w = ranks.launched()
     except FlatflError as e:
         click.echo(f"flatfl: error: {error_line(e)}", err=True)
         sys.exit(2)
@@ -149,7 +149,7 @@ def _under_torchrun(argv: list[str]) -> None:
         return
     command = next((a for a in argv if not a.startswith("-")), None)
     if command in SPLIT_COMMANDS:
-        distributed.quiet_other_ranks()
+        ranks.quiet_other_ranks()
         return
     if not w.main:
         sys.exit(0)

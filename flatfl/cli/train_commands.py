@@ -143,7 +143,7 @@ Examples:
 def train(config_file, resume_dir, force, quiet, **opts):
     """Simulate federated training and write a run directory (config, partition, metrics.csv, checkpoints)."""
     from ..analysis.commands.tracking import curvature_observer
-    from ..train.run import train_from_options
+    from ..train.train_command import train_from_options
 
     tracking = {k: v for k, v in (("top", opts.pop("track_top")), ("samples", opts.pop("track_samples")),
                                   ("curvature", opts.pop("track_curvature"))) if v is not None}
@@ -181,7 +181,7 @@ def _train_summary(final) -> str:
 @friendly_errors
 def partition(dataset, data_dir, method, alpha, clients, seed, run_dir):
     """Print the per-client label histogram of a partition (or of a run's saved partition)."""
-    from ..train.run import describe_partition
+    from ..train.train_command import describe_partition
 
     click.echo(describe_partition(dataset, data_dir, method, alpha, clients, seed, run_dir))
 

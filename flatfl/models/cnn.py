@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
-from .base import FeatureClassifier, conv_output_size, require_positive_size
+from .contract import FeatureClassifier, conv_output_size, require_positive_size
 
 
 def conv_stages(net: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
-from .base import FeatureClassifier
+from .contract import FeatureClassifier
 from .slimmable import SlimBatchNorm2d, SlimConv2d, SlimGroupNorm, SlimLinear, check_width, set_module_width
 
 NORMS = ("bn", "gn")

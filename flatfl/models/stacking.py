@@ -205,7 +205,7 @@ def channel_refusal(model: nn.Module) -> str | None:
     """Why ``model`` cannot be channel-stacked (a layer or model class whose forward pass is not known to act per
     channel block, a narrowed slimmable layer, a module registered at two places, a parameter shared by two
     modules), or None when it can."""
-    from .base import FeatureClassifier
+    from .contract import FeatureClassifier
     from .projection import ProjectionHeadModel
 
     known = (FeatureClassifier, ProjectionHeadModel, ResidualBlock)

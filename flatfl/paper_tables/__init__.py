@@ -1,8 +1,8 @@
 """The paper tables ``flatfl reproduce`` makes and ``flatfl report`` fills: one module each, found by walking this
 package.
 
-A module defining ``TABLE`` (a :class:`~flatfl.paper_tables.spec.PaperTable`: the layout, a
-:class:`~flatfl.paper_tables.spec.TableSpec`, and the runs behind it) is a table; its published values are rows of
+A module defining ``TABLE`` (a :class:`~flatfl.paper_tables.table_spec.PaperTable`: the layout, a
+:class:`~flatfl.paper_tables.table_spec.TableSpec`, and the runs behind it) is a table; its published values are rows of
 ``flatfl/report/paper_values.csv``. Nothing else is edited to add one: the report's table matching, ``reproduce``'s
 planning and the command line's choice of targets read :data:`REPRODUCED`, :data:`GROUPS` and :data:`TARGETS`.
 Modules without ``TABLE`` (``spec``, ``man_common``) hold what tables share.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .spec import Method, PaperTable, TableSpec
+from .table_spec import Method, PaperTable, TableSpec
 
 __all__ = ["REPRODUCED", "TABLES", "GROUPS", "TARGETS", "PRESETS", "DEFAULT_SEEDS", "Method", "PaperTable",
            "TableSpec", "discover"]

@@ -3,7 +3,7 @@ Dirichlet 0.5 split, with cross-client H_N / H_D."""
 from __future__ import annotations
 
 from .man_common import CPU_PRECISION
-from .spec import Method, PaperTable, TableSpec
+from .table_spec import Method, PaperTable, TableSpec
 
 SPEC = TableSpec(
     key="fedalign-table1", source="FedAlign", table="Table 1",

@@ -2,7 +2,7 @@
 deltas, the zetas and FedDC's code switches. Not a table itself (it defines no ``TABLE``)."""
 from __future__ import annotations
 
-from .spec import Method
+from .table_spec import Method
 
 MAN_SCALE = ("paper: CIFAR-100, CNN (2 conv + 3 FC), 100 clients, 10% participation, 500 rounds x 5 local epochs, "
              "Hessian on the training set (assumed PyHessian protocol)")
@@ -40,7 +40,7 @@ _FMNIST = {
     "spectrum_seeds": "first",
 }
 
-# Settings per preset (flatfl.paper_tables.spec.PaperTable).
+# Settings per preset (flatfl.paper_tables.table_spec.PaperTable).
 PRESETS = {
     "paper": {
         "run": dict(dataset="cifar100", model="cifar-cnn", clients=100, participation=0.1, sampling="bernoulli",

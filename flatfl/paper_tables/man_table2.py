@@ -3,7 +3,7 @@ Hessian eigenvalue and trace; MAN Fig. 4 for the FedAvg and FedSAM pairs)."""
 from __future__ import annotations
 
 from .man_common import ALPHAS, FEDDC_OFFICIAL, MAN_ACCURACIES, MAN_CODE, MAN_SCALE, PRESETS, pair
-from .spec import PaperTable, TableSpec, with_reg
+from .table_spec import PaperTable, TableSpec, with_reg
 
 SPEC = TableSpec(
     key="man-table2", source="MAN", table="Table 2",

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .man_common import ALPHAS, MAN_ACCURACIES, MAN_CODE, MAN_SCALE, PRESETS, pair
-from .spec import PaperTable, TableSpec, with_reg
+from .table_spec import PaperTable, TableSpec, with_reg
 
 SPEC = TableSpec(
     key="man-table6", source="MAN", table="Table 6 (supplementary)",

@@ -11,7 +11,7 @@ Table 2; FedASAM, FedSpeed and their +MAN rows in its supplementary Table 6; CIF
 from __future__ import annotations
 
 from .man_common import MAN_ACCURACIES, MAN_CODE, PRESETS as MAN_PRESETS, pair
-from .spec import Method, PaperTable, TableSpec, with_reg
+from .table_spec import Method, PaperTable, TableSpec, with_reg
 
 BASES = ("FedSAM", "FedASAM", "MoFedSAM", "FedSpeed", "FedSMOO", "FedGAMMA", "FedLESAM", "FedGloSS", "FedWMSAM",
          "FedNSAM")

@@ -11,7 +11,7 @@ A report is a pipeline (:mod:`.build`): run folders read into records (:mod:`.ru
 shared wording :mod:`.text`) and file (:mod:`.pdf`). :mod:`.contrast` sets finished reports side by side.
 ``paper_values.csv`` holds the papers' published numbers.
 """
-from .build import build_report
+from .pipeline import build_report
 from .layouts import TABLES, paper_values
 from .pdf import pdf_page_count, write_pdf
 from .records import collect_runs, load_run, method_label

@@ -3,7 +3,7 @@
 :func:`curvature_page` draws, for a few methods (a method and its "+MAN" variant on one axis), the top Hessian
 eigenvalue, the trace and the loss on the fixed evaluation sample against the round (metrics.csv's ``hessian_*``
 columns); one column of panels per partition, one line per method: the mean over its seeds, the band their range.
-The styles are :func:`flatfl.report.figures.line_styles` (a method solid, its "+MAN" variant dashed, same colour).
+The styles are :func:`flatfl.report.figure_pages.line_styles` (a method solid, its "+MAN" variant dashed, same colour).
 
 The trace is an estimate with a standard error (metrics.csv's ``hessian_trace_se``): every point carries its
 interval (+-2 standard errors; with several seeds the root-mean-square of theirs over the square root of their
@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .figures import PAGE_SIZE, line_styles
+from .figure_pages import PAGE_SIZE, line_styles
 
 #: the interval drawn around a tracked trace: this many standard errors either side
 TRACE_INTERVAL_SE = 2.0

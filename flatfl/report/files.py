@@ -17,7 +17,7 @@ from pathlib import Path
 from ..utils.io import csv_text
 from .experiments import shown_value
 from .metrics import metric_names, report_metric
-from .run_files import MODEL_NAMES
+from .run_reader import MODEL_NAMES
 from .tables import MetricCell, TableRow
 
 __all__ = ["ROW_COLUMNS", "metric_columns", "table_csv", "directions_csv", "run_rows", "shown_path", "summary"]

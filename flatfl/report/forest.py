@@ -167,7 +167,7 @@ def _legend_handles(items: list[dict]):
 def forest_figure(results, subtitle: str = ""):
     """The forest plot of every layout's comparisons (``results``: :class:`.results.TableResult` s), one A4
     landscape page."""
-    from .figures import PAGE_SIZE
+    from .figure_pages import PAGE_SIZE
     from ..utils.plots import LEGEND_SIZE, NOTE_SIZE, TITLE_SIZE, new_figure, wrap_to
 
     fig = new_figure(PAGE_SIZE)

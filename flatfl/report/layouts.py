@@ -10,7 +10,7 @@ from ..errors import unknown_name
 from ..paper_tables import GROUPS, TABLES, TableSpec
 from ..utils.machine import machine_label
 from .metrics import report_metric
-from .run_files import MODELS
+from .run_reader import MODELS
 
 __all__ = ["TABLE_ALIASES", "TABLES", "TableSpec", "paper_values", "paper_lookup", "fills", "records_of", "matching_tables", "tables_for", "model_for", "scale_label",
            "training_path_label", "paper_differences"]

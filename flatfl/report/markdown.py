@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..utils.plots import format_number
 from .metrics import metric_title
-from .run_files import MODEL_NAMES
+from .run_reader import MODEL_NAMES
 from .tables import incomparable_notes
 from .text import cell_text, ci_text, counts_line, seeds_cell, setting_parts
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError, unknown_name
-from .run_files import MODEL_ACCURACY, MODEL_NAMES
+from .run_reader import MODEL_ACCURACY, MODEL_NAMES
 
 __all__ = ["ReportMetric", "register_metric", "unregister_metric", "report_metric", "metric_names", "metric_title",
            "clients_needed",

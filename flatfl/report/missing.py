@@ -11,7 +11,7 @@ from ..analysis.commands.hessian_settings import HessianSettings
 from .layouts import fills, records_of
 from .metrics import clients_needed
 from .records import choose_clients_protocol
-from .run_files import MODEL_NAMES
+from .run_reader import MODEL_NAMES
 
 __all__ = ["DEFAULT_HESSIAN", "DEFAULT_CLIENTS", "needs", "settings_ok", "compute_missing", "pick_clients",
            "sample_notices", "missing_lines"]
@@ -47,7 +47,7 @@ def _folder_tag(asked: dict) -> str:
 def settings_ok(asked: dict):
     """A test of a hessian.json's settings against the asked ones (and of the default split and loss, which the
     report cannot ask otherwise); None when nothing is asked."""
-    from ..runs import settings_match
+    from ..run_layout import settings_match
     from .records import measures_defaults
 
     if not asked:
@@ -57,7 +57,7 @@ def settings_ok(asked: dict):
 
 def _analysis_folder(rec, asked: dict, need: list[str]) -> tuple[str, list[str]]:
     """The folder the run's missing Hessian goes into, and the existing analysis with other settings it avoids."""
-    from ..runs import analysis_dir
+    from ..run_layout import analysis_dir
 
     folder = analysis_dir("hessian", rec.model)
     if folder in rec.stale:  # it measured an earlier round: kept where it is, the final model's goes beside it
@@ -72,7 +72,7 @@ def compute_missing(records, specs, hessian: dict, asked: dict, clients: dict, e
     """Compute, for every run, what the report lacks: a Hessian of the run's model with the settings asked for
     (``asked``: the options the user gave; an analysis made with other settings is kept where it is and the asked
     one is computed into a folder of its own), and H_N / H_D. Returns (problems, what was done)."""
-    from ..runs import analyse_run
+    from ..run_layout import analyse_run
 
     problems, done = [], []
     for rec in records:

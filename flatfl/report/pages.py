@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from . import figures
+from . import figure_pages
 from .curvature import curvature_page, has_curvature
 from .metrics import metric_title, report_metric
-from .run_files import MODEL_ACCURACY, MODEL_NAMES
+from .run_reader import MODEL_ACCURACY, MODEL_NAMES
 from .tables import incomparable_notes
 from .text import cell_text, ci_text, counts_line, seeds_cell, setting_parts
 from .verdicts import NO_PAPER_VALUE, TOO_FEW_SEEDS
@@ -101,7 +101,7 @@ def _table_figure(result, ours_scale: str):
                 "verdict with fewer than 2 seeds a side); † other settings "
                 "than the rest of the column (see the notes)"]
     notes = list(spec.notes) + incomparable_notes(spec, rows)
-    return figures.table_page(spec.title, header, cells, subtitle=subtitle, notes=notes, findings=result.findings)
+    return figure_pages.table_page(spec.title, header, cells, subtitle=subtitle, notes=notes, findings=result.findings)
 
 
 def _pct(v) -> str:
@@ -109,7 +109,7 @@ def _pct(v) -> str:
 
 
 def _direction_cells(c: dict) -> list:
-    f = figures.format_number
+    f = figure_pages.format_number
     two_se = "-" if c["ours_uncertainty"] is None else f"{f(2 * c['ours_uncertainty'], 2)} ({c['uncertainty_from']})"
     return [c["partition"], f"{c['reference']}\nvs {c['compared']}", metric_title(c["metric"]),
             f"{f(c['ours_reference'])} → {f(c['ours_compared'])}", _pct(c["ours_change_pct"]),
@@ -133,7 +133,7 @@ def _directions_figures(result) -> list:
     per_page = max(1, -(-len(cells) // n_pages))
     for k in range(0, max(1, len(cells)), per_page):
         part = "" if len(cells) <= per_page else f" ({k // per_page + 1}/{(len(cells) + per_page - 1) // per_page})"
-        pages.append(figures.table_page(f"{title}: direction of each change{part}", header, cells[k:k + per_page],
+        pages.append(figure_pages.table_page(f"{title}: direction of each change{part}", header, cells[k:k + per_page],
                                         subtitle=subtitle + _DIRECTIONS_LEGEND, highlight=colors[k:k + per_page]))
     return pages
 
@@ -152,8 +152,8 @@ def _curvature_subtitle(records, ours_scale: str) -> str:
 
 def _has_spectra(a, b) -> bool:
     """Whether both sides of a pair have a top-k (two or more eigenvalues) or both have a density to draw."""
-    ha = [figures.spectrum_source(x) for x in a]
-    hb = [figures.spectrum_source(y) for y in b]
+    ha = [figure_pages.spectrum_source(x) for x in a]
+    hb = [figure_pages.spectrum_source(y) for y in b]
     return (any(len(h.get("top_eigenvalues") or []) >= 2 for h in ha)
             and any(len(h.get("top_eigenvalues") or []) >= 2 for h in hb)) \
         or (any(h.get("density") for h in ha) and any(h.get("density") for h in hb))
@@ -166,7 +166,7 @@ def _spectrum_pages(result):
             a = [r for r in result.records if r.method == ref and r.partition == part]
             b = [r for r in result.records if r.method == cmp_ and r.partition == part]
             if a and b and _has_spectra(a, b):
-                yield (figures.spectrum_pair_page(a, b, f"{ref} vs {cmp_}, {part}: Hessian spectrum of the {model} "
+                yield (figure_pages.spectrum_pair_page(a, b, f"{ref} vs {cmp_}, {part}: Hessian spectrum of the {model} "
                                                         "model (as MAN Fig. 4)"), f"{spec.key}: spectrum {ref} {part}")
 
 
@@ -181,7 +181,7 @@ def _accuracy_pages(result, ours_scale: str):
     spec, model = result.spec, result.model
     groups = _by_partition(result.records)
     if groups:
-        yield (figures.accuracy_page(f"{spec.title.split(':')[0]}: accuracy against rounds", groups,
+        yield (figure_pages.accuracy_page(f"{spec.title.split(':')[0]}: accuracy against rounds", groups,
                                      MODEL_ACCURACY[model],
                                      subtitle=f"test accuracy of the {MODEL_NAMES[model]} model; {ours_scale}",
                                      ylabel=f"test accuracy, {MODEL_NAMES[model]} (%)", order=spec.rows),
@@ -206,7 +206,7 @@ def _surface_pages(result):
     per = -(-len(with_surface) // -(-len(with_surface) // 8))  # at most 8 a page, spread evenly
     parts = sorted({r.partition for r in with_surface})
     for k in range(0, len(with_surface), per):
-        yield (figures.surface_page(f"{spec.title.split(':')[0]}: loss surfaces of the {MODEL_NAMES[result.model]} "
+        yield (figure_pages.surface_page(f"{spec.title.split(':')[0]}: loss surfaces of the {MODEL_NAMES[result.model]} "
                                     f"model, {', '.join(parts)}", with_surface[k:k + per]), f"{spec.key}: surfaces")
 
 
@@ -225,7 +225,7 @@ def other_pages(other, ours_scale: str):
     """(figure, contents title) for the runs no layout takes: accuracy and curvature against rounds."""
     if not other:
         return
-    yield (figures.accuracy_page("Other runs: accuracy against rounds", _by_partition(other), "test_acc",
+    yield (figure_pages.accuracy_page("Other runs: accuracy against rounds", _by_partition(other), "test_acc",
                                  ylabel="test accuracy, server (%)"), "other: accuracy")
     if has_curvature(other):
         yield (curvature_page("Other runs: curvature against rounds", other,
@@ -249,4 +249,4 @@ def run_pages(rows: list[dict]):
                   r["top_eigenvalue"], r["trace"], r["trace_stderr"], r["hessian_norm_gap"], r["hessian_direction"],
                   r["clients_protocol"] or "-"]
                  for r in chunk]
-        yield figures.table_page(f"Every run ({start + 1}-{start + len(chunk)} of {len(rows)})", header, cells), "runs"
+        yield figure_pages.table_page(f"Every run ({start + 1}-{start + len(chunk)} of {len(rows)})", header, cells), "runs"

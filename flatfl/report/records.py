@@ -18,8 +18,8 @@ from ..train.catalog import display_name
 from ..train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 from ..train.identity import data_identity
 from .metrics import data_setting, report_metric
-from .provenance import check_provenance, check_runs_belong_together, recorded_versions
-from .run_files import (MODELS, analysis_model, clients_results, measured_round, protocol_order, read_analyses,
+from .run_checks import check_provenance, check_runs_belong_together, recorded_versions
+from .run_reader import (MODELS, analysis_model, clients_results, measured_round, protocol_order, read_analyses,
                         read_metrics)
 
 __all__ = ["RunRecord", "load_run", "collect_runs", "find_run_dirs", "method_label", "partition_label",
@@ -115,7 +115,7 @@ class RunRecord:
 
     def candidates(self, model: str, kind: str = "hessian") -> list[str]:
         """Folders holding a ``kind`` ('hessian' or 'spectrum') analysis of ``model``, the canonical one first."""
-        from ..runs import analysis_dir
+        from ..run_layout import analysis_dir
 
         canon = analysis_dir(kind, model)
         names = [n for n, h in self.analyses.items() if n.split("-")[0] == kind and analysis_model(h) == model]
@@ -124,7 +124,7 @@ class RunRecord:
     def select(self, model: str, settings_ok: Callable[[dict], bool] | None = None) -> "RunRecord":
         """Use the analyses of ``model`` ('server' / 'clients-average'); with ``settings_ok`` only a Hessian
         analysis whose settings it accepts. Sets ``hessian``, ``spectrum``, ``surface_path``; returns self."""
-        from ..runs import analysis_dir
+        from ..run_layout import analysis_dir
 
         if model not in MODELS:
             raise unknown_name("model", model, MODELS)

@@ -15,7 +15,7 @@ from .experiments import (check_same_settings, neutral_differences, one_run_per_
                           settings_differences)
 from .layouts import fills, paper_lookup, paper_values
 from .metrics import metric_title
-from .run_files import MODEL_NAMES
+from .run_reader import MODEL_NAMES
 
 __all__ = ["MetricCell", "TableRow", "build_table", "incomparable_notes", "experiment_notes",
            "trained_differently"]

@@ -1,10 +1,10 @@
 """A training run: :class:`Trainer` builds it from its config, runs (or resumes) its rounds and writes its files.
 
-The work is split by job: building the run (:mod:`flatfl.train.build`, the network's checks in
+The work is split by job: building the run (:mod:`flatfl.train.setup`, the network's checks in
 :mod:`flatfl.train.network_checks`), one round (:mod:`flatfl.train.rounds`), the run's files
-(:mod:`flatfl.train.run_files`, the resume state in :mod:`flatfl.train.resume`). :class:`Trainer` composes them. The
+(:mod:`flatfl.train.run_folder`, the resume state in :mod:`flatfl.train.resume`). :class:`Trainer` composes them. The
 engine knows nothing about particular algorithms, optimizers or regularizers: it calls the interfaces in
-``algorithms/base.py``, ``optimizers.py`` and ``regularizers/base.py``.
+``algorithms/algorithm.py``, ``optimizers.py`` and ``regularizers/regularizer.py``.
 
 Determinism: every random choice derives from the run's seed: the initial model from ``seed``, round t's client
 sample from (seed, t), client i's batch order, augmentation and any in-model randomness in round t from
@@ -22,12 +22,12 @@ import torch
 from ..checkpoint import FINAL_FILE
 from ..data.partition import make_partition
 from ..errors import DivergenceError
-from ..utils import distributed
+from ..utils import ranks
 from ..utils.environment import environment
 from ..utils.precision import computing_in, gpu_precision_notice, torch_dtype
 from ..utils.provenance import settings_digest
 from ..version import __version__
-from .build import (check_observer, check_resumed_data, choose_graphs, choose_parallel, build_network, fit_network,
+from .setup import (check_observer, check_resumed_data, choose_graphs, choose_parallel, build_network, fit_network,
                     is_custom_dataset, load_run_dataset, prepare_process, resolve_pieces, run_partition,
                     set_global_seed, ProcessSetup)
 from .catalog import load_all
@@ -36,7 +36,7 @@ from .identity import run_settings
 from .network_checks import BATCH_NORMS
 from .resume import rng_state
 from .rounds import RoundDone, RoundLoop, RoundState, client_seed, sample_clients
-from .run_files import (METRIC_COLUMNS, dataset_info, last_good_checkpoint, load_resume, read_run_config,
+from .run_folder import (METRIC_COLUMNS, dataset_info, last_good_checkpoint, load_resume, read_run_config,
                         recover_final, save_round, save_run_data, update_training_path, write_metrics,
                         write_run_record)
 
@@ -90,7 +90,7 @@ class Trainer:
           ``torch.manual_seed(seed)`` before building it for a repeatable run.
 
         ``process``: the device and thread count the caller already set this process up with
-        (:func:`flatfl.train.build.start_process`; ``flatfl train`` does so before it makes the run's folder). By
+        (:func:`flatfl.train.setup.start_process`; ``flatfl train`` does so before it makes the run's folder). By
         default the Trainer resolves ``cfg.device`` itself and sets torch's threads to ``cfg.threads`` when the
         config gives a count (else leaves them as the process has them)."""
         load_all()
@@ -109,7 +109,7 @@ class Trainer:
             if resume:
                 self._resume()
 
-    # ----- building (flatfl.train.build), in the order that draws the run's random numbers -----
+    # ----- building (flatfl.train.setup), in the order that draws the run's random numbers -----
     def _load_data(self, resume: bool, dataset, test_dataset) -> None:
         """The data, whether it is custom (saved with the run), augmentation, the partition and its label counts."""
         self.ds = load_run_dataset(self.cfg, self.run_dir, resume, dataset, test_dataset)
@@ -201,13 +201,13 @@ class Trainer:
     def _run(self) -> Path:
         cfg = self.cfg
         if self.start_round >= cfg.rounds:
-            if distributed.is_main() and recover_final(self.run_dir, self.start_round,
+            if ranks.is_main() and recover_final(self.run_dir, self.start_round,
                                                        lambda: self._model_payload(self.start_round)):
                 self.log(f"run {self.run_dir}: wrote the missing final.pt of round {self.start_round}")
             else:
                 self.log(f"run {self.run_dir} already finished ({cfg.rounds} rounds)")
             return self.run_dir / FINAL_FILE
-        if distributed.is_main():  # under torchrun rank 0 alone writes the run's files
+        if ranks.is_main():  # under torchrun rank 0 alone writes the run's files
             self._write_run_files()
         from tqdm.auto import tqdm
 
@@ -223,7 +223,7 @@ class Trainer:
                 good = last_good_checkpoint(self.run_dir)
                 raise DivergenceError(f"{e}; stopped. Last good checkpoint: {good}") from None
             self.elapsed += time.perf_counter() - t0
-            if done.path_changed and distributed.is_main():  # clients no longer train together
+            if done.path_changed and ranks.is_main():  # clients no longer train together
                 update_training_path(self.run_dir, self.training_path(), start_round=self.start_round, from_round=r + 1)
             row = done.row
             if row is not None:
@@ -233,7 +233,7 @@ class Trainer:
                     self.log(f"round {r + 1}/{cfg.rounds}: train loss {row['train_loss']:.4f}, "
                              f"test acc {row['test_acc']:.4f} (all-clients avg {row['all_test_acc']:.4f})")
                     last_logged = time.monotonic()
-            if ((r + 1) % cfg.checkpoint_every == 0 or r + 1 == cfg.rounds) and distributed.is_main():
+            if ((r + 1) % cfg.checkpoint_every == 0 or r + 1 == cfg.rounds) and ranks.is_main():
                 self._checkpoint(r + 1, final=(r + 1 == cfg.rounds))
         bar.close()
         if self.observer is not None and not self.quiet:
@@ -252,10 +252,10 @@ class Trainer:
             row["observer_seconds"] = round(self.observer_seconds, 3)
         self.metrics.append(row)
         extra = list(self.observer.columns) + ["observer_seconds"] if self.observer is not None else []
-        if distributed.is_main():
+        if ranks.is_main():
             write_metrics(self.run_dir, self.metrics, extra)
 
-    # ----- files (flatfl.train.run_files) -----
+    # ----- files (flatfl.train.run_folder) -----
     def training_path(self) -> dict:
         """Which computation trained the run: the device, how many clients trained at once and why, how float32
         products ran, the parameters' floating type. Recorded in config.json; the report's scale line names it."""
@@ -264,7 +264,7 @@ class Trainer:
         return {"device": str(dev), **({"device_name": name} if name else {}), "clients_at_once": self.parallel,
                 "clients_at_once_why": self.parallel_reason, "float32_matmul": self.cfg.float32_matmul,
                 "cuda_graphs": self.graphs,
-                "dtype": str(self.theta.dtype).replace("torch.", ""), **distributed.record()}
+                "dtype": str(self.theta.dtype).replace("torch.", ""), **ranks.record()}
 
     def _recorded_config(self) -> dict:
         cfg = self.cfg.to_dict()

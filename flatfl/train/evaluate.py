@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..utils import distributed
+from ..utils import ranks
 
 
 @torch.no_grad()
@@ -19,7 +19,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     device = next(model.parameters()).device
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
-    w = distributed.world()
+    w = ranks.world()
     for s in list(range(0, len(y), batch_size))[w.rank::w.size]:
         xb = x[s:s + batch_size].to(device)
         yb = y[s:s + batch_size].to(device)
@@ -31,6 +31,6 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     model.train(was_training)
     n = max(len(y), 1)
     if w.distributed:
-        totals = distributed.all_reduce_sum(torch.stack([loss_sum, correct.double()]))
+        totals = ranks.all_reduce_sum(torch.stack([loss_sum, correct.double()]))
         loss_sum, correct = totals[0], totals[1]
     return float(loss_sum) / n, float(correct) / n

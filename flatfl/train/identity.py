@@ -6,7 +6,7 @@ the hyper-parameters its pieces read (which settings change no number: :mod:`fla
 * :func:`experiment_settings`: what decides a run's numbers besides its seed: two runs with equal experiment
   settings are seeds of one experiment (a report row averages them; a pair of rows compares them). A run trained
   from Python on a network or data of the user's records them beside its settings (config.json's ``model`` and
-  ``dataset``, :mod:`flatfl.train.run_files`), while its settings keep the defaults (``dataset: digits``,
+  ``dataset``, :mod:`flatfl.train.run_folder`), while its settings keep the defaults (``dataset: digits``,
   ``model: None``): given those records, the network and data they name replace the defaults
   (:func:`network_identity`, :func:`data_identity`).
 """

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from ..errors import DivergenceError
-from .algorithms.base import Algorithm
+from .algorithms.algorithm import Algorithm
 from .context import ClientContext, Cohort, StepContext
 from .optimizers import LocalOptimizer
-from .regularizers.base import Regularizer
+from .regularizers.regularizer import Regularizer
 
 
 def batch_schedule(cctx: ClientContext, *, epochs: int, batch_size: int, steps: int | None

@@ -109,7 +109,7 @@ def check_model_fits_data(model: torch.nn.Module, ds) -> None:
 def check_spec_rebuilds(model, spec: dict, algo: str, reg: str) -> None:
     """The network rebuilt from ``spec`` has the trained model's parameters and buffers (names and shapes): an
     algorithm or regularizer that changes the architecture must record the change in the spec
-    (:mod:`flatfl.models.spec`), or analysis could not load its checkpoints. Custom networks are rebuilt by their
+    (:mod:`flatfl.models.model_spec`), or analysis could not load its checkpoints. Custom networks are rebuilt by their
     factory and are not checked here. Draws no random numbers from the run's generators."""
     if spec.get("name") == "custom":
         return
@@ -120,4 +120,4 @@ def check_spec_rebuilds(model, spec: dict, algo: str, reg: str) -> None:
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if shapes != {k: tuple(v.shape) for k, v in rebuilt.state_dict().items()}:
         raise RuntimeError(f"--algo {algo} / --reg {reg} change the network beyond what its spec records "
-                           "(flatfl.models.spec): checkpoints would not load for analysis")
+                           "(flatfl.models.model_spec): checkpoints would not load for analysis")

@@ -1,10 +1,10 @@
-"""A round's clients over the ranks of a torchrun launch (docs/distributed.md).
+"""A round's clients over the ranks of a torchrun launch (docs/ranks.md).
 
 Every rank holds the whole run: the server model, every client's state, the data. Round t's participants (drawn
 from the run's seed, the same on every rank) are cut into contiguous shares, one a rank (:func:`my_share`; shares
 differ by at most one client), and each rank trains its share as one process would (in cohorts stacked as usual;
 a client's randomness comes from (seed, t, client), whoever trains it). Then :func:`exchange` hands every rank what
-the others computed: the clients' uploads (:class:`~flatfl.train.algorithms.base.ClientResult`), their float
+the others computed: the clients' uploads (:class:`~flatfl.train.algorithms.algorithm.ClientResult`), their float
 buffers, their latest models and the rows of the algorithm's per-client state (``algo.clients``) they changed, in
 the participants' order. Every rank aggregates the same uploads in the same order, so the server model and the
 algorithm's server state stay equal on every rank without being sent, and a round equals one process's.
@@ -16,14 +16,14 @@ import dataclasses
 import numpy as np
 import torch
 
-from ..utils import distributed
+from ..utils import ranks
 
 __all__ = ["my_share", "exchange"]
 
 
 def my_share(participants: np.ndarray) -> np.ndarray:
     """This rank's contiguous share of a round's participants (all of them in one process)."""
-    w = distributed.world()
+    w = ranks.world()
     if not w.distributed:
         return participants
     return np.array_split(participants, w.size)[w.rank]
@@ -49,7 +49,7 @@ def exchange(ids: list[int], results: list, client_buffers: list[dict], *, clien
     ``latest_buffers`` are updated in place with the other ranks' rows; ``created``: per-client state keys this
     rank created during the round (an algorithm's state made on first sight of the data), sent whole so that a
     rank whose share never made them gets the same tensor."""
-    if not distributed.world().distributed:
+    if not ranks.world().distributed:
         return results, client_buffers
     cpu = torch.device("cpu")
     index = torch.tensor(ids, dtype=torch.long)
@@ -62,7 +62,7 @@ def exchange(ids: list[int], results: list, client_buffers: list[dict], *, clien
         "latest": latest.index_select(0, index.to(latest.device)).to(cpu),
         "latest_buffers": {k: v.index_select(0, index.to(v.device)).to(cpu) for k, v in latest_buffers.items()},
     }
-    everyone = distributed.all_gather_objects(mine)
+    everyone = ranks.all_gather_objects(mine)
     device = latest.device
     for part in everyone:  # state made on first sight by some rank: the first rank's whole tensor
         for k, v in part["created"].items():

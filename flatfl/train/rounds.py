@@ -22,13 +22,13 @@ from ..errors import DivergenceError
 from ..models.functional_stack import StackingRefused
 from ..models.params import ParamLayout, float_buffers
 from ..utils.precision import computing_in
-from .algorithms.base import Algorithm, weighted_mean
+from .algorithms.algorithm import Algorithm, weighted_mean
 from .config import FLOAT32_MAX, RunConfig
 from .context import ClientContext, Cohort, RoundContext, client_rng, frozen_copy
 from .evaluate import evaluate
 from .local import train_cohort
 from .over_ranks import exchange, my_share
-from .regularizers.base import Regularizer
+from .regularizers.regularizer import Regularizer
 
 __all__ = ["CACHE_LIMIT_BYTES", "sample_clients", "client_seed", "RoundState", "RoundDone", "RoundLoop"]
 

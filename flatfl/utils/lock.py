@@ -133,12 +133,12 @@ def _acquire(folder: Path) -> int:
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike) -> Iterator[Path]:
     """Hold ``folder``'s lock for the block (the folder is created if needed, and removed again if the block
-    leaves it empty). Under torchrun only rank 0 writes, and only it takes the lock (:mod:`flatfl.utils.distributed`):
+    leaves it empty). Under torchrun only rank 0 writes, and only it takes the lock (:mod:`flatfl.utils.ranks`):
     the other ranks run the block without touching the folder."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--out {folder} exists and is not a directory")
-    from .distributed import is_main
+    from .ranks import is_main
 
     if not is_main():
         yield folder

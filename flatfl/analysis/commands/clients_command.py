@@ -6,13 +6,13 @@
 from __future__ import annotations
 
 from ...errors import CheckpointError, ConfigError
-from ...utils import distributed
+from ...utils import ranks
 from .client_metrics_settings import ClientMetricsSettings
 from ...utils.lock import locks_output
 from ..estimators.client_metrics import FEDALIGN_BATCH, FEDALIGN_SAMPLES, cross_client_metrics
 from ..operators.distributed import spread
 from .skeleton import AnalysisCommand, progress_bar, versions, weights_digest
-from .figures import clients_heatmap
+from .result_figures import clients_heatmap
 from .result_files import clients_file, read_clients_file, read_hessian_file
 
 __all__ = ["run_client_metrics", "clients_file"]
@@ -108,9 +108,9 @@ def run_client_metrics(checkpoint, out, settings: ClientMetricsSettings = Client
     on = (f"{s.samples} samples a client" if s.samples else "all of each client's data") \
         if s.protocol == "default" else f"{min(count, sum(len(y) for _, y in shared))} shared training samples"
     names = [f"{heatmap}.{fmt}" for fmt in ("pdf", "png")]
-    report = dict(section, **cmd.header(digest=digest, network_key="network"), distributed=distributed.record(),
+    report = dict(section, **cmd.header(digest=digest, network_key="network"), distributed=ranks.record(),
                   **versions(), files=names + [target.name])
-    if distributed.is_main():  # every rank holds the same metrics; rank 0 alone draws and writes
+    if ranks.is_main():  # every rank holds the same metrics; rank 0 alone draws and writes
         cmd.write({name: clients_heatmap(metrics, cmd.title, name.rsplit(".", 1)[1], data=on) for name in names},
                   target.name, report)
     return report

@@ -9,7 +9,7 @@
   travels through them: the command line (or a grid file, a preset, Python) builds it, :func:`run_hessian` takes it
   whole, :func:`compute` reads it and :func:`settings_record` writes it into hessian.json. The estimators are chosen
   by name from the registry (:mod:`flatfl.analysis.estimators.by_name`); the figures are
-  :func:`flatfl.analysis.commands.figures.hessian_figures`; the file is read back with
+  :func:`flatfl.analysis.commands.result_figures.hessian_figures`; the file is read back with
   :func:`flatfl.analysis.commands.result_files.read_hessian_file`.
 
 Outputs in ``--out DIR`` (the command line's default: the run's ``hessian`` folder,
@@ -41,7 +41,7 @@ from ...checkpoint import load_tensors
 from ...errors import CheckpointError, ConfigError
 from ..estimators.registry import DEFAULT_DENSITY_METHOD
 from .hessian_settings import HessianSettings
-from ...utils import distributed
+from ...utils import ranks
 from ...utils.io import json_safe
 from ...utils.lock import locks_output
 from ..operators.distributed import over_ranks
@@ -49,7 +49,7 @@ from ..estimators.per_layer import layer_sizes
 from .progress import PhasedProgress, phase_bounds
 from .skeleton import AnalysisCommand, check_out_folder, progress_bar, versions, weights_digest, write_result
 from ..estimators.by_name import estimate_density, estimate_eigenvalues, estimate_trace
-from .figures import hessian_figures
+from .result_figures import hessian_figures
 from ..operators.linear_operator import CurvatureOperator, as_operator
 from ..operators.curvatures import curvature_operator
 from .result_files import ResultFileError, read_hessian_file
@@ -323,10 +323,10 @@ def run_hessian(checkpoint, out, settings: HessianSettings = HessianSettings(), 
         "num_samples": op.num_samples,
         "loss": loss,
         "settings": settings_record(s, dev, ckpt.precision),
-        "distributed": distributed.record(),
+        "distributed": ranks.record(),
         **versions(),
     }
     report = {**header, **report}
-    if distributed.is_main():  # the other ranks computed the same numbers; rank 0 alone writes
+    if ranks.is_main():  # the other ranks computed the same numbers; rank 0 alone writes
         write_outputs(out, report, eig, dens, op, save_eigenvectors=s.save_eigenvectors, title=cmd.title)
     return report

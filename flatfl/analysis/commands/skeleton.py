@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Mapping
 import torch
 
 from ...errors import ConfigError
-from ...utils import distributed
+from ...utils import ranks
 from ...utils.device import resolve_device
 from ...utils.io import atomic_write_many, json_safe
 from ...utils.machine import machine
@@ -86,7 +86,7 @@ class AnalysisCommand:
         that flatfl did not write, and load ``checkpoint`` in ``precision`` (None: the run's, so that an analysis
         of a float64 run computes in float64; float64 on a GPU is said once, as slow)."""
         out = check_out_folder(out)
-        dev = distributed.join(resolve_device(device))  # under torchrun: the process group, this rank's device
+        dev = ranks.join(resolve_device(device))  # under torchrun: the process group, this rank's device
         set_float32_matmul(ANALYSIS_FLOAT32)
         if device_check is not None:
             device_check(dev)

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CheckpointError, ConfigError
-from ...utils import distributed
+from ...utils import ranks
 from ...utils.lock import locks_output
 from .surface_settings import SurfaceSettings
 from .skeleton import AnalysisCommand, progress_bar, versions, weights_digest
 from ..operators.distributed import spread
 from ..estimators.directions import directions_from_eigenvector_file, hessian_directions, random_directions
-from .figures import surface_figures
+from .result_figures import surface_figures
 from ..estimators.surface import grid_coordinates, loss_surface
 from .surface_files import GridFile, file_sha1, load_saved_directions, save_directions, surface_csv, weights_sha1
 
@@ -73,7 +73,7 @@ def run_surface(checkpoint, out, settings: SurfaceSettings = SurfaceSettings(), 
         info = {"kind": "hessian", "source": "lanczos on the evaluation set", **eig_info}
 
     out.mkdir(parents=True, exist_ok=True)
-    if saved is None and distributed.is_main():
+    if saved is None and ranks.is_main():
         save_directions(out / "directions.pt", pair, fingerprint, info, model)
 
     with progress_bar(quiet, total=s.grid * s.grid, desc="surface points", unit="pt") as bar:
@@ -89,7 +89,7 @@ def run_surface(checkpoint, out, settings: SurfaceSettings = SurfaceSettings(), 
         else ("direction 1 (filter-normalised)", "direction 2 (filter-normalised)")
     # every rank holds the whole grid; rank 0 alone draws and writes
     figures = surface_figures(result, f"{cmd.title}, {s.directions} directions", labels,
-                              samples=sum(len(y) for _, y in batches), split=s.split) if distributed.is_main() else {}
+                              samples=sum(len(y) for _, y in batches), split=s.split) if ranks.is_main() else {}
     centre = len(result.xs) // 2 if len(result.xs) % 2 else None
     summary = {
         **cmd.header(digest=digest), "num_samples": sum(len(y) for _, y in batches),
@@ -100,10 +100,10 @@ def run_surface(checkpoint, out, settings: SurfaceSettings = SurfaceSettings(), 
         "points": int(result.done.size), "points_computed_now": result.computed, "workers": s.workers,
         "seconds": result.total_seconds,
         "settings": {**fingerprint, "batch_size": s.batch_size, "workers": s.workers, "device": str(cmd.device)},
-        "distributed": distributed.record(),
+        "distributed": ranks.record(),
         **versions(),
         "files": sorted(FIGURE_NAMES) + ["surface.csv", "surface.npz", "directions.pt", "surface.json"],
     }
-    if distributed.is_main():
+    if ranks.is_main():
         cmd.write({**dict(sorted(figures.items())), "surface.csv": surface_csv(result)}, "surface.json", summary)
     return summary

@@ -24,7 +24,7 @@ process with more threads (docs/performance.md).
 
 Python API: :func:`loss_surface` on any model; :func:`flatfl.analysis.commands.surface_command.run_surface` is what
 ``flatfl surface`` does for a checkpoint (its files: :mod:`flatfl.analysis.commands.surface_files`; its figures:
-:func:`flatfl.analysis.commands.figures.surface_figures`).
+:func:`flatfl.analysis.commands.result_figures.surface_figures`).
 """
 from __future__ import annotations
 

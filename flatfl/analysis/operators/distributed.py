@@ -1,4 +1,4 @@
-"""A curvature operator over data shards on several ranks (docs/distributed.md; docs/analysis-protocols.md §1).
+"""A curvature operator over data shards on several ranks (docs/ranks.md; docs/analysis-protocols.md §1).
 
 Under torchrun every rank holds the whole model and one shard of the evaluation samples. The curvature of the
 sample-weighted mean loss over all N samples is the sample-weighted sum of the shards' curvatures::
@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from ...errors import ConfigError
-from ...utils import distributed
+from ...utils import ranks
 from .linear_operator import CurvatureOperator, DerivedOperator
 from .objective import batch_samples
 
@@ -83,7 +83,7 @@ class DistributedOperator(DerivedOperator):
     def __init__(self, local: CurvatureOperator, num_samples: int) -> None:
         self.op = local
         self.dim, self.dtype, self.device = local.dim, local.dtype, local.device
-        counts = distributed.all_gather_objects(int(num_samples))
+        counts = ranks.all_gather_objects(int(num_samples))
         self.shard_samples = [int(c) for c in counts]
         self.num_samples = int(sum(self.shard_samples))
         self.scale = int(num_samples) / self.num_samples
@@ -91,9 +91,9 @@ class DistributedOperator(DerivedOperator):
         self.hvps = 0
         self.on_hvp: Callable[[int], None] | None = None
         # every rank must push the same blocks: the smallest preferred block (and limit) of all ranks
-        self._block = distributed.all_reduce_min(int(local.preferred_block_size))
+        self._block = ranks.all_reduce_min(int(local.preferred_block_size))
         limit = getattr(local, "block_limit", None)  # a model's operator: the most vectors one pass takes
-        self._limit = distributed.all_reduce_min(int(limit())) if callable(limit) else None
+        self._limit = ranks.all_reduce_min(int(limit())) if callable(limit) else None
 
     @property
     def world_size(self) -> int:
@@ -135,7 +135,7 @@ class DistributedOperator(DerivedOperator):
 
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
         out = self.op.matmat(V).mul_(self.scale)
-        distributed.all_reduce_sum(out)
+        ranks.all_reduce_sum(out)
         self.hvps += V.shape[1]
         if self.on_hvp is not None:
             self.on_hvp(V.shape[1])
@@ -144,11 +144,11 @@ class DistributedOperator(DerivedOperator):
     def loss(self) -> float:
         """The mean loss over every rank's samples."""
         total = torch.tensor([self.op.loss() * self.scale], dtype=torch.float64, device=self.device)
-        return float(distributed.all_reduce_sum(total).item())
+        return float(ranks.all_reduce_sum(total).item())
 
     def gradient(self) -> torch.Tensor:
         """The flat gradient of the mean loss over every rank's samples."""
-        return distributed.all_reduce_sum(self.op.gradient().mul_(self.scale))
+        return ranks.all_reduce_sum(self.op.gradient().mul_(self.scale))
 
 
 def over_ranks(build: Callable[[list], CurvatureOperator], batches: list, *, objective: bool = False,
@@ -156,7 +156,7 @@ def over_ranks(build: Callable[[list], CurvatureOperator], batches: list, *, obj
     """The operator of a command or of the Python API: ``build(batches)`` in one process; under torchrun,
     ``build`` of this rank's shard (:func:`shard_batches`) in a :class:`DistributedOperator`. ``batches`` is the
     whole evaluation set as a list (the same on every rank)."""
-    w = distributed.world()
+    w = ranks.world()
     if not w.distributed:
         return build(batches)
     if mode != "eval":
@@ -182,5 +182,5 @@ class Spread:
 
 def spread() -> Spread:
     """The items of a command over the ranks of a torchrun launch (one process's without torchrun)."""
-    w = distributed.world()
-    return Spread(w.rank, w.size, distributed.all_gather_objects)
+    w = ranks.world()
+    return Spread(w.rank, w.size, ranks.all_gather_objects)

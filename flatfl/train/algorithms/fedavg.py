@@ -3,7 +3,7 @@
 Client: E epochs of local SGD on the cross-entropy. Server: theta^{t+1} = sum_{i in P_t} n_i theta_i / sum n_i.
 No state beyond theta. (With ``--local-opt sam`` this is FedSAM, with ``asam`` FedASAM.)
 """
-from .base import Algorithm, register
+from .algorithm import Algorithm, register
 
 
 @register

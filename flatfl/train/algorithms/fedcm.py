@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..components import HParam
-from .base import Algorithm, ClientResult, plain_mean, register
+from .algorithm import Algorithm, ClientResult, plain_mean, register
 
 FEDCM_ALPHA_HELP = "weight alpha of the local gradient in alpha g + (1 - alpha) Delta (FedSpeed simulator README: 0.1)"
 SERVER_LR = HParam("server_lr", 1.0, "server learning rate eta_g: theta += eta_g * mean update (FedCM, MoFedSAM: 1 "

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from ..components import HParam
-from .base import Algorithm, ClientResult, plain_mean, register
+from .algorithm import Algorithm, ClientResult, plain_mean, register
 from .scaffold import CV_LR, STEPS_RULE, control_variate_lr, mean_size_steps
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..components import HParam
-from .base import Algorithm, ClientResult, register, weighted_mean
+from .algorithm import Algorithm, ClientResult, register, weighted_mean
 
 
 def disco_weights(sizes, label_counts, a: float, b: float) -> np.ndarray:

@@ -25,7 +25,7 @@ Default alpha = 0.01 (DYN example script; fedMAN's ``--alpha_coef`` default). An
 from __future__ import annotations
 
 from ..components import HParam
-from .base import Algorithm, plain_mean, register
+from .algorithm import Algorithm, plain_mean, register
 
 
 #: FedDyn's alpha (client i uses alpha / w_i)

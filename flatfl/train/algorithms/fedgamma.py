@@ -17,7 +17,7 @@ SCAFFOLD's control variates with SAM local steps, so that every client steps tow
 
 The control variates are SCAFFOLD's (:class:`.scaffold.Scaffold`, with its ``--cv-lr`` and ``--steps-rule``); the
 SAM step is :class:`flatfl.train.optimizers.SAM`. ``--gamma-ascent corrected`` puts v_i into the ascent as well, as
-a loss term of value 0 in both passes (:func:`flatfl.train.sam_family.linear_term`; its gradient does not depend on
+a loss term of value 0 in both passes (:func:`flatfl.train.sam_terms.linear_term`; its gradient does not depend on
 theta, so the descent direction is the same). FedGAMMA is its own SAM-type optimizer: ``--local-opt asam`` is refused.
 
 Defaults (the simulator's): rho = 0.1, eta_g = 1, ascent 'plain' (the simulator and the FedLESAM authors'
@@ -27,9 +27,9 @@ see the docs section).
 from __future__ import annotations
 
 from ..components import HParam
-from .base import register
+from .algorithm import register
 from .fedcm import SERVER_LR
-from ..sam_family import linear_term
+from ..sam_terms import linear_term
 from .scaffold import CV_LR, STEPS_RULE, Scaffold
 
 

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..components import HParam
-from .base import Algorithm, ClientResult, register
+from .algorithm import Algorithm, ClientResult, register
 from .fedcm import SERVER_LR
 
 

@@ -24,7 +24,7 @@ local step takes one gradient, at the perturbed point::
   ``theta^{t+1} = mean_{P_t} theta_i + mean_{all} h_i``.
 
 In every variant the server keeps theta^{t+1} - theta^t for the next round's 'round' estimate. The perturbation is
-set in ``prepare_batch`` and theta restored in ``correct_gradient`` (:class:`flatfl.train.sam_family.Perturbed`),
+set in ``prepare_batch`` and theta restored in ``correct_gradient`` (:class:`flatfl.train.sam_terms.Perturbed`),
 around the closure of plain SGD: FedLESAM is its own SAM-type step, so ``--local-opt sam`` / ``asam`` are refused;
 momentum (``--momentum``) applies as usual.
 
@@ -36,9 +36,9 @@ from __future__ import annotations
 import torch
 
 from ..components import HParam
-from .base import Algorithm, ClientResult, plain_mean, register
+from .algorithm import Algorithm, ClientResult, plain_mean, register
 from .fedcm import SERVER_LR
-from ..sam_family import Perturbed, scaled_direction
+from ..sam_terms import Perturbed, scaled_direction
 
 
 @register

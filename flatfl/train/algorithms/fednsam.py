@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ..components import HParam
-from .base import Algorithm, ClientResult, register
+from .algorithm import Algorithm, ClientResult, register
 
 
 @register

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..components import HParam
-from .base import Algorithm, register
+from .algorithm import Algorithm, register
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

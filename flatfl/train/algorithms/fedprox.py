@@ -5,7 +5,7 @@ the FedDyn-family code writes it (the terms are part of the loss, so they are cl
 mu (theta - theta^t) is added after backward. Server: as FedAvg. Default mu = 1e-4 (DYN/FDC scripts, MAN argparse).
 """
 from ..components import HParam
-from .base import Algorithm, register
+from .algorithm import Algorithm, register
 
 
 @register

@@ -30,7 +30,7 @@ import torch
 
 from ...errors import ConfigError
 from ..components import HParam
-from .base import Algorithm, register
+from .algorithm import Algorithm, register
 
 FULL_STATE_LIMIT = 1 << 28  # numbers of Lambda state for --robust-affine full
 

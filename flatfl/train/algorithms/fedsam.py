@@ -7,7 +7,7 @@ uses ASAM's adaptive perturbation. They are FedAvg with ``--local-opt sam`` / ``
 so a run reads as the papers name it. ``--rho`` / ``--eta`` keep the optimizers' defaults (MAN: SAM rho 0.05,
 ASAM rho 0.5, eta 0.2).
 """
-from .base import register
+from .algorithm import register
 from .fedavg import FedAvg
 
 

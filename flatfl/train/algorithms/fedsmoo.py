@@ -19,7 +19,7 @@ so that the clients' perturbations agree on one global perturbation s.
   ``s = rho mean_{P_t} mu_i / ||mean_{P_t} mu_i||`` and ``theta^{t+1} = mean_{P_t} theta_i + mean_{all} h_i``.
 
 The SAM step is :class:`flatfl.train.optimizers.SAM`; the shift -(mu_i + s) of the ascent direction enters its
-first pass as a loss term of value 0 (:func:`flatfl.train.sam_family.linear_term`), so the first pass's gradient
+first pass as a loss term of value 0 (:func:`flatfl.train.sam_terms.linear_term`), so the first pass's gradient
 is g - mu_i - s and the second pass's is plain g~; eps is read back as (theta + eps) - theta in the second pass. FedSMOO
 is its own SAM-type optimizer: ``--local-opt asam`` is refused.
 
@@ -31,9 +31,9 @@ from __future__ import annotations
 import torch
 
 from ..components import HParam
-from .base import register
+from .algorithm import register
 from .feddyn import FedDyn
-from ..sam_family import linear_term, sam_pass
+from ..sam_terms import linear_term, sam_pass
 
 
 @register

@@ -24,7 +24,7 @@ radius shared with ``--local-opt sam``.
 from __future__ import annotations
 
 from ..components import HParam
-from .base import register
+from .algorithm import register
 from .feddyn import FedDyn
 
 

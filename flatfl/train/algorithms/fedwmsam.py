@@ -24,7 +24,7 @@ and the mixing weight alpha adapts to how well the clients' updates agree with t
   ``alpha = 0.99 alpha + 0.01 clip(mean_{P_t} a_i, 0.1, 0.9)``; ``m = mean_{P_t} (theta^t - theta_i) / (K_i eta)``;
   ``theta^{t+1} = theta^t + eta_g mean_{P_t}(theta_i - theta^t)``.
 
-The step's one gradient is taken as FedLESAM's (:class:`flatfl.train.sam_family.Perturbed`, around plain SGD's
+The step's one gradient is taken as FedLESAM's (:class:`flatfl.train.sam_terms.Perturbed`, around plain SGD's
 closure): FedWMSAM is its own SAM-type step, so ``--local-opt sam`` / ``asam`` are refused; the control variates are
 SCAFFOLD's (:class:`.scaffold.Scaffold`, with its ``--cv-lr`` and ``--steps-rule``).
 
@@ -39,9 +39,9 @@ import torch
 
 from ...errors import ConfigError
 from ..components import HParam
-from .base import register
+from .algorithm import register
 from .fedcm import SERVER_LR
-from ..sam_family import Perturbed, scaled_direction
+from ..sam_terms import Perturbed, scaled_direction
 from .scaffold import CV_LR, STEPS_RULE, Scaffold
 
 

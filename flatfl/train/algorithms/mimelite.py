@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..components import HParam
-from .base import Algorithm, ClientResult, register, weighted_mean
+from .algorithm import Algorithm, ClientResult, register, weighted_mean
 from .fedcm import SERVER_LR
 
 

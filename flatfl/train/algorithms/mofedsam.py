@@ -15,7 +15,7 @@ Delta added afterwards; the ascent direction does not depend on that scale.
 Defaults (simulator README): rho = 0.1, beta = 0.1 (0.05 also listed), eta_g = 1.
 """
 from ..components import HParam
-from .base import register
+from .algorithm import register
 from .fedcm import FEDCM_ALPHA_HELP, SERVER_LR, FedCM
 
 

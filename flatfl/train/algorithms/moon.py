@@ -37,8 +37,8 @@ from torch import nn
 from ...models.projection import ProjectionHeadModel
 from ...models.stacking import StackedLayout, run_rows, stack_inputs, stacked_copy, unstack_outputs
 from ..components import HParam
-from ..regularizers.base import per_client_cross_entropy
-from .base import Algorithm, register
+from ..regularizers.regularizer import per_client_cross_entropy
+from .algorithm import Algorithm, register
 
 MoonModel = ProjectionHeadModel  # the network MOON trains (flatfl.models.projection)
 

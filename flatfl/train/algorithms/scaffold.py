@@ -38,7 +38,7 @@ import torch
 
 from ..components import HParam
 from ..context import ClientContext
-from .base import Algorithm, ClientResult, plain_mean, register
+from .algorithm import Algorithm, ClientResult, plain_mean, register
 
 CV_LR = HParam("cv_lr", "current", "learning rate in the control-variate update: 'current' = the round's decayed "
                "rate (the paper's intent), 'initial' = the undecayed --lr (FedDyn/FedDC/fedMAN code)",

@@ -4,6 +4,6 @@
 new regularizer is a new module here (subclass :class:`Regularizer`, ``@REGULARIZERS.register``, a ``name`` and a
 ``display_name``): :func:`flatfl.train.catalog.load_all` imports every module of this package.
 """
-from .base import NoRegularizer, Regularizer
+from .regularizer import NoRegularizer, Regularizer
 
 __all__ = ["NoRegularizer", "Regularizer"]

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..components import REGULARIZERS, HParam
 from ..context import Cohort, StepContext
-from .base import Regularizer
+from .regularizer import Regularizer
 
 
 def asd_weights(teacher_logits: torch.Tensor, labels: torch.Tensor, label_freq: torch.Tensor, beta_entropy: float,

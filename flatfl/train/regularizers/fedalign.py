@@ -49,7 +49,7 @@ from ...models.slimmable import check_width, slim_channels
 from ...models.stacking import counterparts, run_rows, source_network
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext
-from .base import Regularizer, per_client_cross_entropy
+from .regularizer import Regularizer, per_client_cross_entropy
 from .man import NONLINEARITIES, default_activation_modules
 
 POWER_ITERATIONS = 10

@@ -47,7 +47,7 @@ from ...models.slimmable import check_width
 from ...models.stacking import stacked_clients
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext, client_rng
-from .base import Regularizer, per_client_cross_entropy
+from .regularizer import Regularizer, per_client_cross_entropy
 from .fedalign import WIDTH_HELP
 
 RESOLUTION_EIGHTHS = (8, 7, 6, 5)

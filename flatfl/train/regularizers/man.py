@@ -46,7 +46,7 @@ from ...errors import ConfigError
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext
 from ...models.stacking import client_blocks, counterparts, source_network
-from .base import Regularizer, per_client_cross_entropy
+from .regularizer import Regularizer, per_client_cross_entropy
 
 #: element-wise non-linearities the fallback hooks when a model does not list its activation modules
 NONLINEARITIES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext, client_rng
-from .base import Regularizer, per_client_cross_entropy
+from .regularizer import Regularizer, per_client_cross_entropy
 
 
 def beta_distribution(gamma: float) -> torch.distributions.Beta | None:

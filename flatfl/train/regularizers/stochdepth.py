@@ -32,7 +32,7 @@ from ...models.resnet import BlockGate, ResidualBlock, set_stochastic_depth
 from ...models.stacking import on_stack, stacked_clients
 from ..components import REGULARIZERS, HParam
 from ..context import Cohort, StepContext, client_rng
-from .base import Regularizer
+from .regularizer import Regularizer
 
 
 @on_stack

@@ -6,7 +6,7 @@ store this spec). Unknown names, unknown keyword arguments, bad values and input
 :class:`flatfl.errors.ConfigError` with one line naming the problem.
 
 Adding a model: write a builder ``f(num_classes, in_channels, image_size, *, extra=default, ...)`` that returns a
-:class:`flatfl.models.base.FeatureClassifier` and list it in ``_BUILDERS``.
+:class:`flatfl.models.contract.FeatureClassifier` and list it in ``_BUILDERS``.
 """
 from __future__ import annotations
 

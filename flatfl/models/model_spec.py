@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .projection import ProjectionHeadModel
-from .registry import build_model
+from .model_registry import build_model
 from .resnet import set_stochastic_depth
 
 MAX_PROJECTION = 1 << 16  # a bound on the head a file may ask for (MOON uses 256)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from .config import build_config, read_config_file
 from ..errors import ConfigError
-from ..utils import distributed
+from ..utils import ranks
 from ..utils.lock import LOCK_NAME, folder_lock
-from .build import start_process
+from .setup import start_process
 from .engine import Trainer
-from .run_files import read_run_config
+from .run_folder import read_run_config
 
 
 def default_run_dir(cfg) -> Path:
@@ -62,7 +62,7 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--out {run_dir} exists and is not a directory")
     with folder_lock(run_dir):  # rank 0's alone, which checks (and with --force empties) the folder
-        distributed.on_main(lambda: _fresh_run_dir(run_dir, force))
+        ranks.on_main(lambda: _fresh_run_dir(run_dir, force))
         with _resume_hint(run_dir):
             return Trainer(cfg, run_dir, quiet=quiet, observer=observer, process=process).run()
 

@@ -24,12 +24,12 @@ import torch
 from ..data import load_dataset
 from ..data.partition import Partition, make_partition
 from ..errors import ConfigError
-from ..utils import distributed
+from ..utils import ranks
 from ..utils.device import resolve_device
 from .components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 from .config import RunConfig
 from .network_checks import check_model_fits_data, check_no_batch_of_one, check_spec_rebuilds
-from .run_files import (CONFIG_FILE, CUSTOM_DATA_FILE, saved_factory, saved_partition, saved_run_info)
+from .run_folder import (CONFIG_FILE, CUSTOM_DATA_FILE, saved_factory, saved_partition, saved_run_info)
 
 __all__ = ["set_global_seed", "check_observer", "ProcessSetup", "start_process", "prepare_process", "load_run_dataset", "is_custom_dataset",
            "check_resumed_data", "run_partition", "build_network", "check_same_network", "Pieces", "resolve_pieces",
@@ -62,7 +62,7 @@ def start_process(device: str, threads: int | None, *, set_threads: bool = True)
     set torch's threads to ``threads`` (None: the machine's default, :func:`flatfl.utils.threads.default_threads`;
     ``set_threads=False``: left as the process has them). Once per run: ``flatfl train`` calls it before it makes
     the run's folder (the ranks meet there) and hands the result to the Trainer."""
-    dev = distributed.join(resolve_device(device))  # under torchrun: the process group, this rank's device
+    dev = ranks.join(resolve_device(device))  # under torchrun: the process group, this rank's device
     if set_threads:
         from ..utils.threads import apply_threads
 
@@ -80,7 +80,7 @@ def prepare_process(cfg: RunConfig, process: ProcessSetup | None = None) -> torc
     from ..utils.precision import set_float32_matmul
 
     if process is not None and not isinstance(process, ProcessSetup):
-        raise ConfigError(f"Trainer(process=...) takes what flatfl.train.build.start_process returns, "
+        raise ConfigError(f"Trainer(process=...) takes what flatfl.train.setup.start_process returns, "
                           f"not {type(process).__name__}")
     keep_freed_memory()
     if process is None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
-from .run_files import MODELS, RECOMPUTE_HINT, analysis_model, measured_round
+from .run_reader import MODELS, RECOMPUTE_HINT, analysis_model, measured_round
 
 __all__ = ["check_provenance", "recorded_versions", "check_runs_belong_together", "version_notices"]
 

@@ -29,7 +29,7 @@ from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text,
 from ..utils.lock import locks_output
 from ..utils.manifest import refuse_foreign, remove_owned
 from ..utils.plots import saved
-from . import figures, pdf
+from . import figure_pages, pdf
 from .forest import forest_figure
 from .files import directions_csv, run_rows, summary, table_csv
 from .layouts import TABLES, fills, matching_tables, model_for, paper_values, scale_label, tables_for
@@ -37,7 +37,7 @@ from .markdown import report_markdown
 from .missing import (DEFAULT_CLIENTS, DEFAULT_HESSIAN, compute_missing as compute_analyses, missing_lines,
                       pick_clients, sample_notices, settings_ok)
 from .pages import contents, other_pages, run_pages, table_pages, title_sections
-from .provenance import check_runs_belong_together, version_notices
+from .run_checks import check_runs_belong_together, version_notices
 from .records import find_run_dirs, load_run
 from .results import table_result
 
@@ -109,7 +109,7 @@ def _write_pdf(out: Path, records, results, ours_scale: str, sections, title: st
     pages += run_pages(run_rows(records))
     titles = [name for _, name in pages]
     sections.append(("Contents", contents(titles)))
-    pages[1] = (figures.text_page(title, sections, footer=f"flatfl report, {stamp}"), "summary")
+    pages[1] = (figure_pages.text_page(title, sections, footer=f"flatfl report, {stamp}"), "summary")
     n_pages = pdf.write_pdf([fig for fig, _ in pages], out / "report.pdf")
     assert n_pages == len(titles)
     return titles
