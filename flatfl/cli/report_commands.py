@@ -150,7 +150,7 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
               "Table 1, or the SAM family's curvature side by side.\n\n\b\nTARGET: " + ", ".join(TARGETS))  # a name per target, none broken at its hyphens
 @click.argument("target", type=NameChoice(TARGETS, kind="reproduction target"), metavar="TARGET")
 @click.option("--preset", type=NameChoice(PRESETS, kind="preset"), default="quick", show_default=True,
-              help="quick: digits on a CPU; fmnist: Fashion-MNIST, MLP, on a CPU (<= 1 h on 2 cores); fmnist-cnn: Fashion-MNIST, the paper's CNN at LeNet-5 widths, on a CPU (<= 1 h on 2 cores); paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
+              help="quick: digits on a CPU; fmnist: Fashion-MNIST, MLP, on a CPU (<= 1 h on 2 cores); fmnist-cnn: Fashion-MNIST, the paper's CNN at LeNet-5 widths, on a CPU (over 1 h on 2 cores); paper: the papers' settings (dataset + GPU); tiny: seconds, for tests")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="report folder (default reports/<target>-<preset>; "
               "with --methods or other --seeds than the preset's, reports/<target>-<preset>-<selection>); a report "
               "there of runs this reproduction does not run is refused")
