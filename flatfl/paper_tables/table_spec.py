@@ -75,7 +75,7 @@ class PaperTable:
 
     def __post_init__(self) -> None:
         # A preset's Hessians are of the training split, asked for by name: an analysis measured on another split
-        # (flatfl hessian --split test) then never passes for the preset's (flatfl.runs.settings_match compares
+        # (flatfl hessian --split test) then never passes for the preset's (flatfl.run_layout.settings_match compares
         # only the settings asked for) and is computed anew, and the report marks values of another split
         # (flatfl.report.records.RunRecord.setting).
         for preset in self.presets.values():

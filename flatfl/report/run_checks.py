@@ -21,7 +21,7 @@ def check_provenance(d: Path, cfg: dict, rounds_done: int, analyses: dict, clien
     (not another run's, copied in). Returns {'server': digest, 'clients-average': digest}."""
     from ..analysis.commands.result_files import read_surface_file
     from ..checkpoint import read_checkpoint
-    from ..runs import MODEL_CHECKPOINTS, analysis_dir
+    from ..run_layout import MODEL_CHECKPOINTS, analysis_dir
     from ..utils.provenance import differing_settings, settings_digest, short, state_digest
 
     final = d / MODEL_CHECKPOINTS["server"]

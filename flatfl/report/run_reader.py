@@ -2,7 +2,7 @@
 (``hessian*/hessian.json``, ``spectrum*/hessian.json``), every H_N / H_D result (``clients-<protocol>.json``, or the
 'clients' section of a hessian.json), and which model and round each result measured.
 
-The folder names are :mod:`flatfl.runs`'s; the file formats are read by :mod:`flatfl.analysis.commands.result_files`.
+The folder names are :mod:`flatfl.run_layout`'s; the file formats are read by :mod:`flatfl.analysis.commands.result_files`.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def clients_results(run_dir: Path, analyses: dict[str, dict], final_round: int |
     'clients' section of a hessian.json. For each protocol the first found in that order is used. With
     ``final_round``, a result that records another round (of a run resumed after it was measured) is not used."""
     from ..analysis.commands.result_files import read_clients_file
-    from ..runs import CLIENTS_DIR
+    from ..run_layout import CLIENTS_DIR
 
     def current(data):  # of the final round, and of the Hessian (another curvature's H_N is not the table's)
         curvature = (data.get("settings") or {}).get("curvature", "hessian") if isinstance(data, dict) else None

@@ -148,7 +148,7 @@ def update_training_path(run_dir: Path, training_path: dict, *, start_round: int
 def save_run_data(run_dir: Path, ds, custom: bool, partition: Partition, label_counts,
                   log: Callable[[str], None]) -> None:
     """A custom dataset's data.pt (up to :data:`CUSTOM_DATA_LIMIT_BYTES`) and partition.json, unless there (a
-    resumed run's data.pt was checked against its recorded digest when it was read: flatfl.train.build)."""
+    resumed run's data.pt was checked against its recorded digest when it was read: flatfl.train.setup)."""
     if custom and not (run_dir / CUSTOM_DATA_FILE).is_file():
         from ..data.datasets import dataset_payload
 
