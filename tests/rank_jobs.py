@@ -47,10 +47,10 @@ def estimator_results() -> dict:
     from flatfl.analysis.estimators.by_name import estimate_density, estimate_eigenvalues, estimate_trace
     from flatfl.analysis.operators.hessian import HessianOperator
     from flatfl.analysis.estimators.per_layer import per_layer_curvature
-    from flatfl.utils import distributed
+    from flatfl.utils import ranks
     from flatfl.analysis.estimators.registry import estimator_names
 
-    distributed.join(torch.device("cpu"))
+    ranks.join(torch.device("cpu"))
     model, batches = problem()
     op = over_ranks(lambda shard: HessianOperator(model, shard), batches)
     out = {"dim": op.dim, "loss": op.loss(), "gradient": op.gradient()}
@@ -118,11 +118,11 @@ def training_results(where: Path, parallel="all") -> dict:
 
 
 def main(argv: list[str]) -> None:
-    from flatfl.utils import distributed
+    from flatfl.utils import ranks
 
     job, out = argv[0], Path(argv[1])
     torch.set_num_threads(1)
-    rank = distributed.launched().rank
+    rank = ranks.launched().rank
     if job == "estimators":
         result = estimator_results()
     elif job == "training":
@@ -130,7 +130,7 @@ def main(argv: list[str]) -> None:
     else:
         raise SystemExit(f"unknown job {job!r}")
     torch.save(result, f"{out}.rank{rank}.pt")
-    distributed.leave()
+    ranks.leave()
 
 
 if __name__ == "__main__":

@@ -326,10 +326,10 @@ def test_data_over_the_size_limit_is_recorded_by_its_digest_and_checked_on_resum
     from flatfl.checkpoint import dataset_sha256
     from flatfl.data.datasets import as_image_dataset
     from flatfl.errors import ConfigError
-    from flatfl.train import run_files
+    from flatfl.train import run_folder
     from flatfl.train.identity import data_identity
 
-    monkeypatch.setattr(run_files, "CUSTOM_DATA_LIMIT_BYTES", 1024)
+    monkeypatch.setattr(run_folder, "CUSTOM_DATA_LIMIT_BYTES", 1024)
     cfg = RunConfig(model="tiny", rounds=1, clients=2, batch_size=20).validate()
     Trainer(cfg, tmp_path / "r", dataset=PairDataset(80, 0), quiet=True).run()
     info = json.loads((tmp_path / "r" / "config.json").read_text())["dataset"]

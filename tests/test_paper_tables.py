@@ -20,7 +20,7 @@ def test_the_discovered_tables_and_their_order():
     assert paper_tables.TARGETS == ("man-table2", "man-table6", "man-tables", "fedalign-table1", "sam-family")
     assert paper_tables.GROUPS == {"man-tables": ("man-table2", "man-table6")}
     modules = sorted(p.stem for p in (ROOT / "flatfl" / "paper_tables").glob("*.py"))
-    assert modules == ["__init__", "fedalign_table1", "man_common", "man_table2", "man_table6", "sam_family", "spec"]
+    assert modules == ["__init__", "fedalign_table1", "man_common", "man_table2", "man_table6", "sam_family", "table_spec"]
 
 
 def test_every_table_has_paper_values_for_its_rows():
@@ -53,7 +53,7 @@ def test_a_layout_sets_the_values_of_other_tables_beside_the_rows_it_shares():
 
 
 NEW_TABLE = '''
-from .spec import Method, PaperTable, TableSpec, with_reg
+from .table_spec import Method, PaperTable, TableSpec, with_reg
 from .man_common import PRESETS
 
 SPEC = TableSpec(key="demo-table9", source="MAN", table="Table 9", title="a demo table", rows=("FedProx", "FedProx+MAN"),

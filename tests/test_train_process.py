@@ -26,7 +26,7 @@ TINY = ["--dataset", "digits", "--model", "tiny", "--clients", "2", "--local-epo
 def calls(monkeypatch):
     """Every call of ``resolve_device`` and ``apply_threads`` (their arguments), wherever flatfl calls them from: the
     function is replaced in its module and in every flatfl module that imported it by name."""
-    for loaded in ("flatfl.analysis.tracking", "flatfl.train.train_command"):  # what ``flatfl train`` loads, loaded before
+    for loaded in ("flatfl.analysis.commands.tracking", "flatfl.train.train_command"):  # what ``flatfl train`` loads, loaded before
         importlib.import_module(loaded)  # the spies are set: a name they import is replaced, and restored after
 
     seen = {"resolve_device": [], "apply_threads": []}
