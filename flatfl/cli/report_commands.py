@@ -23,6 +23,7 @@ Examples:
   flatfl report runs/sweep --out reports/sweep                 # every run under runs/sweep
   flatfl report runs/a runs/b --out reports/ab --compute-missing --top 50 --density
   flatfl report runs/reproduce-quick --table man-table2 --out reports/t2
+  flatfl report reports/old/runs.csv --out reports/old-now   # re-render a report from its runs.csv alone
 """
 
 
@@ -45,6 +46,11 @@ Examples:
 @friendly_errors
 def report(run_dirs, out, tables, model, compute_missing, top, density, samples, method, device, threads):
     """Tables (CSV, Markdown) and one PDF from run directories, with the papers' values beside ours.
+
+    RUN_DIRS: run folders (or folders holding runs), or else one runs.csv (a file named *.csv: an earlier report's,
+    or one shared without its runs) to re-render: the same numbers in the current tables, verdicts and forest plot;
+    what only a run folder holds (curves, spectra, surfaces, provenance checks, training settings) is left out and
+    said. A runs.csv is re-rendered alone (no run folders beside it, no --compute-missing or Hessian options).
 
     A Hessian option given (--top, --density, --samples, --method) asks for those settings: only analyses made
     with them fill the table, and --compute-missing computes them (into a folder of their own where an analysis

@@ -14,12 +14,13 @@ import contextlib
 import csv
 import io
 import json
+import math
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import ConfigError
 
-__all__ = ["MAX_FIELD_CHARS", "MAX_JSON_DEPTH", "field_limit", "csv_rows", "loads", "check_depth"]
+__all__ = ["MAX_FIELD_CHARS", "MAX_JSON_DEPTH", "field_limit", "csv_rows", "finite_number", "loads", "check_depth"]
 
 #: the longest CSV field read (a table row naming 100,000 runs of 100 characters each fits 10 times over)
 MAX_FIELD_CHARS = 16 * 1024 * 1024
@@ -56,6 +57,20 @@ def csv_rows(text: str, path) -> tuple[list[str], list[tuple[int, dict]]]:
                                   "flatfl writes; the file is damaged or not flatfl's") from None
             raise ConfigError(f"{path} line {line}: not readable as CSV ({' '.join(str(e).split())[:80]})") from None
     return fields, rows
+
+
+def finite_number(text: str, where: str) -> float | None:
+    """A CSV field as a finite number, None when empty; anything else is one ConfigError line, ``where`` (the file,
+    line and column) first."""
+    if text.strip() == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{where} is not a number: {text[:40]!r}") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{where} is not finite: {text[:40]!r}")
+    return value
 
 
 def check_depth(value, path, limit: int = MAX_JSON_DEPTH) -> None:

@@ -33,12 +33,13 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 def run_identity(run) -> dict | None:
     """What decides a run's numbers besides its seed: :func:`training_settings` of its config with the network and
-    data it records (a :class:`~.records.RunRecord`'s ``identity``); None for a run without a config."""
-    if not isinstance(getattr(run, "config", None), dict):
-        return None
+    data it records (a :class:`~.records.RunRecord`'s ``identity``; a line of a runs.csv: the settings it records,
+    :class:`~.runs_csv.CsvRunRecord`); None for a run without a config."""
     identity = getattr(run, "identity", None)
     if isinstance(identity, dict):
         return identity
+    if not isinstance(getattr(run, "config", None), dict):
+        return None
     return training_settings(run.config, network=getattr(run, "network", None), data=getattr(run, "data", None),
                              data_digest=getattr(run, "data_digest", None))
 
@@ -88,7 +89,7 @@ def check_same_settings(spec: TableSpec, method: str, part: str, runs) -> None:
     lr, round count, client count...) than the row's first, naming the settings and both settings digests."""
     from ..utils.provenance import json_digest, short
 
-    configs = [(r, run_identity(r)) for r in runs if isinstance(getattr(r, "config", None), dict)]
+    configs = [(r, identity) for r, identity in ((r, run_identity(r)) for r in runs) if identity is not None]
     for r, cfg in configs[1:]:
         first, base = configs[0]
         changed = sorted(k for k in set(base) | set(cfg) if base.get(k) != cfg.get(k))

@@ -20,7 +20,8 @@ from .metrics import metric_names, report_metric
 from .run_reader import MODEL_NAMES
 from .tables import MetricCell, TableRow
 
-__all__ = ["ROW_COLUMNS", "metric_columns", "table_csv", "directions_csv", "run_rows", "shown_path", "summary"]
+__all__ = ["ROW_COLUMNS", "FOLDER_COLUMNS", "metric_columns", "table_csv", "directions_csv", "run_rows", "shown_path",
+           "summary"]
 
 #: a table row's own columns, in order
 ROW_COLUMNS = tuple(f.name for f in fields(TableRow))[:[f.name for f in fields(TableRow)].index("training")]
@@ -72,29 +73,43 @@ def _metric_values(record) -> dict:
             out[name] = record.value(name)
         if "error" in parts:
             out[f"{name}_stderr"] = record.stderr(name)
+        if "setting" in parts:
+            out[f"{name}_setting"] = record.setting(name)
     return out
+
+
+#: runs.csv's columns that only a run folder gives (its config and analyses' files); a record read from a runs.csv
+#: (:mod:`.runs_csv`) holds them as that file recorded them (``recorded``)
+FOLDER_COLUMNS = ("hessian_dir", "model", "clients", "rounds", "rounds_done", "num_eigenvalues", "density",
+                  "hessian_method", "trace_method", "hessian_samples", "hessian_samples_asked", "clients_protocol",
+                  "run_dir")
+
+
+def _folder_columns(r) -> dict:
+    h = r.hessian or {}
+    s = h.get("settings") or {}
+    return {"hessian_dir": r.hessian_dir,
+            "model": getattr(r, "network_label", None) or r.config.get("model") or "default",
+            "clients": r.config.get("clients"), "rounds": r.config.get("rounds"), "rounds_done": r.rounds_done,
+            "num_eigenvalues": len(h.get("top_eigenvalues") or []), "density": bool(h.get("density")),
+            "hessian_method": s.get("method"), "trace_method": s.get("trace_method"),
+            "hessian_samples": h.get("num_samples"), "hessian_samples_asked": s.get("samples"),
+            "clients_protocol": (r.clients or {}).get("protocol"), "run_dir": shown_path(r.run_dir)}
 
 
 def run_rows(records) -> list[dict]:
     """runs.csv's lines: each run's values with the settings that made them."""
     rows = []
     for r in records:
-        h = r.hessian or {}
-        s = h.get("settings") or {}
-        cl = r.clients or {}
+        recorded = getattr(r, "recorded", None)
+        f = recorded if isinstance(recorded, dict) else _folder_columns(r)
         rows.append({
             "run": r.name, "method": r.method, "partition": r.partition, "dataset": r.dataset, "seed": r.seed,
-            "hessian_model": MODEL_NAMES[r.model], "hessian_dir": r.hessian_dir,
-            "model": getattr(r, "network_label", None) or r.config.get("model") or "default",
-            "clients": r.config.get("clients"),
-            "rounds": r.config.get("rounds"), "rounds_done": r.rounds_done, "finished": r.finished,
+            "hessian_model": MODEL_NAMES[r.model], "hessian_dir": f["hessian_dir"], "model": f["model"],
+            "clients": f["clients"], "rounds": f["rounds"], "rounds_done": f["rounds_done"], "finished": r.finished,
             "test_acc": r.accuracy("test_acc"), "all_test_acc": r.accuracy("all_test_acc"),
             **_metric_values(r),
-            "num_eigenvalues": len(h.get("top_eigenvalues") or []), "density": bool(h.get("density")),
-            "hessian_method": s.get("method"), "trace_method": s.get("trace_method"),
-            "hessian_samples": h.get("num_samples"), "hessian_samples_asked": s.get("samples"),
-            "clients_protocol": cl.get("protocol"),
-            "run_dir": shown_path(r.run_dir),
+            **{k: f[k] for k in FOLDER_COLUMNS[FOLDER_COLUMNS.index("num_eigenvalues"):]},
         })
     return rows
 

@@ -13,7 +13,7 @@ from .metrics import report_metric
 from .run_reader import MODELS
 
 __all__ = ["TABLE_ALIASES", "TABLES", "TableSpec", "paper_values", "paper_lookup", "fills", "records_of", "matching_tables", "tables_for", "model_for", "scale_label",
-           "training_path_label", "paper_differences"]
+           "training_path_label", "paper_differences", "run_setting", "NOT_RECORDED"]
 
 TABLE_ALIASES = GROUPS
 
@@ -82,13 +82,27 @@ def model_for(spec: TableSpec, model: str | None) -> str:
     return m
 
 
+#: a training setting a run's record does not hold (a runs.csv line records only a few: :mod:`.runs_csv`)
+NOT_RECORDED = "not recorded"
+
+
+def run_setting(record, key: str):
+    """A run's training setting ``key``: its config.json's value; :data:`NOT_RECORDED` where the record holds only
+    some settings (``recorded_settings``: a line of a runs.csv) and not this one."""
+    recorded = getattr(record, "recorded_settings", None)
+    if isinstance(recorded, dict):
+        return recorded.get(key, NOT_RECORDED)
+    return record.config.get(key)
+
+
 def scale_label(records) -> str:
     """'ours: digits, digits-cnn, 20 clients, 50% participation (bernoulli), 50 rounds x 2 local epochs'."""
     if not records:
         return "ours: no runs"
 
     def one(key, fmt=str):
-        vals = sorted({fmt(r.config.get(key)) for r in records}, key=str)
+        vals = sorted({NOT_RECORDED if v is NOT_RECORDED else fmt(v) for v in (run_setting(r, key) for r in records)},
+                      key=str)
         return vals[0] if len(vals) == 1 else "/".join(vals)
 
     from ..train.config import RunConfig
@@ -97,11 +111,13 @@ def scale_label(records) -> str:
                      + (f" {r.config['model_args']}" if r.config.get("model_args") else "") for r in records})
     model = "/".join(models)
     part = one("participation", lambda p: f"{100 * float(p):g}%")
+    part = "participation not recorded" if part == NOT_RECORDED else f"{part} participation ({one('sampling')})"
+    epochs = one("local_epochs")
+    epochs = " (local epochs not recorded)" if epochs == NOT_RECORDED else f" x {epochs} local epochs"
     seeds = sorted({r.seed for r in records})
-    datasets = sorted({r.dataset if str(r.dataset).startswith("custom") else str(r.config.get("dataset"))
+    datasets = sorted({r.dataset if str(r.dataset).startswith("custom") else str(run_setting(r, "dataset"))
                        for r in records}, key=str)
-    return (f"ours: {'/'.join(datasets)}, {model}, {one('clients')} clients, {part} participation "
-            f"({one('sampling')}), {one('rounds')} rounds x {one('local_epochs')} local epochs, "
+    return (f"ours: {'/'.join(datasets)}, {model}, {one('clients')} clients, {part}, {one('rounds')} rounds{epochs}, "
             f"{len(seeds)} seed(s); {_machines(records)}{training_path_label(records)}")
 
 
@@ -178,10 +194,12 @@ def _run_differences(paper_run: dict, runs) -> list[str]:
             if args:
                 got += f" {args}"
         elif key == "dataset":  # data of the user's by its record, else by the settings
-            got = _shown(r.dataset if str(getattr(r, "dataset", "")).startswith("custom") else r.config.get(key)
+            got = _shown(r.dataset if str(getattr(r, "dataset", "")).startswith("custom") else run_setting(r, key)
                          for r in runs)
         else:
-            got = _shown(r.config.get(key) for r in runs)
+            got = _shown(run_setting(r, key) for r in runs)
+        if NOT_RECORDED in got.split("/"):  # a runs.csv line: not compared, named by paper_differences
+            continue
         if got != str(want):
             diffs.append(f"{key.replace('_', ' ')} {got} (paper {want})")
     return diffs
@@ -212,4 +230,11 @@ def paper_differences(spec: TableSpec, records) -> str | None:
     if not paper or not runs:
         return None
     diffs = _run_differences(paper.get("run", {}), runs) + _hessian_differences(paper.get("hessian", {}), runs)
+    unknown = [key.replace("_", " ") for key in paper.get("run", {}) if key not in _BOOKKEEPING
+               and any(run_setting(r, key) is NOT_RECORDED for r in runs)]
+    if unknown:  # runs read from a runs.csv: what it does not record is not compared, and said
+        unknown.append("Hessian settings" if paper.get("hessian") else "")
+        text = "; ".join(diffs) + ("; " if diffs else "") + "not recorded, so not compared: " + ", ".join(
+            u for u in unknown if u)
+        return "differs from the paper: " + text if diffs else text
     return "differs from the paper: " + "; ".join(diffs) if diffs else "same setting as the paper"

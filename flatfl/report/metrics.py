@@ -23,8 +23,9 @@ __all__ = ["ReportMetric", "register_metric", "unregister_metric", "report_metri
 
 DEFAULT_SPLIT = "train"  # the split a Hessian is measured on unless --split says otherwise
 _DEFAULT_LOSSES = (None, "cross_entropy")  # how hessian.json records the default loss (none given: cross-entropy)
-#: what of a metric runs.csv may carry: its value (column ``<name>``) and its error (``<name>_stderr``)
-RUNS_CSV_PARTS = ("value", "error")
+#: what of a metric runs.csv may carry: its value (column ``<name>``), its error (``<name>_stderr``) and the settings
+#: that made it (``<name>_setting``), enough to re-render the report's tables from runs.csv alone (:mod:`.runs_csv`)
+RUNS_CSV_PARTS = ("value", "error", "setting")
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -238,13 +239,15 @@ register_metric("accuracy", "accuracy", lambda rec: rec.accuracy(MODEL_ACCURACY[
                 unit="%", setting=lambda rec: MODEL_NAMES[rec.model],
                 paper_names=("accuracy", "accuracy_after_500_rounds"), reading="higher: better", settings_line=False)
 register_metric("top_eigenvalue", "top eigenvalue", _top_eigenvalue, short="λmax", error=_top_eigenvalue_error,
-                setting=_hessian_setting("method", eigen_precision), reading="lower: flatter", runs_csv=("value",))
+                setting=_hessian_setting("method", eigen_precision), reading="lower: flatter",
+                runs_csv=RUNS_CSV_PARTS)
 register_metric("trace", "trace", _trace, error=lambda rec: ((rec.hessian or {}).get("trace") or {}).get("stderr"),
                 setting=_hessian_setting("trace_method", trace_precision), reading="lower: flatter",
-                runs_csv=("value", "error"))
+                runs_csv=RUNS_CSV_PARTS)
 register_metric("hessian_norm_gap", "H_N", _clients_reader("H_N"), error=_clients_reader("H_N_stderr"),
-                setting=_clients_setting, reading="lower: flatter", cross_client=True, runs_csv=("value", "error"))
+                setting=_clients_setting, reading="lower: flatter", cross_client=True, runs_csv=RUNS_CSV_PARTS)
 register_metric("hessian_direction", "H_D", _clients_reader("H_D"), error=_clients_reader("H_D_stderr"),
-                setting=_clients_setting, cross_client=True, runs_csv=("value", "error"))
+                setting=_clients_setting, cross_client=True, runs_csv=RUNS_CSV_PARTS)
 register_metric("eigenvalue_ratio", "lambda_1/lambda_5", _eigenvalue_ratio, short="λ1/λ5",
-                setting=_hessian_setting("method", eigen_precision), reading="lower: flatter")
+                setting=_hessian_setting("method", eigen_precision), reading="lower: flatter",
+                runs_csv=("value", "setting"))

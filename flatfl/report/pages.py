@@ -40,7 +40,7 @@ def title_sections(results, records, ours_scale: str, notices: list[str], missin
              [f"{t.spec.key}: {counts_line(m, c)}" for t in results for m, c in t.counts.items()]
              or ["no paper layout matched these runs"]),
             ("Runs", [f"{len(records)} run(s); {sum(r.finished for r in records)} finished; "
-                      f"{sum(1 for r in records if r.hessian)} with Hessian results"]),
+                      f"{sum(1 for r in records if r.has_hessian)} with Hessian results"]),
             ("Notices", notices or ["none"]),
             ("Missing", missing or ["nothing"])]
 
@@ -180,7 +180,7 @@ def _by_partition(records) -> dict:
 def _accuracy_pages(result, ours_scale: str):
     spec, model = result.spec, result.model
     groups = _by_partition(result.records)
-    if groups:
+    if any(r.curve for r in result.records):  # runs read from a runs.csv have no curve
         yield (figure_pages.accuracy_page(f"{spec.title.split(':')[0]}: accuracy against rounds", groups,
                                      MODEL_ACCURACY[model],
                                      subtitle=f"test accuracy of the {MODEL_NAMES[model]} model; {ours_scale}",
@@ -223,7 +223,7 @@ def table_pages(result, ours_scale: str):
 
 def other_pages(other, ours_scale: str):
     """(figure, contents title) for the runs no layout takes: accuracy and curvature against rounds."""
-    if not other:
+    if not any(r.curve for r in other):  # none, or runs read from a runs.csv (no curve)
         return
     yield (figure_pages.accuracy_page("Other runs: accuracy against rounds", _by_partition(other), "test_acc",
                                  ylabel="test accuracy, server (%)"), "other: accuracy")

@@ -29,7 +29,7 @@ from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text,
 from ..utils.lock import locks_output
 from ..utils.manifest import refuse_foreign, remove_owned
 from ..utils.plots import saved
-from . import figure_pages, pdf
+from . import figure_pages, pdf, runs_csv
 from .forest import forest_figure
 from .files import directions_csv, run_rows, summary, table_csv
 from .layouts import TABLES, fills, matching_tables, model_for, paper_values, scale_label, tables_for
@@ -115,6 +115,44 @@ def _write_pdf(out: Path, records, results, ours_scale: str, sections, title: st
     return titles
 
 
+def _from_run_folders(paths, out: Path, tables, model, asked: dict, compute_missing: bool, clients, device, echo):
+    """The records of the run folders under ``paths`` (the missing analyses computed when asked), the layouts,
+    the notices and what is missing."""
+    run_dirs = find_run_dirs(paths)
+    records = [load_run(d) for d in run_dirs]
+    check_runs_belong_together(records)
+    specs = tables_for(tables) if tables else [TABLES[k] for k in matching_tables(records)]
+    refuse_foreign(out, report_files(specs))  # and each table's CSV, before any analysis is computed
+    model_of, accept = _model_of(specs, model), settings_ok(asked)
+    for rec in records:
+        rec.select(model_of(rec), accept)
+    notices: list[str] = []
+    problems: list[str] = []
+    if compute_missing:
+        problems, done = compute_analyses(records, specs, dict(DEFAULT_HESSIAN, **asked, device=device), asked,
+                                          dict(DEFAULT_CLIENTS, **(clients or {}), device=device), echo)
+        notices += done
+        records = _read(run_dirs, model_of, accept)
+    notices += pick_clients(records, specs)
+    if asked:
+        notices.append("Hessian settings asked for: " + ", ".join(f"{k} {v}" for k, v in sorted(asked.items()))
+                       + "; only analyses made with them are used")
+    notices += sample_notices(records) + version_notices(records)
+    return records, specs, notices, missing_lines(records, specs, asked, problems, compute_missing)
+
+
+def _from_runs_csv(source: Path, out: Path, tables, model):
+    """The records of the lines of the runs.csv ``source`` (:mod:`.runs_csv`), the layouts, the notices (where the
+    numbers come from, what is not available) and what is missing."""
+    records = runs_csv.read_runs_csv(source)
+    if model is not None:
+        for rec in records:
+            rec.select(model)
+    specs = tables_for(tables) if tables else [TABLES[k] for k in matching_tables(records)]
+    refuse_foreign(out, report_files(specs))
+    return records, specs, runs_csv.notices(source, records), runs_csv.missing_lines(records, specs)
+
+
 @locks_output  # one writer per report folder
 def build_report(paths, out, *, tables=None, compute_missing: bool = False, hessian: dict | None = None,
                  clients: dict | None = None, device: str = "cpu", title: str = "flatfl report",
@@ -145,40 +183,34 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     refuse_foreign(out, _ALWAYS)  # a user's report.md is never replaced: refused before the runs are read
 
     # ---- records
-    run_dirs = find_run_dirs(paths)
-    records = [load_run(d) for d in run_dirs]
-    check_runs_belong_together(records)
-    specs = tables_for(tables) if tables else [TABLES[k] for k in matching_tables(records)]
-    refuse_foreign(out, report_files(specs))  # and each table's CSV, before any analysis is computed
-    model_of, accept = _model_of(specs, model), settings_ok(asked)
-    for rec in records:
-        rec.select(model_of(rec), accept)
-    notices: list[str] = []
-    problems: list[str] = []
-    if compute_missing:
-        problems, done = compute_analyses(records, specs, dict(DEFAULT_HESSIAN, **asked, device=device), asked,
-                                          dict(DEFAULT_CLIENTS, **(clients or {}), device=device), echo)
-        notices += done
-        records = _read(run_dirs, model_of, accept)
-    notices += pick_clients(records, specs)
-    if asked:
-        notices.append("Hessian settings asked for: " + ", ".join(f"{k} {v}" for k, v in sorted(asked.items()))
-                       + "; only analyses made with them are used")
-    notices += sample_notices(records) + version_notices(records)
-    missing = missing_lines(records, specs, asked, problems, compute_missing)
+    source = runs_csv.runs_csv_source(paths)
+    if source is None:
+        records, specs, notices, missing = _from_run_folders(paths, out, tables, model, asked, compute_missing,
+                                                             clients, device, echo)
+    else:
+        if compute_missing or asked:
+            raise ConfigError(f"{source}: a runs.csv holds the analyses as they were made; --compute-missing and "
+                              "the Hessian options need the run folders")
+        records, specs, notices, missing = _from_runs_csv(source, out, tables, model)
 
     # ---- tables and verdicts
     values = paper_values()
     ours_scale = scale_label(records)
-    results = [table_result(spec, records, model, values, only=rows) for spec in specs]
+    results = [table_result(spec, records, model if source is None else model or runs_csv.recorded_model(
+        spec, records), values, only=rows) for spec in specs]
 
     # ---- files
     out.mkdir(parents=True, exist_ok=True)
     written = _write_tables(out, records, results, ours_scale, missing, notices)
     effects = _write_effects(out, results, ours_scale)
-    sections = title_sections(results, records, ours_scale, notices, missing)
+    # where the numbers come from heads the title page when they are a runs.csv's (its first notice)
+    source_lines = notices[:1] if source is not None else []
+    sections = [("Source", source_lines)] * bool(source_lines) + title_sections(
+        results, records, ours_scale, notices[len(source_lines):], missing)
     page_titles = _write_pdf(out, records, results, ours_scale, sections, title, stamp, specs, effects)
     report = summary(records, specs, results, notices=notices, missing=missing, pages=page_titles,
                      files=written + ["effects.png", "effects.pdf", "report.pdf"], ours_scale=ours_scale)
+    if source is not None:  # runs.csv records no training settings beyond data set, network, clients and rounds
+        report.update(training=None, source={"runs_csv": str(source)})
     atomic_write_json(out / "summary.json", report)
     return report

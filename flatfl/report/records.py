@@ -151,6 +151,11 @@ class RunRecord:
         return self
 
     @property
+    def has_hessian(self) -> bool:
+        """Whether the run has a Hessian analysis of its selected model."""
+        return bool(self.hessian)
+
+    @property
     def hessian_dir(self) -> str | None:
         return None if self.hessian_path is None else self.hessian_path.parent.name
 

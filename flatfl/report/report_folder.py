@@ -10,13 +10,12 @@ from reports that do not record it), its ``differences_from_paper`` and runs.csv
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..paper_tables import TABLES
-from .bounded import csv_rows, loads
+from .bounded import csv_rows, finite_number, loads
 from .metrics import metric_names
 from .verdicts import VERDICTS
 
@@ -60,15 +59,7 @@ def _csv_rows(path: Path, needed, what: str) -> tuple[list[str], list[tuple[int,
 
 
 def _number(path: Path, line: int, column: str, text: str) -> float | None:
-    if text.strip() == "":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{path} line {line}: {column} is not a number: {text[:40]!r}") from None
-    if not math.isfinite(value):
-        raise ConfigError(f"{path} line {line}: {column} is not finite: {text[:40]!r}")
-    return value
+    return finite_number(text, f"{path} line {line}: {column}")
 
 
 def read_report(folder: str | Path) -> dict:
