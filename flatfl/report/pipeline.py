@@ -5,13 +5,16 @@
 in a :class:`~.results.TableResult` -> the files, written into ``out``:
 
 * ``runs.csv``: one line per run (method, partition, seed, accuracy, top eigenvalue, trace and its standard error,
-  H_N, H_D, the analysis settings);
+  H_N, H_D, lambda_1/lambda_5, each with the settings that made it, the analysis settings);
 * ``<table>.csv`` for each paper layout filled (``man-table2.csv``, ``man-table6.csv``, ``fedalign-table1.csv``):
   one line per (method, partition), ours beside the paper's;
 * ``directions.csv``: every "X vs X+regularizer" comparison, our change and the paper's, and whether they agree;
 * ``report.md``: the tables and the agreement counts as Markdown; ``summary.json``: the same counts, what is missing;
 * ``effects.png`` / ``effects.pdf``: the forest plot of every comparison (:mod:`.forest`), also the PDF's first page;
 * ``report.pdf``: the forest plot, then the pages of :mod:`.pages`.
+
+The runs come from run folders (:mod:`.records`) or from one runs.csv, re-rendered (:mod:`.runs_csv`: its lines
+read as records the tables use alike; what only a run folder holds is absent and said in a notice).
 
 Every file is written atomically (:mod:`flatfl.utils.io`); the PDF is rendered in memory first. A file of one of
 these names in ``out`` that flatfl did not write (its folder's manifest, :mod:`flatfl.utils.manifest`, does not list
@@ -158,6 +161,8 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
                  clients: dict | None = None, device: str = "cpu", title: str = "flatfl report",
                  echo: Callable[[str], None] | None = None, model: str | None = None, rows=None) -> dict:
     """Write the report of the runs under ``paths`` into ``out``; returns the summary (also summary.json).
+    ``paths`` is run folders, or one runs.csv to re-render (:mod:`.runs_csv`; then without ``compute_missing``
+    and ``hessian``).
 
     ``tables``: layout keys ('man-table2', 'man-table6', 'man-tables', 'fedalign-table1'); None picks every layout
     that at least one run fills. ``model``: 'server' or 'clients-average', the model every row measures (accuracy
