@@ -48,7 +48,7 @@ def _with_ratio(run_dir: Path, value: float) -> None:
 @pytest.fixture(scope="module")
 def man_report(tmp_path_factory):
     """MAN Table 2 and the SAM family from 10 runs (two seeds of five methods), FedDyn+MAN's Hessian of 512
-    samples (the others: the whole split)."""
+    samples (the others: the whole split), and a third FedAvg seed not finished."""
     from flatfl.report.records import method_label
 
     root = tmp_path_factory.mktemp("csv-man")
@@ -60,6 +60,10 @@ def man_report(tmp_path_factory):
         _write_run(t, lam=lam, trace=10 * lam, trace_se=0.5, acc=90 + lam / 10, model="clients-average",
                    samples={"FedDyn+MAN": 512}.get(method, 1437))
         _with_ratio(Path(t.run_dir), 1.5 + lam / 100)
+    killed = next(t for t in plan("man-table2", "tiny", runs_dir=root / "runs", seeds=(2,))
+                  if t.settings["algo"] == "fedavg" and not t.settings.get("reg") and t.settings["alpha"] == 0.3)
+    _write_run(killed, lam=30.0, trace=300.0, trace_se=0.5, acc=50.0, model="clients-average")
+    (Path(killed.run_dir) / "final.pt").unlink()  # stopped before its last round: in no column, listed
     build_report([root / "runs"], root / "report", tables=("man-table2", "sam-family"))
     return root / "report"
 
@@ -141,6 +145,8 @@ def test_a_report_re_rendered_from_its_runs_csv_is_the_same_report(which, man_re
         assert "512 samples" in rows[("FedDyn+MAN", "dirichlet-0.3")]["ours_top_eigenvalue_setting"]
         fam = {_row_key(r): r for r in _rows(again / "sam-family.csv")}
         assert float(fam[("FedAvg", "dirichlet-0.3")]["ours_eigenvalue_ratio"]) == (1.6 + 1.62) / 2
+        assert rows[("FedAvg", "dirichlet-0.3")]["unfinished"].endswith("(3/2 rounds)")
+        assert any("not finished" in m for m in after["missing"])
 
 
 # ------------------------------------------------------------------------------------------------- hostile files

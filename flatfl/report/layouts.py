@@ -92,7 +92,7 @@ def run_setting(record, key: str):
     recorded = getattr(record, "recorded_settings", None)
     if isinstance(recorded, dict):
         return recorded.get(key, NOT_RECORDED)
-    return record.config.get(key)
+    return (getattr(record, "config", None) or {}).get(key)
 
 
 def scale_label(records) -> str:

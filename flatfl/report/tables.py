@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..paper_tables import TableSpec
 from .experiments import (check_same_settings, neutral_differences, one_run_per_seed, run_identity,
                           settings_differences)
-from .layouts import fills, paper_lookup, paper_values
+from .layouts import NOT_RECORDED, fills, paper_lookup, paper_values, run_setting
 from .metrics import metric_title
 from .run_reader import MODEL_NAMES
 
@@ -62,6 +62,12 @@ class TableRow:
 
 def _setting(record, metric: str) -> str | None:
     return getattr(record, "setting", lambda m: None)(metric)
+
+
+def _rounds(record):
+    """The rounds a run was to train, '?' where its record does not say."""
+    rounds = run_setting(record, "rounds")
+    return "?" if rounds is None or rounds is NOT_RECORDED else rounds
 
 
 def _mean_and_spread(values: list[float]) -> tuple[float | None, float | None]:
@@ -124,8 +130,7 @@ def _row(spec: TableSpec, method: str, part: str, records, common: dict, paper: 
         table=spec.key, method=method, paper_method=spec.paper_name(method), partition=part,
         model="/".join(MODEL_NAMES.get(m, m) for m in models), n_runs=len(runs),
         runs=";".join(r.name for r in runs), dataset=";".join(sorted({r.dataset for r in runs})),
-        unfinished="; ".join(f"{r.name} ({getattr(r, 'rounds_done', '?')}/"
-                             f"{(getattr(r, 'config', None) or {}).get('rounds', '?')} rounds)" for r in unfinished),
+        unfinished="; ".join(f"{r.name} ({getattr(r, 'rounds_done', '?')}/{_rounds(r)} rounds)" for r in unfinished),
         same_seed_left_out="; ".join(f"{r.name} (seed {r.seed}, as {k.name})" for r, k in same_seed),
         settings_not_changing_numbers=neutral_differences(runs),
         training=run_identity(runs[0]) if runs else None,
