@@ -3,8 +3,8 @@
     from flatfl.report import build_report
     summary = build_report(["runs/sweep"], "reports/x", compute_missing=True)
 
-A report is a pipeline (:mod:`.pipeline`): run folders (or one report's runs.csv, :mod:`.runs_csv`) read into records (:mod:`.run_files`, :mod:`.provenance`,
-:mod:`.records`; what is missing: :mod:`.missing`) -> one table per paper layout (:mod:`.layouts`,
+A report is a pipeline (:mod:`.pipeline`): run folders (or one report's runs.csv, :mod:`.runs_csv`) read into
+records (:mod:`.run_files`, :mod:`.provenance`, :mod:`.records`; what is missing: :mod:`.missing`) -> one table per paper layout (:mod:`.layouts`,
 :mod:`.experiments`, :mod:`.tables`; each column a metric of the registry in :mod:`.metrics`) -> direction verdicts
 (:mod:`.verdicts`, :mod:`.paired`), held together in :mod:`.results` -> the renderers: CSV and summary.json
 (:mod:`.files`), report.md (:mod:`.markdown`), the PDF's pages (:mod:`.pages`, :mod:`.figures`, :mod:`.curvature`;

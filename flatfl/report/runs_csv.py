@@ -220,14 +220,13 @@ def _known_columns() -> set[str]:
     return known
 
 
-def _record(path: Path, line: int, row: dict, header: list[str]) -> CsvRunRecord:
+def _record(path: Path, line: int, row: dict, header: list[str], known: set[str]) -> CsvRunRecord:
     if None in row:
         raise ConfigError(f"{path} line {line}: {len(header) + len(row[None])} fields, the header has "
                           f"{len(header)}")
     short = [c for c in header if row.get(c) is None]
     if short:
         raise ConfigError(f"{path} line {line}: {len(header) - len(short)} fields, the header has {len(header)}")
-    known = _known_columns()
     values = {c: _parse(row[c], c, f"{path} line {line}, column {c}") for c in header if c in known}
     recorded = {c: values.get(c) for c in FOLDER_COLUMNS}
     settings = {k: values[k] for k in RECORDED_SETTINGS if values.get(k) is not None}
@@ -257,9 +256,9 @@ def read_runs_csv(path) -> list[CsvRunRecord]:
         raise ConfigError(f"{path}: column {', '.join(twice[:3])} named twice in the header")
     if not rows:
         raise ConfigError(f"{path}: a header and no runs")
-    records, seen = [], {}
+    records, seen, known = [], {}, _known_columns()
     for line, row in rows:
-        rec = _record(path, line, row, header)
+        rec = _record(path, line, row, header, known)
         if rec.name in seen:
             raise ConfigError(f"{path} line {line}, column run: {rec.name!r} is also line {seen[rec.name]}'s run; "
                               "each run is one line")
@@ -281,10 +280,11 @@ def notices(path: Path, records) -> list[str]:
            "spectrum, curvature and loss-surface figures), provenance and version checks and training settings are "
            "not available; a setting runs.csv does not record shows as 'not recorded'"]
     header = set(records[0].columns) if records else set()
-    lacking = [c for c in sorted(_known_columns() - header) if c not in ("num_eigenvalues",)]
+    lacking = sorted(_known_columns() - header)
     if lacking:
-        out.append(f"{path} has no column {', '.join(lacking)} (a runs.csv of an older flatfl): those values are "
-                   "not recorded; a value's settings are the analysis columns the file has")
+        out.append(f"{path} has no column {', '.join(lacking)} (a runs.csv of an older flatfl, or a partial one): "
+                   "those values are not recorded; a value's settings without its column are the analysis columns "
+                   "the file has")
     return out
 
 
