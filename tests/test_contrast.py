@@ -233,6 +233,21 @@ def test_reports_without_a_training_record_are_told_apart_by_their_differences_f
     assert "settings that differ: not known" in (tmp_path / "c3" / "contrast.md").read_text()
 
 
+def test_a_setting_a_report_does_not_record_is_not_taken_for_the_papers(tmp_path):
+    """A report re-rendered from a runs.csv names the settings it cannot compare; the contrast neither takes them
+    for the paper's (local epochs 5, the paper's Hessian) nor lists them as differences."""
+    a = make_report(tmp_path / "a", A_ROWS, differences_from_paper={
+        "man-table2": "differs from the paper: dataset digits (paper cifar100); local epochs 2 (paper 5); "
+                      "Hessian method lanczos (paper power)"})
+    b = make_report(tmp_path / "b", B_ROWS, differences_from_paper={
+        "man-table2": "differs from the paper: dataset digits (paper cifar100); model mlp (paper cifar-cnn); "
+                      "not recorded, so not compared: local epochs, lr, Hessian settings"})
+    summary = write_contrast([a, b], tmp_path / "c", ["A", "B"])
+    assert summary["settings_that_differ"] == [
+        "model cifar-cnn (A) vs mlp (B)", "not compared, since B does not record them: local epochs, lr, "
+        "Hessian settings"]
+
+
 def test_each_reports_seeds_are_listed(tmp_path):
     a, b = make_report(tmp_path / "a", A_ROWS), make_report(tmp_path / "b", B_ROWS)
     for folder, seeds in ((a, (0, 1, 2, 10)), (b, (1, 2, 3))):

@@ -226,18 +226,37 @@ def _paper_entries(text: str, table: str) -> dict[str, tuple[str, str]]:
     return out
 
 
+#: how :func:`.layouts.paper_differences` names the settings a report does not record (a re-rendered runs.csv's)
+_NOT_COMPARED = "not recorded, so not compared: "
+
+
+def _not_recorded(text: str) -> list[str]:
+    """The settings a report's differences from the paper name as not recorded ('Hessian settings': all of them)."""
+    cut = text.find(_NOT_COMPARED)
+    return text[cut + len(_NOT_COMPARED):].split(", ") if cut >= 0 else []
+
+
 def _paper_differences(reports: list[dict], labels: list[str]) -> list[str]:
     """The settings of the paper's preset in which the reports differ, from each report's differences from the
-    paper's setting (a setting a report does not name is the paper's)."""
-    out = []
+    paper's setting (a setting a report does not name is the paper's, unless it says it does not record it: such a
+    setting is not compared, and named as such)."""
+    out, unknown = [], {}  # label -> the settings it does not record
     for table in [t for t in reports[0]["tables"] if all(t in r["tables"] for r in reports[1:])]:
-        entries = [_paper_entries(r["differences"].get(table, ""), table) for r in reports]
+        texts = [r["differences"].get(table) or "" for r in reports]
+        entries = [_paper_entries(text, table) for text in texts]
+        missing = [_not_recorded(text) for text in texts]
+        for label, m in zip(labels, missing):
+            unknown.setdefault(label, m)
         for name in dict.fromkeys(n for e in entries for n in e):
             paper = next(e[name][1] for e in entries if name in e)
+            if any(name in m or (name.startswith("Hessian ") and "Hessian settings" in m) for m in missing):
+                continue
             values = [e[name][0] if name in e else paper for e in entries]
             line = f"{name} " + " vs ".join(f"{v} ({label})" for v, label in zip(values, labels))
             if len(set(values)) > 1 and line not in out:
                 out.append(line)
+    out += [f"not compared, since {label} does not record them: " + ", ".join(names)
+            for label, names in unknown.items() if names]
     return out
 
 
