@@ -232,8 +232,7 @@ _NOT_COMPARED = "not recorded, so not compared: "
 
 def _not_recorded(text: str) -> list[str]:
     """The settings a report's differences from the paper name as not recorded ('Hessian settings': all of them)."""
-    cut = text.find(_NOT_COMPARED)
-    return text[cut + len(_NOT_COMPARED):].split(", ") if cut >= 0 else []
+    return text[text.index(_NOT_COMPARED) + len(_NOT_COMPARED):].split(", ") if _NOT_COMPARED in text else []
 
 
 def _paper_differences(reports: list[dict], labels: list[str]) -> list[str]:
@@ -245,8 +244,7 @@ def _paper_differences(reports: list[dict], labels: list[str]) -> list[str]:
         texts = [r["differences"].get(table) or "" for r in reports]
         entries = [_paper_entries(text, table) for text in texts]
         missing = [_not_recorded(text) for text in texts]
-        for label, m in zip(labels, missing):
-            unknown.setdefault(label, m)
+        unknown.update({label: m for label, m in zip(labels, missing) if label not in unknown})
         for name in dict.fromkeys(n for e in entries for n in e):
             paper = next(e[name][1] for e in entries if name in e)
             if any(name in m or (name.startswith("Hessian ") and "Hessian settings" in m) for m in missing):
