@@ -233,6 +233,31 @@ def test_reports_without_a_training_record_are_told_apart_by_their_differences_f
     assert "settings that differ: not known" in (tmp_path / "c3" / "contrast.md").read_text()
 
 
+def test_the_forest_plot_draws_each_reports_change_and_interval_in_the_comparisons_order(tmp_path):
+    """effects.png: one panel per table, metric and report; each line the change and paired interval of the contrast
+    rows (hand-computed above: MLP +20% [+10, +30], CNN -20% [-30, -10]), its effect from the interval, and the
+    lines in the comparisons' order in every panel (not resolved-first), so a comparison sits at one height."""
+    from flatfl.report.contrast import contrast_rows, read_report
+    from flatfl.report.contrast_figure import contrast_items
+
+    a, b = make_report(tmp_path / "a", A_ROWS), make_report(tmp_path / "b", B_ROWS)
+    out = tmp_path / "c"
+    summary = write_contrast([a, b], out, ["MLP", "CNN"])
+    assert (out / "effects.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / "effects.pdf").is_file()
+    assert {"effects.png", "effects.pdf"} <= set(summary["files"])
+    rows = contrast_rows([read_report(a), read_report(b)], ["MLP", "CNN"])
+    mlp = contrast_items([r for r in rows if r["report"] == "MLP" and r["metric"] == "trace"], 2)
+    cnn = contrast_items([r for r in rows if r["report"] == "CNN" and r["metric"] == "trace"], 2)
+    assert [i["label"] for i in mlp] == [i["label"] for i in cnn] == ["FedAvg+MAN vs FedAvg (Dir 0.3)",
+                                                                     "FedAvg+MAN vs FedAvg (Dir 0.6)"]
+    assert (mlp[0]["change"], mlp[0]["low"], mlp[0]["high"]) == pytest.approx((20.0, 10.0, 30.0))
+    assert (cnn[0]["change"], cnn[0]["low"], cnn[0]["high"]) == pytest.approx((-20.0, -30.0, -10.0))
+    assert [i["effect"] for i in mlp] == ["higher", "lower"] and [i["effect"] for i in cnn] == ["lower", "lower"]
+    assert mlp[0]["paper"] == pytest.approx(-50.0)
+    acc = contrast_items([r for r in rows if r["report"] == "CNN" and r["metric"] == "accuracy"], 1)
+    assert acc[0]["effect"] == "unresolved" and acc[0]["how"] == "none" and acc[0]["low"] is None  # one seed
+
+
 def test_a_setting_a_report_does_not_record_is_not_taken_for_the_papers(tmp_path):
     """A report re-rendered from a runs.csv names the settings it cannot compare; the contrast neither takes them
     for the paper's (local epochs 5, the paper's Hessian) nor lists them as differences."""

@@ -5,7 +5,7 @@ Reads what :func:`flatfl.report.build_report` wrote into each report folder (``s
 and tables, each table's CSV for the rows' values, ``directions.csv`` for the checks) and writes ``contrast.csv``
 (one row per comparison and report), ``contrast.md`` (the values side by side, a table per metric of the changes,
 and per metric the verdict counts and where the reports resolve a change the same or opposite ways, every sentence
-built from the numbers) and ``contrast.json``. Nothing is recomputed: each report's numbers and verdicts are its own.
+built from the numbers), ``contrast.json`` and ``effects.png``. Nothing is recomputed: each report's own numbers.
 
 * A change and its interval are of the same seeds: where a report has a paired interval (two or more seeds shared
   by both rows), the change shown is the mean per-seed difference over those seeds (``paired_change``), in % of the
@@ -31,8 +31,9 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..utils.io import atomic_write_many, csv_text
 from ..utils.lock import folder_lock
-from ..utils.plots import format_number
+from ..utils.plots import format_number, saved
 from ..paper_tables import REPRODUCED
+from .contrast_figure import contrast_figure
 from .metrics import metric_title
 from .report_folder import KEY as _KEY, MAX_FILE_BYTES, read_report
 from .verdicts import NO_PAPER_VALUE, TOO_FEW_SEEDS, VERDICTS
@@ -84,8 +85,7 @@ def contrast_rows(reports: list[dict], labels: list[str]) -> list[dict]:
 
 
 def dropped_comparisons(reports: list[dict], labels: list[str]) -> list[dict]:
-    """The comparisons some reports hold and others do not (left out of the contrast), in the reports' order: each
-    with the labels of the reports that hold it."""
+    """The comparisons some reports hold and others not (left out), in order, each with the labels holding it."""
     keyed = [{tuple(c[k] for k in _KEY) for c in r["checks"]} for r in reports]
     every = list(dict.fromkeys(k for r in reports for k in (tuple(c[k] for k in _KEY) for c in r["checks"])))
     return [dict(zip(_KEY, key), held_by=[label for label, keys in zip(labels, keyed) if key in keys])
@@ -236,9 +236,8 @@ def _not_recorded(text: str) -> list[str]:
 
 
 def _paper_differences(reports: list[dict], labels: list[str]) -> list[str]:
-    """The settings of the paper's preset in which the reports differ, from each report's differences from the
-    paper's setting (a setting a report does not name is the paper's, unless it says it does not record it: such a
-    setting is not compared, and named as such)."""
+    """The paper preset's settings in which the reports differ, from their differences from the paper (a setting a
+    report does not name is the paper's, unless it says it does not record it: then it is named as not compared)."""
     out, unknown = [], {}  # label -> the settings it does not record
     for table in [t for t in reports[0]["tables"] if all(t in r["tables"] for r in reports[1:])]:
         texts = [r["differences"].get(table) or "" for r in reports]
@@ -347,8 +346,8 @@ _CSV_COLUMNS = list(_KEY) + ["report", "ours_reference", "ours_compared", "ours_
 
 
 def write_contrast(folders, out, labels=None) -> dict:
-    """Read the report ``folders`` (two or more), write contrast.csv, contrast.md and contrast.json into ``out`` and
-    return the summary (``labels``: one name per report, default the folder names)."""
+    """Read the report ``folders`` (two or more), write contrast.csv, .md, .json and effects.png / .pdf (the forest
+    plot, :mod:`.contrast_figure`) into ``out``; return the summary (``labels``: one per report, default folders)."""
     given = [str(f) for f in folders]
     folders = [Path(f) for f in folders]
     if len(folders) < 2:
@@ -388,10 +387,12 @@ def write_contrast(folders, out, labels=None) -> dict:
                "dropped": dropped,
                "counts": {label: {m: _counts(rows, label, m) for m in metrics} for label in labels},
                "together": together,
-               "files": ["contrast.csv", "contrast.md", "contrast.json"]}
+               "files": ["contrast.csv", "contrast.md", "contrast.json", "effects.png", "effects.pdf"]}
     out = Path(out)
     with folder_lock(out):
-        atomic_write_many({out / "contrast.csv": csv_text(rows, _CSV_COLUMNS),
+        fig = contrast_figure(rows, labels)
+        atomic_write_many({out / "effects.png": saved(fig, "png"), out / "effects.pdf": saved(fig, "pdf"),
+                           out / "contrast.csv": csv_text(rows, _CSV_COLUMNS),
                            out / "contrast.md": _markdown(reports, labels, rows, metrics, together, dropped,
                                                               differ_line),
                            out / "contrast.json": json.dumps(summary, indent=2) + "\n"})

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .metrics import metric_names, report_metric
 
-__all__ = ["forest_items", "forest_figure", "EFFECT_COLOURS"]
+__all__ = ["forest_items", "forest_figure", "forest_page", "EFFECT_COLOURS"]
 
 #: the colour of a change by its effect (the directions pages colour their effect cells alike, lighter)
 EFFECT_COLOURS = {"lower": "#1f77b4", "higher": "#d95f02", "unresolved": "#8c8c8c"}
@@ -108,13 +108,14 @@ def _interval(ax, it: dict, y: float, colour: str, lo: float, hi: float) -> None
             ax.plot([end], [y], marker=marker, color=colour, markersize=4.5, zorder=2, clip_on=False)
 
 
-def _draw_panel(ax, title: str, items: list[dict]) -> None:
+def _draw_panel(ax, title: str, items: list[dict], apart: bool = True) -> None:
     from ..utils.plots import LABEL_SIZE, PANEL_SIZE, TICK_SIZE
 
     n = len(items)
     n_resolved = sum(i["effect"] != "unresolved" for i in items)
+    apart = apart and all(i["effect"] != "unresolved" for i in items[:n_resolved])  # the unresolved set apart
     ys = list(range(n - 1, -1, -1))  # the first item on top
-    if n_resolved < n:  # the unresolved ones on a grey band under a dashed line
+    if apart and n_resolved < n:  # the unresolved ones on a grey band under a dashed line
         ax.axhspan(-0.5, n - n_resolved - 0.5, color="#f0f0f0", zorder=0)
         if n_resolved:
             ax.axhline(n - n_resolved - 0.5, color="0.45", lw=0.8, ls="--", zorder=1)
@@ -140,7 +141,7 @@ def _draw_panel(ax, title: str, items: list[dict]) -> None:
     ax.set_xlabel("change (%)", fontsize=LABEL_SIZE - 1)
     ax.grid(axis="x", color="0.9", lw=0.6)
     ax.set_axisbelow(True)
-    if n_resolved < n:
+    if apart and n_resolved < n:
         ax.text(0.99, n - n_resolved - 0.55, "unresolved", transform=ax.get_yaxis_transform(), ha="right",
                 va="top", fontsize=6.5, color="0.35", style="italic")
 
@@ -167,20 +168,26 @@ def _legend_handles(items: list[dict]):
 def forest_figure(results, subtitle: str = ""):
     """The forest plot of every layout's comparisons (``results``: :class:`.results.TableResult` s), one A4
     landscape page."""
+    return forest_page(_panels(results), subtitle, "resolved changes first, unresolved ones apart on grey")
+
+
+def forest_page(rows, subtitle: str = "", order: str = "", columns: int = _COLUMNS, apart: bool = True):
+    """One A4 landscape page of forest panels: ``rows`` of (title, [(panel title, :func:`forest_items`-like
+    lines)]), at most ``columns`` panels a row; ``order`` says how each panel's lines are ordered; ``apart``: the
+    unresolved lines (after the resolved ones) on a grey band."""
     from .figure_pages import PAGE_SIZE
     from ..utils.plots import LEGEND_SIZE, NOTE_SIZE, TITLE_SIZE, new_figure, wrap_to
 
     fig = new_figure(PAGE_SIZE)
     fig.suptitle(_TITLE, fontsize=TITLE_SIZE + 2, weight="bold")
-    rows = _panels(results)
-    explain = ("paired by seed: the mean per-seed difference (compared - reference) and its 95% t interval; "
-               "resolved changes first, unresolved ones apart on grey")
+    explain = "; ".join(s for s in ("paired by seed: the mean per-seed difference (compared - reference) and its "
+                                    "95% t interval", order) if s)
     if not rows:
         fig.text(0.5, 0.5, "no comparison has our values on both sides", ha="center", va="center", fontsize=12)
         return fig
     heights = [max(len(items) for _, items in panels) + 3 for _, panels in rows]
     spare = _MIN_LINES - sum(heights)  # few lines: kept at the height of a full page's, the rest left blank
-    columns = _COLUMNS if any(len(panels) > 1 for _, panels in rows) else 1
+    columns = columns if any(len(panels) > 1 for _, panels in rows) else 1
     subs = fig.subfigures(len(rows) + (spare > 0), 1, height_ratios=heights + [spare] * (spare > 0),
                           squeeze=False)[:, 0]
     for sub, (name, panels) in zip(subs, rows):
@@ -188,7 +195,7 @@ def forest_figure(results, subtitle: str = ""):
         axes = sub.subplots(1, columns, squeeze=False)[0]
         shown = None
         for ax, (title, items) in zip(axes, panels):
-            _draw_panel(ax, title, items)
+            _draw_panel(ax, title, items, apart)
             labels = [it["label"] for it in items]
             if labels == shown:  # the same lines in the same order as the panel to its left: named once
                 ax.tick_params(axis="y", labelleft=False)
