@@ -20,7 +20,8 @@ from typing import Iterator
 
 from ..errors import ConfigError
 
-__all__ = ["MAX_FIELD_CHARS", "MAX_JSON_DEPTH", "field_limit", "csv_rows", "finite_number", "loads", "check_depth"]
+__all__ = ["MAX_FIELD_CHARS", "MAX_JSON_DEPTH", "field_limit", "read_text", "csv_rows", "finite_number", "loads",
+           "check_depth"]
 
 #: the longest CSV field read (a table row naming 100,000 runs of 100 characters each fits 10 times over)
 MAX_FIELD_CHARS = 16 * 1024 * 1024
@@ -37,6 +38,22 @@ def field_limit(limit: int | None = None) -> Iterator[None]:
         yield
     finally:
         csv.field_size_limit(before)
+
+
+def read_text(path: Path, max_bytes: int, what: str, encoding: str = "utf-8") -> str:
+    """The text of the file at ``path``, read only when it holds at most ``max_bytes`` (``what``: what such a file
+    is, for the message); too large, unreadable or not UTF-8 text is one ConfigError line naming the file."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise ConfigError(f"{path}: {size:,} bytes, more than {what} holds ({max_bytes:,})")
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); not {what}") from None
 
 
 def csv_rows(text: str, path) -> tuple[list[str], list[tuple[int, dict]]]:

@@ -34,6 +34,7 @@ from ..utils.lock import folder_lock
 from ..utils.plots import format_number, saved
 from ..paper_tables import REPRODUCED
 from .contrast_figure import contrast_figure
+from .layouts import NOT_COMPARED
 from .metrics import metric_title
 from .report_folder import KEY as _KEY, MAX_FILE_BYTES, read_report
 from .verdicts import NO_PAPER_VALUE, TOO_FEW_SEEDS, VERDICTS
@@ -226,13 +227,9 @@ def _paper_entries(text: str, table: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-#: how :func:`.layouts.paper_differences` names the settings a report does not record (a re-rendered runs.csv's)
-_NOT_COMPARED = "not recorded, so not compared: "
-
-
 def _not_recorded(text: str) -> list[str]:
     """The settings a report's differences from the paper name as not recorded ('Hessian settings': all of them)."""
-    return text[text.index(_NOT_COMPARED) + len(_NOT_COMPARED):].split(", ") if _NOT_COMPARED in text else []
+    return text[text.index(NOT_COMPARED) + len(NOT_COMPARED):].split(", ") if NOT_COMPARED in text else []
 
 
 def _paper_differences(reports: list[dict], labels: list[str]) -> list[str]:

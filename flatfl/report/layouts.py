@@ -13,7 +13,7 @@ from .metrics import report_metric
 from .run_reader import MODELS
 
 __all__ = ["TABLE_ALIASES", "TABLES", "TableSpec", "paper_values", "paper_lookup", "fills", "records_of", "matching_tables", "tables_for", "model_for", "scale_label",
-           "training_path_label", "paper_differences", "run_setting", "NOT_RECORDED"]
+           "training_path_label", "paper_differences", "run_setting", "NOT_RECORDED", "NOT_COMPARED"]
 
 TABLE_ALIASES = GROUPS
 
@@ -84,6 +84,8 @@ def model_for(spec: TableSpec, model: str | None) -> str:
 
 #: a training setting a run's record does not hold (a runs.csv line records only a few: :mod:`.runs_csv`)
 NOT_RECORDED = "not recorded"
+#: how :func:`paper_differences` names the settings it cannot compare (read back by :mod:`.contrast`)
+NOT_COMPARED = "not recorded, so not compared: "
 
 
 def run_setting(record, key: str):
@@ -234,7 +236,7 @@ def paper_differences(spec: TableSpec, records) -> str | None:
                and any(run_setting(r, key) is NOT_RECORDED for r in runs)]
     if unknown:  # runs read from a runs.csv: what it does not record is not compared, and said
         unknown.append("Hessian settings" if paper.get("hessian") else "")
-        text = "; ".join(diffs) + ("; " if diffs else "") + "not recorded, so not compared: " + ", ".join(
+        text = "; ".join(diffs) + ("; " if diffs else "") + NOT_COMPARED + ", ".join(
             u for u in unknown if u)
         return "differs from the paper: " + text if diffs else text
     return "differs from the paper: " + "; ".join(diffs) if diffs else "same setting as the paper"

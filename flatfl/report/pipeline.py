@@ -201,17 +201,21 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     # ---- tables and verdicts
     values = paper_values()
     ours_scale = scale_label(records)
-    results = [table_result(spec, records, model if source is None else model or runs_csv.recorded_model(
-        spec, records), values, only=rows) for spec in specs]
+
+    def table_model(spec):  # a runs.csv's lines measured the model they name: by default, that one
+        return model if source is None or model else runs_csv.recorded_model(spec, records)
+
+    results = [table_result(spec, records, table_model(spec), values, only=rows) for spec in specs]
 
     # ---- files
     out.mkdir(parents=True, exist_ok=True)
     written = _write_tables(out, records, results, ours_scale, missing, notices)
     effects = _write_effects(out, results, ours_scale)
     # where the numbers come from heads the title page when they are a runs.csv's (its first notice)
-    source_lines = notices[:1] if source is not None else []
-    sections = [("Source", source_lines)] * bool(source_lines) + title_sections(
-        results, records, ours_scale, notices[len(source_lines):], missing)
+    if source is None:
+        sections = title_sections(results, records, ours_scale, notices, missing)
+    else:
+        sections = [("Source", notices[:1])] + title_sections(results, records, ours_scale, notices[1:], missing)
     page_titles = _write_pdf(out, records, results, ours_scale, sections, title, stamp, specs, effects)
     report = summary(records, specs, results, notices=notices, missing=missing, pages=page_titles,
                      files=written + ["effects.png", "effects.pdf", "report.pdf"], ours_scale=ours_scale)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..paper_tables import TABLES
-from .bounded import csv_rows, finite_number, loads
+from .bounded import csv_rows, finite_number, loads, read_text
 from .metrics import metric_names
 from .verdicts import VERDICTS
 
@@ -36,13 +36,7 @@ def _read_text(path: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"{path.parent} is not a flatfl report folder: it has no {path.name} "
                           "(make one with flatfl report or flatfl reproduce)")
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ConfigError(f"{path}: {size:,} bytes, more than a report's {MAX_FILE_BYTES:,}")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
+    return read_text(path, MAX_FILE_BYTES, f"a flatfl report's {path.name}")
 
 
 def _csv_rows(path: Path, needed, what: str) -> tuple[list[str], list[tuple[int, dict]]]:

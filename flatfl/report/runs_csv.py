@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from .bounded import csv_rows, finite_number
+from .bounded import csv_rows, finite_number, read_text
 from .files import FOLDER_COLUMNS
 from .layouts import fills
 from .metrics import metric_names, metric_title, report_metric
@@ -39,7 +39,7 @@ REQUIRED_COLUMNS = ("run", "method", "partition", "dataset", "seed", "hessian_mo
                     "all_test_acc")
 #: the largest runs.csv read (a line is a few hundred characters: millions of runs fit)
 MAX_BYTES = 256 * 1024 * 1024
-#: the training settings a runs.csv line records (its column -> the setting's name), each checked where it is read
+#: the training settings a runs.csv line records (each the column of its name), each checked where it is read
 RECORDED_SETTINGS = ("dataset", "model", "clients", "rounds")
 _INTEGER_COLUMNS = ("seed", "clients", "rounds", "rounds_done", "num_eigenvalues", "hessian_samples",
                     "hessian_samples_asked")
@@ -160,20 +160,6 @@ def runs_csv_source(paths) -> Path | None:
     return csvs[0]
 
 
-def _text(path: Path) -> str:
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise ConfigError(f"{path}: {size:,} bytes, more than a flatfl runs.csv holds ({MAX_BYTES:,})")
-        data = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): not a flatfl runs.csv") from None
-
-
 def _parse(value: str, column: str, where: str):
     """One field by its column's type: integers >= 0, booleans, finite numbers (accuracy within 0..100, errors
     >= 0), text; empty is None (not recorded) but for the columns every run has."""
@@ -220,7 +206,8 @@ def _known_columns() -> set[str]:
     return known
 
 
-def _record(path: Path, line: int, row: dict, header: list[str], known: set[str]) -> CsvRunRecord:
+def _record(path: Path, line: int, row: dict, header: list[str], known: set[str],
+            has_settings: frozenset) -> CsvRunRecord:
     if None in row:
         raise ConfigError(f"{path} line {line}: {len(header) + len(row[None])} fields, the header has "
                           f"{len(header)}")
@@ -233,9 +220,7 @@ def _record(path: Path, line: int, row: dict, header: list[str], known: set[str]
     return CsvRunRecord(name=values["run"], method=values["method"], partition=values["partition"],
                         dataset=values["dataset"], seed=values["seed"], model=values["hessian_model"],
                         finished=values["finished"], source=path, line=line, columns=values, recorded=recorded,
-                        recorded_settings=settings,
-                        has_settings=frozenset(m for m in metric_names() if f"{m}_setting" in header
-                                               and "setting" in report_metric(m).runs_csv))
+                        recorded_settings=settings, has_settings=has_settings)
 
 
 def read_runs_csv(path) -> list[CsvRunRecord]:
@@ -243,7 +228,7 @@ def read_runs_csv(path) -> list[CsvRunRecord]:
     (not UTF-8, empty, no runs, a required column missing, a value of the wrong type or range, two lines of one
     run) is one ConfigError line naming the file, and the line and column where there is one."""
     path = Path(path)
-    text = _text(path)
+    text = read_text(path, MAX_BYTES, "a flatfl runs.csv", encoding="utf-8-sig")
     if not text.strip():
         raise ConfigError(f"{path} is empty: not a flatfl runs.csv")
     header, rows = csv_rows(text, path)
@@ -257,8 +242,10 @@ def read_runs_csv(path) -> list[CsvRunRecord]:
     if not rows:
         raise ConfigError(f"{path}: a header and no runs")
     records, seen, known = [], {}, _known_columns()
+    has_settings = frozenset(m for m in metric_names() if f"{m}_setting" in header
+                             and "setting" in report_metric(m).runs_csv)  # the metrics whose settings it records
     for line, row in rows:
-        rec = _record(path, line, row, header, known)
+        rec = _record(path, line, row, header, known, has_settings)
         if rec.name in seen:
             raise ConfigError(f"{path} line {line}, column run: {rec.name!r} is also line {seen[rec.name]}'s run; "
                               "each run is one line")
