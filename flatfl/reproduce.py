@@ -79,7 +79,8 @@ from .paper_tables.table_spec import Method, PaperTable
 from .sweep import SECTION_SETTINGS, RunTask, run_tasks
 
 __all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method", "PaperTable",
-           "tables_of", "methods_of", "Progress", "default_out", "check_out", "REPORTS_DIR"]
+           "tables_of", "methods_of", "Progress", "default_out", "check_out", "REPORTS_DIR", "execution_order",
+           "task_weight", "run_stage"]
 
 #: where reports go when no ``out`` is given (:func:`default_out`)
 REPORTS_DIR = Path("reports")
@@ -346,12 +347,16 @@ def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = No
     check_run_folders(out, tasks, tables)
     if echo:
         echo(f"{target} ({preset}): {len(tasks)} runs in {Path(tasks[0].run_dir).parent}, report in {out}")
-    progress = Progress(tasks, echo, bar=progress_bar) if echo else None
+    progress = Progress(tasks, echo, bar=progress_bar, heartbeat=HEARTBEAT_SECONDS) if echo else None
+    order = execution_order(tasks, getattr(executor, "workers", 1))
     try:
-        records = run_tasks(tasks, executor, echo=echo, on_done=progress.done if progress else None)
+        started = run_tasks([tasks[i] for i in order], executor, echo=echo,
+                            on_done=progress.done if progress else None)
     finally:
         if progress:
             progress.close()
+    by_name = {r["name"]: r for r in started}
+    records = [by_name[t.name] for t in tasks if t.name in by_name]
     failed = [r for r in records if r.get("error")]
     done = [t.run_dir for t in tasks if Path(t.run_dir, "config.json").is_file()]
     if not done:
@@ -372,19 +377,75 @@ def _duration(seconds: float) -> str:
     return f"{s // 60} min {s % 60:02d} s" if s < 7200 else f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+#: a run's work in the time-left estimate, in runs without the spectrum: the spectrum (the top eigenvalues and the
+#: density of MAN Fig. 4) costs about this many more (benchmarks/main_job_cost.py: 50 s beside 13 s on the quick
+#: preset); the estimate is a rate, so only the ratio matters
+SPECTRUM_WEIGHT = 3.5
+#: seconds without a line after which the progress says which runs are under way and how far each is
+HEARTBEAT_SECONDS = 25.0
+
+
+def task_weight(task) -> float:
+    """The run's share of the work (:data:`SPECTRUM_WEIGHT`)."""
+    return 1.0 + (SPECTRUM_WEIGHT if task.spectrum is not None else 0.0)
+
+
+def execution_order(tasks, workers: int) -> list[int]:
+    """The order the runs start in: one light run per worker first (a first line within seconds), then the rest
+    heaviest first (the spectrum runs early, light ones at the end fill the workers evenly); stable otherwise."""
+    light = [i for i, t in enumerate(tasks) if tasks[i].spectrum is None][:max(1, workers)]
+    rest = sorted((i for i in range(len(tasks)) if i not in light), key=lambda i: -task_weight(tasks[i]))
+    return light + rest
+
+
+def run_stage(task, since: float) -> str | None:
+    """How far a run under way is, read off its folder ('training, round 20 of 30', 'hessian', 'spectrum'); None
+    when its folder has not changed since ``since`` (time.time()): not started by this reproduction, or waiting."""
+    import csv
+
+    from .run_layout import analysis_dir
+
+    folder = Path(task.run_dir)
+    try:
+        metrics = folder / "metrics.csv"
+        changed = max((p.stat().st_mtime for p in (folder, metrics, folder / "final.pt") if p.exists()), default=0)
+        if changed < since:
+            return None
+        rounds = task.settings.get("rounds")
+        if not (folder / "final.pt").is_file():
+            last = None
+            if metrics.is_file():
+                with open(metrics, newline="") as f:
+                    for row in csv.DictReader(f):
+                        last = row.get("round") or last
+            return f"training, round {last} of {rounds}" if last else "training"
+        for kind in ("hessian", "spectrum"):
+            if getattr(task, kind) is not None and not (folder / analysis_dir(kind, task.model) / "hessian.json").is_file():
+                return kind
+        return "analyses"
+    except (OSError, ValueError, csv.Error):
+        return None
+
+
 class Progress:
     """One progress report across the runs of a reproduction: each run's line (from :func:`flatfl.sweep.run_tasks`)
-    with the time elapsed and the time left, estimated from the wall time per run so far. Runs already finished
-    when the reproduction starts (their training is skipped) count neither in the rate nor in what is left. With
-    ``bar`` (a terminal), a tqdm bar on stderr carries the estimate and the lines are printed above it; else the
-    estimate ends each line, as a log wants it. ``clock``: seconds, monotonic."""
+    with the time elapsed and the time left, estimated from the wall time per unit of work so far (a run with the
+    spectrum counts :func:`task_weight`). Runs already finished when the reproduction starts (their training is
+    skipped) count neither in the rate nor in what is left. Between run lines, every :data:`HEARTBEAT_SECONDS`
+    without one, a line says which runs are under way and how far each is (:func:`run_stage`). With ``bar`` (a
+    terminal), a tqdm bar on stderr carries the estimate and the lines are printed above it; else the estimate ends
+    each line, as a log wants it. ``clock``: seconds, monotonic; ``heartbeat``: seconds, 0 for none."""
 
     def __init__(self, tasks, echo: Callable[[str], None], bar: bool = False,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, heartbeat: float = 0.0):
+        import threading
+
         from .sweep import run_state
 
         self.echo, self.total, self.clock = echo, len(tasks), clock
         self.start = clock()
+        self.since = time.time()
+        self.tasks = list(tasks)
 
         def finished(t) -> bool:
             try:
@@ -394,37 +455,90 @@ class Progress:
 
         self.ready = {t.name for t in tasks if finished(t)}
         self.left = self.total - len(self.ready)  # runs to train
+        self.work_left = sum(task_weight(t) for t in tasks if t.name not in self.ready)
+        self.work_done = 0.0
         self.trained = 0
+        self.ended: set[str] = set()
         self.bar = None
         if bar:
             from tqdm import tqdm
 
             self.bar = tqdm(total=self.left, unit="run", desc="runs to train", dynamic_ncols=True, leave=False)
+        self.lock = threading.Lock()
+        self.last_line = time.monotonic()  # the heartbeat's own clock, apart from the estimate's
+        self.stop = threading.Event()
+        self.thread = None
+        if heartbeat > 0 and self.left > 0:
+            self.thread = threading.Thread(target=self._beat, args=(heartbeat,), daemon=True, name="flatfl-progress")
+            self.thread.start()
 
     def eta(self, elapsed: float) -> float | None:
-        """Seconds left after ``elapsed``: the wall time per run trained so far times the runs left to train (None
-        before one)."""
-        return elapsed / self.trained * self.left if self.trained else None
+        """Seconds left after ``elapsed``: the wall time per unit of work trained so far times the work left to
+        train (None before a run trained)."""
+        return elapsed / self.work_done * self.work_left if self.work_done else None
+
+    def _when(self, elapsed: float) -> str:
+        eta = self.eta(elapsed)
+        return f"{_duration(elapsed)} elapsed, " + (
+            "no run left to train" if self.left <= 0 else f"about {_duration(eta)} left" if eta is not None else
+            "time left known after the first run trained")
+
+    def _say(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            self.echo(line)
+        self.last_line = time.monotonic()
 
     def done(self, task, record: dict, line: str) -> None:
         """Called by :func:`flatfl.sweep.run_tasks` as each run ends, with its line."""
-        trained = task.name not in self.ready
-        if trained:
-            self.trained += 1
-            self.left -= 1
-        if self.bar is not None:
-            self.bar.write(line)
+        with self.lock:
+            self.ended.add(task.name)
+            trained = task.name not in self.ready
             if trained:
-                self.bar.update(1)
-            return
-        elapsed = self.clock() - self.start
-        eta = self.eta(elapsed)
-        when = f"{_duration(elapsed)} elapsed, " + (
-            "no run left to train" if self.left <= 0 else f"about {_duration(eta)} left" if eta is not None else
-            "time left known after the first run trained")
-        first, _, rest = line.partition("\n")
-        self.echo(f"{first} | {when}" + (f"\n{rest}" if rest else ""))
+                self.trained += 1
+                self.left -= 1
+                self.work_done += task_weight(task)
+                self.work_left -= task_weight(task)
+            if self.bar is not None:
+                self._say(line)
+                if trained:
+                    self.bar.update(1)
+                return
+            first, _, rest = line.partition("\n")
+            self._say(f"{first} | {self._when(self.clock() - self.start)}" + (f"\n{rest}" if rest else ""))
+
+    def under_way(self) -> list[str]:
+        """'name (stage)' of each run under way (:func:`run_stage`), in plan order."""
+        out = []
+        for t in self.tasks:
+            if t.name in self.ended or t.name in self.ready:
+                continue
+            stage = run_stage(t, self.since)
+            if stage is not None:
+                out.append(f"{t.name} ({stage})")
+        return out
+
+    def heartbeat(self) -> str | None:
+        """The line saying which runs are under way (None when none is seen yet)."""
+        runs = self.under_way()
+        if not runs:
+            return None
+        done = f"{self.trained} of {self.trained + self.left} runs trained"
+        return f"... {done}; under way: {', '.join(runs)} | {self._when(self.clock() - self.start)}"
+
+    def _beat(self, every: float) -> None:
+        while not self.stop.wait(min(every, 5.0)):
+            with self.lock:
+                if time.monotonic() - self.last_line < every:
+                    continue
+                line = self.heartbeat()
+                if line is not None:
+                    self._say(line)
 
     def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
         if self.bar is not None:
             self.bar.close()

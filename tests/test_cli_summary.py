@@ -99,6 +99,11 @@ def test_hessian_summary(run_dir, tmp_path):
     assert last_line(r.output) == (
         f"top eigenvalue {rep['top_eigenvalues'][0]:.6g}, trace {tr['estimate']:.6g} +- {tr['stderr']:.3g} on 128 "
         f"samples; {rep['hvps_total']} HVPs in {rep['seconds']:.1f} s -> {out / 'hessian.json'}")
+    # 12 products cannot reach the default 1% target: the trace line says so, with the error they reached
+    assert tr["target_reached"] is False and tr["target_rtol"] == 0.01
+    line = next(s for s in r.output.splitlines() if s.startswith("trace: "))
+    assert line.endswith(f"12 HVPs; the target of 1% relative error was not reached in the budget "
+                         f"({100 * tr['relative_stderr']:.3g}% at 12 HVPs))"), line
 
 
 def test_hessian_clients_surface_report_summaries(run_dir, tmp_path):

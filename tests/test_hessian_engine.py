@@ -366,8 +366,23 @@ def test_trace_stops_at_target_relative_error_and_is_deterministic():
     assert result.hvps < 1000 and result.stderr <= 0.05 * abs(result.estimate)
     again = hutchinson_trace(operator("mlp"), rtol=0.05, max_hvps=1000, min_samples=10, seed=3)
     assert again.estimate == result.estimate and again.hvps == result.hvps
+    assert result.info["target_reached"] and result.info["target_rtol"] == 0.05
+    assert result.info["relative_stderr"] == pytest.approx(result.stderr / abs(result.estimate))
     with pytest.raises(ConfigError):
         hutchinson_trace(op, rtol=None, max_hvps=None)
+
+
+@pytest.mark.parametrize("estimator", [hutchinson_trace, hutchpp_trace])
+def test_a_target_the_budget_cannot_reach_is_said_in_the_result(estimator):
+    """Asked for 1e-6 relative error with 30 products, the estimator spends them all and says the target was not
+    reached, with the relative error it got; without a target it says nothing of one."""
+    missed = estimator(operator("mlp"), rtol=1e-6, max_hvps=30, seed=3)
+    assert missed.hvps == 30 and missed.info["target_reached"] is False
+    assert missed.info["relative_stderr"] == pytest.approx(missed.stderr / abs(missed.estimate))
+    assert missed.info["relative_stderr"] > 1e-6
+    assert "target_reached" in missed.as_dict()
+    budget = estimator(operator("mlp"), rtol=None, max_hvps=30, seed=3)
+    assert "target_reached" not in budget.info and budget.estimate == missed.estimate
 
 
 def test_hutchinson_diagonal_matches_exact_diagonal_with_honest_errors():

@@ -135,7 +135,11 @@ def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
     if report["trace"]:
         tr = report["trace"]
         stderr = "n/a" if tr["stderr"] is None else f"{tr['stderr']:.3g}"
-        click.echo(f"trace: {tr['estimate']:.6g} +- {stderr} ({tr['method']}, {tr['hvps']} HVPs)")
+        missed = ""
+        if tr.get("target_reached") is False:  # the budget stopped it: say what the products bought
+            missed = (f"; the target of {100 * tr['target_rtol']:.3g}% relative error was not reached in the budget "
+                      f"({100 * tr['relative_stderr']:.3g}% at {tr['hvps']} HVPs)")
+        click.echo(f"trace: {tr['estimate']:.6g} +- {stderr} ({tr['method']}, {tr['hvps']} HVPs{missed})")
         found.append(f"trace {tr['estimate']:.6g} +- {stderr}")
     if report.get("density"):
         found.append("spectral density")

@@ -26,7 +26,7 @@ from ...errors import ConfigError
 from ..operators.linear_operator import CurvatureOperator, as_operator, block_size_for
 from .vectors import random_block, seeded_generator
 
-__all__ = ["TraceResult", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "hutchinson_diagonal"]
+__all__ = ["TraceResult", "target_info", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "hutchinson_diagonal"]
 
 
 @dataclass
@@ -50,6 +50,17 @@ def _stderr(samples) -> float:
     if samples.size < 2:
         return math.nan
     return float(np.std(samples, ddof=1) / math.sqrt(samples.size))
+
+
+def target_info(estimate: float, stderr: float, rtol: float | None) -> dict:
+    """What a relative-error target bought: ``{"target_rtol", "relative_stderr", "target_reached"}`` (empty
+    without a target). A target not reached means the budget stopped the estimator: every product was spent and the
+    error is still above what was asked (the result and ``flatfl hessian``'s trace line say so)."""
+    if rtol is None:
+        return {}
+    relative = stderr / abs(estimate) if estimate and math.isfinite(stderr) else math.inf
+    return {"target_rtol": float(rtol), "relative_stderr": float(relative),
+            "target_reached": bool(math.isfinite(relative) and relative <= rtol)}
 
 
 def _check_budget(max_hvps, rtol, min_samples):
@@ -100,7 +111,9 @@ def hutchinson_trace(
     samples: list[float] = []
     used = _hutchinson_samples(op, lambda Z: Z, gen, rtol, max_hvps, min_samples, block_size_for(op, block_size),
                                samples)
-    return TraceResult(float(np.mean(samples)), _stderr(samples), used, "hutchinson", np.asarray(samples))
+    estimate, stderr = float(np.mean(samples)), _stderr(samples)
+    return TraceResult(estimate, stderr, used, "hutchinson", np.asarray(samples),
+                       info=target_info(estimate, stderr, rtol))
 
 
 def hutchpp_trace(
@@ -143,10 +156,10 @@ def hutchpp_trace(
 
     samples: list[float] = []
     used = _hutchinson_samples(op, deflate, gen, rtol, max_hvps - 2 * s, min_samples, block, samples)
-    rest = float(np.mean(samples))
+    estimate, stderr = low_rank + float(np.mean(samples)), _stderr(samples)
     return TraceResult(
-        low_rank + rest, _stderr(samples), used + 2 * s, "hutchpp", np.asarray(samples),
-        info={"sketch_size": s, "sketch_trace": low_rank},
+        estimate, stderr, used + 2 * s, "hutchpp", np.asarray(samples),
+        info={"sketch_size": s, "sketch_trace": low_rank, **target_info(estimate, stderr, rtol)},
     )
 
 

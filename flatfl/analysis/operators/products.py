@@ -30,6 +30,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ...errors import ConfigError, FlatflError, raised_in, user_frame
+from ...models.convolution import matmul_convolutions
 from .objective import batch_samples
 from .second_order import check_loss_graph, double_backward_failure, second_order_errors
 from ..estimators.vectors import free_memory
@@ -93,6 +94,9 @@ class LossTerms:
             self.offsets.append(self.offsets[-1] + p.numel())
         self.dim = self.offsets[-1]
         self.device = self.params[0].device
+        #: float64 on the CPU: convolutions as one matrix product each (flatfl.models.convolution; the same numbers
+        #: to rounding, without torch's per-sample float64 fallback)
+        self.matmul_convolutions = self.device.type == "cpu" and any(p.dtype == torch.float64 for p in self.params)
         sizes = [batch_samples(b, i) for i, b in enumerate(self.batches)] if objective is not None else \
             [len(t) for _, t in self.batches]
         self.num_samples = int(sum(sizes))
@@ -143,7 +147,7 @@ class LossTerms:
 
     def batch_loss(self, index: int) -> torch.Tensor:
         """The mean loss of batch ``index`` (a scalar, with its graph when grad is enabled)."""
-        with self.batch_rng(index):
+        with self.batch_rng(index), matmul_convolutions(self.matmul_convolutions):
             if self.objective is not None:
                 loss = user_call(self.objective, self.model, self.batches[index], index=index)
             else:
@@ -172,9 +176,13 @@ class LossTerms:
 
     def functional_loss(self, index: int, keys: list[str], params: dict) -> torch.Tensor:
         """Batch ``index``'s loss with the parameters ``params`` (by name, ``keys`` order) put into the model."""
+        batch = self.batches[index]
+        with matmul_convolutions(self.matmul_convolutions):
+            return self._functional_loss(index, batch, params)
+
+    def _functional_loss(self, index: int, batch, params: dict) -> torch.Tensor:
         from torch.func import functional_call
 
-        batch = self.batches[index]
         if self.objective is not None:
             loss = user_call(functional_call, self.wrapper, {f"model.{k}": v for k, v in params.items()}, (batch,),
                              index=index, name=self.objective)

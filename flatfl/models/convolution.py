@@ -1,0 +1,126 @@
+"""2-D convolutions in float64 on the CPU as one matrix product (docs/performance.md, "float64 on the CPU").
+
+torch's CPU convolutions have a fast path (oneDNN) for float32 only; a float64 convolution, and every convolution
+of its first and second derivatives, goes through ``slow_conv2d`` / ``slow_conv_transpose2d``, which loop over the
+samples of a batch with one small matrix product each. That fallback was about 88% of a float64 Hessian-vector
+product of the digits CNN. :func:`conv2d_as_matmul` computes the same convolution as one matrix product over the
+whole batch (a batched one per group for grouped convolutions): the weight as an (out, channels x kernel) matrix
+times the input's sliding windows (``Tensor.unfold`` of the input viewed channels-first, copied once into a
+(channels x kernel, samples x positions) matrix). Its first and second derivatives are again matrix products and window sums,
+so the whole product runs on the BLAS matrix product. It differs from torch's convolution only in the order of
+the floating-point sums (about 1e-16 relative); its output is an (N, out, H, W) view of an (out, N, H, W) tensor.
+
+:func:`matmul_convolutions` is the context in which every eligible ``torch.conv2d`` / ``F.conv2d`` call (float64
+input and weight on the CPU, which is what the CPU presets train and analyse in) is computed so, for any
+``nn.Module``, the user's own included; every other call goes to torch unchanged.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["conv2d_as_matmul", "matmul_convolutions", "torch_convolutions", "eligible"]
+
+_CONV2D = (torch.conv2d, F.conv2d)
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    value = tuple(value)
+    if len(value) == 1:
+        return int(value[0]), int(value[0])
+    if len(value) != 2:
+        raise ValueError(f"conv2d: {name} must be an int or two ints, got {value!r}")
+    return int(value[0]), int(value[1])
+
+
+def _padding(padding, kernel: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) zero padding, torch's rule for 'same' (the odd extra on the bottom/right)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0, 0, 0, 0
+        if padding == "same":
+            total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+            return total[0] // 2, total[0] - total[0] // 2, total[1] // 2, total[1] - total[1] // 2
+        raise ValueError(f"conv2d: padding must be 'valid', 'same' or ints, got {padding!r}")
+    ph, pw = _pair(padding, "padding")
+    return ph, ph, pw, pw
+
+
+def conv2d_as_matmul(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1,
+                     padding=0, dilation=1, groups: int = 1) -> torch.Tensor:
+    """``F.conv2d(input, weight, bias, stride, padding, dilation, groups)`` as one matrix product (module
+    docstring); an unbatched (C, H, W) input gives an unbatched output, as torch's does."""
+    if input.dim() == 3:
+        return conv2d_as_matmul(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
+    n, c, h, w = input.shape
+    out_ch, c_group, kh, kw = weight.shape
+    sh, sw = _pair(stride, "stride")
+    dh, dw = _pair(dilation, "dilation")
+    top, bottom, left, right = _padding(padding, (kh, kw), (dh, dw))
+    x = input.transpose(0, 1)  # C, N, H, W (a view)
+    if top or bottom or left or right:
+        x = F.pad(x, (left, right, top, bottom))
+    windows = x.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)  # C, N, Ho, Wo, kh', kw'
+    if dh > 1 or dw > 1:
+        windows = windows[..., ::dh, ::dw]
+    ho, wo = windows.shape[2], windows.shape[3]
+    # the one copy (im2col): (groups, channels of a group x kernel, positions), positions = N x Ho x Wo
+    cols = windows.reshape(groups, c_group, n, ho, wo, kh, kw).permute(0, 1, 5, 6, 2, 3, 4)
+    cols = cols.reshape(groups, c_group * kh * kw, n * ho * wo)
+    flat = weight.reshape(groups, out_ch // groups, c_group * kh * kw)
+    if groups == 1:
+        out = flat[0] @ cols[0] if bias is None else torch.addmm(bias.unsqueeze(1), flat[0], cols[0])
+    else:
+        out = torch.bmm(flat, cols).reshape(out_ch, n * ho * wo)
+        if bias is not None:
+            out = out + bias.unsqueeze(1)
+    return out.view(out_ch, n, ho, wo).transpose(0, 1)
+
+
+def eligible(args: tuple, kwargs: dict) -> bool:
+    """Whether a ``conv2d`` call is one this module computes: float64 input and weight tensors on the CPU, the input
+    of 3 or 4 dimensions."""
+    x = args[0] if args else kwargs.get("input")
+    w = args[1] if len(args) > 1 else kwargs.get("weight")
+    return (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dtype == torch.float64
+            and w.dtype == torch.float64 and x.device.type == "cpu" and w.device.type == "cpu"
+            and x.dim() in (3, 4) and w.dim() == 4)
+
+
+_TORCH_ONLY: list[bool] = []  # non-empty inside torch_convolutions()
+
+
+@contextlib.contextmanager
+def torch_convolutions() -> Iterator[None]:
+    """Within the block, :func:`matmul_convolutions` does nothing: torch's own convolutions everywhere (for
+    benchmarks and tests that compare the two)."""
+    _TORCH_ONLY.append(True)
+    try:
+        yield
+    finally:
+        _TORCH_ONLY.pop()
+
+
+class _MatmulConvolutions(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _CONV2D and eligible(args, kwargs):
+            return conv2d_as_matmul(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def matmul_convolutions(enabled: bool = True) -> Iterator[None]:
+    """Within the block, eligible 2-D convolutions (:func:`eligible`) are :func:`conv2d_as_matmul`; ``enabled=False``
+    changes nothing, and so does the block inside :func:`torch_convolutions`."""
+    if not enabled or _TORCH_ONLY:
+        yield
+        return
+    with _MatmulConvolutions():
+        yield
