@@ -94,8 +94,9 @@ class LossTerms:
             self.offsets.append(self.offsets[-1] + p.numel())
         self.dim = self.offsets[-1]
         self.device = self.params[0].device
-        #: float64 on the CPU: convolutions as one matrix product each (flatfl.models.convolution; the same numbers
-        #: to rounding, without torch's per-sample float64 fallback)
+        #: float64 on the CPU: convolutions as one matrix product each in the passes of batch_loss (double backward,
+        #: finite differences, gradients; flatfl.models.convolution: the same numbers to rounding, without torch's
+        #: per-sample float64 fallback)
         self.matmul_convolutions = self.device.type == "cpu" and any(p.dtype == torch.float64 for p in self.params)
         sizes = [batch_samples(b, i) for i, b in enumerate(self.batches)] if objective is not None else \
             [len(t) for _, t in self.batches]
@@ -176,13 +177,11 @@ class LossTerms:
 
     def functional_loss(self, index: int, keys: list[str], params: dict) -> torch.Tensor:
         """Batch ``index``'s loss with the parameters ``params`` (by name, ``keys`` order) put into the model."""
-        batch = self.batches[index]
-        with matmul_convolutions(self.matmul_convolutions):
-            return self._functional_loss(index, batch, params)
-
-    def _functional_loss(self, index: int, batch, params: dict) -> torch.Tensor:
         from torch.func import functional_call
 
+        # torch's own convolutions here: this runs under vmap, which has no batching rule for the matrix-product
+        # form's unfold_backward (torch would loop over the block)
+        batch = self.batches[index]
         if self.objective is not None:
             loss = user_call(functional_call, self.wrapper, {f"model.{k}": v for k, v in params.items()}, (batch,),
                              index=index, name=self.objective)
