@@ -2,6 +2,7 @@
 
     python3 benchmarks/gpu_check.py --out DIR             # on a GPU: at most 8 minutes, every part under a timeout
     python3 benchmarks/gpu_check.py --smoke --out DIR     # the same code paths on the CPU at toy sizes (CI)
+    python3 benchmarks/gpu_check.py --smoke --minimal --out DIR   # fewer cases still (the test suite's run)
 
 The parts, each run as a child process of this script (``--part NAME``) with its own timeout, so that a part that
 hangs or runs slow is reported as "timed out" and the others still run:
@@ -42,7 +43,10 @@ device without --smoke, an --out that is a non-empty folder not made by gpu_chec
 ``--smoke`` runs the same code on the CPU at toy sizes in about a minute: 3 equivalence cases, 2 graph cases (steps
 replayed by tests/graph_replay.py's CPU recorder in place of CUDA graphs), the gpu_round_time ``--small`` shape for
 one round, a digits CNN's Hessian at 32 inputs, and ``reproduce man-table2 --preset tiny`` for FedAvg on one seed,
-compared with itself (there is no committed tiny table). Its timings mean nothing.
+compared with itself (there is no committed tiny table). Its timings mean nothing. ``--smoke --minimal`` (the test
+suite's) trains one equivalence case and one graph case, both of the tiny network, taken from the step-graph list
+(without computing the covering set, which takes seconds), and reproduces Table 6's FedASAM row (its runs have no
+spectrum analysis); the other parts as in ``--smoke``.
 """
 from __future__ import annotations
 
@@ -151,8 +155,13 @@ def part_equivalence(args, result: Result, tmp: Path) -> None:
     import cuda_equivalence as ce
     from combinations import pairwise_combinations
 
-    cases = pairwise_combinations()
-    cases = cases[:3] if args.smoke else cases
+    if args.smoke and args.minimal:  # one case of the tiny network, without building the covering set
+        from combinations import step_graph_combinations
+
+        cases = [c for c in step_graph_combinations() if c.model == "tiny"][:1]
+    else:
+        cases = pairwise_combinations()
+        cases = cases[:3] if args.smoke else cases
     (one, one_goal), (together, together_goal) = checks("equivalence", args.smoke)
 
     def progress(fig):
@@ -182,7 +191,7 @@ def part_graphs(args, result: Result, tmp: Path) -> None:
     if args.smoke:
         _replay_on_cpu()
         cases = [c for c in cases if c.model == "tiny" and c.reg in ("none", "man") and c.algo in ("fedavg", "fedsam")
-                 and c.opt == "sgd"][:2]
+                 and c.opt == "sgd"][:1 if args.minimal else 2]
     (check, _), = checks("graphs", args.smoke)
 
     def figure(fig):
@@ -252,9 +261,11 @@ def part_table(args, result: Result, tmp: Path) -> None:
 
     (check, _), = checks("table", args.smoke)
     if args.smoke:
-        out = ce.reproduce_tables(args.device, 1, tmp, "tiny", target="man-table2",
-                                  extra=("--methods", "FedAvg", "--seeds", "0"))
-        reference, what = out, "tiny preset, FedAvg, seed 0, compared with itself (no committed tiny table)"
+        # --minimal: a row of Table 6, whose runs have no spectrum analysis (Table 2's FedAvg has one)
+        target, method = ("man-table6", "FedASAM") if args.minimal else ("man-table2", "FedAvg")
+        out = ce.reproduce_tables(args.device, 1, tmp, "tiny", target=target,
+                                  extra=("--methods", method, "--seeds", "0"))
+        reference, what = out, f"tiny preset, {method}, seed 0, compared with itself (no committed tiny table)"
     else:
         reference = ROOT / "reports" / "man-tables-fmnist"
         out = ce.reproduce_tables(args.device, args.workers, tmp, "fmnist", data_dir=args.data_dir)
@@ -360,6 +371,8 @@ def _launch(args, name: str, out: Path, timeout: float, threads: int | None) -> 
                "--result", str(out / f"{name}.json"), "--workers", str(args.workers)]
     if args.smoke:
         command.append("--smoke")
+    if args.minimal:
+        command.append("--minimal")
     if threads:
         command += ["--threads", str(threads)]
     if args.data_dir:
@@ -452,6 +465,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="folder for the table and the parts' logs (new, empty, or one gpu_check made)")
     ap.add_argument("--smoke", action="store_true", help="the same code paths on the CPU at toy sizes (CI)")
+    ap.add_argument("--minimal", action="store_true",
+                    help="with --smoke: one equivalence case and one graph case (the test suite's run)")
     ap.add_argument("--device", default=None, help="default: cuda (cpu with --smoke)")
     ap.add_argument("--data-dir", default=None, help="table part: the folder holding Fashion-MNIST's four files")
     ap.add_argument("--budget", type=float, default=None,
@@ -467,6 +482,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.device = args.device or ("cpu" if args.smoke else "cuda")
     args.workers = args.workers or (1 if args.smoke else 8)
+    if args.minimal and not args.smoke:
+        print("gpu_check: error: --minimal is a size of --smoke: give both", file=sys.stderr)
+        return 2
     if args.part:
         return run_part(args)
 
@@ -537,7 +555,7 @@ def main(argv=None) -> int:
         env = env or part_env
     versions = _versions()
     device = env.get("device", args.device)
-    kind = ("CPU smoke run (toy sizes: its timings mean nothing)" if args.smoke
+    kind = (f"CPU smoke run{', minimal' if args.minimal else ''} (toy sizes: its timings mean nothing)" if args.smoke
             else "GPU run")
     header = (f"gpu_check {kind}: device {device}, torch {env.get('torch', 'unknown')}, flatfl {versions['flatfl']}, "
               f"{started:%Y-%m-%d %H:%M} UTC, {seconds:.0f} s in all")

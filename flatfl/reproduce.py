@@ -459,6 +459,7 @@ class Progress:
         self.work_done = 0.0
         self.trained = 0
         self.ended: set[str] = set()
+        self.estimate: tuple[float, float | None] = (0.0, None)  # (elapsed, time left) at the last run line
         self.bar = None
         if bar:
             from tqdm import tqdm
@@ -477,8 +478,8 @@ class Progress:
         train (None before a run trained)."""
         return elapsed / self.work_done * self.work_left if self.work_done else None
 
-    def _when(self, elapsed: float) -> str:
-        eta = self.eta(elapsed)
+    def _when(self, elapsed: float, eta: float | None = None) -> str:
+        eta = self.eta(elapsed) if eta is None else eta
         return f"{_duration(elapsed)} elapsed, " + (
             "no run left to train" if self.left <= 0 else f"about {_duration(eta)} left" if eta is not None else
             "time left known after the first run trained")
@@ -506,7 +507,9 @@ class Progress:
                     self.bar.update(1)
                 return
             first, _, rest = line.partition("\n")
-            self._say(f"{first} | {self._when(self.clock() - self.start)}" + (f"\n{rest}" if rest else ""))
+            elapsed = self.clock() - self.start
+            self.estimate = (elapsed, self.eta(elapsed))
+            self._say(f"{first} | {self._when(elapsed)}" + (f"\n{rest}" if rest else ""))
 
     def under_way(self) -> list[str]:
         """'name (stage)' of each run under way (:func:`run_stage`), in plan order."""
@@ -525,7 +528,11 @@ class Progress:
         if not runs:
             return None
         done = f"{self.trained} of {self.trained + self.left} runs trained"
-        return f"... {done}; under way: {', '.join(runs)} | {self._when(self.clock() - self.start)}"
+        elapsed = self.clock() - self.start
+        at, eta = self.estimate
+        # the estimate of the last run line, less the time since (runs under way have done work it cannot see yet)
+        eta = None if eta is None else max(eta - (elapsed - at), 0.0)
+        return f"... {done}; under way: {', '.join(runs)} | {self._when(elapsed, eta)}"
 
     def _beat(self, every: float) -> None:
         while not self.stop.wait(min(every, 5.0)):

@@ -9,6 +9,12 @@ A combination is admitted when its settings validate (:meth:`RunConfig.validate`
 optimizer refuses another) and the regularizer accepts the model as the algorithm shapes it (built, wrapped,
 prepared and attached as a run does it, without training: GradAug needs a slimmable network, StochDepth residual
 blocks). A refusal is always one :class:`ConfigError` line.
+
+The cases train flatfl's ResNets at slim widths of the same structure (:data:`CASE_MODEL_ARGS`); which pairs a
+covering set must hold, and its greedy choice, are read off the networks at their registry defaults (ResNet-18 stays
+the large model), while admission is decided on the networks as the cases build them. :func:`check_case` is the
+differential check itself (what ``tests/test_every_path.py`` asserts, and ``benchmarks/differential_breaks.py``
+runs on deliberately broken code).
 """
 from __future__ import annotations
 
@@ -30,7 +36,8 @@ from flatfl.train.config import RunConfig
 __all__ = ["Combination", "factors", "admitted", "every_combination", "pairwise_combinations", "pairs_held", "required_pairs", "large_model",
            "smallest_input", "case_data", "case_settings", "train_case", "differences",
            "step_graph_combinations", "step_graph_settings", "OWN_NETWORKS", "own_combinations",
-           "EXPECTED_REFUSALS", "expected_refusal", "case_cohorts", "OWN_CASES"]
+           "EXPECTED_REFUSALS", "expected_refusal", "case_cohorts", "OWN_CASES", "CASE_MODEL_ARGS",
+           "case_model_args", "CASE_RTOL", "together_runs", "check_case"]
 
 
 class Combination(NamedTuple):
@@ -63,10 +70,37 @@ def smallest_input(model: str, num_classes: int = 4, in_channels: int = 1) -> in
     raise ConfigError(f"model {model} takes no square input from 8 to 128 pixels")
 
 
+#: the model arguments the differential cases build a registry model with (:func:`case_settings`'s ``model_args``):
+#: flatfl's ResNets at slim widths of the same structure - blocks per stage, basic or bottleneck blocks, BatchNorm,
+#: stride-2 stages with 1x1 projection shortcuts (the width also changes from the first stage to the second), the stem
+#: at the first stage's width - so that a case costs what its pieces cost, not what 64-512 channels cost (ResNet-18:
+#: 11.2M parameters at its defaults, 7.7k slim). GradAug's and FedAlign's narrowest widths (0.8 and 0.25 of a
+#: layer) still keep >= 1 channel of every layer (ceil(w * C)).
+CASE_MODEL_ARGS = {"resnet18": {"widths": [4, 8, 8, 8]}, "resnet20": {"widths": [4, 8, 8]},
+                   "resnet56": {"widths": [4, 8, 8]}}
+
+
+def case_model_args(model: str) -> dict:
+    """The ``model_args`` a differential case builds ``model`` with (:data:`CASE_MODEL_ARGS`; {} for the others)."""
+    return copy.deepcopy(CASE_MODEL_ARGS.get(model, {}))
+
+
 @functools.lru_cache(maxsize=None)
 def _plain(model: str, num_classes: int) -> torch.nn.Module:
+    """The model at its registry defaults (what the covering set's costs and large models are read off)."""
     with torch.random.fork_rng(devices=[]):
         return build_model(model, num_classes=num_classes, in_channels=1, image_size=smallest_input(model, num_classes))
+
+
+@functools.lru_cache(maxsize=None)
+def _as_cased(model: str, num_classes: int) -> torch.nn.Module:
+    """The model as the differential cases build it (:func:`case_model_args`): what admission is decided on."""
+    args = case_model_args(model)
+    if not args:
+        return _plain(model, num_classes)
+    with torch.random.fork_rng(devices=[]):
+        return build_model(model, num_classes=num_classes, in_channels=1,
+                           image_size=smallest_input(model, num_classes), **args)
 
 
 @functools.lru_cache(maxsize=None)
@@ -83,7 +117,7 @@ def _model_admits(model: str, reg: str, wrapping_algo: str | None, num_classes: 
     reg_cls = REGULARIZERS.get_class(reg)
     try:
         with torch.random.fork_rng(devices=[]):
-            net = copy.deepcopy(_plain(model, num_classes))
+            net = copy.deepcopy(_as_cased(model, num_classes))
             if wrapping_algo is not None:
                 algo_cls = ALGORITHMS.get_class(wrapping_algo)
                 net = algo_cls.wrap_model(net, algo_cls.resolve({}))
@@ -215,9 +249,11 @@ CASE_CLIENTS = 5
 CASE_ROUNDS = 3
 CASE_SEED = 25
 #: networks deep enough with batch statistics that rounding differences of the two paths (float64, orders of
-#: 1e-16; GradAug's canvas agrees to about 1e-11) grow past the 1e-9 tolerance after the first round (ResNet-56:
-#: 2.2e-9 after two rounds, 5.5e-7 after three on FedSMOO+GradAug's client state): their cases train the first
-#: round, a full cohort, only; the other networks' cases stack the cohorts of other sizes
+#: 1e-16; GradAug's canvas agrees to about 1e-11) grow past the 1e-9 tolerance after the first round (ResNet-56 at
+#: its default widths: 2.2e-9 after two rounds, 5.5e-7 after three on FedSMOO+GradAug's client state; at the cases'
+#: slim widths, GradAug+FedDyn's client state: 5.1e-12 after one round, 6.3e-10 after two, 7.5e-8 after three, and
+#: FedAlign+FedSMOO's 1.5e-8 after three): their cases train the first round, a full cohort, only; the other
+#: networks' cases stack the cohorts of other sizes
 DEEP_BATCH_NORM = ("resnet56",)
 
 
@@ -245,13 +281,14 @@ def batch_statistics(model: str) -> bool:
     """Whether the model normalises with batch statistics (BatchNorm) when it trains."""
     from flatfl.train.engine import BATCH_NORMS
 
-    return any(isinstance(m, BATCH_NORMS) for m in _plain(model, CASE_CLASSES).modules())
+    return any(isinstance(m, BATCH_NORMS) for m in _as_cased(model, CASE_CLASSES).modules())
 
 
 def case_settings(c: Combination) -> dict:
     """The run settings of a combination's differential case: 5 clients of unequal sizes (Dirichlet 0.5), each
     joining a round with probability 0.5, 3 rounds whose cohorts are all 5, then 3, then 1 client
-    (:func:`case_cohorts`), momentum, learning rate 0.01. An own network (:data:`OWN_NETWORKS`) takes 8 x 8 images.
+    (:func:`case_cohorts`), momentum, learning rate 0.01. An own network (:data:`OWN_NETWORKS`) takes 8 x 8 images;
+    flatfl's ResNets are built slim (:data:`CASE_MODEL_ARGS`).
 
     The batches: without batch statistics, batches of 4, so that clients take unequal numbers of steps and the
     last batches are of several sizes (steps that only some clients of a cohort take, a batch of one sample).
@@ -265,7 +302,8 @@ def case_settings(c: Combination) -> dict:
     sizes = _client_sizes(size)
     batch = max(sizes) if (c.model in OWN_BATCH_NORMS if own else batch_statistics(c.model)) else 4
     rounds = 1 if c.model in DEEP_BATCH_NORM else CASE_ROUNDS
-    return dict(model="mlp" if own else c.model, reg=c.reg, algo=c.algo, local_opt=c.opt, clients=CASE_CLIENTS, participation=0.5,
+    return dict(model="mlp" if own else c.model, model_args={} if own else case_model_args(c.model), reg=c.reg,
+                algo=c.algo, local_opt=c.opt, clients=CASE_CLIENTS, participation=0.5,
                 sampling="bernoulli", partition="fedml-dirichlet", alpha=0.5, rounds=rounds, local_epochs=1,
                 batch_size=batch, lr=0.01, momentum=0.5, seed=CASE_SEED, eval_every=rounds, checkpoint_every=rounds,
                 precision=str(torch.get_default_dtype()).replace("torch.", ""))  # the type the test computes in
@@ -323,6 +361,44 @@ def differences(reference, other) -> dict[str, float]:
             both = name in mine and name in theirs
             out[f"{kind} {name}"] = _relative(theirs[name], mine[name]) if both else float("inf")
     return out
+
+
+#: how far, relative, a quantity of a case trained together may be from one at a time (float64)
+CASE_RTOL = 1e-9
+
+
+def together_runs(case: Combination) -> tuple:
+    """The N each case trains with besides N = 1: all of a round's clients (cohorts of 5, then 3, then 1); for the
+    own networks with FedDyn also 2 at a time (a round's clients in several cohorts, one of them of one client)."""
+    return ("all", 2) if case.model in OWN_NETWORKS and case.algo == "feddyn" else ("all",)
+
+
+def check_case(case: Combination, where) -> list[str]:
+    """What is wrong with ``case`` trained together against one at a time (empty: nothing): a quantity off by more
+    than :data:`CASE_RTOL` relative, or a run that trained one client at a time although the case is not listed as
+    expected to be refused (:data:`EXPECTED_REFUSALS`), or one listed so that trained together. ``where``: a
+    folder (a :class:`pathlib.Path`) the runs may use. Raises ConfigError when the case is refused before
+    training."""
+    one = train_case(case, where / "one", 1)
+    assert one.theta.dtype == torch.float64 and one.parallel == 1
+    expected = expected_refusal(case)
+    failures = []
+    for parallel in together_runs(case):
+        said = []
+        other = train_case(case, where / str(parallel), parallel, log=said.append)
+        if other.parallel == 1:  # refused: one notice; a failure unless the case is listed with its reason
+            notice = [line for line in said if "one client at a time" in line]
+            if expected is None:
+                failures.append(f"N={parallel} fell back to one client at a time: {said}")
+            elif len(notice) != 1 or expected[0] not in notice[0]:
+                failures.append(f"N={parallel}: expected one notice naming {expected[0]!r}, got {said}")
+            continue
+        if expected is not None:
+            failures.append(f"N={parallel} trained together, but the case is listed as refused: {expected[1]}")
+        off = {k: v for k, v in differences(one, other).items() if not v <= CASE_RTOL}
+        if off:
+            failures.append(f"N={parallel} vs N=1: {off}")
+    return failures
 
 
 # ----- networks of one's own (a user's nn.Module), stacked by torch.func where channel stacking does not apply -----

@@ -1,10 +1,87 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and how the suite runs on several cores.
+
+``python3 -m pytest -q`` runs the tests in pytest-xdist workers, one per usable core up to :data:`MAX_WORKERS`
+(:func:`pytest_cmdline_main`; set here rather than in pyproject's ``addopts``, so that ``-p no:xdist`` still runs the
+suite in one process, as ``-n 0`` does). The tests of a module that share a module-scoped fixture of that module run
+in one worker, so that the fixture is built once (:func:`pytest_collection_modifyitems`); each worker gives torch
+its share of the cores (:func:`pytest_configure`)."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 import torch
+
+#: workers of the default parallel run at most (one per usable core below that); ``-n N`` / ``-n 0`` /
+#: ``-p no:xdist`` choose otherwise, and so does PYTEST_XDIST_AUTO_NUM_WORKERS (pytest-xdist's own variable)
+MAX_WORKERS = 4
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """No ``-n`` given: as many xdist workers as usable cores, at most MAX_WORKERS, and none on one core (before
+    pytest-xdist's own hook reads the options)."""
+    if not config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # -p no:xdist, pytest-xdist not installed, or a worker (or a pytest started by a test in one)
+    option = config.option
+    if option.numprocesses is not None or option.dist != "no" or option.tx or config.getoption("usepdb", False):
+        return  # -n, --dist, --tx or --pdb given: as asked
+    asked = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").strip()
+    workers = int(asked) if asked.isdigit() else min(_usable_cores(), MAX_WORKERS)
+    if workers >= 2:
+        option.numprocesses = workers
+        option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(pytest-xdist, in the controller, for each worker.) A worker reads the command line itself, without the
+    ``--dist loadgroup`` that :func:`pytest_cmdline_main` set: it learns it here (see :func:`pytest_configure`)."""
+    if node.config.getoption("dist") == "loadgroup":
+        node.workerinput["flatfl_loadgroup"] = True
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): tests run in one pytest-xdist worker (-n)")
+    if getattr(config, "workerinput", {}).get("flatfl_loadgroup"):
+        config.option.loadgroup = True  # as pytest-xdist's worker sets it for --dist loadgroup: it names the groups
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers.isdigit():
+        # torch's default is a thread per core in every worker: the workers' threads would fight over the cores
+        torch.set_num_threads(max(1, _usable_cores() // int(workers)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
+def pytest_collection_modifyitems(config, items):
+    """A test that asks for a module-scoped fixture defined in its own module (a trained run, a report), itself or
+    through the fixtures it asks for, joins that module's xdist group: those tests run in one worker, which builds
+    the fixture once (a module's autouse fixtures count only where a test asks for them by name: every test of the
+    module uses them, and would put the whole module in one worker). The group is named after the module: pytest-xdist
+    shows its tests as ``tests/test_x.py::test_y@test_x``."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None or item.get_closest_marker("xdist_group"):
+            continue
+        module = item.nodeid.split("::")[0]
+        asked, seen = list(info.argnames), set()
+        while asked:
+            name = asked.pop()
+            defs = info.name2fixturedefs.get(name)
+            if name in seen or not defs:
+                continue
+            seen.add(name)
+            asked.extend(defs[-1].argnames)
+            if defs[-1].scope in ("module", "package", "session") and defs[-1].baseid == module:
+                item.add_marker(pytest.mark.xdist_group(module.rpartition("/")[2].removesuffix(".py")))
+                break
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +144,9 @@ def crash_in_round():
     return crashing_at
 
 
-@pytest.fixture
-def pdf_pages(monkeypatch):
-    """The figures every report written during the test puts in its PDF, in order (the PDF is still written)."""
+def capture_pdf_pages(mp) -> list:
+    """Through the monkeypatch ``mp``: the list of the figures every report written while it holds puts in its PDF,
+    in order (the PDF is still written)."""
     import flatfl.report.pdf as report_pdf
 
     captured = []
@@ -80,8 +157,14 @@ def pdf_pages(monkeypatch):
         captured.extend(pages)
         return real(pages, path)
 
-    monkeypatch.setattr(report_pdf, "write_pdf", keep)
+    mp.setattr(report_pdf, "write_pdf", keep)
     return captured
+
+
+@pytest.fixture
+def pdf_pages(monkeypatch):
+    """The figures every report written during the test puts in its PDF, in order (the PDF is still written)."""
+    return capture_pdf_pages(monkeypatch)
 
 
 @pytest.fixture
@@ -113,3 +196,43 @@ def float64_default():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+@contextlib.contextmanager
+def _reports_undrawn(analyses: bool = False):
+    from flatfl.report import figure_pages, pdf, pipeline
+    from flatfl.utils.io import atomic_write_bytes
+
+    def no_pages(*args, **kwargs):
+        return []
+
+    def empty_pdf(pages, path):
+        pages = list(pages)
+        atomic_write_bytes(path, b"")
+        return len(pages)
+
+    with pytest.MonkeyPatch.context() as mp:
+        # the report's own names for what draws: the forest plot, its PNG / PDF bytes, the pages, the PDF
+        mp.setattr(pipeline, "forest_figure", lambda results, ours_scale: None)
+        mp.setattr(pipeline, "saved", lambda fig, fmt: b"")
+        for name in ("table_pages", "other_pages", "run_pages"):
+            mp.setattr(pipeline, name, no_pages)
+        mp.setattr(figure_pages, "text_page", lambda *args, **kwargs: None)
+        mp.setattr(pdf, "write_pdf", empty_pdf)
+        if analyses:
+            from flatfl.analysis.commands import hessian_command
+
+            mp.setattr(hessian_command, "hessian_figures", lambda report, title: {})
+        yield
+
+
+@pytest.fixture(scope="session")
+def reports_undrawn():
+    """``with reports_undrawn(): ...``: every report written in the block has its tables, CSV files, report.md and
+    summary.json as usual, but no figure is drawn: effects.png, effects.pdf and report.pdf are written empty, and the
+    summary's pages are the first two only (effects, summary). With ``analyses=True``, ``flatfl hessian``'s figures
+    (eigenvalues and density .png/.pdf) are not drawn either: not written, and not in hessian.json's file list.
+    Drawing is most of a report's or a tiny run's time (matplotlib lays out every page); this is for the tests of the
+    numbers and verdicts, whose figures other tests draw and check (tests/test_report_pages.py,
+    tests/test_figures.py, the PDF tests of tests/test_report.py). Usable in module fixtures too."""
+    return _reports_undrawn

@@ -5,7 +5,9 @@ process with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MAS
 returns each rank's exit code, stdout and stderr; :func:`run_job` runs ``tests/rank_jobs.py JOB`` as the ranks."""
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -17,8 +19,43 @@ ROOT = HERE.parent
 __all__ = ["free_port", "start_ranks", "run_ranks", "run_job", "torchrun"]
 
 
-def free_port() -> int:
+#: ports each pytest-xdist worker (gw0, gw1, ...) hands out, in a slice of its own just below the kernel's ephemeral
+#: range; from a random start, so that two test sessions on one machine seldom try the same one
+SLICE, SLICES = 500, 16
+_turn = itertools.count(random.randrange(SLICE))
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A port for the ranks' rendezvous (MASTER_PORT) that nothing holds now. Not one bound to port 0: those, and the
+    local end of every connection (gloo's own), come from the kernel's ephemeral range, so the port could be handed
+    to another process in the seconds before rank 0 binds it, and two pytest-xdist workers starting ranks at once
+    could get the same one. Here each worker takes the ports of its own slice below that range in turn, skipping
+    any that cannot be bound (in use, or closed too recently)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) % SLICES if worker[2:].isdigit() else 0
+    start = _ephemeral_start() - SLICES * SLICE + index * SLICE
+    if start >= 1024:
+        for _ in range(SLICE):
+            port = start + next(_turn) % SLICE
+            if _bindable(port):
+                return port
+    with socket.socket() as s:  # a machine without room below its ephemeral range
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

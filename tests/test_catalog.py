@@ -126,7 +126,9 @@ def test_pieces_dropped_into_a_copy_train_and_break_no_test_of_the_registries(tm
     r = run_in(folder, "-c", "from flatfl.analysis.estimators.registry import estimator_names as n; "
                              "print(n('eigenvalues')[-1], n('trace')[-1])")
     assert r.stdout.split() == ["krylov", "girard"], r.stderr[-2000:]  # the copy's registry holds them
-    r = run_in(folder, "-m", "pytest", "-q", "-p", "no:cacheprovider", *REGISTRY_TESTS, "-k", "not copy")
+    # in one process (-p no:xdist): a few seconds of tests, which starting pytest-xdist workers would only slow
+    r = run_in(folder, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *REGISTRY_TESTS, "-k",
+               "not copy")
     assert r.returncode == 0, r.stdout[-3000:]
 
 

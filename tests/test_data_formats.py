@@ -572,3 +572,15 @@ def test_killed_download_temporaries_are_removed_by_the_next_download(tmp_path, 
         (root / name).write_bytes(b"keep")
     formats.load_cifar100(root, download=True)
     assert leftovers(root) == sorted(kept)
+
+
+def test_the_digits_read_from_scikit_learns_file_are_load_digits():
+    """flatfl reads the digits from scikit-learn's CSV file without importing scikit-learn: the same images and
+    labels as ``sklearn.datasets.load_digits``."""
+    from sklearn.datasets import load_digits
+
+    from flatfl.data.datasets import digits_arrays
+
+    images, labels = digits_arrays()
+    reference = load_digits()
+    assert np.array_equal(images, reference.images) and np.array_equal(labels, reference.target)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 import math
 import signal
-import subprocess
-import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -106,9 +105,17 @@ def tiny_run(tmp_path_factory):
     return out
 
 
-def _flatfl(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flatfl", *args, "--threads", "1"], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+def _flatfl(*args) -> SimpleNamespace:
+    """``flatfl ARGS --threads 1`` as one process, the reference the ranks are compared with: run in this process
+    (as the other tests run the commands; a process of its own would only add its start-up, several seconds of
+    imports). Its exit code, stdout and stderr, as a finished process's."""
+    from click.testing import CliRunner
+
+    from flatfl.cli import main
+
+    res = CliRunner().invoke(main, [*args, "--threads", "1"])
+    crash = "" if res.exception is None or isinstance(res.exception, SystemExit) else repr(res.exception)
+    return SimpleNamespace(returncode=res.exit_code, stdout=res.stdout, stderr=res.stderr + crash)
 
 
 def test_hessian_under_torchrun_equals_one_process(tiny_run, tmp_path):
@@ -172,8 +179,6 @@ def test_train_under_torchrun_equals_one_process(tmp_path):
         assert [float(r[key]) for r in rows[1]] == pytest.approx([float(r[key]) for r in rows[0]], rel=1e-6), key
     path = json.loads((tmp_path / "two" / "config.json").read_text())["training_path"]
     assert path["world_size"] == 2 and path["backend"] == "gloo"
-    from types import SimpleNamespace
-
     assert "clients over 2 ranks (gloo)" in training_path_label([SimpleNamespace(training_path=path)])
 
 

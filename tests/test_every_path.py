@@ -17,7 +17,11 @@ runs every admitted combination.
 The schedule of a case (``case_settings`` of ``tests/combinations.py``): batches of 4 without BatchNorm (unequal
 step counts, steps that only some clients take, a batch of one sample); with BatchNorm, one step a round on each
 client's data, since deep BatchNorm networks on a few samples amplify rounding past any tolerance (a relative
-change of 1e-15 in ResNet-56's initial weights grows past 1e-2 in two rounds of small batches).
+change of 1e-15 in ResNet-56's initial weights grows past 1e-2 in two rounds of small batches). flatfl's ResNets
+train at slim widths of the same structure (``CASE_MODEL_ARGS``: ResNet-18 at 4/8/8/8 channels, ResNet-20 and -56 at
+4/8/8; blocks, strides, BatchNorm and projection shortcuts as at the default widths); which pairs are required is
+read off the default widths. ``benchmarks/differential_breaks.py`` shows that the check (``check_case``) catches
+deliberate breaks of the stacked path on these cases.
 
 The registries include an algorithm defined outside the package (``tests/external_algorithm.py``, registered
 with the public API while this module's cases are made and while its tests run): the cases pair it as they pair the
@@ -41,17 +45,17 @@ from flatfl.models import model_names
 from flatfl.models.slimmable import Slimmable
 from flatfl.models.stacking import stacked_clients
 from flatfl.train.catalog import load_all
-from combinations import (CASE_CLASSES, CASE_CLIENTS, CASE_ROUNDS, CASE_SEED, EXPECTED_REFUSALS, OWN_NETWORKS,
-                          OWN_INPUT, Combination, admitted, case_cohorts, case_data, case_settings, differences,
-                          every_combination, expected_refusal, factors, pairs_held, large_model,
-                          own_combinations, pairwise_combinations, required_pairs, smallest_input, train_case)
+from combinations import (CASE_CLASSES, CASE_CLIENTS, CASE_ROUNDS, CASE_RTOL, CASE_SEED, EXPECTED_REFUSALS,
+                          OWN_NETWORKS, OWN_INPUT, Combination, admitted, case_cohorts, case_data, case_settings,
+                          check_case, every_combination, factors, pairs_held, own_combinations,
+                          pairwise_combinations, required_pairs, smallest_input)
 from flatfl.train.components import REGULARIZERS
 from flatfl.train.config import RunConfig
 from flatfl.train.engine import Trainer
 from external_algorithm import ProxServerStep, registered
 
 load_all()
-RTOL = 1e-9
+RTOL = CASE_RTOL  # the check itself is combinations.check_case (also run by benchmarks/differential_breaks.py)
 CLASSES = CASE_CLASSES
 
 
@@ -87,39 +91,6 @@ def outside_algorithm():
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
-
-
-def together_runs(case: Combination) -> tuple:
-    """The N each case trains with besides N = 1: all of a round's clients (cohorts of 5, then 3, then 1); for the
-    own networks with FedDyn also 2 at a time (a round's clients in several cohorts, one of them of one client)."""
-    return ("all", 2) if case.model in OWN_NETWORKS and case.algo == "feddyn" else ("all",)
-
-
-def check_case(case: Combination, where) -> list[str]:
-    """What is wrong with ``case`` trained together against one at a time (empty: nothing): a quantity off by more
-    than 1e-9 relative, or a run that trained one client at a time although the case is not listed as expected to
-    be refused (:data:`~combinations.EXPECTED_REFUSALS`), or one listed so that trained together. Raises
-    ConfigError when the case is refused before training."""
-    one = train_case(case, where / "one", 1)
-    assert one.theta.dtype == torch.float64 and one.parallel == 1
-    expected = expected_refusal(case)
-    failures = []
-    for parallel in together_runs(case):
-        said = []
-        other = train_case(case, where / str(parallel), parallel, log=said.append)
-        if other.parallel == 1:  # refused: one notice; a failure unless the case is listed with its reason
-            notice = [line for line in said if "one client at a time" in line]
-            if expected is None:
-                failures.append(f"N={parallel} fell back to one client at a time: {said}")
-            elif len(notice) != 1 or expected[0] not in notice[0]:
-                failures.append(f"N={parallel}: expected one notice naming {expected[0]!r}, got {said}")
-            continue
-        if expected is not None:
-            failures.append(f"N={parallel} trained together, but the case is listed as refused: {expected[1]}")
-        off = {k: v for k, v in differences(one, other).items() if not v <= RTOL}
-        if off:
-            failures.append(f"N={parallel} vs N=1: {off}")
-    return failures
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)

@@ -1,6 +1,6 @@
-"""benchmarks/gpu_check.py, the one command of every GPU check: its ``--smoke`` run on the CPU (the same code paths at
-toy sizes) writes one table with a row per check and a header naming the device and the versions, and exits 0; an
-``--out`` it must not write into is refused in one line."""
+"""benchmarks/gpu_check.py, the one command of every GPU check: its ``--smoke --minimal`` run on the CPU (the same
+code paths at toy sizes, one equivalence and one graph case) writes one table with a row per check and a header naming
+the device and the versions, and exits 0; an ``--out`` it must not write into is refused in one line."""
 from __future__ import annotations
 
 import importlib.util
@@ -36,14 +36,17 @@ def test_smoke_run_writes_one_table_of_every_check(tmp_path):
     gc = gpu_check_module()
     out = tmp_path / "check"
     start = time.monotonic()
-    done = run("--smoke", "--out", str(out))
+    # every part gets 3 times its --smoke timeout: the suite runs beside it on the same cores (pytest-xdist)
+    limits = [f"--timeout={name}={3 * smoke}" for name, _, smoke, _ in gc.PARTS]
+    budget = 3 * (sum(p[2] for p in gc.PARTS if p[3]) + max(p[2] for p in gc.PARTS if not p[3]))
+    done = run("--smoke", "--minimal", *limits, "--budget", str(budget), "--out", str(out), timeout=budget + 60)
     seconds = time.monotonic() - start
     assert done.returncode == 0, done.stdout + done.stderr
     table = (out / gc.TABLE).read_text()
     assert done.stdout == table  # the table is printed
     header = table.splitlines()[0]
     assert "device cpu" in header and f"torch {torch.__version__}" in header and "flatfl " in header
-    assert "smoke" in header
+    assert "smoke run, minimal" in header
     rows = table_rows(table)
     assert rows[0] == ["check", "figure", "goal", "met"]
     expected = [check for part in gc.DISPLAY for check, _ in gc.checks(part, smoke=True)]

@@ -193,6 +193,42 @@ def test_resnet_parameter_counts():
     assert n_params(build("resnet18")) == _resnet_count("basic", (2, 2, 2, 2), (64, 128, 256, 512), 10, stem=64)
 
 
+@pytest.mark.parametrize("name,block,blocks,widths", [("resnet20", "basic", (3, 3, 3), (4, 8, 8)),
+                                                      ("resnet56", "bottleneck", (6, 6, 6), (4, 8, 8)),
+                                                      ("resnet18", "basic", (2, 2, 2, 2), (4, 8, 8, 8))])
+def test_resnet_widths_build_the_same_structure_with_those_channels(name, block, blocks, widths):
+    """``widths`` (one per stage; what the differential cases train): the stem and every block at those widths, the
+    blocks, strides and projection shortcuts of the default network, recorded in the spec and rebuilt from it."""
+    model = build(name, widths=list(widths))
+    expansion = 4 if block == "bottleneck" else 1
+    assert model.stem_conv.out_channels == widths[0]
+    for stage, width, count in zip(model.stages(), widths, blocks):
+        assert len(stage) == count and all(b.conv1.out_channels == width for b in stage)
+        assert all(b.norm1.num_features == width for b in stage)
+    assert model.feature_dim == widths[-1] * expansion
+    assert n_params(model) == _resnet_count(block, blocks, widths, NATURAL[name][2], stem=widths[0])
+    default = build(name)
+    assert [type(b.shortcut) for b in model.residual_blocks()] == [type(b.shortcut) for b in default.residual_blocks()]
+    assert [b.conv1.stride for b in model.residual_blocks()] == [b.conv1.stride for b in default.residual_blocks()]
+    assert model.flatfl_spec["kwargs"]["widths"] == list(widths)
+    again = build_model(name, **json.loads(json.dumps(model.flatfl_spec["kwargs"])))
+    assert [p.shape for p in again.parameters()] == [p.shape for p in model.parameters()]
+    assert model(batch(name, small=True)).shape == (2, NATURAL[name][2])
+
+
+def test_resnet_widths_refused_in_one_line():
+    for bad in ((16, 32), (16, 32, 64, 128), (16, 0, 64), (16.0, 32, 64), (True, 32, 64), "16,32,64", 16, None):
+        with pytest.raises(ConfigError, match=r"model 'resnet20': widths must be 3 positive ints \(one per stage\)") \
+                as info:
+            build_model("resnet20", 10, 3, 32, widths=bad)
+        assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="widths must be 4 positive ints") as info:
+        build_model("resnet18", 10, 3, 32, widths=[4, 8, 8])
+    with pytest.raises(ConfigError, match="GroupNorm with 2 groups does not divide") as info:
+        build_model("resnet56", 10, 3, 32, norm="gn", widths=[3, 8, 8])
+    assert "\n" not in str(info.value)
+
+
 # ---------------------------------------------------------------- MAN activations
 
 def capture(model, x):

@@ -71,3 +71,18 @@ def test_a_heartbeat_line_names_the_runs_under_way_when_no_run_ends(tmp_path):
     count = len(lines)
     time.sleep(0.5)
     assert len(lines) == count  # closed: no more lines
+
+
+def test_a_heartbeat_counts_down_the_last_estimate(tmp_path):
+    """Between run lines the time left is the last run line's estimate less the time since, not a new rate that
+    would count the runs under way as no work done."""
+    tasks = [task(tmp_path, "a"), task(tmp_path, "b"), task(tmp_path, "c")]
+    clock = iter([0.0, 10.0, 40.0])
+    lines = []
+    progress = rep.Progress(tasks, lines.append, clock=lambda: next(clock))
+    progress.done(tasks[0], {}, "a: done")  # 10 s a run, 2 left: about 20 s
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "metrics.csv").write_text("round\n25\n")
+    assert lines == ["a: done | 10 s elapsed, about 20 s left"]
+    assert progress.heartbeat() == ("... 1 of 3 runs trained; under way: b (training, round 25 of 30) | 40 s elapsed, "
+                                    "about 0 s left")

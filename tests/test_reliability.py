@@ -143,7 +143,7 @@ def test_hessian_keeps_or_refuses_hessian_clients_results(run, tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
-def test_report_does_not_show_a_hessian_of_an_earlier_round(run, tmp_path):
+def test_report_does_not_show_a_hessian_of_an_earlier_round(run, tmp_path, reports_undrawn):
     """A Hessian measured at round 1 (before the run went on to round 2) is not shown beside the final accuracy:
     the report lists it as missing, and --compute-missing measures the final model into a folder of its own."""
     import shutil
@@ -154,13 +154,15 @@ def test_report_does_not_show_a_hessian_of_an_earlier_round(run, tmp_path):
     ok("hessian", d / "checkpoints" / "round_0001.pt", *hs, "--quiet", "--out", d / "hessian")
     old = json.loads((d / "hessian" / "hessian.json").read_text())
     assert old["round"] == 1
-    rep = ok("report", d, "--model", "server", "--out", tmp_path / "rep", *hs)
+    with reports_undrawn():  # what the reports list and use; their figures are drawn by the report tests
+        ok("report", d, "--model", "server", "--out", tmp_path / "rep", *hs)
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert any("measured round 1" in m for m in summary["missing"]), summary["missing"]
     rows = (tmp_path / "rep" / "runs.csv").read_text()
     assert str(old["top_eigenvalues"][0])[:8] not in rows
 
-    ok("report", d, "--model", "server", "--out", tmp_path / "rep2", "--compute-missing", *hs)
+    with reports_undrawn():
+        ok("report", d, "--model", "server", "--out", tmp_path / "rep2", "--compute-missing", *hs)
     new = json.loads((d / "hessian-round2" / "hessian.json").read_text())
     assert new["round"] == 2 and new["top_eigenvalues"][0] != old["top_eigenvalues"][0]
     assert json.loads((d / "hessian" / "hessian.json").read_text()) == old  # kept where it was

@@ -29,15 +29,17 @@ SPECTRUM = dict(top=3, tol=1e-2, trace=True, trace_hvps=6, trace_rtol=None, dens
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """FedAvg and FedAvg+MAN with Hessian results (top 3, trace, density); FedDyn trained but not analysed."""
+def runs(tmp_path_factory, reports_undrawn):
+    """FedAvg and FedAvg+MAN with Hessian results (top 3, trace, density); FedDyn trained but not analysed. The
+    analyses' own figures are not drawn (the report reads hessian.json; tests/test_figures.py draws them)."""
     root = tmp_path_factory.mktemp("report-runs")
     tasks = [RunTask("fedavg", str(root / "fedavg"), dict(TINY, algo="fedavg"), hessian=SPECTRUM, threads=1,
                      model="clients-average"),
              RunTask("fedavg-man", str(root / "fedavg-man"), dict(TINY, algo="fedavg", reg="man"),
                      hessian=SPECTRUM, threads=1, model="clients-average"),
              RunTask("feddyn", str(root / "feddyn"), dict(TINY, algo="feddyn"), threads=1)]
-    records = run_tasks(tasks)
+    with reports_undrawn(analyses=True):
+        records = run_tasks(tasks)
     assert all(r["error"] is None for r in records), records
     return root
 
@@ -57,10 +59,11 @@ def _page_objects(data: bytes) -> int:
     return len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", data))
 
 
-def test_csv_values_equal_each_runs_hessian_json(runs, tmp_path):
+def test_csv_values_equal_each_runs_hessian_json(runs, tmp_path, reports_undrawn):
     src = tmp_path / "runs"
     shutil.copytree(runs, src)
-    summary = build_report([src / "fedavg", src / "fedavg-man"], tmp_path / "rep")
+    with reports_undrawn():  # the tables (the PDF: test_pdf_has_the_expected_pages)
+        summary = build_report([src / "fedavg", src / "fedavg-man"], tmp_path / "rep")
     assert summary["tables"] == ["man-table2"]
     table = {(r["method"], r["partition"]): r for r in _rows(tmp_path / "rep" / "man-table2.csv")}
     for name, method in (("fedavg", "FedAvg"), ("fedavg-man", "FedAvg+MAN")):
@@ -81,8 +84,9 @@ def test_csv_values_equal_each_runs_hessian_json(runs, tmp_path):
     assert float(per_run["fedavg"]["top_eigenvalue"]) == _hessian(src / "fedavg")["top_eigenvalues"][0]
 
 
-def test_direction_checks_by_hand(runs, tmp_path):
-    summary = build_report([runs / "fedavg", runs / "fedavg-man"], tmp_path / "rep")
+def test_direction_checks_by_hand(runs, tmp_path, reports_undrawn):
+    with reports_undrawn():
+        summary = build_report([runs / "fedavg", runs / "fedavg-man"], tmp_path / "rep")
     checks = {(c["partition"], c["metric"]): c for c in _rows(tmp_path / "rep" / "directions.csv")}
     base, man = _hessian(runs / "fedavg"), _hessian(runs / "fedavg-man")
     ours_lower = man["top_eigenvalues"][0] < base["top_eigenvalues"][0]
@@ -209,18 +213,20 @@ def test_pdf_has_the_expected_pages(runs, tmp_path):
     assert written == sorted(summary["files"])  # no temporaries
 
 
-def test_missing_results_are_listed_then_computed(runs, tmp_path):
+def test_missing_results_are_listed_then_computed(runs, tmp_path, reports_undrawn):
     src = tmp_path / "runs"
     shutil.copytree(runs, src)
-    summary = build_report([src], tmp_path / "rep")
+    with reports_undrawn():
+        summary = build_report([src], tmp_path / "rep")
     assert summary["tables"] == ["man-table2"]  # FedDyn matches the layout too
     assert any(m.startswith("feddyn: no Hessian results") for m in summary["missing"])
     assert any("--compute-missing" in m for m in summary["missing"])
     row = {r["run"]: r for r in _rows(tmp_path / "rep" / "runs.csv")}["feddyn"]
     assert row["top_eigenvalue"] == ""
 
-    res = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path / "rep2"), "--compute-missing",
-                                    "--samples", "64"])
+    with reports_undrawn():
+        res = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path / "rep2"), "--compute-missing",
+                                        "--samples", "64"])
     assert res.exit_code == 0, res.output
     h = _hessian(src / "feddyn")
     assert h["settings"]["samples"] == 64 and h["settings"]["top"] == 1
@@ -264,7 +270,7 @@ def test_shipped_paper_values_equal_the_shared_spec():
     assert paper_values() == want
 
 
-def test_fedalign_layout_reads_the_clients_section(runs, tmp_path):
+def test_fedalign_layout_reads_the_clients_section(runs, tmp_path, reports_undrawn):
     """A FedAvg run on the FedML Dirichlet 0.5 split fills FedAlign Table 1; H_N / H_D come from the 'clients'
     section that flatfl.analysis.commands.clients_command.run_client_metrics adds to hessian.json."""
     run = tmp_path / "fedavg-fedml"
@@ -281,7 +287,8 @@ def test_fedalign_layout_reads_the_clients_section(runs, tmp_path):
     h = _hessian(run)
     h["clients"] = {"protocol": "default", "H_N": 3.25, "H_N_stderr": 0.5, "H_D": 0.875, "H_D_stderr": 0.01}
     (run / "hessian-clients-average" / "hessian.json").write_text(json.dumps(h))
-    summary = build_report([run], tmp_path / "rep", model="clients-average")
+    with reports_undrawn():
+        summary = build_report([run], tmp_path / "rep", model="clients-average")
     assert summary["tables"] == ["fedalign-table1"] and summary["missing"] == []
     row = {r["method"]: r for r in _rows(tmp_path / "rep" / "fedalign-table1.csv")}["FedAvg"]
     assert float(row["ours_hessian_norm_gap"]) == 3.25 and float(row["ours_hessian_norm_gap_se"]) == 0.5
@@ -290,9 +297,10 @@ def test_fedalign_layout_reads_the_clients_section(runs, tmp_path):
     assert float(row["ours_accuracy"]) == 100 * float(list(csv.DictReader((run / "metrics.csv").open()))[-1]["test_acc"])
     del h["clients"]
     (run / "hessian-clients-average" / "hessian.json").write_text(json.dumps(h))
-    missing = build_report([run], tmp_path / "rep2", model="clients-average")["missing"]
+    with reports_undrawn():
+        missing = build_report([run], tmp_path / "rep2", model="clients-average")["missing"]
+        with_cm = build_report([run], tmp_path / "rep3", compute_missing=True, model="clients-average")["missing"]
     assert any("no H_N / H_D" in m for m in missing)
-    with_cm = build_report([run], tmp_path / "rep3", compute_missing=True, model="clients-average")["missing"]
     assert any("train with --save-clients" in m for m in with_cm)  # the run kept no client models
 
 
@@ -317,17 +325,19 @@ def test_final_clients_average_checkpoint(runs):
     assert _hessian(runs / "fedavg")["checkpoint"].endswith("final-clients-average.pt")
 
 
-def test_asked_settings_are_computed_apart_and_said(runs, tmp_path):
+def test_asked_settings_are_computed_apart_and_said(runs, tmp_path, reports_undrawn):
     """An existing Hessian with other settings is neither overwritten nor silently used: the asked one goes into a
     folder of its own, the report says so and uses it; without --compute-missing the run is listed as missing."""
     src = tmp_path / "runs"
     shutil.copytree(runs / "fedavg", src / "fedavg")
     before = (src / "fedavg" / "hessian-clients-average" / "hessian.json").read_bytes()
-    summary = build_report([src], tmp_path / "rep0", hessian={"top": 2, "samples": 32})
+    with reports_undrawn():
+        summary = build_report([src], tmp_path / "rep0", hessian={"top": 2, "samples": 32})
     assert any(m.startswith("fedavg: no Hessian results of the all-clients average model with the asked settings")
                for m in summary["missing"])
-    res = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path / "rep"), "--compute-missing",
-                                    "--top", "2", "--samples", "32"])
+    with reports_undrawn(analyses=True):  # the numbers: neither the report's figures nor the analysis' drawn
+        res = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path / "rep"), "--compute-missing",
+                                        "--top", "2", "--samples", "32"])
     assert res.exit_code == 0, res.output
     new = src / "fedavg" / "hessian-clients-average-samples32-top2" / "hessian.json"
     assert new.is_file() and (src / "fedavg" / "hessian-clients-average" / "hessian.json").read_bytes() == before
@@ -341,8 +351,9 @@ def test_asked_settings_are_computed_apart_and_said(runs, tmp_path):
     table = {(r["method"], r["partition"]): r for r in _rows(tmp_path / "rep" / "man-table2.csv")}
     assert "32 samples" in table[("FedAvg", "dirichlet-0.3")]["ours_top_eigenvalue_setting"]
     # asking for more samples than the split holds: said, and the table shows what was used
-    res = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path / "rep2"), "--compute-missing",
-                                    "--samples", "100000"])
+    with reports_undrawn():
+        res = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path / "rep2"), "--compute-missing",
+                                        "--samples", "100000"])
     assert res.exit_code == 0, res.output
     assert "notice: fedavg: 100,000 samples asked for the Hessian, the split has 1,442: all 1,442 used" in res.output
 

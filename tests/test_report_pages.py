@@ -106,11 +106,12 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
-def test_two_seeds_mean_sd_and_inconclusive_direction(man_runs, tmp_path):
+def test_two_seeds_mean_sd_and_inconclusive_direction(man_runs, tmp_path, reports_undrawn):
     """The FedAvg pair: seeds 10, 12 -> 13, 8. Mean 11 -> 10.5, sd sqrt(2) and sqrt(12.5); the standard error of
     the difference sqrt(2/2 + 12.5/2) = 2.69 exceeds |-0.5| / 2: inconclusive, although the means fall as in the
     paper. FedDyn: 20.1 -> 10.1 with sd 0.141 both: agree."""
-    summary = build_report([man_runs], tmp_path / "rep")
+    with reports_undrawn():  # the numbers and verdicts: the pages are drawn by the tests below
+        summary = build_report([man_runs], tmp_path / "rep")
     rows = {(r["method"], r["partition"]): r for r in _rows(tmp_path / "rep" / "man-table2.csv")}
     fa = rows[("FedAvg", "dirichlet-0.3")]
     assert float(fa["ours_top_eigenvalue"]) == 11.0 and fa["ours_top_eigenvalue_n"] == "2"
@@ -136,7 +137,7 @@ def test_two_seeds_mean_sd_and_inconclusive_direction(man_runs, tmp_path):
     assert "1437 samples" in md and "1437 samples" in rows[("FedAvg", "dirichlet-0.3")]["ours_top_eigenvalue_setting"]
 
 
-def test_agree_when_the_change_exceeds_twice_its_error(man_runs, tmp_path):
+def test_agree_when_the_change_exceeds_twice_its_error(man_runs, tmp_path, reports_undrawn):
     # without FedDyn+MAN's 2048-sample analysis the FedDyn pair is comparable: 20.1 -> 10.1, se 0.141: agree
     import shutil
 
@@ -146,7 +147,8 @@ def test_agree_when_the_change_exceeds_twice_its_error(man_runs, tmp_path):
         h = json.loads((d / AVERAGE_HESSIAN / "hessian.json").read_text())
         h["settings"]["samples"], h["num_samples"] = None, 1437
         (d / AVERAGE_HESSIAN / "hessian.json").write_text(json.dumps(h))
-    build_report([src], tmp_path / "rep")
+    with reports_undrawn():
+        build_report([src], tmp_path / "rep")
     c = {(c["reference"], c["metric"]): c for c in _rows(tmp_path / "rep" / "directions.csv")}
     assert c[("FedDyn", "top_eigenvalue")]["verdict"] == "agree"
     assert math.isclose(float(c[("FedDyn", "top_eigenvalue")]["ours_uncertainty"]), math.sqrt(0.02))
@@ -206,11 +208,25 @@ def _text_leaks(fig) -> list[str]:
     return bad
 
 
+@pytest.fixture(scope="module")
+def man_report(man_runs, tmp_path_factory):
+    """The MAN Table 2 report of ``man_runs``, drawn once for the tests of its pages: (its folder, its summary, the
+    figures of its PDF's pages in order, as :func:`conftest.pdf_pages` captures them)."""
+    from conftest import capture_pdf_pages
+
+    out = tmp_path_factory.mktemp("man-report") / "rep"
+    with pytest.MonkeyPatch.context() as mp:
+        captured = capture_pdf_pages(mp)
+        summary = build_report([man_runs], out, tables=["man-table2"])
+    return out, summary, captured
+
+
 @pytest.mark.parametrize("which", ["man", "fedalign"])
-def test_every_page_keeps_its_text_inside(which, man_runs, fedalign_runs, tmp_path, pdf_pages):
-    captured = pdf_pages
-    runs = man_runs if which == "man" else fedalign_runs
-    summary = build_report([runs], tmp_path / "rep", tables=["man-table2"] if which == "man" else None)
+def test_every_page_keeps_its_text_inside(which, man_report, fedalign_runs, tmp_path, pdf_pages):
+    if which == "man":
+        _, summary, captured = man_report
+    else:
+        summary, captured = build_report([fedalign_runs], tmp_path / "rep"), pdf_pages
     names = summary["pages"]
     assert len(captured) == len(names)
     if which == "man":
@@ -229,10 +245,11 @@ def test_the_extent_check_sees_a_leak():
     assert any("out of its cell" in b for b in _text_leaks(fig))
 
 
-def test_other_protocols_are_never_shown_unmarked(fedalign_runs, tmp_path):
+def test_other_protocols_are_never_shown_unmarked(fedalign_runs, tmp_path, reports_undrawn):
     """H_N / H_D of two protocols: where every run has one protocol, that one fills the column (the other said in a
     notice); a run that has only the other protocol gets a dagger, its direction checks are 'incomparable', and the
-    settings of each row (protocol included) are in the Markdown table and the 'Every run' pages."""
+    settings of each row (protocol included) are in the Markdown table and runs.csv (which the 'Every run' pages
+    show; the pages themselves are drawn and checked by test_every_page_keeps_its_text_inside)."""
     import shutil
 
     runs = tmp_path / "runs"
@@ -241,7 +258,8 @@ def test_other_protocols_are_never_shown_unmarked(fedalign_runs, tmp_path):
     (prox / CLIENTS_DIR / clients_file("fedalign")).write_text(json.dumps(
         {"protocol": "fedalign", "H_N": 999.0, "H_N_stderr": 1.0, "H_D": 0.5, "H_D_stderr": 0.01,
          "settings": {"protocol": "fedalign", "probes": 20, "samples": 640}}))
-    s = build_report([runs], tmp_path / "a")
+    with reports_undrawn():  # the tables, report.md and runs.csv (the pages: test_every_page_keeps_its_text_inside)
+        s = build_report([runs], tmp_path / "a")
     rows = {r["method"]: r for r in _rows(tmp_path / "a" / "fedalign-table1.csv")}
     assert float(rows["FedProx"]["ours_hessian_norm_gap"]) != 999.0  # the common (default) protocol is used
     assert not any(r["ours_hessian_norm_gap_mark"] for r in rows.values())
@@ -253,7 +271,8 @@ def test_other_protocols_are_never_shown_unmarked(fedalign_runs, tmp_path):
     data = json.loads((moon_clients / clients_file("fedalign")).read_text())
     data.update(protocol="fedalign", settings=dict(data["settings"], protocol="fedalign"))
     (moon_clients / clients_file("fedalign")).write_text(json.dumps(data))
-    build_report([runs], tmp_path / "b")
+    with reports_undrawn():
+        build_report([runs], tmp_path / "b")
     rows = {r["method"]: r for r in _rows(tmp_path / "b" / "fedalign-table1.csv")}
     # no protocol common to all: the one most runs hold (default) wherever a run has it; MOON's own is marked
     assert float(rows["FedProx"]["ours_hessian_norm_gap"]) != 999.0
@@ -400,14 +419,13 @@ def test_title_page_time_follows_source_date_epoch(monkeypatch):
     assert len(report_pdf.made_at()) == len("2026-11-23 15:31")
 
 
-def test_the_forest_plot_is_page_one_and_its_own_files(man_runs, tmp_path, pdf_pages):
+def test_the_forest_plot_is_page_one_and_its_own_files(man_report):
     """The first page is the forest plot of the report's comparisons, written beside it as effects.png and
     effects.pdf (listed in the folder's manifest, as the report's other files); each line it draws is a check of
     directions.csv at that check's change in % of its reference."""
     from flatfl.utils.manifest import MANIFEST
 
-    out = tmp_path / "rep"
-    summary = build_report([man_runs], out, tables=["man-table2"])
+    out, summary, pdf_pages = man_report
     assert summary["pages"][:2] == ["effects", "summary"]
     assert {"effects.png", "effects.pdf"} <= set(summary["files"])
     assert (out / "effects.png").read_bytes().startswith(b"\x89PNG") and \

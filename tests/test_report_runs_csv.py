@@ -46,9 +46,10 @@ def _with_ratio(run_dir: Path, value: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def man_report(tmp_path_factory):
+def man_report(tmp_path_factory, reports_undrawn):
     """MAN Table 2 and the SAM family from 10 runs (two seeds of five methods), FedDyn+MAN's Hessian of 512
-    samples (the others: the whole split), and a third FedAvg seed not finished."""
+    samples (the others: the whole split), and a third FedAvg seed not finished. Its figures are not drawn: the
+    tests compare its numbers with the re-rendered report's (which is drawn)."""
     from flatfl.report.records import method_label
 
     root = tmp_path_factory.mktemp("csv-man")
@@ -64,19 +65,21 @@ def man_report(tmp_path_factory):
                   if t.settings["algo"] == "fedavg" and not t.settings.get("reg") and t.settings["alpha"] == 0.3)
     _write_run(killed, lam=30.0, trace=300.0, trace_se=0.5, acc=50.0, model="clients-average")
     (Path(killed.run_dir) / "final.pt").unlink()  # stopped before its last round: in no column, listed
-    build_report([root / "runs"], root / "report", tables=("man-table2", "sam-family"))
+    with reports_undrawn():
+        build_report([root / "runs"], root / "report", tables=("man-table2", "sam-family"))
     return root / "report"
 
 
 @pytest.fixture(scope="module")
-def fedalign_report(tmp_path_factory):
-    """FedAlign Table 1 from two seeds of each method, with H_N / H_D (the server model)."""
+def fedalign_report(tmp_path_factory, reports_undrawn):
+    """FedAlign Table 1 from two seeds of each method, with H_N / H_D (the server model); not drawn (as above)."""
     root = tmp_path_factory.mktemp("csv-fa")
     for k, t in enumerate(plan("fedalign-table1", "tiny", runs_dir=root / "runs", seeds=(0, 1))):
         s = t.settings["seed"]
         _write_run(t, lam=5.0 + k + s, trace=40.0 + 3 * k - s, trace_se=1.0, acc=60 + k + s, model="server",
                    clients={"H_N": 30.0 + k + 2 * s, "H_N_stderr": 2.0, "H_D": 0.9 - s / 100, "H_D_stderr": 0.01})
-    build_report([root / "runs"], root / "report", tables=("fedalign-table1",))
+    with reports_undrawn():
+        build_report([root / "runs"], root / "report", tables=("fedalign-table1",))
     return root / "report"
 
 
@@ -242,7 +245,7 @@ def test_rows_of_other_recorded_settings_are_not_averaged(man_report, tmp_path):
 # ------------------------------------------------------------------------------------------- committed reports
 @pytest.mark.parametrize("folder, tables", [("fedalign-table1-quick", ("fedalign-table1",)),
                                             ("man-tables-fmnist-cnn", ("man-table2", "man-table6"))])
-def test_a_committed_report_re_renders_with_its_numbers(folder, tables, tmp_path):
+def test_a_committed_report_re_renders_with_its_numbers(folder, tables, tmp_path, reports_undrawn):
     """Reports whose run folders are gone: every ours_* number of their tables as committed. Their runs.csv is read
     as an older flatfl wrote it (without the columns added since: top_eigenvalue_stderr, eigenvalue_ratio and each
     metric's settings): the top eigenvalue's standard error is then not recorded, so left empty."""
@@ -256,7 +259,8 @@ def test_a_committed_report_re_renders_with_its_numbers(folder, tables, tmp_path
         writer = csv.DictWriter(f, fieldnames=old_columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(lines)
-    summary = build_report([older], tmp_path / "again")
+    with reports_undrawn():  # the numbers (a re-render's pages: test_a_report_re_rendered_from_its_runs_csv_...)
+        summary = build_report([older], tmp_path / "again")
     assert summary["tables"] == list(tables)
     for key in tables:
         ours = {_row_key(r): r for r in _rows(committed / f"{key}.csv")}

@@ -125,7 +125,7 @@ def test_quick_preset_defaults_to_three_seeds_and_pinned_threads():
                if t.name.startswith(("fedavg", "fedsam")))  # paper: every seed
 
 
-def test_two_seeds_give_mean_sd_and_inconclusive_where_seeds_disagree(tmp_path):
+def test_two_seeds_give_mean_sd_and_inconclusive_where_seeds_disagree(tmp_path, reports_undrawn):
     """The tiny preset's FedAvg and FedAvg+MAN rows over seeds 0 and 1 (both deltas): every table value
     is the mean over the two seeds' hessian.json / metrics.csv values with their sample sd, shown as '±sd (n=2)';
     every direction's verdicts (paired by seed, and unpaired) follow from the per-seed values computed here; where
@@ -140,8 +140,9 @@ def test_two_seeds_give_mean_sd_and_inconclusive_where_seeds_disagree(tmp_path):
     tasks = [t for t in plan("man-table2", "tiny", runs_dir=tmp_path / "runs", seeds=(0, 1), threads=1)
              if t.name.startswith(("fedavg-dirichlet", "fedavg-man-dirichlet"))]
     assert len(tasks) == 8
-    assert all(r["error"] is None for r in run_tasks(tasks))
-    build_report([t.run_dir for t in tasks], tmp_path / "rep", tables=("man-table2",))
+    with reports_undrawn(analyses=True):  # the numbers: no figure of the runs' analyses or of the report drawn
+        assert all(r["error"] is None for r in run_tasks(tasks))
+        build_report([t.run_dir for t in tasks], tmp_path / "rep", tables=("man-table2",))
 
     def values(name):
         run = tmp_path / "runs" / name
@@ -224,10 +225,11 @@ def test_fmnist_cnn_preset_is_the_fmnist_plan_with_the_papers_cnn_family(tmp_pat
         assert c.hessian == m.hessian and c.spectrum == m.spectrum
 
 
-def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path):
+def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path, reports_undrawn):
     out, runs = tmp_path / "report", tmp_path / "runs"
+    # one worker: the runs in this process (a pool of workers: tests/test_interrupts.py, test_reliability.py)
     args = ["reproduce", "man-table6", "--preset", "tiny", "--out", str(out), "--runs-dir", str(runs),
-            "--threads", "1"]
+            "--threads", "1", "--workers", "1"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert res.output.count("train trained, hessian computed") == 8
@@ -252,7 +254,8 @@ def test_tiny_man_table6_end_to_end_then_nothing_twice(tmp_path):
                         last), last
 
     stamps = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}
-    again = CliRunner().invoke(main, args)
+    with reports_undrawn():  # the second call: what it trains and analyses (nothing); the report was checked above
+        again = CliRunner().invoke(main, args)
     assert again.exit_code == 0, again.output
     assert again.output.count("train skipped, hessian skipped") == 8
     assert stamps == {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}  # nothing rewritten
@@ -289,7 +292,7 @@ def test_reproduce_help_states_every_presets_default_seeds_and_keeps_target_name
     assert stated == {p: DEFAULT_SEEDS[p] for p in PRESETS}
 
 
-def test_methods_runs_only_the_named_rows(tmp_path):
+def test_methods_runs_only_the_named_rows(tmp_path, reports_undrawn):
     """--methods: the runs of the named rows only (names matched ignoring case), each planned exactly as in the full
     reproduction; an unknown name is one line listing the table's rows, before any run folder exists."""
     from flatfl.report.records import method_label
@@ -309,7 +312,8 @@ def test_methods_runs_only_the_named_rows(tmp_path):
         "flatfl: error: --methods: unknown method(s) 'FedAvg' for man-table6; choose from FedASAM, FedASAM+MAN, "
         "FedSpeed, FedSpeed+MAN")
     assert not runs.exists()
-    res = CliRunner().invoke(main, args + ["--methods", "FedSpeed"])
+    with reports_undrawn():  # the runs and the table's rows
+        res = CliRunner().invoke(main, args + ["--methods", "FedSpeed"])
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in runs.iterdir()) == ["fedspeed-dirichlet0.3-s0", "fedspeed-dirichlet0.6-s0"]
     rows = {(r["method"], r["partition"]): r["n_runs"] for r in csv.DictReader((out / "man-table6.csv").open())}
@@ -351,7 +355,7 @@ def _fake_full_report(folder, names):
     (folder / "report.md").write_text("# the full report\n")
 
 
-def test_a_restricted_reproduction_never_replaces_a_fuller_report(tmp_path, monkeypatch):
+def test_a_restricted_reproduction_never_replaces_a_fuller_report(tmp_path, monkeypatch, reports_undrawn):
     """--methods / --seeds other than the preset's: the report goes to a folder of its own (named after the
     selection) and shows only the tables of the rows asked for; an explicit --out holding a report of runs this
     reproduction does not run is refused in one line naming --out, before any run trains."""
@@ -373,7 +377,8 @@ def test_a_restricted_reproduction_never_replaces_a_fuller_report(tmp_path, monk
         "restricted by --methods or --seeds has one of its own when --out is not given)"]
     assert not runs.exists() and {p.name: p.read_bytes() for p in full.iterdir()} == before
 
-    res = CliRunner().invoke(main, args)
+    with reports_undrawn():  # where the report goes and what it holds (its tables), not its figures
+        res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     own = tmp_path / "reports" / "man-tables-tiny-fedspeed"
     assert rep.default_out("man-tables", "tiny", "FedSpeed") == own
@@ -384,7 +389,8 @@ def test_a_restricted_reproduction_never_replaces_a_fuller_report(tmp_path, monk
     with (own / "man-table6.csv").open() as f:  # and the table shows only the row asked for, no empty ones
         assert {row["method"] for row in csv.DictReader(f)} == {"FedSpeed"}
     # the same selection again replaces its own report; other seeds than the preset's get another folder
-    assert CliRunner().invoke(main, args).exit_code == 0
+    with reports_undrawn():
+        assert CliRunner().invoke(main, args).exit_code == 0
     assert rep.default_out("man-tables", "tiny", "FedSpeed", (0, 1)).name == "man-tables-tiny-fedspeed-s0-1"
     assert rep.default_out("man-tables", "tiny", None, (0,)) == full  # the preset's seeds: the full report
     long = rep.default_out("man-tables", "tiny", ",".join(rep.methods_of("man-tables")[:-1]))

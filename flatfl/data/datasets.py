@@ -16,7 +16,8 @@ from ..errors import ConfigError, unknown_name
 from ..utils.torch_files import PLAIN_PICKLE, check_nesting, load_weights_only, plain_pickle
 from .image import ImageDataset
 
-__all__ = ["DATASETS", "ImageDataset", "as_image_dataset", "dataset_payload", "load_dataset", "load_saved_dataset"]
+__all__ = ["DATASETS", "ImageDataset", "as_image_dataset", "dataset_payload", "digits_arrays", "load_dataset",
+           "load_saved_dataset"]
 
 
 CUSTOM_DATA_FORMAT = "flatfl-data"
@@ -189,18 +190,33 @@ def load_saved_dataset(path: str | Path) -> ImageDataset:
                         std=tuple(d["std"]), max_value=float(d["max_value"]), class_names=list(d["class_names"]))
 
 
-def _load_digits(data_dir: Path | None, **_: object) -> ImageDataset:
-    """scikit-learn's embedded 8x8 digits (1,797 real images), split 80/20 by a fixed stratified permutation."""
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as (images (1797, 8, 8), labels): its CSV file read as ``load_digits`` reads it, without
+    importing scikit-learn (a second and more a process); ``load_digits`` itself where the file is not found."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(root) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            data = np.loadtxt(path, delimiter=",")
+            return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    x = torch.from_numpy(d.images.astype(np.uint8)).unsqueeze(1)  # values 0..16
-    y = torch.from_numpy(d.target.astype(np.int64))
+    return d.images, d.target
+
+
+def _load_digits(data_dir: Path | None, **_: object) -> ImageDataset:
+    """scikit-learn's embedded 8x8 digits (1,797 real images), split 80/20 by a fixed stratified permutation."""
+    images, target = digits_arrays()
+    x = torch.from_numpy(images.astype(np.uint8)).unsqueeze(1)  # values 0..16
+    y = torch.from_numpy(target.astype(np.int64))
     # Fixed split, independent of the run seed, so every run sees the same test set.
     rng = np.random.default_rng(20240531)
     test_idx = []
     for c in range(10):
-        idx = np.flatnonzero(d.target == c)
+        idx = np.flatnonzero(target == c)
         rng.shuffle(idx)
         test_idx.extend(idx[: len(idx) // 5].tolist())
     test_mask = np.zeros(len(y), dtype=bool)

@@ -11,7 +11,7 @@ Adding a model: write a builder ``f(num_classes, in_channels, image_size, *, ext
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch.nn as nn
 
@@ -51,19 +51,33 @@ def _with_stochastic_depth(model: ResNet, stochastic_depth) -> ResNet:
     return model
 
 
-def _resnet20(num_classes, in_channels, image_size, norm="bn", gn_groups=2, stochastic_depth=1.0):
-    model = ResNet("basic", (3, 3, 3), (16, 32, 64), num_classes, in_channels, norm=norm, gn_groups=gn_groups)
-    return _with_stochastic_depth(model, stochastic_depth)
+def _stage_widths(model_name: str, widths, stages: int) -> tuple[int, ...]:
+    """A ResNet's per-stage widths (a list or tuple of ``stages`` positive ints), or one ConfigError line."""
+    if (isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence) or len(widths) != stages
+            or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths)):
+        raise ConfigError(f"model '{model_name}': widths must be {stages} positive ints (one per stage), "
+                          f"got {widths!r}")
+    return tuple(int(w) for w in widths)
 
 
-def _resnet56(num_classes, in_channels, image_size, norm="bn", gn_groups=2, stochastic_depth=1.0):
-    model = ResNet("bottleneck", (6, 6, 6), (16, 32, 64), num_classes, in_channels, norm=norm, gn_groups=gn_groups)
-    return _with_stochastic_depth(model, stochastic_depth)
-
-
-def _resnet18(num_classes, in_channels, image_size, norm="bn", gn_groups=2, stem="cifar", stochastic_depth=1.0):
-    model = ResNet("basic", (2, 2, 2, 2), (64, 128, 256, 512), num_classes, in_channels, stem=stem, norm=norm,
+def _resnet20(num_classes, in_channels, image_size, norm="bn", gn_groups=2, stochastic_depth=1.0,
+              widths=(16, 32, 64)):
+    model = ResNet("basic", (3, 3, 3), _stage_widths("resnet20", widths, 3), num_classes, in_channels, norm=norm,
                    gn_groups=gn_groups)
+    return _with_stochastic_depth(model, stochastic_depth)
+
+
+def _resnet56(num_classes, in_channels, image_size, norm="bn", gn_groups=2, stochastic_depth=1.0,
+              widths=(16, 32, 64)):
+    model = ResNet("bottleneck", (6, 6, 6), _stage_widths("resnet56", widths, 3), num_classes, in_channels,
+                   norm=norm, gn_groups=gn_groups)
+    return _with_stochastic_depth(model, stochastic_depth)
+
+
+def _resnet18(num_classes, in_channels, image_size, norm="bn", gn_groups=2, stem="cifar", stochastic_depth=1.0,
+              widths=(64, 128, 256, 512)):
+    model = ResNet("basic", (2, 2, 2, 2), _stage_widths("resnet18", widths, 4), num_classes, in_channels, stem=stem,
+                   norm=norm, gn_groups=gn_groups)
     return _with_stochastic_depth(model, stochastic_depth)
 
 

@@ -12,6 +12,9 @@ Architectures
   (default) is a 3x3 stride-1 conv; ``stem="imagenet"`` is torchvision's 7x7 stride-2 conv + 3x3 stride-2 max-pool,
   the stem of both MAN's ``Resnet18`` (torchvision's, with every BatchNorm swapped for GroupNorm(2, C)) and FedAlign's
   ImageNet-200 ResNet-18 (BatchNorm). ``norm="gn"`` uses GroupNorm with ``gn_groups`` (2, as in MAN's code) groups.
+* ``widths`` (each of the three): the per-stage widths, one positive int per stage (default the widths above; the
+  stem takes the first stage's width), e.g. ``widths=(4, 8, 8)`` for a slim ResNet-20 of the same structure (blocks,
+  strides, projection shortcuts, norms) as the differential tests train (``tests/combinations.py``).
 
 Initialisation follows the FedAlign / torchvision code: Kaiming-normal (fan_out, ReLU) convolutions, unit-scale
 zero-shift norms, PyTorch's default for the classifier, drawn from torch's global generator.

@@ -231,7 +231,7 @@ class RoundLoop:
             saved = self._client_state_rows(ids) if len(ids) > 1 else {}
             try:
                 with _overflow_is_divergence(r):
-                    cohort_results, cohort_buffers = self._train_cohort(rctx, ids, lr, augment)
+                    cohort_results, cohort_buffers = self.run_cohort(rctx, ids, lr, augment)
             except torch.OutOfMemoryError:
                 if len(ids) == 1:
                     raise
@@ -310,7 +310,7 @@ class RoundLoop:
             self._networks[n] = (net, StackedLayout(net, n, self.layout))
         return self._networks[n]
 
-    def _train_cohort(self, rctx: RoundContext, ids: list[int], lr: float, augment) -> tuple[list, list]:
+    def run_cohort(self, rctx: RoundContext, ids: list[int], lr: float, augment) -> tuple[list, list]:
         """Train the clients ``ids`` of round ``rctx`` together; returns their ClientResults and float buffers."""
         cfg = self.cfg
         contexts, starts, taken_steps = [], [], []

@@ -86,7 +86,8 @@ def prepare_process(cfg: RunConfig, process: ProcessSetup | None = None) -> torc
     if process is None:
         process = start_process(cfg.device, cfg.threads, set_threads=cfg.threads is not None)
     set_float32_matmul(cfg.float32_matmul)
-    torch.use_deterministic_algorithms(False)
+    if torch.are_deterministic_algorithms_enabled():  # (setting it imports torch._inductor: seconds a process)
+        torch.use_deterministic_algorithms(False)
     set_global_seed(cfg.seed)
     return process.device
 
