@@ -102,3 +102,5 @@ def test_hessian_products_equal_torchs_convolutions_and_the_dense_hessian():
     assert np.abs(ours - H).max() <= 1e-12 * np.abs(H).max()
     np.testing.assert_allclose(np.linalg.eigvalsh(ours), np.linalg.eigvalsh(H), atol=1e-12 * np.abs(H).max())
     assert not HessianOperator(SmallCNN(), [(x.float(), y)]).terms.matmul_convolutions  # float32: torch's own
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(100, 3)).double()  # no convolution: no mode, no cost per operation
+    assert not HessianOperator(mlp, batches).terms.matmul_convolutions

@@ -97,7 +97,9 @@ class LossTerms:
         #: float64 on the CPU: convolutions as one matrix product each in the passes of batch_loss (double backward,
         #: finite differences, gradients; flatfl.models.convolution: the same numbers to rounding, without torch's
         #: per-sample float64 fallback)
-        self.matmul_convolutions = self.device.type == "cpu" and any(p.dtype == torch.float64 for p in self.params)
+        #: (only for a model with a Conv2d: elsewhere the mode would only add its cost to every operation)
+        self.matmul_convolutions = (self.device.type == "cpu" and any(p.dtype == torch.float64 for p in self.params)
+                                    and any(isinstance(m, torch.nn.Conv2d) for m in model.modules()))
         sizes = [batch_samples(b, i) for i, b in enumerate(self.batches)] if objective is not None else \
             [len(t) for _, t in self.batches]
         self.num_samples = int(sum(sizes))
