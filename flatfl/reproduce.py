@@ -378,8 +378,8 @@ def _duration(seconds: float) -> str:
 
 
 #: a run's work in the time-left estimate, in runs without the spectrum: the spectrum (the top eigenvalues and the
-#: density of MAN Fig. 4) costs about this many more (benchmarks/main_job_cost.py: 50 s beside 13 s on the quick
-#: preset); the estimate is a rate, so only the ratio matters
+#: density of MAN Fig. 4) costs about this many more (on the quick preset a spectrum took 51 s, a run without it
+#: 14-16 s: benchmarks/main_job_cost.py, docs/performance.md); the estimate is a rate, so only the ratio matters
 SPECTRUM_WEIGHT = 3.5
 #: seconds without a line after which the progress says which runs are under way and how far each is
 HEARTBEAT_SECONDS = 25.0
@@ -393,7 +393,7 @@ def task_weight(task) -> float:
 def execution_order(tasks, workers: int) -> list[int]:
     """The order the runs start in: one light run per worker first (a first line within seconds), then the rest
     heaviest first (the spectrum runs early, light ones at the end fill the workers evenly); stable otherwise."""
-    light = [i for i, t in enumerate(tasks) if tasks[i].spectrum is None][:max(1, workers)]
+    light = [i for i, t in enumerate(tasks) if t.spectrum is None][:max(1, workers)]
     rest = sorted((i for i in range(len(tasks)) if i not in light), key=lambda i: -task_weight(tasks[i]))
     return light + rest
 
