@@ -2,8 +2,8 @@
 
 torch's CPU convolutions have a fast path (oneDNN) for float32 only; a float64 convolution, and every convolution
 of its first and second derivatives, goes through ``slow_conv2d`` / ``slow_conv_transpose2d``, which loop over the
-samples of a batch with one small matrix product each. That fallback was about 88% of a float64 Hessian-vector
-product of the digits CNN. :func:`conv2d_as_matmul` computes the same convolution as one matrix product over the
+samples of a batch with one small matrix product each. That fallback was about 80% of a float64 Hessian-vector
+product of the digits CNN (79% in a profile). :func:`conv2d_as_matmul` computes the same convolution as one matrix product over the
 whole batch (a batched one per group for grouped convolutions): the weight as an (out, channels x kernel) matrix
 times the input's sliding windows (``Tensor.unfold`` of the input viewed channels-first, copied once into a
 (channels x kernel, samples x positions) matrix). Its first and second derivatives are again matrix products and window sums,
