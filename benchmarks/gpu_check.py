@@ -18,6 +18,11 @@ hangs or runs slow is reported as "timed out" and the others still run:
   FedDyn + MAN, FedSAM, FedSpeed + MAN, FedAvg + ASD, clients one at a time, together, and together with CUDA
   graphs (median of 3 rounds after a warm-up). Goals: every method <= 0.12 s a round, FedAvg + MAN <= 1.10x
   FedAvg (on the graphed rounds).
+* ``flsam-cost`` (benchmarks/flsam_cost.py ``--size full``): seconds a round of FedAvg, FedDyn, FedSAM, FedSpeed,
+  FedSMOO, FedLESAM-D and FedGMT (when registered), each without and with MAN, in FL-SAM's configuration (CIFAR-10
+  shape, 100 clients, 10 a round, 5 epochs of batch 50) on its CNN and its ResNet-18, one timed round after a warm-up
+  each. Goals: each method's ratio to FedAvg at most 1.05 x the ratio FL-SAM publishes (RTX 4090), and MAN at most
+  1.10x the method without it. A part stopped by its timeout reports the methods it had measured.
 * ``hessian`` (benchmarks/hessian_gpu.py): the Hessian engine against PyHessian on the MAN CIFAR-100 CNN at 512
   inputs: top-1, top-20, the trace, and each trace estimator's share of its time spent outside the products.
   Goals: top-1 no slower than PyHessian, top-20 >= 25x faster than PyHessian, Hutchinson no slower than PyHessian
@@ -31,22 +36,25 @@ hangs or runs slow is reported as "timed out" and the others still run:
   within its seeds' spread. Needs Fashion-MNIST's four files (``--data-dir``, or Debian's
   /usr/share/datasets/fashion-mnist).
 
-The three timing parts run first, alone; then the three others together (they compare numbers, not times). The
-timeouts (round-time 130 s, hessian 110 s, distributed 150 s, the three others 230 s each; ``--timeout PART=SECONDS`` changes one) are
-cut to what is left of ``--budget`` seconds (470 by default: 8 minutes with the start); ``--parts`` runs some only. ``--out DIR`` receives
-``gpu-check.md`` (a header line with the device, torch, flatfl and the date, then the table: check, figure, goal,
-met: yes / no / not measured / timed out / failed) and each part's raw log (``PART.log``, its figures in
-``PART.json``); the table is printed. Exit 0 when every part ran to its end (a goal not met is reported, not an
-error); 1, with one line, when a part failed, crashed or timed out; 2 when the command cannot start (no CUDA
-device without --smoke, an --out that is a non-empty folder not made by gpu_check).
+The timing parts run first, alone; then the three others together (they compare numbers, not times). The
+timeouts (round-time 130 s, hessian 110 s, distributed 150 s, flsam-cost 90 s, the three others 230 s each;
+``--timeout PART=SECONDS`` changes one) are cut to what is left of ``--budget`` seconds (470 by default: 8 minutes
+with the start); ``--parts`` runs some only. ``flsam-cost`` runs on a GPU only when named (``--parts flsam-cost``, a
+second command of its own), so that the default run keeps its time for the checks of numbers. ``--out DIR`` receives ``gpu-check.md`` (a header line with
+the device, torch, flatfl and the date, then the table: check, figure, goal, met: yes / no / not measured / timed
+out / failed) and each part's raw log (``PART.log``, its figures in ``PART.json``); the table is printed. Exit 0
+when every part ran to its end (a goal not met is reported, not an error); 1, with one line, when a part failed,
+crashed or timed out; 2 when the command cannot start (no CUDA device without --smoke, an --out that is a non-empty
+folder not made by gpu_check).
 
 ``--smoke`` runs the same code on the CPU at toy sizes in about a minute: 3 equivalence cases, 2 graph cases (steps
 replayed by tests/graph_replay.py's CPU recorder in place of CUDA graphs), the gpu_round_time ``--small`` shape for
-one round, a digits CNN's Hessian at 32 inputs, and ``reproduce man-table2 --preset tiny`` for FedAvg on one seed,
-compared with itself (there is no committed tiny table). Its timings mean nothing. ``--smoke --minimal`` (the test
-suite's) trains one equivalence case and one graph case, both of the tiny network, taken from the step-graph list
-(without computing the covering set, which takes seconds), and reproduces Table 6's FedASAM row (its runs have no
-spectrum analysis); the other parts as in ``--smoke``.
+one round, flsam_cost.py's ``--size small`` for FedAvg and FedSAM (one timed round, one thread), a digits CNN's
+Hessian at 32 inputs, and ``reproduce man-table2 --preset tiny`` for FedAvg on one seed, compared with itself (there
+is no committed tiny table). Its timings mean nothing. ``--smoke --minimal`` (the test suite's) trains one
+equivalence case and one graph case, both of the tiny network, taken from the step-graph list (without computing the
+covering set, which takes seconds), times the flsam-cost methods on the CNN only, and reproduces Table 6's FedASAM
+row (its runs have no spectrum analysis); the other parts as in ``--smoke``.
 """
 from __future__ import annotations
 
@@ -70,9 +78,13 @@ RTOL = 1e-9
 #: the parts, in the order they run: (name, seconds on a GPU, seconds in --smoke, runs alone); the table lists them
 #: in DISPLAY order
 PARTS = [("round-time", 130, 60, True), ("hessian", 110, 60, True), ("distributed", 150, 30, True),
+         ("flsam-cost", 90, 60, True),
          ("equivalence", 230, 60, False), ("graphs", 230, 60, False), ("table", 230, 60, False)]
 DEFAULT_BUDGET = 470
-DISPLAY = ["equivalence", "graphs", "round-time", "hessian", "distributed", "table"]
+#: parts that run only when --parts names them on a GPU (every part runs in --smoke): the FL-SAM comparison is a
+#: second command of its own, so that the default run keeps its 8 minutes for the checks of numbers
+OPT_IN = ("flsam-cost",)
+DISPLAY = ["equivalence", "graphs", "round-time", "flsam-cost", "hessian", "distributed", "table"]
 
 ROUND_METHODS = ["FedAvg", "FedAvg + MAN", "FedDyn + MAN", "FedSAM", "FedSpeed + MAN", "FedAvg + ASD"]
 ROUNDS = 3  # timed rounds a mode (median), after a warm-up round
@@ -81,6 +93,11 @@ ROUNDS = 3  # timed rounds a mode (median), after a warm-up round
 HESSIAN = dict(full=(512, [1, 20], [1, 20], 90), smoke=(32, [1, 5], [1, 5], 30))
 #: --smoke's round shape: clients, per round, images a client, local epochs, batch, classes
 SMOKE_ROUND_SHAPE = (10, 2, 20, 1, 10, 10)
+
+#: the flsam-cost part's networks (flsam_cost.py's keys and labels), its timed rounds on a GPU, --smoke's methods
+FLSAM_MODELS = [("cnn", "CNN"), ("resnet18", "ResNet-18")]
+FLSAM_ROUNDS = 1
+FLSAM_SMOKE_METHODS = ["FedAvg", "FedSAM"]
 
 
 def checks(part: str, smoke: bool) -> list[tuple[str, str]]:
@@ -104,6 +121,13 @@ def checks(part: str, smoke: bool) -> list[tuple[str, str]]:
                 (f"Hessian trace ({n} inputs)", "Hutchinson no slower than PyHessian at equal products"),
                 (f"Hutchinson: own work ({n} inputs)", "<= 10% of its time outside the products"),
                 (f"Hutch++: own work ({n} inputs)", "<= 10% of its time outside the products")]
+    if part == "flsam-cost":
+        out = []
+        for _, label in FLSAM_MODELS:
+            out.append((f"FL-SAM's configuration, its {label}: s/round x FedAvg",
+                        "<= 1.05 x FL-SAM's ratio (RTX 4090), every method"))
+            out.append((f"FL-SAM's configuration, its {label}: + MAN / without", "<= 1.10x, every method"))
+        return out
     if part == "distributed":
         goal = ">= 0.8 x the GPU count faster than one GPU; numbers within 1e-4"
         return [("Hessian top-20 + trace over every GPU (torchrun, nccl)", goal),
@@ -224,6 +248,82 @@ def part_round_time(args, result: Result, tmp: Path) -> None:
     result.set("s/round FedAvg + MAN / FedAvg", f"{ratio:.2f}x graphed ({together:.2f}x together)", yes(ratio <= 1.10))
 
 
+def flsam_rows(figures: dict, model_key: str, final: bool) -> list[tuple[str, str]]:
+    """The flsam-cost part's (figure, met) of one network, from flsam_cost.py's figures: every method's ratio to
+    FedAvg beside FL-SAM's, then every + MAN / without. ``met`` is "" until ``final``."""
+    import flsam_cost as fc
+
+    entries = fc.ratios(figures, model_key)
+    versus, man, skipped = [], [], []
+    ok_versus = ok_man = True
+    for label, entry in entries.items():
+        if not isinstance(entry, dict):
+            skipped.append(f"{label} {entry}")
+            continue
+        plain = entry.get("none", {})
+        if "error" in plain:
+            skipped.append(f"{label}: {plain['error']}")
+        elif label != "FedAvg" and plain.get("x_fedavg") is not None:
+            theirs = entry["flsam_x_fedavg"]
+            versus.append(f"{label} {plain['x_fedavg']:.2f}x (FL-SAM {theirs:.2f}x)")
+            ok_versus &= plain["x_fedavg"] <= 1.05 * theirs
+        if entry["man_x_method"] is not None:
+            man.append(f"{label} {entry['man_x_method']:.2f}x")
+            ok_man &= entry["man_x_method"] <= 1.10
+    fedavg = entries.get("FedAvg")
+    base = ""
+    if isinstance(fedavg, dict) and "seconds" in fedavg.get("none", {}):
+        memory = fedavg["none"]["peak_bytes"]
+        base = (f"; FedAvg {fedavg['none']['seconds']:.3f} s/round (FL-SAM {fc.flsam_seconds(model_key, 'FedAvg')} s)"
+                + (f", peak {memory / 2**30:.2f} GiB" if memory is not None else ""))
+    shape = fc.Shape(*figures["shape"])
+    where = (f"; {shape.clients} clients, {shape.per_round} a round, {shape.epochs} epoch(s) of batch "
+             f"{shape.batch}, {figures['rounds']} timed round(s)")
+    tail = (f"; {'; '.join(skipped)}" if skipped else "") + where
+    return [(", ".join(versus) + base + tail if versus else "nothing measured" + tail,
+             (yes(ok_versus) if versus else "not measured") if final else ""),
+            (", ".join(man) + tail if man else "nothing measured" + tail,
+             (yes(ok_man) if man else "not measured") if final else "")]
+
+
+def part_flsam_cost(args, result: Result, tmp: Path) -> None:
+    """benchmarks/flsam_cost.py in a process of its own (on a CPU it forks a child a method), its figures read as it
+    writes them, so that a part stopped by its timeout keeps what was measured."""
+    figures_path = tmp / "flsam-cost.json"
+    command = [sys.executable, str(HERE / "flsam_cost.py"), "--config", "flsam", "--device", args.device,
+               "--json", str(figures_path)]
+    if args.smoke:
+        command += ["--size", "small", "--rounds", "1", "--threads", "1", "--methods", *FLSAM_SMOKE_METHODS,
+                    "--models", *[key for key, _ in FLSAM_MODELS[:1 if args.minimal else None]]]
+    else:
+        command += ["--size", "full", "--rounds", str(FLSAM_ROUNDS)]
+    names = [c for c, _ in checks("flsam-cost", args.smoke)]
+
+    def update(final: bool) -> None:
+        try:
+            figures = json.loads(figures_path.read_text())
+        except (OSError, ValueError):
+            return
+        for i, (key, _) in enumerate(FLSAM_MODELS):
+            if key in figures["models"]:
+                rows = flsam_rows(figures, key, final)
+            elif final:  # --smoke --minimal
+                rows = [("not run (--smoke --minimal times the CNN only)", "not measured")] * 2
+            else:
+                continue
+            for check, (figure, met) in zip(names[2 * i:2 * i + 2], rows):
+                result.set(check, figure, met)
+
+    print("$ " + " ".join(command), flush=True)
+    child = subprocess.Popen(command, cwd=str(ROOT))
+    while child.poll() is None:
+        time.sleep(2)
+        update(False)
+    if child.returncode != 0:
+        raise SystemExit(f"gpu_check: flsam_cost.py failed (exit {child.returncode}; its output is above)")
+    update(True)
+
+
 def part_hessian(args, result: Result, tmp: Path) -> None:
     import torch
 
@@ -301,7 +401,8 @@ def part_distributed(args, result: Result, tmp: Path) -> None:
 
 
 PART_FUNCTIONS = {"equivalence": part_equivalence, "graphs": part_graphs, "round-time": part_round_time,
-                  "hessian": part_hessian, "table": part_table, "distributed": part_distributed}
+                  "flsam-cost": part_flsam_cost, "hessian": part_hessian, "table": part_table,
+                  "distributed": part_distributed}
 
 
 def run_part(args) -> int:
@@ -471,7 +572,9 @@ def main(argv=None) -> int:
     ap.add_argument("--data-dir", default=None, help="table part: the folder holding Fashion-MNIST's four files")
     ap.add_argument("--budget", type=float, default=None,
                     help=f"seconds for all the parts together (default {DEFAULT_BUDGET} on a GPU)")
-    ap.add_argument("--parts", default=",".join(p[0] for p in PARTS), help="comma-separated parts to run")
+    ap.add_argument("--parts", default=None,
+                    help="comma-separated parts to run (default: every part but flsam-cost on a GPU, every part "
+                         "with --smoke)")
     ap.add_argument("--workers", type=int, default=None, help="table part: runs at once (8 on a GPU)")
     ap.add_argument("--timeout", action="append", default=[], metavar="PART=SECONDS",
                     help="another timeout for a part (still within --budget), e.g. equivalence=400")
@@ -498,6 +601,8 @@ def main(argv=None) -> int:
     refusal = refuse_out(out)
     if refusal:
         return fail(refusal)
+    if args.parts is None:
+        args.parts = ",".join(p[0] for p in PARTS if args.smoke or p[0] not in OPT_IN)
     names = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [n for n in names if n not in PART_FUNCTIONS]
     if unknown or not names:

@@ -11,11 +11,15 @@ Fig. 4 methods with their spectrum), in this process with one torch thread, as t
 
 then the whole job's estimate from these steps (each kind x 2 partitions x 3 seeds, the spectrum on the first
 seed only; one worker; the job runs two at once on two cores). ``--whole`` also runs the whole job itself, timed
-(wall and CPU seconds, its worker processes included), into a temporary folder.
+(wall and CPU seconds, its worker processes included), into a temporary folder. ``--floor`` also prints what a
+product of the first kind's ``hessian`` analysis would cost as its matrix products alone (their floating-point
+operations as torch's profiler counts them, each shape timed alone on this CPU): the arithmetic the precision
+cannot avoid, against the product as measured.
 
     python benchmarks/main_job_cost.py                                  # float64, every kind (about 3 min, 2 cores)
     python benchmarks/main_job_cost.py --precisions float32,float64 --native-conv
     python benchmarks/main_job_cost.py --methods FedAvg,FedSAM --whole
+    python benchmarks/main_job_cost.py --methods FedAvg --precisions float32,float64 --floor
 """
 from __future__ import annotations
 
@@ -50,13 +54,59 @@ def products(folder: Path) -> int:
 
 
 def tracking(run_dir: Path) -> tuple[float, int]:
+    """Seconds and products of a run's curvature tracking (metrics.csv's ``observer_seconds`` is cumulative: the
+    last tracked row holds the total)."""
     seconds, hvps = 0.0, 0
     with open(run_dir / "metrics.csv", newline="") as f:
         for row in csv.DictReader(f):
             if row.get("hessian_hvps"):
                 hvps += int(row["hessian_hvps"])
-                seconds += float(row["observer_seconds"] or 0)
+                seconds = max(seconds, float(row["observer_seconds"] or 0))
     return seconds, hvps
+
+
+def matmul_floor(run_dir: Path, batch_size: int = 512, repeats: int = 3) -> float:
+    """What a product of the ``hessian`` analysis would cost if it were its matrix products alone: the floating-point
+    operations of every ``mm`` / ``addmm`` / ``bmm`` in one product (torch's profiler counts them), each shape timed
+    alone on this CPU in the product's precision, against the product as measured in the same process."""
+    from collections import defaultdict
+
+    from torch.profiler import profile
+
+    from flatfl.analysis.operators.hessian import HessianOperator
+    from flatfl.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(run_dir / "final.pt")
+    batches = ckpt.eval_batches(split="train", samples=None, batch_size=batch_size, seed=0)
+    op = HessianOperator(ckpt.model, batches, products="double-backward")
+    v = torch.randn(op.dim, 1, dtype=op.dtype, generator=torch.Generator().manual_seed(0))
+    op.matmat(v)  # the first-order graphs built and kept, as the estimators find them
+    start = time.perf_counter()
+    for _ in range(repeats):
+        op.matmat(v)
+    product_ms = 1e3 * (time.perf_counter() - start) / repeats
+    with profile(record_shapes=True, with_flops=True) as prof:
+        op.matmat(v)
+    shapes: dict = defaultdict(int)
+    flops = 0.0
+    for e in prof.events():
+        if e.name in ("aten::mm", "aten::addmm", "aten::bmm") and e.flops:
+            flops += e.flops
+            shapes[(e.name, tuple(tuple(s) for s in e.input_shapes if s))] += 1
+    alone_ms = 0.0
+    for (name, dims), count in shapes.items():
+        tensors = [torch.randn(*d, dtype=op.dtype) for d in dims]
+        fn = {"aten::mm": torch.mm, "aten::addmm": torch.addmm, "aten::bmm": torch.bmm}[name]
+        fn(*tensors)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn(*tensors)
+        alone_ms += count * 1e3 * (time.perf_counter() - start) / repeats
+    print(f"a {str(op.dtype).replace('torch.', '')} product of {op.dim:,} parameters on {op.num_samples:,} inputs "
+          f"(batches of {batch_size}): {product_ms:.1f} ms; its matrix products: {flops / 1e9:.2f} GFLOP, "
+          f"{alone_ms:.1f} ms when each is timed alone ({flops / 1e6 / max(alone_ms, 1e-9):.1f} GFLOP/s), "
+          f"{100 * alone_ms / product_ms:.0f}% of the product", flush=True)
+    return alone_ms
 
 
 def measure(task: RunTask) -> dict:
@@ -119,7 +169,9 @@ def bench(precision: str, native_conv: bool, methods, root: Path) -> dict:
     share = ", ".join(f"{k} {v:.0f} s ({100 * v / total:.0f}%)" for k, v in whole.items())
     print(f"{label}: the whole job estimated from these steps: {total:.0f} CPU s ({share}); "
           f"on 2 workers about {total / 2 / 60:.1f} min", flush=True)
-    return {"label": label, "total": total, **whole}
+    # the products of the whole job's analyses (tracking's, on 128 inputs, left out)
+    job_hvps = sum(6 * r["hessian_hvps"] + 2 * r.get("spectrum_hvps", 0) for r in rows.values())
+    return {"label": label, "total": total, "hvps": job_hvps, **whole}
 
 
 def whole_job(methods, root: Path, workers: int) -> None:
@@ -146,6 +198,8 @@ def main(argv=None) -> None:
     ap.add_argument("--methods", default=None, help="rows of the tables, e.g. FedAvg,FedSAM (default: all 12)")
     ap.add_argument("--whole", action="store_true", help="also run and time the whole job")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--floor", action="store_true",
+                    help="also what a product's matrix products alone cost (the float64 arithmetic floor)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,6 +215,13 @@ def main(argv=None) -> None:
                           f"(hessian {r['hessian'] / max(base['hessian'], 1e-9):.2f}x, spectrum "
                           f"{r['spectrum'] / max(base['spectrum'], 1e-9):.2f}x, training "
                           f"{r['train'] / max(base['train'], 1e-9):.2f}x)", flush=True)
+        if args.floor:
+            first = kinds(args.methods)[0].name
+            for r in results:
+                if r["label"] in ("float32", "float64"):
+                    ms = matmul_floor(root / r["label"] / first)
+                    print(f"{r['label']}: the job's {r['hvps']:,} analysis products (hessian and spectrum) at that "
+                          f"floor: {r['hvps'] * ms / 1e3:.0f} CPU s of matrix products", flush=True)
         if args.whole:
             whole_job(args.methods, root, args.workers)
 

@@ -93,23 +93,39 @@ def raised_in(e: BaseException) -> str | None:
     return f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})"
 
 
-def user_frame(e: BaseException, innermost: bool = False) -> str | None:
-    """The innermost frame of ``e``'s traceback in code that is neither flatfl's nor an installed package's nor
-    Python's own (your network's ``forward``, a loss, a factory): ``function (file:line)``, or None. With
-    ``innermost``, only the frame that raised counts (None when torch, say, raised it under your code)."""
+def _not_yours() -> tuple[str, ...]:
+    """The folders of flatfl's code, the installed packages' and Python's own, each ending in a separator."""
     import os
     import sysconfig
 
-    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    libraries = {os.path.abspath(p) + os.sep for p in (sysconfig.get_paths().get(k) for k in
-                                                       ("stdlib", "platstdlib", "purelib", "platlib")) if p}
+    roots = {os.path.dirname(os.path.abspath(__file__))}
+    roots |= {os.path.abspath(p) for p in (sysconfig.get_paths().get(k) for k in
+                                           ("stdlib", "platstdlib", "purelib", "platlib")) if p}
+    return tuple(root + os.sep for root in roots)
+
+
+def users_file(filename: str) -> bool:
+    """Whether code of the file ``filename`` (a code object's ``co_filename``) is yours: neither flatfl's nor an
+    installed package's nor Python's own (nor generated, ``<string>``)."""
+    import os
+
+    global _ROOTS
+    if _ROOTS is None:
+        _ROOTS = _not_yours()
+    return not filename.startswith("<") and not os.path.abspath(filename).startswith(_ROOTS)
+
+
+_ROOTS: tuple[str, ...] | None = None  # set by users_file on first use
+
+
+def user_frame(e: BaseException, innermost: bool = False) -> str | None:
+    """The innermost frame of ``e``'s traceback in code that is neither flatfl's nor an installed package's nor
+    Python's own (your network's ``forward``, a loss, a factory; :func:`users_file`): ``function (file:line)``, or
+    None. With ``innermost``, only the frame that raised counts (None when torch, say, raised it under your code)."""
     found, tb = None, e.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
-        path = os.path.abspath(code.co_filename)
-        mine = not path.startswith(here) and not any(path.startswith(lib) for lib in libraries) \
-            and not code.co_filename.startswith("<")
-        if mine:
+        if users_file(code.co_filename):
             found = f"{code.co_name} ({code.co_filename}:{tb.tb_lineno})"
         elif innermost:
             found = None

@@ -186,6 +186,8 @@ def check_out(out: Path, tasks: list[RunTask], model: str | None = None) -> None
     import csv
     import json
 
+    from .utils.csv_cells import read_csv_cell
+
     out = Path(out)
     if not (out / "summary.json").is_file():
         return
@@ -193,7 +195,7 @@ def check_out(out: Path, tasks: list[RunTask], model: str | None = None) -> None
     try:
         if (out / "runs.csv").is_file():
             with open(out / "runs.csv", newline="", encoding="utf-8") as f:
-                theirs = {row.get("run") or "" for row in csv.DictReader(f)}
+                theirs = {read_csv_cell(row.get("run") or "") for row in csv.DictReader(f)}
             count, extra = len(theirs), sorted(theirs - ours)
         else:  # a report without its runs.csv: only its count of runs is known
             count = json.loads((out / "summary.json").read_text(encoding="utf-8")).get("runs")

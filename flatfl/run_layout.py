@@ -123,7 +123,7 @@ def _hessian(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str 
             and Path(str(report.get("checkpoint", ""))).name == final.name \
             and settings_match(report.get("settings"), wanted):
         return "skipped"
-    run_hessian(str(final), str(out), HessianSettings.from_mapping(wanted), quiet=quiet)
+    run_hessian(str(final), str(out), HessianSettings.from_mapping(wanted), quiet=quiet, replace=True)
     return "computed"
 
 
@@ -160,7 +160,7 @@ def _surface(run_dir: Path, final: Path, wanted: dict, quiet: bool, folder: str 
 
 
 def _file_sha1(path) -> str | None:
-    from .analysis.commands.surface_files import file_sha1
+    from .analysis.estimators.surface_files import file_sha1
 
     try:
         return file_sha1(path)

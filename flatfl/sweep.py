@@ -511,6 +511,7 @@ def _write_index(path: Path, records: Iterable[dict]) -> None:
     import csv
     import io
 
+    from .utils.csv_cells import csv_row
     from .utils.io import atomic_write_text
 
     cols = ["name", "run_dir", "train", "hessian", "clients", "spectrum", "surface", "seconds", "error"]
@@ -518,6 +519,6 @@ def _write_index(path: Path, records: Iterable[dict]) -> None:
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
     for r in records:
-        w.writerow(r)
+        w.writerow(csv_row(r))
     atomic_write_text(path, buf.getvalue())
 

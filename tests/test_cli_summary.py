@@ -97,8 +97,10 @@ def test_hessian_summary(run_dir, tmp_path):
     rep = json.loads((out / "hessian.json").read_text())
     tr = rep["trace"]
     assert last_line(r.output) == (
-        f"top eigenvalue {rep['top_eigenvalues'][0]:.6g}, trace {tr['estimate']:.6g} +- {tr['stderr']:.3g} on 128 "
-        f"samples; {rep['hvps_total']} HVPs in {rep['seconds']:.1f} s -> {out / 'hessian.json'}")
+        f"Hessian, exact products ({rep['products']['method']}), {rep['precision']}: top eigenvalue "
+        f"{rep['top_eigenvalues'][0]:.6g} +- {rep['error_estimates'][0]:.2g}, trace {tr['estimate']:.6g} +- "
+        f"{tr['stderr']:.3g} on 128 samples; {rep['hvps_total']} HVPs in {rep['seconds']:.1f} s -> "
+        f"{out / 'hessian.json'}")
     # 12 products cannot reach the default 1% target: the trace line says so, with the error they reached
     assert tr["target_reached"] is False and tr["target_rtol"] == 0.01
     line = next(s for s in r.output.splitlines() if s.startswith("trace: "))

@@ -70,7 +70,7 @@ def test_a_registered_estimator_runs_through_the_command_line(checkpoint, tmp_pa
     r = hessian(str(checkpoint), "--method", TOY, "--top", "3", "--samples", "64", "--no-trace", "--quiet",
                 "--out", str(out))
     assert r.exit_code == 0, r.output
-    assert "top eigenvalues (largest algebraic): " in r.output
+    assert "top eigenvalues of the Hessian (largest algebraic): " in r.output
     for name in ("hessian.json", "eigenvalues.csv", "eigenvalues.png", "eigenvalues.pdf"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     report = json.loads((out / "hessian.json").read_text())

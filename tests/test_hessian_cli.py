@@ -38,7 +38,7 @@ def test_hessian_writes_everything_and_matches_arpack(run_dir, tmp_path):
     r = hessian(str(run_dir / "final.pt"), "--top", "5", "--density", "--density-steps", "20", "--samples", "256",
                 "--trace-hvps", "30", "--save-eigenvectors", "--quiet", "--out", str(out))
     assert r.exit_code == 0, r.output
-    assert "top eigenvalues (largest algebraic):" in r.output and "trace:" in r.output
+    assert "top eigenvalues of the Hessian (largest algebraic):" in r.output and "trace:" in r.output
     for name in ("hessian.json", "eigenvalues.csv", "eigenvalues.png", "eigenvalues.pdf", "density.png",
                  "density.pdf", "eigenvectors.pt"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name

@@ -21,7 +21,7 @@ EXPECTED = {"top": 1, "trace": True, "density": False, "samples": None, "batch_s
             "trace_method": None, "trace_hvps": 100, "trace_rtol": 1e-2, "density_steps": 100, "density_starts": 4,
             "exact_residuals": False, "data_dir": None, "model_factory": None, "per_layer": False, "per_layer_top": 1,
             "loss": None, "curvature": "hessian", "products": "auto",
-            "precision": None}
+            "precision": None, "which": None}
 
 
 def choices(message: str) -> str:

@@ -37,6 +37,15 @@ LAYERS = (
     ("entry points", ("flatfl.__main__", "flatfl")),  # the package root: flatfl.load_checkpoint, __version__
 )
 
+# inside flatfl.analysis, bottom first: the operators, the estimators on them, the commands on both, and the
+# package's own modules (the PyHessian-style API, the names it exports) on top
+ANALYSIS_LAYERS = (
+    ("operators", ("flatfl.analysis.operators",)),
+    ("estimators", ("flatfl.analysis.estimators",)),
+    ("commands", ("flatfl.analysis.commands",)),
+    ("the package's API", ("flatfl.analysis.model_hessian", "flatfl.analysis")),
+)
+
 def module_files(package_dir: Path) -> dict[str, Path]:
     """Dotted module name -> file, for every module of the package in ``package_dir``."""
     out = {}
@@ -193,6 +202,15 @@ def test_every_module_has_a_layer():
 
 def test_no_import_from_a_higher_layer_or_a_unit_beside():
     problems = layer_violations(import_graph(PACKAGE))
+    assert not problems, "\n".join(problems)
+
+
+def test_analysis_sublayers_import_only_downward():
+    """operators <- estimators <- commands <- the API: no module of flatfl.analysis imports one of a sub-layer above
+    it (a name table the operators need lives with the operators, not in a command's settings)."""
+    graph = {m: e for m, e in import_graph(PACKAGE).items() if m == "flatfl.analysis" or m.startswith("flatfl.analysis.")}
+    assert all(unit_of(m, ANALYSIS_LAYERS) is not None for m in graph)
+    problems = layer_violations(graph, ANALYSIS_LAYERS)
     assert not problems, "\n".join(problems)
 
 

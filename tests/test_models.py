@@ -18,6 +18,7 @@ NATURAL = {
     "cifar-cnn": (3, 32, 100),
     "tiny-cnn": (3, 64, 200),
     "emnist-cnn": (1, 28, 62),
+    "flsam-cnn": (3, 32, 10),
     "digits-cnn": (1, 8, 10),
     "tiny": (1, 8, 10),
     "mlp": (1, 8, 10),
@@ -25,8 +26,8 @@ NATURAL = {
     "resnet56": (3, 32, 100),
     "resnet18": (3, 32, 10),
 }
-FEATURE_DIM = {"cifar-cnn": 192, "tiny-cnn": 384, "emnist-cnn": 2048, "digits-cnn": 64, "tiny": 32, "mlp": 64,
-               "resnet20": 64, "resnet56": 256, "resnet18": 512}
+FEATURE_DIM = {"cifar-cnn": 192, "tiny-cnn": 384, "emnist-cnn": 2048, "flsam-cnn": 512, "digits-cnn": 64, "tiny": 32,
+               "mlp": 64, "resnet20": 64, "resnet56": 256, "resnet18": 512}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -121,11 +121,12 @@ def test_the_command_writes_per_layer_files(run_dir, tmp_path):
     assert report["settings"]["per_layer"] is True and report["settings"]["per_layer_top"] == 2
     assert report["hvps_total"] == report["eigen"]["hvps"] + whole["hvps"] + layers["hvps"]
 
-    # the next run without --per-layer keeps the earlier per-layer results of these weights (files and section,
-    # marked as kept with the settings they were computed with); it does not delete what it did not replace
+    # the next run of the same analysis without --per-layer keeps the earlier per-layer results of these weights
+    # (files and section, marked as kept with the settings they were computed with); it does not delete what it did
+    # not replace (an analysis with other settings is refused in this folder: tests/test_hessian_naming.py)
     before = (out / "per_layer.csv").read_bytes()
-    r = CliRunner().invoke(main, ["hessian", str(run_dir), "--samples", "128", "--trace-hvps", "20", "--quiet",
-                                  "--out", str(out)], catch_exceptions=False)
+    r = CliRunner().invoke(main, ["hessian", str(run_dir), "--top", "2", "--samples", "128", "--trace-hvps", "60",
+                                  "--quiet", "--out", str(out)], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert (out / "per_layer.csv").read_bytes() == before and (out / "per_layer.png").stat().st_size > 0
     again = json.loads((out / "hessian.json").read_text())

@@ -12,6 +12,7 @@ import torch
 from fl_harness import (Linear, as_numpy as _np, check_resume_equals_uninterrupted,
                         client_data as _clients, flat_params as _flat, make_dataset, np_ce_grad, run)
 from combinations import Combination, case_settings, differences, train_case
+from authors_loops import run64
 from flatfl.errors import ConfigError
 from flatfl.train.catalog import describe, load_all
 from flatfl.train.components import ALGORITHMS
@@ -28,18 +29,6 @@ def _setup(seed, num_samples=25):
     torch.manual_seed(seed)
     model = Linear(DIM, C).double()
     return ds, model, _flat(model)
-
-
-def run64(tmp_path, **kw):
-    """``fl_harness.run`` in float64 (the model's and the run's tensors)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        tr = run(tmp_path, **kw)
-    finally:
-        torch.set_default_dtype(old)
-    assert tr.theta.dtype == torch.float64
-    return tr
 
 
 def g(theta, x, y):
@@ -263,15 +252,19 @@ def test_fedgloss_defaults_and_asam_is_refused(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ FedNSAM (section 28)
-def test_fednsam_equals_hand_computation(tmp_path):
+@pytest.mark.parametrize("rule", ["released", "accumulated"])
+def test_fednsam_equals_hand_computation(tmp_path, rule):
     """Four rounds of 3 unequal clients joining with probability 0.5 (the mean over the round's participants), two
-    full-batch local SAM steps from theta + gamma m, decaying rate, weight decay on."""
+    full-batch local SAM steps from theta + gamma m, decaying rate, weight decay on; the server momentum as the
+    authors' loop runs it (apply_weights_avgACG: the mean, then gamma mean + mean) or as apply_weights_avgACG2
+    (gamma m + mean)."""
     from flatfl.train.rounds import sample_clients
 
     ds, model, theta = _setup(39, num_samples=26)
     lr, decay, K, rho, gamma, wd, rounds = 0.4, 0.9, 2, 0.15, 0.7, 0.01, 4
     tr = run64(tmp_path, rounds=rounds, clients=3, participation=0.5, local_epochs=K, lr=lr, lr_decay=decay,
-               weight_decay=wd, algo="fednsam", params={"rho": rho, "nsam_gamma": gamma}, dataset=ds, model=model)
+               weight_decay=wd, algo="fednsam", params={"rho": rho, "nsam_gamma": gamma, "nsam_momentum": rule},
+               dataset=ds, model=model)
     assert tr.opt_cls.name == "sam" and tr.opt_hp == {"rho": rho}
     data, n, w = _clients(tr)
     m, joined = np.zeros_like(theta), []
@@ -287,7 +280,8 @@ def test_fednsam_equals_hand_computation(tmp_path):
             for _ in range(K):
                 p = p - eta * (g(p + sam_eps(g(p, x, y), rho), x, y) + wd * p)
             deltas.append(p - start)
-        m = gamma * m + np.mean(deltas, 0)
+        mean = np.mean(deltas, 0)
+        m = gamma * m + mean if rule == "accumulated" else (mean if t == 0 else gamma * mean + mean)
         theta = theta + m
     assert sorted(set(joined)) != [len(data)]  # some round leaves a client out
     assert close(_np(tr.theta), theta) and close(_np(tr.algo.server["momentum"]), m)
@@ -297,9 +291,11 @@ def test_fednsam_equals_hand_computation(tmp_path):
 def test_fednsam_defaults_and_asam_is_refused(tmp_path):
     ds, model, _ = _setup(40)
     a = run64(tmp_path / "a", rounds=2, local_epochs=1, algo="fednsam", dataset=ds, model=model)
-    assert a.opt_hp == {"rho": 0.05} and a.algo.gamma == 0.85
+    assert a.opt_hp == {"rho": 0.05} and a.algo.gamma == 0.85 and a.algo.momentum_rule == "released"
     with pytest.raises(ConfigError, match="--algo fednsam runs with --local-opt sam, not 'asam'"):
         run(tmp_path / "b", algo="fednsam", local_opt="asam", dataset=ds, model=model)
+    with pytest.raises(ConfigError, match="unknown --nsam-momentum value for fednsam 'acg2'"):
+        run(tmp_path / "c", algo="fednsam", params={"nsam_momentum": "acg2"}, dataset=ds, model=model)
 
 
 # ----------------------------------------------------------------------------------------------- FedWMSAM (section 29)

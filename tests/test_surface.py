@@ -13,7 +13,7 @@ from torch import nn
 import flatfl
 from flatfl.analysis.estimators.directions import hessian_directions, random_directions
 from flatfl.analysis.estimators.surface import grid_coordinates, loss_surface
-from flatfl.analysis.commands.surface_files import GridFile
+from flatfl.analysis.estimators.surface_files import GridFile
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 from tiny_run import train_tiny

@@ -56,7 +56,7 @@ def test_last_row_equals_flatfl_hessian_on_final_pt(tmp_path):
     assert h.exit_code == 0, h.output
     report = json.loads((tmp_path / "h" / "hessian.json").read_text())
     # the summary says which "top" it printed; hessian.json says what is known of repeated values
-    assert "top eigenvalues (largest algebraic): " in h.output
+    assert "top eigenvalues of the Hessian (largest algebraic): " in h.output
     assert report["eigen"]["multiplicity"]["status"] in ("none seen", "checked")
     last = table[-1]
     assert float(last["hessian_top"]) == report["top_eigenvalues"][0]

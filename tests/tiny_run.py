@@ -16,3 +16,12 @@ def train_tiny(out: Path, *flags: str) -> Path:
                                   "--out", str(out)], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     return out
+
+
+def analyse_tiny(run: Path, out: Path, *flags: str) -> tuple:
+    """``flatfl hessian RUN --quiet --threads 1 --out OUT [flags]``: the click result and, when it succeeded, the
+    hessian.json it wrote (None otherwise)."""
+    import json
+
+    r = CliRunner().invoke(main, ["hessian", str(run), "--quiet", "--threads", "1", "--out", str(out), *flags])
+    return r, (json.loads((out / "hessian.json").read_text()) if r.exit_code == 0 else None)

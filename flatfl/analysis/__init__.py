@@ -63,7 +63,7 @@ Your own model, PyHessian's calls with the import changed (:mod:`flatfl.analysis
   (:mod:`flatfl.analysis.estimators.client_metrics`).
 * :func:`loss_surface` ``(model, batches, directions, grid=21, range=1.0, ...) -> SurfaceResult`` with
   :class:`SurfaceEvaluator`: a 2-D loss surface (:mod:`flatfl.analysis.estimators.surface`; directions:
-  :mod:`flatfl.analysis.estimators.directions`; its files: :mod:`flatfl.analysis.commands.surface_files`).
+  :mod:`flatfl.analysis.estimators.directions`; its files: :mod:`flatfl.analysis.estimators.surface_files`).
 
 The commands, each on the skeleton of :mod:`flatfl.analysis.commands.skeleton` (``--out`` checked, the device resolved,
 foreign files refused, the checkpoint loaded, a progress bar, the common header, an all-or-nothing write), each

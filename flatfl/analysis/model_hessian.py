@@ -28,6 +28,10 @@ PyHessian"):
   ``iter`` steps from each of ``n_v`` Rademacher starts; PyHessian 0.1's own ``density`` calls the removed
   ``torch.eig``).
 
+``which="smallest"`` (the most negative first) or ``"magnitude"`` in ``eigenvalues`` and ``top_eigenvalues`` asks
+for other eigenvalues than the largest, and :meth:`ModelHessian.as_linear_operator` gives the curvature to scipy's
+solvers.
+
 The richer answers stay reachable: :meth:`ModelHessian.top_eigenvalues` (residuals, error estimates, products),
 :meth:`ModelHessian.trace_estimate` (the estimate with its standard error), :meth:`ModelHessian.spectral_density`,
 :meth:`ModelHessian.per_layer` (each module's block), and ``h.last``, the rich result behind the last call
@@ -52,8 +56,8 @@ import torch
 
 from ..errors import ConfigError
 from ..utils.atomic import atomic_write_bytes_unrecorded
-from .estimators.registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, estimator
-from .commands.hessian_settings import HessianSettings
+from .estimators.registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, estimator, resolve_which
+from .commands.hessian_settings import HessianSettings, measured_text
 from .estimators.density import DensityResult, spectral_density
 from .estimators.eigen import EigenResult
 from .estimators.by_name import estimate_eigenvalues, estimate_trace
@@ -189,14 +193,18 @@ class ModelHessian:
 
     # ------------------------------------------------------------------ PyHessian's calls
     def eigenvalues(self, maxIter: int = 100, tol: float = 1e-3, top_n: int = 1, *,
-                    method: str = DEFAULT_EIGEN_METHOD) -> tuple[list[float], list[list[torch.Tensor]]]:
+                    method: str = DEFAULT_EIGEN_METHOD,
+                    which: str | None = None) -> tuple[list[float], list[list[torch.Tensor]]]:
         """PyHessian's ``eigenvalues``: ``(values, vectors)``, the ``top_n`` largest eigenvalues as floats and each
         one's eigenvector as a list of tensors shaped like :attr:`params`. ``method="lanczos"`` (default: largest
         algebraic, descending, relative residual ``tol``), ``"power"`` (PyHessian's power iteration, at most
         ``maxIter`` products per eigenvalue, in the order found) or any other registered eigenvalue method
-        (:mod:`flatfl.analysis.estimators.registry`; ``maxIter`` is PyHessian's power iteration's alone). The rich result:
-        ``h.last``."""
+        (:mod:`flatfl.analysis.estimators.registry`; ``maxIter`` is PyHessian's power iteration's alone).
+        ``which="smallest"`` gives the ``top_n`` smallest (ascending: the most negative first), ``"magnitude"`` the
+        largest in magnitude (by decreasing ``|lambda|``; power iteration finds these only); None: the method's own.
+        The rich result: ``h.last``."""
         estimator("eigenvalues", method)  # an unknown name: the registry's one line, naming the registered ones
+        which = resolve_which(method, which)
         if not isinstance(maxIter, (int, np.integer)) or isinstance(maxIter, bool) or maxIter < 1:
             raise ConfigError(f"maxIter must be a positive integer, got {maxIter!r}")
         _check_tol("tol", tol)
@@ -204,7 +212,8 @@ class ModelHessian:
             result = power_iteration(self.operator, top_n, max_iter=int(maxIter), tol=tol, seed=self.seed,
                                      return_vectors=True)
         else:
-            result = estimate_eigenvalues(self.operator, method, top_n, tol=tol, seed=self.seed, return_vectors=True)
+            result = estimate_eigenvalues(self.operator, method, top_n, which=which, tol=tol, seed=self.seed,
+                                          return_vectors=True)
         self._keep(result)
         vectors = [[t.detach().clone() for t in self.operator.unflatten(v).values()] for v in result.eigenvectors]
         return [float(v) for v in result.eigenvalues], vectors
@@ -241,15 +250,31 @@ class ModelHessian:
 
     # ------------------------------------------------------------------ flatfl's richer answers
     def top_eigenvalues(self, top_n: int = 1, *, method: str = DEFAULTS.method, tol: float = DEFAULTS.tol,
-                        return_vectors: bool = False,
+                        which: str | None = DEFAULTS.which, return_vectors: bool = False,
                         exact_residuals: bool = DEFAULTS.exact_residuals) -> EigenResult:
         """The ``top_n`` largest eigenvalues, descending (``.eigenvalues``), with residuals ``||Hv - λv||``, error
-        estimates and the products used, by any registered method (``lanczos``, ``power``); ``return_vectors=True``
-        adds ``.eigenvectors`` (``(top_n, dim)`` unit rows; ``operator.unflatten(v)`` shapes one like the
-        parameters)."""
+        estimates (never below the products' rounding, ``.info["rounding_floor"]``) and the products used, by any
+        registered method (``lanczos``, ``power``); ``which="smallest"``: the ``top_n`` smallest, ascending;
+        ``"magnitude"``: the largest in magnitude. ``return_vectors=True`` adds ``.eigenvectors`` (``(top_n, dim)``
+        unit rows; ``operator.unflatten(v)`` shapes one like the parameters)."""
         _check_tol("tol", tol)
-        return self._keep(estimate_eigenvalues(self.operator, method, top_n, tol=tol, seed=self.seed,
+        return self._keep(estimate_eigenvalues(self.operator, method, top_n, which=which, tol=tol, seed=self.seed,
                                                return_vectors=return_vectors, exact_residuals=exact_residuals))
+
+    def as_linear_operator(self):
+        """The curvature as a ``scipy.sparse.linalg.LinearOperator`` in the model's dtype (float32 or float64), for
+        scipy's solvers: ``scipy.sparse.linalg.eigsh(h.as_linear_operator(), k=3, which="SA")`` (each product
+        counted in ``h.operator.hvps``; the operator's ``as_linear_operator``,
+        :mod:`flatfl.analysis.operators.linear_operator`)."""
+        return self.operator.as_linear_operator()
+
+    @property
+    def measured(self) -> str:
+        """What this object's numbers are of: 'GGN, exact products (jvp-vjp), float32' (the curvature, how its
+        products are computed, the floating type)."""
+        error = self.operator.product_error
+        products = {"method": self.operator.products, "relative_error": None if error is None else float(error)}
+        return measured_text(self.curvature, products, str(self.operator.dtype).removeprefix("torch."))
 
     def trace_estimate(self, *, method: str = DEFAULT_TRACE_METHOD, max_hvps: int = DEFAULTS.trace_hvps,
                        rtol: float | None = DEFAULTS.trace_rtol) -> TraceResult:
@@ -278,8 +303,10 @@ class ModelHessian:
 
     def save_density(self, path, density: DensityResult | None = None, *, title: str | None = None) -> Path:
         """Write ``density`` (default: the last density, computed now if there is none) to ``path``: ``.png`` /
-        ``.pdf``, the figure ``flatfl hessian --density`` draws (the last top eigenvalues marked); ``.csv``, that
-        figure's curve (columns ``eigenvalue``, ``density``). Written atomically; returns the path."""
+        ``.pdf``, the figure ``flatfl hessian --density`` draws (the last eigenvalues computed marked; the axis
+        names the curvature, the title the products and precision, :attr:`measured`); ``.csv``, that figure's curve
+        (columns ``eigenvalue``, ``density``). Written atomically;
+        returns the path."""
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix not in DENSITY_FORMATS:
@@ -299,8 +326,11 @@ class ModelHessian:
         else:
             from .commands.result_figures import density_figure
 
-            marks = [] if self.last_eigenvalues is None else self.last_eigenvalues.eigenvalues.tolist()
-            data = density_figure(dens, suffix[1:], marks=marks, samples=self.num_samples,
+            last = self.last_eigenvalues
+            marks = [] if last is None else last.eigenvalues.tolist()
+            which = "largest" if last is None else last.info.get("which", "largest")
+            data = density_figure(dens, suffix[1:], marks=marks, curvature=self.curvature, which=which,
+                                  measured=self.measured, samples=self.num_samples,
                                   model=title or f"{self.num_params:,} parameters")
         atomic_write_bytes_unrecorded(path, data)
         return path

@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 
 from ..analysis.commands.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # no torch: the defaults
-from ..analysis.estimators.registry import DEFAULT_TRACE_METHOD, estimator, estimator_names
-from ..analysis.commands.hessian_settings import CURVATURES, PRODUCT_METHODS, HessianSettings
+from ..analysis.estimators.registry import DEFAULT_TRACE_METHOD, WHICH, estimator, estimator_names
+from ..analysis.commands.hessian_settings import (CURVATURE_NAMES, CURVATURES, PRODUCT_METHODS, HessianSettings,
+                                                  eigenvalues_text, measured_text)
 from ..utils.precision import PRECISIONS
 from ..analysis.commands.surface_settings import DIRECTION_KINDS, SurfaceSettings
 from .common import LazyHelp, NameChoice, apply_threads, friendly_errors, threads_option
@@ -73,6 +74,7 @@ Examples:
   flatfl hessian runs/x --top 200 --density --samples 4096 --out runs/x/hessian
   flatfl hessian runs/x --method power --samples 4096 --out h-pyh  # PyHessian's protocol (power + its trace rule)
   flatfl hessian runs/x --curvature ggn --top 5 --out runs/x/ggn   # the Gauss-Newton matrix's top 5 and trace
+  flatfl hessian runs/x --which smallest --top 3 --out runs/x/neg   # the 3 most negative eigenvalues
   flatfl hessian runs/x --products finite-difference              # an operation torch cannot differentiate twice
 """
 
@@ -80,9 +82,13 @@ Examples:
 @click.command(epilog=HESSIAN_EPILOG)
 @click.argument("checkpoint", type=click.Path())
 @click.option("--out", default=None, type=click.Path(), help="output directory (hessian.json, eigenvalues.csv, figures; default: the run's 'hessian' folder, e.g. RUN/hessian)")
-@click.option("--top", type=int, default=HESSIAN_DEFAULTS.top, show_default=True, help="number of top eigenvalues (0 = none): the largest algebraic "
-              "with --method lanczos, the largest in magnitude with --method power (they differ at saddles, where "
-              "negative eigenvalues are large)")
+@click.option("--top", type=int, default=HESSIAN_DEFAULTS.top, show_default=True, help="number of eigenvalues (0 = none), those --which names: by default the "
+              "largest algebraic with --method lanczos, the largest in magnitude with --method power (they differ at "
+              "saddles, where negative eigenvalues are large)")
+@click.option("--which", type=NameChoice(tuple(WHICH), kind="choice of eigenvalues"), default=HESSIAN_DEFAULTS.which,
+              help="largest | smallest | magnitude: the largest algebraic eigenvalues (descending), the smallest "
+              "(ascending: the most negative first) or the largest in magnitude (default: largest with --method "
+              "lanczos; power iteration finds the largest in magnitude only)")
 @click.option("--trace/--no-trace", default=HESSIAN_DEFAULTS.trace, show_default=True, help="estimate the trace")
 @click.option("--density/--no-density", default=HESSIAN_DEFAULTS.density, show_default=True, help="eigenvalue spectral density (SLQ)")
 @click.option("--samples", type=int, default=HESSIAN_DEFAULTS.samples, help="draw N evaluation samples once with --seed (default: whole split)")
@@ -122,16 +128,20 @@ def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
     report = run_hessian(checkpoint, out, settings, quiet=quiet)
     values = report["top_eigenvalues"]
     found = []
+    curvature = report["settings"].get("curvature", "hessian")
     if values:
         shown = ", ".join(f"{v:.6g}" for v in values[:5]) + (" ..." if len(values) > 5 else "")
         eigen = report.get("eigen") or {}
-        label = estimator("eigenvalues", report["settings"]["method"]).label  # which eigenvalues are the top
-        curvature = report["settings"].get("curvature", "hessian")
-        of = "" if curvature == "hessian" else f" of the {CURVATURE_NAMES[curvature]}"
+        which = report["settings"]["which"]
+        label = _which_label(report["settings"]["method"], which)
         ratio = report.get("eigenvalue_ratio")
         ratio_text = f"; lambda_1/lambda_{ratio['k']} = {ratio['value']:.6g}" if ratio else ""
-        click.echo(f"top eigenvalues{of}{f' ({label})' if label else ''}: {shown}{ratio_text}")
-        found.append(f"top eigenvalue {values[0]:.6g}{_multiplicity_note(eigen.get('multiplicity'))}")
+        listed = "smallest eigenvalues" if which == "smallest" else "top eigenvalues"
+        click.echo(f"{listed} of the {CURVATURE_NAMES[curvature]}{f' ({label})' if label else ''}: {shown}{ratio_text}")
+        errors = report.get("error_estimates") or [None]
+        error = "" if errors[0] is None else f" +- {errors[0]:.2g}"
+        found.append(f"{eigenvalues_text(which)} {values[0]:.6g}{error}"
+                     f"{_multiplicity_note(eigen.get('multiplicity'))}")
     if report["trace"]:
         tr = report["trace"]
         stderr = "n/a" if tr["stderr"] is None else f"{tr['stderr']:.3g}"
@@ -150,15 +160,26 @@ def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
                    f"{widest['top_eigenvalues'][0]:.6g} ({widest['module']}); traces sum to "
                    f"{layers['trace_sum']:.6g} +- {layers['trace_sum_stderr']:.3g} -> {Path(out) / 'per_layer.csv'}")
         found.append("per-layer curvature")
-    error = (report.get("products") or {}).get("relative_error")
-    if error is not None:
-        found.append(f"finite-difference products (stated relative error {error:.2g})")
-    click.echo(f"{', '.join(found)} on {report.get('num_samples')} samples; {report['hvps_total']} HVPs in "
+    measured = report.get("measured") or measured_text(curvature, report.get("products"), report.get("precision"))
+    click.echo(f"{measured}: {', '.join(found)} on {_samples_text(report)}; {report['hvps_total']} HVPs in "
                f"{report['seconds']:.1f} s -> {Path(out) / 'hessian.json'}{where}")
 
 
-#: a curvature's name in the summary lines
-CURVATURE_NAMES = {"hessian": "Hessian", "ggn": "Gauss-Newton matrix", "empirical-fisher": "empirical Fisher"}
+def _which_label(method: str, which: str) -> str:
+    """Which eigenvalues a result line lists ('largest algebraic', 'smallest algebraic', 'largest magnitude'): the
+    method's own label for its default, else the name of ``which``."""
+    entry = estimator("eigenvalues", method)
+    return entry.label if which == entry.which[0] and entry.label else WHICH[which]
+
+
+def _samples_text(report: dict) -> str:
+    """'128 samples', or where the split held fewer than asked '1,442 of the 4,000 samples asked (the whole train
+    split)' (hessian.json's ``samples``)."""
+    samples = report.get("samples") or {}
+    used, asked = report.get("num_samples"), samples.get("asked")
+    if isinstance(used, int) and isinstance(asked, int) and used < asked:
+        return f"{used:,} of the {asked:,} samples asked (the whole {samples.get('split', 'evaluation')} split)"
+    return f"{used} samples"
 
 
 def _out_folder(checkpoint, out, command: str) -> tuple[str, str]:

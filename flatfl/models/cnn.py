@@ -173,6 +173,27 @@ class DigitsCNN(ConvPoolNet):
         super().__init__("digits-cnn", num_classes, in_channels, image_size, (16, 32), 3, 64)
 
 
+class FlsamCNN(ConvPoolNet):
+    """FL-SAM's CIFAR-10 CNN (harrylee999/FL-SAM, ``system/flcore/trainmodel/CNN.py`` ``FedAvgNetCIFAR``), the "CNN"
+    of its README's seconds-a-round table.
+
+    Conv(in->32, 5x5, pad 2) -> ReLU -> MaxPool2 -> Conv(32->64, 5x5, pad 2) -> ReLU -> MaxPool2 -> flatten (4096 on
+    32x32) -> FC 512 -> ReLU -> FC C: 2,156,490 parameters for 3x32x32 inputs and 10 classes. The layers of
+    ``emnist-cnn`` with a hidden layer of 512. ``channels`` (two ints) and ``hidden`` (one int) give narrower
+    networks of the same structure. FL-SAM's code applies one ReLU module three times; here each is its
+    own module (MAN hooks each activation once).
+    """
+
+    def __init__(self, num_classes: int, in_channels: int = 3, image_size: int = 32, channels=(32, 64),
+                 hidden=512):
+        widths = _two_widths("flsam-cnn", "channels", channels)
+        sizes = hidden_sizes("flsam-cnn", hidden)
+        if len(sizes) != 1:
+            raise ConfigError(f"model 'flsam-cnn': hidden must be one positive int (its one hidden layer), got "
+                              f"{hidden!r}")
+        super().__init__("flsam-cnn", num_classes, in_channels, image_size, widths, 5, sizes[0])
+
+
 def _two_widths(model_name: str, what: str, widths) -> tuple[int, int]:
     """Two positive layer widths (a list or tuple of two ints), or one ConfigError line."""
     if (isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence) or len(widths) != 2

@@ -6,7 +6,8 @@ The function is imported (a module name: the current directory is searched first
 arguments; it must return an ``nn.Module`` of the architecture the checkpoint was trained with. Only the weights come
 from the checkpoint (``torch.load(weights_only=True)``): the model object itself is never unpickled. A factory that a
 checkpoint or ``config.json`` names, rather than the user, is imported only from the current directory
-(:func:`check_recorded_factory`).
+(:func:`check_recorded_factory`). What the import and the call change of the process (the working directory, torch's
+grad mode, the standard streams) is put back (:mod:`flatfl.utils.user_code`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import ConfigError
+from ..utils.user_code import user_code
 
 __all__ = ["check_factory_name", "import_function", "model_from_factory", "check_recorded_factory"]
 
@@ -77,8 +79,9 @@ def import_function(spec: str, flag: str = "--model-factory", example: str = "my
     if cwd not in sys.path and "" not in sys.path:  # kept: worker processes unpickling the model import it too
         sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name) if file is None else \
-            _import_file(spec, flag, module_name, file)
+        with user_code(f"{flag} {spec} (while imported)"):
+            module = importlib.import_module(module_name) if file is None else \
+                _import_file(spec, flag, module_name, file)
     except ModuleNotFoundError as e:
         if file is None and e.name == top:
             raise ConfigError(f"{flag} {spec}: cannot import {module_name!r}: no {top}.py in the current "
@@ -112,7 +115,8 @@ def model_from_factory(spec: str) -> nn.Module:
     target = import_function(spec)
     func_name = spec.rsplit(":", 1)[1]
     try:
-        model = target()
+        with user_code(f"--model-factory {spec}"):
+            model = target()
     except SystemExit as e:
         raise ConfigError(f"--model-factory {spec}: {func_name}() called sys.exit({e.code!r}) instead of returning "
                           "a network") from None

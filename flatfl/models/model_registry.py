@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch.nn as nn
 
 from ..errors import ConfigError, unknown_name
-from .cnn import MLP, CifarCNN, DigitsCNN, EmnistCNN, TinyImageNetCNN, hidden_sizes
+from .cnn import MLP, CifarCNN, DigitsCNN, EmnistCNN, FlsamCNN, TinyImageNetCNN, hidden_sizes
 from .resnet import ResNet, set_stochastic_depth
 
 
@@ -30,6 +30,10 @@ def _tiny_cnn(num_classes, in_channels, image_size):
 
 def _emnist_cnn(num_classes, in_channels, image_size):
     return EmnistCNN(num_classes, in_channels, image_size)
+
+
+def _flsam_cnn(num_classes, in_channels, image_size, channels=(32, 64), hidden=512):
+    return FlsamCNN(num_classes, in_channels, image_size, channels, hidden)
 
 
 def _digits_cnn(num_classes, in_channels, image_size):
@@ -85,6 +89,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "cifar-cnn": _cifar_cnn,
     "tiny-cnn": _tiny_cnn,
     "emnist-cnn": _emnist_cnn,
+    "flsam-cnn": _flsam_cnn,
     "digits-cnn": _digits_cnn,
     "tiny": _tiny,
     "mlp": _mlp,

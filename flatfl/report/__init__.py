@@ -7,8 +7,9 @@ A report is a pipeline (:mod:`.pipeline`): run folders (or one report's runs.csv
 records (:mod:`.run_files`, :mod:`.provenance`, :mod:`.records`; what is missing: :mod:`.missing`) -> one table per paper layout (:mod:`.layouts`,
 :mod:`.experiments`, :mod:`.tables`; each column a metric of the registry in :mod:`.metrics`) -> direction verdicts
 (:mod:`.verdicts`, :mod:`.paired`), held together in :mod:`.results` -> the renderers: CSV and summary.json
-(:mod:`.files`), report.md (:mod:`.markdown`), the PDF's pages (:mod:`.pages`, :mod:`.figures`, :mod:`.curvature`;
-shared wording :mod:`.text`) and file (:mod:`.pdf`). :mod:`.contrast` sets finished reports side by side.
+(:mod:`.files`), the headline of what the tables found (:mod:`.headline`), report.md (:mod:`.markdown`), the
+PDF's pages (:mod:`.pages`, :mod:`.figures`, :mod:`.curvature`; shared wording :mod:`.text`) and file
+(:mod:`.pdf`). :mod:`.contrast` sets finished reports side by side.
 ``paper_values.csv`` holds the papers' published numbers.
 """
 from .pipeline import build_report

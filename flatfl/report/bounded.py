@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import ConfigError
+from ..utils.csv_cells import read_csv_cell
 
 __all__ = ["MAX_FIELD_CHARS", "MAX_JSON_DEPTH", "field_limit", "read_text", "csv_rows", "finite_number", "loads",
            "check_depth"]
@@ -58,15 +59,18 @@ def read_text(path: Path, max_bytes: int, what: str, encoding: str = "utf-8") ->
 
 def csv_rows(text: str, path) -> tuple[list[str], list[tuple[int, dict]]]:
     """The header and the rows (with their line numbers, counting from 2 for the first row) of CSV ``text`` read
-    from ``path``; a field over :data:`MAX_FIELD_CHARS` characters, or text csv cannot read, is one ConfigError
-    line naming the file."""
+    from ``path``, each cell as it was before flatfl neutralised it for spreadsheets
+    (:func:`flatfl.utils.csv_cells.read_csv_cell`); a field over :data:`MAX_FIELD_CHARS` characters, or text csv
+    cannot read, is one ConfigError line naming the file."""
     rows = []
     with field_limit():
         reader = csv.DictReader(io.StringIO(text, newline=""))
         try:
-            fields = list(reader.fieldnames or [])
+            fields = [read_csv_cell(f) for f in reader.fieldnames or []]
+            reader.fieldnames = fields
             for row in reader:
-                rows.append((reader.line_num, row))
+                rows.append((reader.line_num, {k: read_csv_cell(v) if isinstance(v, str) else v
+                                               for k, v in row.items()}))
         except csv.Error as e:
             line = reader.line_num + 1  # the line being read (not yet counted)
             if "field larger than field limit" in str(e):

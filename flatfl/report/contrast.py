@@ -3,9 +3,10 @@ and metric) measured under other conditions, e.g. an MLP and a CNN on one datase
 
 Reads what :func:`flatfl.report.build_report` wrote into each report folder (``summary.json`` for its scale line
 and tables, each table's CSV for the rows' values, ``directions.csv`` for the checks) and writes ``contrast.csv``
-(one row per comparison and report), ``contrast.md`` (the values side by side, a table per metric of the changes,
-and per metric the verdict counts and where the reports resolve a change the same or opposite ways, every sentence
-built from the numbers), ``contrast.json`` and ``effects.png``. Nothing is recomputed: each report's own numbers.
+(one row per comparison and report), ``contrast.md`` (each report's headline, :mod:`.headline`, then the values
+side by side, a table per metric of the changes, and per metric the verdict counts and where the reports resolve a
+change the same or opposite ways, every sentence built from the numbers), ``contrast.json`` and ``effects.png``.
+Nothing is recomputed: each report's own numbers.
 
 * A change and its interval are of the same seeds: where a report has a paired interval (two or more seeds shared
   by both rows), the change shown is the mean per-seed difference over those seeds (``paired_change``), in % of the
@@ -13,7 +14,7 @@ built from the numbers), ``contrast.json`` and ``effects.png``. Nothing is recom
   ``all_seeds_change_pct`` (and shown where it differs). Without an interval the change is that of the means.
 * Each report's model and analysis settings are shown (summary.json's ``models``, the tables' ``ours_<metric>_setting``
   columns, runs.csv's data set and network), since reports of other settings are what a contrast sets side by side.
-* How the reports' runs were trained differently: for each row the reports share, the settings that decide its
+* How the reports' runs were trained differently (:mod:`.contrast_settings`): for each row the reports share, the settings that decide its
   runs' numbers (summary.json's ``training``) are compared, and every setting in which the reports differ is named
   with each report's value (``settings_that_differ``: 'lr 0.1 (A) vs 0.05 (B)'); for reports without that record,
   from how each differs from the paper's setting (summary.json's ``differences_from_paper``). Each report's seeds are
@@ -32,9 +33,10 @@ from ..errors import ConfigError
 from ..utils.io import atomic_write_many, csv_text
 from ..utils.lock import folder_lock
 from ..utils.plots import format_number, saved
-from ..paper_tables import REPRODUCED
+from . import folder_kinds
 from .contrast_figure import contrast_figure
-from .layouts import NOT_COMPARED
+from .contrast_settings import settings_differ_line, settings_that_differ
+from .headline import HEADLINE_TITLE, contrast_headline
 from .metrics import metric_title
 from .report_folder import KEY as _KEY, MAX_FILE_BYTES, read_report
 from .verdicts import NO_PAPER_VALUE, TOO_FEW_SEEDS, VERDICTS
@@ -187,100 +189,9 @@ def settings_lines(report: dict) -> list[str]:
     return out
 
 
-def _setting_name(key: str) -> str:
-    return key.removeprefix("params.").replace("_", "-")
-
-
-def _training_differences(reports: list[dict], labels: list[str], common: list[tuple]) -> list[str]:
-    """The settings in which the rows ``common`` to every report were trained differently: 'lr 0.1 (A) vs 0.05 (B)',
-    each report's values over the rows that differ ('/'-joined), and those rows when not all of them differ."""
-    found: dict[str, list[tuple]] = {}
-    for key in common:
-        settings = [r["training"][key] for r in reports]
-        for name in dict.fromkeys(n for s in settings for n in s):
-            if len({s.get(name, "not set") for s in settings}) > 1:
-                found.setdefault(name, []).append(key)
-    out = []
-    for name, keys in found.items():
-        values = ["/".join(dict.fromkeys(r["training"][k].get(name, "not set") for k in keys)) for r in reports]
-        where = ""
-        if len(keys) < len(common):
-            rows = list(dict.fromkeys(f"{k[1]} {k[2]}" for k in keys))
-            where = " in " + ", ".join(rows[:4]) + (f" and {len(rows) - 4} more rows" if len(rows) > 4 else "")
-        out.append(f"{_setting_name(name)} " + " vs ".join(f"{v} ({label})" for v, label in zip(values, labels))
-                   + where)
-    return out
-
-
-def _paper_entries(text: str, table: str) -> dict[str, tuple[str, str]]:
-    """A table's 'differs from the paper: lr 0.05 (paper 0.1); ...' as {setting: (ours, paper's)}, for the settings
-    of the table's paper preset (whose names :func:`.layouts.paper_differences` writes)."""
-    preset = (REPRODUCED[table].presets.get("paper") or {}) if table in REPRODUCED else {}
-    names = sorted([k.replace("_", " ") for k in preset.get("run", {})]
-                   + [f"Hessian {k.replace('_', ' ')}" for k in preset.get("hessian", {})], key=len, reverse=True)
-    out = {}
-    for entry in text.removeprefix("differs from the paper: ").split("; "):
-        name = next((n for n in names if entry.startswith(n + " ")), None)
-        cut = entry.rfind(" (paper ")
-        if name and cut > len(name) and entry.endswith(")"):
-            out[name] = (entry[len(name) + 1:cut], entry[cut + len(" (paper "):-1])
-    return out
-
-
-def _not_recorded(text: str) -> list[str]:
-    """The settings a report's differences from the paper name as not recorded ('Hessian settings': all of them)."""
-    return text[text.index(NOT_COMPARED) + len(NOT_COMPARED):].split(", ") if NOT_COMPARED in text else []
-
-
-def _paper_differences(reports: list[dict], labels: list[str]) -> list[str]:
-    """The paper preset's settings in which the reports differ, from their differences from the paper (a setting a
-    report does not name is the paper's, unless it says it does not record it: then it is named as not compared)."""
-    out, unknown = [], {}  # label -> the settings it does not record
-    for table in [t for t in reports[0]["tables"] if all(t in r["tables"] for r in reports[1:])]:
-        texts = [r["differences"].get(table) or "" for r in reports]
-        entries = [_paper_entries(text, table) for text in texts]
-        missing = [_not_recorded(text) for text in texts]
-        unknown.update({label: m for label, m in zip(labels, missing) if label not in unknown})
-        for name in dict.fromkeys(n for e in entries for n in e):
-            paper = next(e[name][1] for e in entries if name in e)
-            if any(name in m or (name.startswith("Hessian ") and "Hessian settings" in m) for m in missing):
-                continue
-            values = [e[name][0] if name in e else paper for e in entries]
-            line = f"{name} " + " vs ".join(f"{v} ({label})" for v, label in zip(values, labels))
-            if len(set(values)) > 1 and line not in out:
-                out.append(line)
-    out += [f"not compared, since {label} does not record them: " + ", ".join(names)
-            for label, names in unknown.items() if names]
-    return out
-
-
-def settings_that_differ(reports: list[dict], labels: list[str]) -> tuple[list[str] | None, str]:
-    """The training settings in which the reports differ, and where they were read: each row's settings where every
-    report records them (summary.json's ``training``) for a row they share, else each report's differences from the
-    paper's setting (``differences_from_paper``); (None, '') when neither says."""
-    if all(r.get("training") is not None for r in reports):
-        common = [k for k in reports[0]["training"] if all(k in r["training"] for r in reports[1:])]
-        if common:
-            return _training_differences(reports, labels, common), "training"
-    if all(r.get("differences") for r in reports):
-        return _paper_differences(reports, labels), "differences_from_paper"
-    return None, ""
-
-
-def settings_differ_line(differ: list[str] | None, source: str) -> str:
-    """The sentence contrast.md and the command show of :func:`settings_that_differ`."""
-    if differ is None:
-        return "settings that differ: not known (the reports do not record how their runs were trained)"
-    if source == "differences_from_paper":
-        where = " (among the settings the paper fixes; these reports record no others)"
-        return f"settings that differ{where}: " + ("; ".join(differ) if differ else "none")
-    return "settings that differ: " + ("; ".join(differ) if differ else
-                                       "none (every row the reports share was trained alike)")
-
-
 def _markdown(reports: list[dict], labels: list[str], rows: list[dict], metrics: list[str], together: list[str],
               dropped: list[dict] = (), differ: str = "") -> str:
-    lines = ["# flatfl contrast", ""]
+    lines = ["# flatfl contrast", "", f"**{HEADLINE_TITLE}.** " + " ".join(contrast_headline(rows, labels)), ""]
     for label, r in zip(labels, reports):
         lines.append(f"- **{label}** ({r['folder']}): {r['scale']}")
         lines += [f"  - {line}" for line in settings_lines(r)]
@@ -355,6 +266,7 @@ def write_contrast(folders, out, labels=None) -> dict:
         if where in seen:
             raise ConfigError(f"{seen[where]} and {text} are the same report: give each report once")
         seen[where] = text
+    folder_kinds.refuse_other(out, folder_kinds.CONTRAST)  # a report's forest plot is never replaced
     labels = [f.name for f in folders] if not labels else [str(x) for x in labels]
     if len(labels) != len(folders):
         raise ConfigError(f"{len(labels)} --label for {len(folders)} reports: give one per report, in order")
@@ -383,14 +295,16 @@ def write_contrast(folders, out, labels=None) -> dict:
                "comparisons": len(rows) // len(labels),
                "dropped": dropped,
                "counts": {label: {m: _counts(rows, label, m) for m in metrics} for label in labels},
-               "together": together,
+               "together": together, "headline": contrast_headline(rows, labels),
                "files": ["contrast.csv", "contrast.md", "contrast.json", "effects.png", "effects.pdf"]}
     out = Path(out)
     with folder_lock(out):
+        folder_kinds.refuse_other(out, folder_kinds.CONTRAST)  # again, under the folder's lock
         fig = contrast_figure(rows, labels)
         atomic_write_many({out / "effects.png": saved(fig, "png"), out / "effects.pdf": saved(fig, "pdf"),
                            out / "contrast.csv": csv_text(rows, _CSV_COLUMNS),
                            out / "contrast.md": _markdown(reports, labels, rows, metrics, together, dropped,
                                                               differ_line),
                            out / "contrast.json": json.dumps(summary, indent=2) + "\n"})
+        folder_kinds.record(out, folder_kinds.CONTRAST)
     return summary

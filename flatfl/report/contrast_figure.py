@@ -5,11 +5,13 @@ Each line is one comparison of one report (:func:`.contrast.contrast_rows`): the
 the seeds of its paired 95% interval, with that interval, and the paper's change where it has one. The lines keep
 the comparisons' order in every panel, so that a comparison sits at the same height in each report's panel; its
 effect (lower / higher where the interval excludes 0, else unresolved) colours it as in a report's own forest plot.
+Under the title, each report's headline (:func:`.headline.contrast_headline`).
 """
 from __future__ import annotations
 
 from ..paper_tables import TABLES
 from .forest import forest_page
+from .headline import contrast_headline
 from .metrics import metric_names, report_metric
 
 __all__ = ["contrast_items", "contrast_figure"]
@@ -54,4 +56,4 @@ def contrast_figure(rows: list[dict], labels: list[str], subtitle: str = ""):
                                       partitions)) for label in labels]
             page.append(("", panels))
     return forest_page(page, subtitle, "each comparison at the same height in every report's panel",
-                       columns=len(labels), apart=False)
+                       columns=len(labels), apart=False, headline=contrast_headline(rows, labels))

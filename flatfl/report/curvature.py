@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from .display import shown
 from .figure_pages import PAGE_SIZE, line_styles
 
 #: the interval drawn around a tracked trace: this many standard errors either side
@@ -82,7 +83,7 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
              f"trace: bars +-{TRACE_INTERVAL_SE:g} standard errors, circled points: standard error above the "
              "run's target (unresolved)" if traced else "")
     subtitle = "; ".join(s for s in (subtitle, *notes) if s)
-    for k, line in enumerate(textwrap.wrap(subtitle, 170)[:2]):
+    for k, line in enumerate(textwrap.wrap(shown(subtitle, 2 * 170), 170)[:2]):
         fig.text(0.5, 0.935 - 0.022 * k, line, ha="center", fontsize=8.5)
     handles = {}
     for i, (column, label) in enumerate(rows):

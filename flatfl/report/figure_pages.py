@@ -15,7 +15,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..analysis.operators.names import CURVATURE_TITLES
 from ..utils.plots import COLORS, MARKERS, draw_density, draw_top_eigenvalues, format_number, wrap_titles
+from .display import shown, shown_lines
 
 __all__ = ["text_page", "table_page", "spectrum_pair_page", "accuracy_page", "surface_page", "PAGE_SIZE"]
 
@@ -32,6 +34,7 @@ def _canvas(fig: Figure) -> Figure:
 def text_page(title: str, sections: list[tuple[str, list[str]]], footer: str = "") -> Figure:
     """A page of text: ``sections`` are (heading, lines); long lines are wrapped to the page."""
     fig = _canvas(Figure(figsize=PAGE_SIZE))
+    title = shown(title, 2 * 95)
     for k, part in enumerate(textwrap.wrap(title, 95)[:2]):
         fig.text(0.05, 0.95 - 0.04 * k, part, fontsize=16, weight="bold", va="top")
     y = 0.88 - (0.04 if len(title) > 95 else 0)
@@ -39,10 +42,10 @@ def text_page(title: str, sections: list[tuple[str, list[str]]], footer: str = "
         if y < 0.08:
             break
         if heading:
-            fig.text(0.05, y, heading, fontsize=11.5, weight="bold", va="top")
+            fig.text(0.05, y, shown(heading), fontsize=11.5, weight="bold", va="top")
             y -= 0.035
         for line in lines:
-            for part in textwrap.wrap(line, 150, subsequent_indent="    ") or [""]:
+            for part in textwrap.wrap(shown(line, 40 * 150), 150, subsequent_indent="    ") or [""]:
                 if y < 0.06:
                     fig.text(0.06, y, "... (continued in report.md and the CSV files)", fontsize=8.5, va="top",
                              style="italic")
@@ -61,7 +64,7 @@ def text_page(title: str, sections: list[tuple[str, list[str]]], footer: str = "
 def _wrapped(lines: list[str], width: int) -> list[str]:
     out = []
     for n in lines:
-        out += textwrap.wrap(n, width, subsequent_indent="   ") or [""]
+        out += textwrap.wrap(shown(n, 25 * width), width, subsequent_indent="   ") or [""]  # a page holds fewer
     return out
 
 
@@ -72,7 +75,7 @@ def table_page(title: str, header: list[str], rows: list[list], *, subtitle: lis
     cell colour; ``findings`` and ``notes`` are printed under the table. The font size and row heights are chosen
     so that every cell's text stays inside its cell (measured with the renderer)."""
     fig = _canvas(Figure(figsize=PAGE_SIZE))
-    fig.text(0.03, 0.965, title, fontsize=13, weight="bold", va="top")
+    fig.text(0.03, 0.965, shown(title), fontsize=13, weight="bold", va="top")
     y = 0.925
     for line in _wrapped(subtitle or [], 175):
         fig.text(0.03, y, line, fontsize=8.5, va="top")
@@ -87,7 +90,8 @@ def table_page(title: str, header: list[str], rows: list[list], *, subtitle: lis
     bottom = 0.03 + line_h * len(below)
     ax = fig.add_axes((0.03, bottom + 0.01, 0.94, max(0.12, y - bottom - 0.02)))
     ax.axis("off")
-    cells = [[format_number(v) if not isinstance(v, str) else v for v in row] for row in rows]
+    header = shown_lines(header)
+    cells = [[format_number(v) if not isinstance(v, str) else shown(v) for v in row] for row in rows]
     if not cells:
         cells = [["(no runs)"] + [""] * (len(header) - 1)]
     renderer = fig.canvas.get_renderer()
@@ -209,9 +213,12 @@ def spectrum_pair_page(ref, cmp_, title: str) -> Figure:
         dens = [d for d in (spectrum_source(r).get("density") for r in recs) if d and d.get("nodes")]
         if dens:
             dens_groups[method] = dens
-    draw_top_eigenvalues(ax1, series, styles=styles, inset=True, panel="(a) ")
+    # the matrix the spectra are of (hessian.json's curvature; files written before it was recorded: the Hessian)
+    kinds = {spectrum_source(r).get("curvature") or "hessian" for r in [*ref, *cmp_] if spectrum_source(r)}
+    curvature = CURVATURE_TITLES.get(next(iter(kinds)), "Hessian") if len(kinds) == 1 else "curvature"
+    draw_top_eigenvalues(ax1, series, styles=styles, inset=True, panel="(a) ", curvature=curvature)
     ax1.set_title(ax1.get_title() + " (MAN Fig. 4a; the paper: top 200)", fontsize=ax1.title.get_fontsize())
-    draw_density(ax2, dens_groups, labels=labels, styles=styles, panel="(b) ")
+    draw_density(ax2, dens_groups, labels=labels, styles=styles, panel="(b) ", curvature=curvature)
     wrap_titles(fig)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig
@@ -231,7 +238,7 @@ def accuracy_page(title: str, groups: dict[str, list], column: str, subtitle: st
         subtitle = (subtitle + "; " if subtitle else "") + ("lines: mean over seeds" + (
             " (their spread is in the tables)" if many else ", bands: their range"))
     if subtitle:
-        for k, part in enumerate(textwrap.wrap(subtitle, 170)[:2]):
+        for k, part in enumerate(textwrap.wrap(shown(subtitle, 2 * 170), 170)[:2]):
             fig.text(0.5, 0.935 - 0.022 * k, part, ha="center", fontsize=8.5)
     n = max(1, len(groups))
     methods = list(dict.fromkeys(r.method for recs in groups.values() for r in recs))

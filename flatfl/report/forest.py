@@ -12,18 +12,30 @@ and interval are those the verdict is judged from (:mod:`.verdicts`):
 Resolved changes (``effect`` lower / higher) come first, coloured by their direction; the unresolved ones (the
 interval holds 0, there is none, or the comparison is incomparable) follow on a grey band below a dashed line, in
 grey, so that what the runs resolve reads apart from what they do not.
+
+The page is as wide as A4 landscape and as tall as its lines need (:func:`page_height`): a fixed height a comparison
+line and a row of panels, at least :data:`MIN_HEIGHT`, so that one or two comparisons do not sit on a mostly blank
+page and eighty are not pressed together. Under its title, the report's headline (:mod:`.headline`): what the
+comparisons found, in words.
 """
 from __future__ import annotations
 
+from .display import shown
+from .headline import report_headline
 from .metrics import metric_names, report_metric
 
-__all__ = ["forest_items", "forest_figure", "forest_page", "EFFECT_COLOURS"]
+__all__ = ["forest_items", "forest_figure", "forest_page", "page_height", "EFFECT_COLOURS", "LINE_IN", "ROW_IN",
+           "MIN_HEIGHT", "MAX_HEIGHT", "HEADLINE_SIZE"]
 
 #: the colour of a change by its effect (the directions pages colour their effect cells alike, lighter)
 EFFECT_COLOURS = {"lower": "#1f77b4", "higher": "#d95f02", "unresolved": "#8c8c8c"}
 _PAPER = dict(marker="D", s=22, facecolors="none", edgecolors="black", linewidths=0.9, zorder=4)
 _COLUMNS = 3  # panels a row at most
-_MIN_LINES = 12  # a page's rows of panels take the height of at least this many lines
+#: inches: one comparison line; a row of panels besides its lines (its title, the panels' titles, the x axis); the
+#: shortest page; the tallest (a PDF page is at most 200 inches); the page's title; the legend's entries
+LINE_IN, ROW_IN, MIN_HEIGHT, MAX_HEIGHT = 0.25, 1.3, 4.5, 190.0
+_TOP_IN, _LEGEND_IN = 0.45, 0.45
+HEADLINE_SIZE = 9.5  # points: the headline under the page's title
 _TITLE = "Effects at a glance: each comparison's change, in % of the reference, with its 95% interval"
 
 
@@ -39,7 +51,7 @@ def _label(c: dict, partitions: int) -> str:
     elif str(c.get("verdict_from", "")).startswith("none"):
         a, b = c["seeds_reference"], c["seeds_compared"]
         why = f"  [{a} seed{'s' if a != 1 else ''} a side]" if a == b else f"  [{a} / {b} seeds]"
-    return f"{c['compared']} vs {c['reference']}{where}{why}"
+    return shown(f"{c['compared']} vs {c['reference']}{where}{why}", 120)  # a label beside a panel
 
 
 def forest_items(checks: list[dict], partitions: int = 1) -> list[dict]:
@@ -108,7 +120,8 @@ def _interval(ax, it: dict, y: float, colour: str, lo: float, hi: float) -> None
             ax.plot([end], [y], marker=marker, color=colour, markersize=4.5, zorder=2, clip_on=False)
 
 
-def _draw_panel(ax, title: str, items: list[dict], apart: bool = True) -> None:
+def _draw_panel(ax, title: str, items: list[dict], apart: bool = True, tick: float = 8.0) -> None:
+    """One panel: its lines from the top, ``tick`` points the size of their labels."""
     from ..utils.plots import LABEL_SIZE, PANEL_SIZE, TICK_SIZE
 
     n = len(items)
@@ -131,7 +144,7 @@ def _draw_panel(ax, title: str, items: list[dict], apart: bool = True) -> None:
                        facecolors="white" if hollow else colour)
         if it["paper"] is not None:
             ax.scatter([it["paper"]], [y], **_PAPER)
-    ax.set_yticks(ys, [it["label"] for it in items], fontsize=max(5.5, min(TICK_SIZE, 150 / max(n, 1))))
+    ax.set_yticks(ys, [it["label"] for it in items], fontsize=tick)
     for tick, it in zip(ax.get_yticklabels(), items):
         tick.set_color("0.35" if it["effect"] == "unresolved" else "black")
     ax.set_ylim(-0.6, n - 0.4)
@@ -166,44 +179,74 @@ def _legend_handles(items: list[dict]):
 
 
 def forest_figure(results, subtitle: str = ""):
-    """The forest plot of every layout's comparisons (``results``: :class:`.results.TableResult` s), one A4
-    landscape page."""
-    return forest_page(_panels(results), subtitle, "resolved changes first, unresolved ones apart on grey")
+    """The forest plot of every layout's comparisons (``results``: :class:`.results.TableResult` s), one page as
+    wide as A4 landscape and as tall as its lines need (:func:`forest_page`), headed by the report's headline
+    (:func:`.headline.report_headline`)."""
+    return forest_page(_panels(results), subtitle, "resolved changes first, unresolved ones apart on grey",
+                       headline=report_headline(results))
 
 
-def forest_page(rows, subtitle: str = "", order: str = "", columns: int = _COLUMNS, apart: bool = True):
-    """One A4 landscape page of forest panels: ``rows`` of (title, [(panel title, :func:`forest_items`-like
-    lines)]), at most ``columns`` panels a row; ``order`` says how each panel's lines are ordered; ``apart``: the
-    unresolved lines (after the resolved ones) on a grey band."""
+def page_height(lines: list[int], fixed: float) -> tuple[float, float]:
+    """(the page's height, one comparison line's height), in inches, for rows of panels of ``lines`` lines each
+    and ``fixed`` inches of title, headline and legend: :data:`LINE_IN` a line and :data:`ROW_IN` a row of panels,
+    at least :data:`MIN_HEIGHT` (the rows then take the spare height) and at most :data:`MAX_HEIGHT` (the lines then
+    closer together)."""
+    need = fixed + ROW_IN * len(lines) + LINE_IN * sum(lines)
+    height = min(max(need, MIN_HEIGHT), MAX_HEIGHT)
+    line = min(LINE_IN, (height - fixed - ROW_IN * len(lines)) / max(sum(lines), 1))
+    return height, max(line, 0.01)
+
+
+def _text_height(text: str, size: float) -> float:
+    """The inches ``text`` (lines already broken) takes at ``size`` points, with matplotlib's line spacing."""
+    return (text.count("\n") + 1) * size * 1.2 / 72 if text else 0.0
+
+
+def forest_page(rows, subtitle: str = "", order: str = "", columns: int = _COLUMNS, apart: bool = True,
+                headline=()):
+    """One page of forest panels, as wide as A4 landscape and as tall as its lines need (:func:`page_height`):
+    ``rows`` of (title, [(panel title, :func:`forest_items`-like lines)]), at most ``columns`` panels a row;
+    ``order`` says how each panel's lines are ordered; ``apart``: the unresolved lines (after the resolved ones) on
+    a grey band; ``headline``: sentences printed under the page's title (what the comparisons found)."""
     from .figure_pages import PAGE_SIZE
-    from ..utils.plots import LEGEND_SIZE, NOTE_SIZE, TITLE_SIZE, new_figure, wrap_to
+    from ..utils.plots import LEGEND_SIZE, NOTE_SIZE, TICK_SIZE, TITLE_SIZE, new_figure, wrap_to
 
-    fig = new_figure(PAGE_SIZE)
+    fig = new_figure((PAGE_SIZE[0], MIN_HEIGHT))
     fig.suptitle(_TITLE, fontsize=TITLE_SIZE + 2, weight="bold")
     explain = "; ".join(s for s in ("paired by seed: the mean per-seed difference (compared - reference) and its "
                                     "95% t interval", order) if s)
     if not rows:
         fig.text(0.5, 0.5, "no comparison has our values on both sides", ha="center", va="center", fontsize=12)
         return fig
-    heights = [max(len(items) for _, items in panels) + 3 for _, panels in rows]
-    spare = _MIN_LINES - sum(heights)  # few lines: kept at the height of a full page's, the rest left blank
+    said = wrap_to(fig, shown("\n".join(headline), 40 * 150), HEADLINE_SIZE, 0.97) if headline else ""
+    note = wrap_to(fig, "\n".join(s for s in (explain, subtitle) if s), NOTE_SIZE, 0.9)
+    said_in = _text_height(said, HEADLINE_SIZE)
+    lines = [max(len(items) for _, items in panels) for _, panels in rows]
+    fixed = _TOP_IN + said_in + _LEGEND_IN + _text_height(note, NOTE_SIZE)
+    height, line_in = page_height(lines, fixed)
+    fig.set_size_inches(PAGE_SIZE[0], height)
+    tick = max(4.0, min(TICK_SIZE, 0.6 * 72 * line_in))
+    panels_in = [ROW_IN + n * line_in for n in lines]
+    spare = (height - fixed) / sum(panels_in)  # > 1 on a page of few lines: the rows, not the headline, take it
+    heights = [said_in] * bool(said) + [h * spare for h in panels_in]
     columns = columns if any(len(panels) > 1 for _, panels in rows) else 1
-    subs = fig.subfigures(len(rows) + (spare > 0), 1, height_ratios=heights + [spare] * (spare > 0),
-                          squeeze=False)[:, 0]
+    subs = list(fig.subfigures(len(heights), 1, height_ratios=heights, squeeze=False)[:, 0])
+    if said:
+        head = subs.pop(0)
+        head.text(0.01, 1.0, said, ha="left", va="top", fontsize=HEADLINE_SIZE, transform=head.transSubfigure)
     for sub, (name, panels) in zip(subs, rows):
         sub.suptitle(name, fontsize=TITLE_SIZE, weight="bold", x=0.01, ha="left")
         axes = sub.subplots(1, columns, squeeze=False)[0]
-        shown = None
+        drawn = None
         for ax, (title, items) in zip(axes, panels):
-            _draw_panel(ax, title, items, apart)
+            _draw_panel(ax, title, items, apart, tick)
             labels = [it["label"] for it in items]
-            if labels == shown:  # the same lines in the same order as the panel to its left: named once
+            if labels == drawn:  # the same lines in the same order as the panel to its left: named once
                 ax.tick_params(axis="y", labelleft=False)
-            shown = labels
+            drawn = labels
         for ax in axes[len(panels):]:
             ax.set_axis_off()
     every = [it for _, panels in rows for _, items in panels for it in items]
     fig.legend(handles=_legend_handles(every), loc="outside lower center", ncols=5, fontsize=LEGEND_SIZE, frameon=False,
-               title=wrap_to(fig, "\n".join(s for s in (explain, subtitle) if s), NOTE_SIZE, 0.9),
-               title_fontsize=NOTE_SIZE)
+               title=note, title_fontsize=NOTE_SIZE)
     return fig

@@ -1,8 +1,9 @@
-"""``report.md``: the scale, the notices, per layout its table (ours beside the paper's), the verdict counts, the
+"""``report.md``: what the tables found (:mod:`.headline`), the scale, the notices, per layout its table (ours beside the paper's), the verdict counts, the
 direction of each change and the findings, then what is missing."""
 from __future__ import annotations
 
 from ..utils.plots import format_number
+from .headline import HEADLINE_TITLE, report_headline
 from .metrics import metric_title
 from .run_reader import MODEL_NAMES
 from .tables import incomparable_notes
@@ -76,7 +77,7 @@ def _table_section(result, ours_scale: str) -> list[str]:
 
 def report_markdown(results, ours_scale: str, missing: list[str], notices: list[str]) -> str:
     """The whole of report.md; ``results``: one :class:`.results.TableResult` per layout."""
-    lines = ["# flatfl report", "", ours_scale, ""]
+    lines = ["# flatfl report", "", f"**{HEADLINE_TITLE}.** " + " ".join(report_headline(results)), "", ours_scale, ""]
     if notices:
         lines += ["## Notices", ""] + [f"- {n}" for n in notices] + [""]
     for result in results:

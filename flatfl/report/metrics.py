@@ -174,6 +174,9 @@ def data_setting(settings: dict) -> str:
         out += f", {settings['curvature']} curvature"
     if settings.get("products") == "finite-difference":
         out += ", finite-difference products"
+    which = settings.get("which")  # not the largest (power iteration's own is named by its method): marked
+    if which not in (None, "largest") and not (which == "magnitude" and settings.get("method") == "power"):
+        out += f", {which} eigenvalues"
     return out
 
 

@@ -1,13 +1,14 @@
-"""The PDF's pages, each a matplotlib Figure with its title in the contents: the title page (scales, models, verdict
-counts, notices, what is missing, contents), per layout its table, its direction checks, MAN Fig. 4 spectrum pages
-(top-k eigenvalues and spectral densities of each pair overlaid), accuracy and curvature against rounds and loss
-surfaces where computed, the other runs' curves, then every run."""
+"""The PDF's pages, each a matplotlib Figure with its title in the contents: the title page (what the tables found,
+scales, models, verdict counts, notices, what is missing, contents), per layout its table, its direction checks,
+MAN Fig. 4 spectrum pages (top-k eigenvalues and spectral densities of each pair overlaid), accuracy and curvature
+against rounds and loss surfaces where computed, the other runs' curves, then every run."""
 from __future__ import annotations
 
 from collections import defaultdict
 
 from . import figure_pages
 from .curvature import curvature_page, has_curvature
+from .headline import HEADLINE_TITLE, report_headline
 from .metrics import metric_title, report_metric
 from .run_reader import MODEL_ACCURACY, MODEL_NAMES
 from .tables import incomparable_notes
@@ -32,7 +33,8 @@ _DIRECTIONS_LEGEND = [
 
 def title_sections(results, records, ours_scale: str, notices: list[str], missing: list[str]) -> list:
     """The title page's sections (the contents are added once every page is known)."""
-    return [("Scale", list(dict.fromkeys(t.spec.paper_scale for t in results)) + [ours_scale]
+    return [(HEADLINE_TITLE, report_headline(results)),
+            ("Scale", list(dict.fromkeys(t.spec.paper_scale for t in results)) + [ours_scale]
              + [f"{t.spec.key}: {t.difference}" for t in results if t.difference]),
             ("Model", [f"{t.spec.key}: every row measures the {MODEL_NAMES[t.model]} model (accuracy and Hessian)"
                        for t in results] or ["-"]),

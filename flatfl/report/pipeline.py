@@ -9,8 +9,10 @@ in a :class:`~.results.TableResult` -> the files, written into ``out``:
 * ``<table>.csv`` for each paper layout filled (``man-table2.csv``, ``man-table6.csv``, ``fedalign-table1.csv``):
   one line per (method, partition), ours beside the paper's;
 * ``directions.csv``: every "X vs X+regularizer" comparison, our change and the paper's, and whether they agree;
-* ``report.md``: the tables and the agreement counts as Markdown; ``summary.json``: the same counts, what is missing;
-* ``effects.png`` / ``effects.pdf``: the forest plot of every comparison (:mod:`.forest`), also the PDF's first page;
+* ``report.md``: what the tables found (:mod:`.headline`), the tables and the agreement counts as Markdown;
+  ``summary.json``: the same counts and headline, what is missing;
+* ``effects.png`` / ``effects.pdf``: the forest plot of every comparison under the headline (:mod:`.forest`), as
+  tall as its lines need, also the PDF's first page;
 * ``report.pdf``: the forest plot, then the pages of :mod:`.pages`.
 
 The runs come from run folders (:mod:`.records`) or from one runs.csv, re-rendered (:mod:`.runs_csv`: its lines
@@ -18,7 +20,8 @@ read as records the tables use alike; what only a run folder holds is absent and
 
 Every file is written atomically (:mod:`flatfl.utils.io`); the PDF is rendered in memory first. A file of one of
 these names in ``out`` that flatfl did not write (its folder's manifest, :mod:`flatfl.utils.manifest`, does not list
-it) is never replaced: the report is refused before any work (:func:`report_files`).
+it) is never replaced: the report is refused before any work (:func:`report_files`); so is a folder holding a
+contrast (:mod:`.folder_kinds`), whose forest plot shares the report's file names.
 """
 from __future__ import annotations
 
@@ -32,8 +35,9 @@ from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text,
 from ..utils.lock import locks_output
 from ..utils.manifest import refuse_foreign, remove_owned
 from ..utils.plots import saved
-from . import figure_pages, pdf, runs_csv
+from . import figure_pages, folder_kinds, pdf, runs_csv
 from .forest import forest_figure
+from .headline import report_headline
 from .files import directions_csv, run_rows, summary, table_csv
 from .layouts import TABLES, fills, matching_tables, model_for, paper_values, scale_label, tables_for
 from .markdown import report_markdown
@@ -186,6 +190,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
     refuse_foreign(out, _ALWAYS)  # a user's report.md is never replaced: refused before the runs are read
+    folder_kinds.refuse_other(out, folder_kinds.REPORT)  # nor a contrast's forest plot (effects.png / .pdf)
 
     # ---- records
     source = runs_csv.runs_csv_source(paths)
@@ -219,7 +224,9 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     page_titles = _write_pdf(out, records, results, ours_scale, sections, title, stamp, specs, effects)
     report = summary(records, specs, results, notices=notices, missing=missing, pages=page_titles,
                      files=written + ["effects.png", "effects.pdf", "report.pdf"], ours_scale=ours_scale)
+    report["headline"] = report_headline(results)
     if source is not None:  # runs.csv records no training settings beyond data set, network, clients and rounds
         report.update(training=None, source={"runs_csv": str(source)})
     atomic_write_json(out / "summary.json", report)
+    folder_kinds.record(out, folder_kinds.REPORT)
     return report

@@ -27,7 +27,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from .bounded import csv_rows, finite_number, read_text
 from .files import FOLDER_COLUMNS
-from .layouts import fills
+from .layouts import NOT_RECORDED, fills
 from .metrics import metric_names, metric_title, report_metric
 from .run_reader import MODEL_NAMES
 
@@ -48,6 +48,12 @@ _TEXT_COLUMNS = ("hessian_dir", "model", "hessian_method", "trace_method", "clie
 _ANALYSIS_COLUMNS = ("hessian_method", "trace_method", "hessian_samples", "clients_protocol")
 _MODEL_KEYS = {name: key for key, name in MODEL_NAMES.items()}
 _BOOLEANS = {"true": True, "false": False}
+#: the largest integer of a count column (runs.csv's counts: clients, rounds, samples, eigenvalues); a seed is
+#: bounded by what training accepts (:data:`flatfl.train.config.MAX_SEED`)
+MAX_COUNT = 2**63 - 1
+#: the largest magnitude of a number read: far above any value flatfl records, and small enough that a report's
+#: means, spreads and differences of such values stay finite (their squares are below the largest float)
+MAX_MAGNITUDE = 1e150
 
 
 @dataclass
@@ -92,8 +98,10 @@ class CsvRunRecord:
         return dict(self.recorded_settings)
 
     @property
-    def network_label(self) -> str | None:
-        return self.recorded_settings.get("model")
+    def network_label(self) -> str:
+        """The network as the line records it; :data:`.layouts.NOT_RECORDED` in a runs.csv without the column (or
+        with it empty): it is never looked up in a config the line does not have."""
+        return self.recorded_settings.get("model") or NOT_RECORDED
 
     @property
     def rounds_done(self):
@@ -160,6 +168,23 @@ def runs_csv_source(paths) -> Path | None:
     return csvs[0]
 
 
+def _quoted(v: str) -> str:
+    """A field as messages quote it: its first 40 characters (the length said beyond that)."""
+    return repr(v) if len(v) <= 40 else f"{v[:40]!r}... ({len(v):,} characters)"
+
+
+def _integer(v: str, column: str, where: str) -> int:
+    """A count or seed column's integer, in 0..its bound; the digits counted before any conversion (Python refuses
+    to convert more than 4,300 digits, and a number that long is no flatfl count)."""
+    from ..train.config import MAX_SEED
+
+    bound = MAX_SEED if column == "seed" else MAX_COUNT
+    digits = v.lstrip("0") or "0"  # leading zeros count towards Python's limit too
+    if not v.isascii() or not v.isdigit() or len(digits) > len(str(bound)) or int(digits) > bound:
+        raise ConfigError(f"{where}: {_quoted(v)} is not an integer in 0..{bound}")
+    return int(digits)
+
+
 def _parse(value: str, column: str, where: str):
     """One field by its column's type: integers >= 0, booleans, finite numbers (accuracy within 0..100, errors
     >= 0), text; empty is None (not recorded) but for the columns every run has."""
@@ -170,13 +195,13 @@ def _parse(value: str, column: str, where: str):
         return v
     if column == "hessian_model":
         if v not in _MODEL_KEYS:
-            raise ConfigError(f"{where}: {v!r} is not a model ({' or '.join(map(repr, _MODEL_KEYS))})")
+            raise ConfigError(f"{where}: {_quoted(v)} is not a model ({' or '.join(map(repr, _MODEL_KEYS))})")
         return _MODEL_KEYS[v]
     if column in ("finished", "density"):
         if not v and column == "density":
             return None
         if v.lower() not in _BOOLEANS:
-            raise ConfigError(f"{where}: {v!r} is not True or False")
+            raise ConfigError(f"{where}: {_quoted(v)} is not True or False")
         return _BOOLEANS[v.lower()]
     if column in _TEXT_COLUMNS or column.endswith("_setting"):
         return v or None
@@ -185,10 +210,11 @@ def _parse(value: str, column: str, where: str):
             raise ConfigError(f"{where}: empty; every run has a seed")
         return None
     if column in _INTEGER_COLUMNS:
-        if not v.isascii() or not v.isdigit():
-            raise ConfigError(f"{where}: {v!r} is not an integer >= 0")
-        return int(v)
+        return _integer(v, column, where)
     number = finite_number(v, where)
+    if abs(number) > MAX_MAGNITUDE:
+        raise ConfigError(f"{where}: {number:g} is beyond +-{MAX_MAGNITUDE:g}, more than any value flatfl records "
+                          "(a report could not average it)")
     if column in ("test_acc", "all_test_acc") and not 0 <= number <= 100:
         raise ConfigError(f"{where}: {number:g} is not an accuracy in percent (0 to 100)")
     if column.endswith("_stderr") and number < 0:

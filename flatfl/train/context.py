@@ -28,6 +28,7 @@ class RoundContext:
     lr: float
     global_params: torch.Tensor  # theta^t, flat
     build_model: Callable[[], nn.Module] | None = field(repr=False, default=None)
+    participants: tuple[int, ...] = ()  # the clients sampled this round (every rank's, in order)
     _global_model: nn.Module | None = field(repr=False, default=None)
 
     _trainable: nn.Module | None = field(repr=False, default=None)

@@ -33,6 +33,7 @@ from .setup import (check_observer, check_resumed_data, choose_graphs, choose_pa
 from .catalog import load_all
 from .config import RunConfig
 from .identity import run_settings
+from .over_ranks import agree_on_run
 from .network_checks import BATCH_NORMS
 from .resume import rng_state
 from .rounds import RoundDone, RoundLoop, RoundState, client_seed, sample_clients
@@ -207,6 +208,7 @@ class Trainer:
             else:
                 self.log(f"run {self.run_dir} already finished ({cfg.rounds} rounds)")
             return self.run_dir / FINAL_FILE
+        agree_on_run(self.ds, self.partition, self.theta, self.buffers)  # under torchrun: the ranks built alike
         if ranks.is_main():  # under torchrun rank 0 alone writes the run's files
             self._write_run_files()
         from tqdm.auto import tqdm

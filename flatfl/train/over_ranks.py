@@ -1,4 +1,4 @@
-"""A round's clients over the ranks of a torchrun launch (docs/ranks.md).
+"""A round's clients over the ranks of a torchrun launch (docs/distributed.md).
 
 Every rank holds the whole run: the server model, every client's state, the data. Round t's participants (drawn
 from the run's seed, the same on every rank) are cut into contiguous shares, one a rank (:func:`my_share`; shares
@@ -7,7 +7,9 @@ a client's randomness comes from (seed, t, client), whoever trains it). Then :fu
 the others computed: the clients' uploads (:class:`~flatfl.train.algorithms.algorithm.ClientResult`), their float
 buffers, their latest models and the rows of the algorithm's per-client state (``algo.clients``) they changed, in
 the participants' order. Every rank aggregates the same uploads in the same order, so the server model and the
-algorithm's server state stay equal on every rank without being sent, and a round equals one process's.
+algorithm's server state stay equal on every rank without being sent, and a round equals one process's. Before the
+first round, :func:`agree_on_run` has the ranks compare what each built: a rank given other data, another client
+split or another starting model would mix its numbers into the others'.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 
 from ..utils import ranks
 
-__all__ = ["my_share", "exchange"]
+__all__ = ["my_share", "exchange", "agree_on_run"]
 
 
 def my_share(participants: np.ndarray) -> np.ndarray:
@@ -27,6 +29,20 @@ def my_share(participants: np.ndarray) -> np.ndarray:
     if not w.distributed:
         return participants
     return np.array_split(participants, w.size)[w.rank]
+
+
+def agree_on_run(ds, partition, theta: torch.Tensor, buffers: dict) -> None:
+    """Before the first round (nothing written yet): every rank holds the same training and test sets (``ds``, an
+    :class:`~flatfl.data.ImageDataset`), the same clients' split (``partition``) and the same server model to start
+    from (``theta`` and its ``buffers``: the seeded network, or a resumed run's; compared by
+    :func:`~flatfl.utils.ranks.fingerprint`, blind to last-bit differences between processors); a difference ends
+    every rank with one line naming it and the rank (:func:`flatfl.utils.ranks.agree`). Nothing in one process."""
+    if not ranks.world().distributed:
+        return
+    ranks.agree({"training data": ranks.digest(ds.train_x, ds.train_y),
+                 "test data": ranks.digest(ds.test_x, ds.test_y),
+                 "clients' split": ranks.digest([np.asarray(ix) for ix in partition.client_indices]),
+                 "starting server model": ranks.fingerprint(None, [theta, *buffers.values()])})
 
 
 def _to(x, device):

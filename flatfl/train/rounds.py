@@ -219,7 +219,8 @@ class RoundLoop:
             raise DivergenceError(f"the run diverged in round {r + 1}: the learning rate --lr {cfg.lr:g} x --lr-decay "
                                   f"{cfg.lr_decay:g}^{r} is beyond the float32 range")
         participants = sample_clients(cfg.seed, r, self.partition.num_clients, cfg.participation, cfg.sampling)
-        rctx = RoundContext(r, lr, self.state.theta, build_model=self._frozen_global(self.state.theta))
+        rctx = RoundContext(r, lr, self.state.theta, build_model=self._frozen_global(self.state.theta),
+                            participants=tuple(int(i) for i in participants))
         self.algo.round_start(rctx)
         augment = self._augment_fn()
         results, client_buffers = [], []

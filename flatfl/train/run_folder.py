@@ -23,6 +23,7 @@ from typing import Callable, Iterable
 from ..checkpoint import CUSTOM_DATA_FILE, FINAL_FILE, dataset_sha256, save_checkpoint, save_clients_average
 from ..data.partition import Partition
 from ..errors import ConfigError
+from ..utils.csv_cells import csv_row
 from ..utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text
 from ..utils.run_identity import differing_keys
 from .config import RunConfig
@@ -171,7 +172,8 @@ def write_metrics(run_dir: Path, metrics: list[dict], extra: Iterable[str] = ())
     w = csv.DictWriter(buf, fieldnames=METRIC_COLUMNS + extra, extrasaction="ignore")
     w.writeheader()
     for row in metrics:
-        w.writerow({k: (v if k in extra else f"{v:.6g}") if isinstance(v, float) else v for k, v in row.items()})
+        w.writerow(csv_row({k: (v if k in extra else f"{v:.6g}") if isinstance(v, float) else v
+                            for k, v in row.items()}))
     atomic_write_text(run_dir / "metrics.csv", buf.getvalue())
 
 

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 from . import manifest
 from .atomic import atomic_write_bytes_unrecorded, file_mode, staged_file
+from .csv_cells import csv_row
 
 __all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_bytes_unrecorded", "atomic_write_text",
            "atomic_write_json", "atomic_write_many", "atomic_torch_save", "json_safe", "csv_text"]
@@ -82,14 +83,21 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def csv_text(rows: list[dict], columns: list[str] | None = None) -> str:
     """``rows`` as CSV text: a header of ``columns`` (default the first row's keys), missing and None values empty,
-    other keys left out, '\\n' line ends (the report tables' format)."""
+    other keys left out, '\\n' line ends (the report tables' format), a field holding a line break quoted; every
+    cell a spreadsheet would execute neutralised (:func:`flatfl.utils.csv_cells.csv_cell`)."""
     columns = columns or (list(rows[0]) if rows else [])
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in columns})
-    return buf.getvalue()
+    # csv quotes a field holding a character of the line terminator: with '\r\n' a carriage return inside a field is
+    # quoted too (with '\n' alone it would be written bare and end the line for every reader); each line's own
+    # terminator is then written as '\n'
+    w = csv.writer(buf, lineterminator="\r\n")
+    lines = []
+    for cells in [columns] + [["" if r.get(k) is None else r.get(k) for k in columns] for r in rows]:
+        buf.seek(0)
+        buf.truncate()
+        w.writerow(csv_row(cells))
+        lines.append(buf.getvalue()[:-2])
+    return "".join(line + "\n" for line in lines)
 
 
 def json_safe(obj: Any) -> Any:

@@ -5,6 +5,10 @@ folder; a file written from bytes in memory (reports, CSV, JSON, figures: up to 
 its content, so that a file flatfl wrote and the user then overwrote with text of their own counts as the user's.
 Commands that replace or remove outputs (``train --force``, ``hessian``, ``surface``, ``report``) only ever delete
 or replace files that the manifest lists, so a user's file that merely shares an output's name is never touched.
+
+Outputs of different commands can share file names (a report's and a contrast's ``effects.png``). The manifest
+also records which kind of output its folder holds (:func:`record_kind`), and :func:`refuse_other_kind` refuses to
+write one kind over another, so that one command's files never replace another's.
 """
 from __future__ import annotations
 
@@ -143,6 +147,46 @@ def remove_owned(path: str | os.PathLike) -> bool:
         data.pop("sha256")
     _write(path.parent, data)
     return True
+
+
+def recorded_kind(folder: str | os.PathLike) -> str | None:
+    """The kind of output ``folder`` holds as its manifest records it (:func:`record_kind`); None when it records
+    none."""
+    kind = _read(Path(folder)).get("kind")
+    return kind if isinstance(kind, str) else None
+
+
+def record_kind(folder: str | os.PathLike, kind: str) -> None:
+    """Record in ``folder``'s manifest that it holds an output of ``kind`` ('report', 'contrast'...)."""
+    folder = Path(folder)
+    data = _read(folder)
+    if data.get("kind") != kind:
+        data["kind"] = kind
+        _write(folder, data)
+
+
+def refuse_other_kind(folder: str | os.PathLike, kind: str, signs: dict[str, tuple[str, ...]]) -> None:
+    """ConfigError when ``folder`` holds flatfl's output of another kind than ``kind``: the kind its manifest
+    records, or, in a folder of an older flatfl (no kind recorded), each kind of ``signs`` (kind -> the names of
+    files only that kind writes) whose files the manifest lists as flatfl's. Called before any work, so that
+    nothing is written."""
+    from ..errors import ConfigError
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    data = _read(folder)
+    recorded = data.get("kind")
+    if isinstance(recorded, str):
+        found = {recorded: [n for n in signs.get(recorded, ()) if n in data["files"]]}
+    else:
+        found = {k: [n for n in names if n in data["files"]] for k, names in signs.items()}
+        found = {k: names for k, names in found.items() if names}
+    other = [k for k in found if k != kind]
+    if other:
+        held = f" ({', '.join(found[other[0]])})" if found[other[0]] else ""
+        raise ConfigError(f"{folder} holds a flatfl {other[0]}{held}; a {kind} is never written over another "
+                          f"output: choose another --out")
 
 
 LEGACY_RUN_FILES = {"config.json", "partition.json", "metrics.csv", "resume.pt", "final.pt", "clients.pt"}

@@ -189,16 +189,17 @@ def axis_floor(peak: float, sigma: float, dims, floor_fraction: float = FLOOR_FR
 
 def draw_density(ax, groups: dict[str, list[dict]], labels: dict[str, str] | None = None,
                  styles: dict[str, dict] | None = None, panel: str = "", floor_fraction: float = FLOOR_FRACTION,
-                 marks=None, marks_label: str = ""):
+                 marks=None, marks_label: str = "", curvature: str = "Hessian"):
     """Draw the densities of ``groups`` (name -> SLQ results, see :func:`density_curves`; a result's ``dim`` is the
     number of eigenvalues) on ``ax``: a log axis from a stated fraction of the peak (:func:`axis_floor`; nothing
     drawn below it) with the height of one eigenvalue marked, the Gaussian width in the panel title, the region
     below zero shaded and each group's weight below -sigma noted; ``marks`` (eigenvalues computed exactly, e.g. the
-    top k) are ticked along the bottom, ``marks_label`` naming them. Returns (grid, curves, sigma, fraction)
+    top k) are ticked along the bottom, ``marks_label`` naming them; ``curvature`` names the matrix on the axis
+    ('Hessian', 'GGN', 'empirical Fisher'). Returns (grid, curves, sigma, fraction)
     (``curves`` empty: no density, and the panel says so)."""
     grid, curves, sigma = density_curves(groups)
     if not curves:
-        label_axes(ax, "Hessian eigenvalue λ", "density (log scale)")
+        label_axes(ax, f"{curvature} eigenvalue λ", "density (log scale)")
         ax.text(0.5, 0.5, "no spectral density computed", ha="center", transform=ax.transAxes)
         ax.set_title(f"{panel}spectral density (SLQ)", fontsize=PANEL_SIZE)
         return grid, curves, sigma, None
@@ -231,7 +232,7 @@ def draw_density(ax, groups: dict[str, list[dict]], labels: dict[str, str] | Non
     ax.text(0.98, 0.97, "\n".join(notes), transform=ax.transAxes, ha="right", va="top", fontsize=NOTE_SIZE,
             bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "0.7", "alpha": 0.9})
     ax.legend(fontsize=LEGEND_SIZE, loc="center right")
-    label_axes(ax, "Hessian eigenvalue λ (of the mean training loss)",
+    label_axes(ax, f"{curvature} eigenvalue λ (of the mean training loss)",
                f"density (log scale, from {fraction:.0e} × peak)")
     total = sum(len(d["nodes"]) for dens in groups.values() for d in dens)
     ax.set_title(f"{panel}spectral density (SLQ, {'1 start' if total == 1 else 'starts averaged'}), Gaussian σ = {format_number(sigma, 3)} "
@@ -257,10 +258,11 @@ def eigen_scale(ax, values: np.ndarray) -> str:
 
 
 def draw_top_eigenvalues(ax, series: dict[str, list], *, scale: str = "linear", styles: dict[str, dict] | None = None,
-                         inset: bool = False, panel: str = "") -> None:
+                         inset: bool = False, panel: str = "", curvature: str = "Hessian") -> None:
     """The top-k eigenvalues of each of ``series`` (name -> one list per run, largest first): the mean over runs,
     their range as a band; ``scale`` 'linear' or 'log' (symmetric log when a value is <= 0, the negative ones below
-    the zero line); ``inset`` adds a log-scale copy in the upper right so the tail under the top few shows."""
+    the zero line); ``inset`` adds a log-scale copy in the upper right so the tail under the top few shows;
+    ``curvature`` names the matrix on the axis."""
     from matplotlib.ticker import MaxNLocator
 
     drawn = []
@@ -297,7 +299,7 @@ def draw_top_eigenvalues(ax, series: dict[str, list], *, scale: str = "linear", 
     kind = {"linear": "", "log": ", log scale"}[scale]
     if ax.get_yscale() == "symlog":
         kind = ", symmetric log scale (linear near 0)"
-    label_axes(ax, "eigenvalue index (largest first)", "Hessian eigenvalue λ")
+    label_axes(ax, "eigenvalue index (largest first)", f"{curvature} eigenvalue λ")
     if not drawn:
         ax.text(0.5, 0.5, "fewer than 2 eigenvalues computed", ha="center", transform=ax.transAxes)
     elif len(series) > 1:

@@ -111,7 +111,8 @@ def run_client_metrics(checkpoint, out, settings: ClientMetricsSettings = Client
     report = dict(section, **cmd.header(digest=digest, network_key="network"), distributed=ranks.record(),
                   **versions(), files=names + [target.name])
     if ranks.is_main():  # every rank holds the same metrics; rank 0 alone draws and writes
-        cmd.write({name: clients_heatmap(metrics, cmd.title, name.rsplit(".", 1)[1], data=on) for name in names},
+        cmd.write({name: clients_heatmap(metrics, cmd.title, name.rsplit(".", 1)[1], data=on,
+                                           curvature=s.curvature) for name in names},
                   target.name, report)
     return report
 

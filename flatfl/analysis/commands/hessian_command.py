@@ -13,11 +13,13 @@
   :func:`flatfl.analysis.commands.result_files.read_hessian_file`.
 
 Outputs in ``--out DIR`` (the command line's default: the run's ``hessian`` folder,
-:func:`flatfl.cli.analysis_commands.default_out`): ``hessian.json`` (eigenvalues with residuals ``||Hv - lambda v||``, error estimates
-``min(r, r^2 / gap)`` and converged flags; ``eigenvalue_ratio``, lambda_1 / lambda_5 when at least five are computed;
-trace with standard error; ``products``: how the products were computed and, for finite differences, their stated
-relative error; SLQ nodes and weights; HVP counts, seconds,
-settings, checkpoint path, round, parameter count), ``eigenvalues.csv``, ``eigenvalues.png/.pdf`` (the top-k on a
+:func:`flatfl.cli.analysis_commands.default_out`): ``hessian.json`` (``curvature`` and ``measured``: the matrix and
+how it was measured; the eigenvalues ``--which`` asks for, with residuals ``||Hv - lambda v||``, error estimates
+``min(r, r^2 / gap)`` never below the products' rounding (``eigen.rounding_floor``) and converged flags;
+``eigenvalue_ratio``, lambda_1 / lambda_5 when at least five of the largest are computed; trace with standard error;
+``products``: how the products were computed, whether exactly and, for finite differences, their stated relative
+error; SLQ nodes and weights; HVP counts, seconds, settings, the samples used and asked for, checkpoint path, round,
+parameter count), ``eigenvalues.csv``, ``eigenvalues.png/.pdf`` (the top-k on a
 log axis and each one's residual and error estimate; when k >= 2), ``density.png/.pdf`` (spectral density as MAN
 Fig. 4b: every SLQ start averaged, Gaussian width stated, log axis from 1e-4 of the peak; with ``--density``), ``eigenvectors.pt`` with ``--save-eigenvectors`` (read it with :func:`load_eigenvectors`), and with
 ``--per-layer`` ``per_layer.csv`` and ``per_layer.png/.pdf`` (each module's Hessian block,
@@ -25,22 +27,23 @@ Fig. 4b: every SLQ start averaged, Gaussian width stated, log axis from 1e-4 of 
 (:mod:`flatfl.analysis.operators.objective`). ``--curvature ggn`` or ``empirical-fisher`` measures the generalized
 Gauss-Newton matrix or the empirical Fisher instead of the Hessian (:mod:`flatfl.analysis.operators.curvatures`), recorded in
 the settings; ``--products`` chooses how Hessian products are computed.
+
+An output folder holds one analysis: :func:`run_hessian` refuses, before any work, a folder whose ``hessian.json``
+was computed with other settings (:func:`check_earlier_analysis`; ``replace=True`` replaces it), and goes on over one
+of the same settings (of the same or of new weights) as a fresh start.
 """
 from __future__ import annotations
 
 import io
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from ...checkpoint import load_tensors
-from ...errors import CheckpointError, ConfigError
-from ..estimators.registry import DEFAULT_DENSITY_METHOD
-from .hessian_settings import HessianSettings
+from ...errors import ConfigError
+from ..estimators.registry import DEFAULT_DENSITY_METHOD, DEFAULT_WHICH, estimator
+from .hessian_settings import HessianSettings, measured_text
+from ..operators.names import CURVATURE_TITLES
 from ...utils import ranks
 from ...utils.io import json_safe
 from ...utils.lock import locks_output
@@ -53,11 +56,11 @@ from .result_figures import hessian_figures
 from ..operators.linear_operator import CurvatureOperator, as_operator
 from ..operators.curvatures import curvature_operator
 from .result_files import ResultFileError, read_hessian_file
+from ..estimators.eigenvector_file import EIGENVECTOR_FORMAT, EigenvectorFile, load_eigenvectors
 
 __all__ = ["run_hessian", "compute", "write_outputs", "load_eigenvectors", "EigenvectorFile", "weights_digest",
-           "settings_record", "eigenvalue_ratio"]
+           "settings_record", "eigenvalue_ratio", "check_earlier_analysis", "samples_record"]
 
-EIGENVECTOR_FORMAT = "flatfl-eigenvectors"
 OUTPUT_NAMES = ("eigenvalues.png", "eigenvalues.pdf", "density.png", "density.pdf", "eigenvalues.csv",
                 "eigenvectors.pt", "per_layer.csv", "per_layer.png", "per_layer.pdf")
 
@@ -69,9 +72,10 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     returns ``(report, eigen_result, density_result)``. Only what is computed is read of ``settings``: not where
     the model and its data come from.
 
-    The trace estimator is ``settings.resolved_trace_method`` (the eigenvalue method's own when none is given:
-    power iteration runs PyHessian's whole protocol, docs/update-rules.md §21). Each estimator gets its own seed
-    stream: ``seed`` for the eigenvalues, ``seed + 1`` for the trace, ``seed + 2`` for the density.
+    The eigenvalues are those ``settings.which`` asks for (``settings.resolved_which``). The trace estimator is
+    ``settings.resolved_trace_method`` (the eigenvalue method's own when none is given: power iteration runs
+    PyHessian's whole protocol, docs/update-rules.md §21). Each estimator gets its own seed stream: ``seed`` for the
+    eigenvalues, ``seed + 1`` for the trace, ``seed + 2`` for the density.
     ``on_phase(name)``: called as each phase begins (:mod:`flatfl.analysis.commands.progress`).
     """
     phase = on_phase or (lambda name: None)
@@ -84,8 +88,8 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     eig = dens = None
     if s.top > 0:
         phase("top eigenvalues")
-        eig = estimate_eigenvalues(op, s.method, s.top, tol=s.tol, seed=s.seed, return_vectors=keep_vectors,
-                                   exact_residuals=s.exact_residuals)
+        eig = estimate_eigenvalues(op, s.method, s.top, which=s.which, tol=s.tol, seed=s.seed,
+                                   return_vectors=keep_vectors, exact_residuals=s.exact_residuals)
         report["top_eigenvalues"] = eig.eigenvalues.tolist()
         report["residuals"] = eig.residuals.tolist()
         report["error_estimates"] = None if eig.error_bounds is None else eig.error_bounds.tolist()
@@ -93,7 +97,9 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
         kind = "explicit" if s.exact_residuals else (eig.residual_kind or s.eigen.residuals)
         report["eigen"] = {"method": eig.method, "hvps": eig.hvps, "tol": s.tol, "residual_kind": kind,
                            **json_safe(eig.info)}
-        report["eigenvalue_ratio"] = eigenvalue_ratio(report["top_eigenvalues"])
+        # lambda_1 / lambda_5 is a ratio of the largest eigenvalues (FedSAM, FedGloSS): none for the others
+        largest = eig.info.get("which", s.resolved_which) == DEFAULT_WHICH
+        report["eigenvalue_ratio"] = eigenvalue_ratio(report["top_eigenvalues"]) if largest else None
     else:
         report["top_eigenvalues"], report["residuals"], report["converged"] = [], [], []
         report["error_estimates"] = None
@@ -121,7 +127,8 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     report["hvps_total"] = int(op.hvps)
     if op.products is not None:  # a model's curvature: how its products were computed
         error = op.product_error
-        report["products"] = {"method": op.products, "relative_error": None if error is None else float(error)}
+        report["products"] = {"method": op.products, "exact": op.products != "finite-difference",
+                              "relative_error": None if error is None else float(error)}
     # where the random vectors were drawn (a generator on the operator's device, seeded from seed, seed + 1, seed + 2)
     report["random_draws"] = {"seed": int(s.seed), "device": torch.device(op.device).type}
     report["seconds"] = time.perf_counter() - start
@@ -166,7 +173,8 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
         from ..estimators.per_layer import per_layer_csv, per_layer_figure
 
         for fmt in ("png", "pdf"):
-            figures[f"per_layer.{fmt}"] = per_layer_figure(report["per_layer"], fmt, title, report)
+            figures[f"per_layer.{fmt}"] = per_layer_figure(report["per_layer"], fmt, title, report,
+                                                           CURVATURE_TITLES.get(report.get("curvature"), "Hessian"))
     csv_text = _eigenvalues_csv(report) if report["top_eigenvalues"] else None
     vectors_payload = None
     if save_eigenvectors:
@@ -229,49 +237,12 @@ def _previous_clients_section(path: Path, checkpoint, digest=None, refuse_other:
     return old[key] if same else None
 
 
-@dataclass
-class EigenvectorFile:
-    """Saved Hessian eigenvectors: ``vectors`` (k, dim) float32 unit rows in the parameter layout below."""
-
-    eigenvalues: torch.Tensor
-    residuals: torch.Tensor
-    vectors: torch.Tensor
-    param_names: list[str]
-    param_shapes: list[tuple[int, ...]]
-    checkpoint: str | None
-    round: int | None
-    weights_sha256: str | None = None
-
-    def as_parameters(self, i: int) -> "OrderedDict[str, torch.Tensor]":
-        """Eigenvector ``i`` shaped like the model's parameters, keyed by parameter name."""
-        out, offset = OrderedDict(), 0
-        for name, shape in zip(self.param_names, self.param_shapes):
-            size = int(np.prod(shape)) if shape else 1
-            out[name] = self.vectors[i, offset:offset + size].view(shape)
-            offset += size
-        return out
-
-
-def load_eigenvectors(path) -> EigenvectorFile:
-    """Read an ``eigenvectors.pt`` written by ``flatfl hessian --save-eigenvectors``."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"eigenvector file not found: {path}")
-    payload = load_tensors(path, "eigenvector file")
-    if not isinstance(payload, dict) or payload.get("format") != EIGENVECTOR_FORMAT:
-        raise CheckpointError(f"{path} is not a flatfl eigenvector file")
-    return EigenvectorFile(
-        eigenvalues=payload["eigenvalues"], residuals=payload["residuals"], vectors=payload["vectors"],
-        param_names=list(payload["param_names"]), param_shapes=[tuple(s) for s in payload["param_shapes"]],
-        checkpoint=payload.get("checkpoint"), round=payload.get("round"), weights_sha256=payload.get("weights_sha256"),
-    )
-
-
 # ---------------------------------------------------------------------------------------------- the command
 def settings_record(s: HessianSettings, device, precision: str = "float32") -> dict:
-    """hessian.json's ``settings``: what made the numbers (the trace method as it ran, the device resolved, the
-    floating type the products ran in)."""
-    return {"top": s.top, "method": s.method, "tol": s.tol, "trace": s.trace, "trace_method": s.resolved_trace_method,
+    """hessian.json's ``settings``: what made the numbers (the eigenvalues and the trace method as they ran, the
+    device resolved, the floating type the products ran in)."""
+    return {"top": s.top, "which": s.resolved_which, "method": s.method, "tol": s.tol, "trace": s.trace,
+            "trace_method": s.resolved_trace_method,
             "trace_hvps": s.trace_hvps, "trace_rtol": s.trace_rtol, "density": s.density,
             "density_steps": s.density_steps, "density_starts": s.density_starts, "samples": s.samples,
             "batch_size": s.batch_size, "split": s.split, "seed": s.seed, "device": str(device), "mode": "eval",
@@ -280,10 +251,109 @@ def settings_record(s: HessianSettings, device, precision: str = "float32") -> d
             "products": s.products, "precision": precision}
 
 
+#: settings that do not change what an analysis computes: where it ran, how its samples were cut into batches
+SAME_RESULT = ("device", "batch_size")
+#: settings that only add outputs, compared apart (:func:`check_earlier_analysis`)
+ADDED_OUTPUTS = ("save_eigenvectors", "per_layer", "per_layer_top")
+#: settings a hessian.json written before they existed did not record, and what it computed without them
+BEFORE_RECORDED = {"curvature": "hessian", "products": "auto"}
+
+
+def _what_it_computed(record: dict) -> dict:
+    """The settings of a hessian.json that decide its numbers: those of an estimator that did not run (no top
+    eigenvalues, no trace, no density) dropped, the device and batch size left out (:data:`SAME_RESULT`)."""
+    out = {k: v for k, v in record.items() if k not in SAME_RESULT + ADDED_OUTPUTS}
+    if not record.get("top"):
+        for k in ("which", "tol", "exact_residuals"):
+            out.pop(k, None)
+    if not record.get("trace"):
+        for k in ("trace_method", "trace_hvps", "trace_rtol"):
+            out.pop(k, None)
+    if not record.get("density"):
+        for k in ("density_steps", "density_starts"):
+            out.pop(k, None)
+    return out
+
+
+def _recorded_which(saved: dict):
+    """The eigenvalues an earlier hessian.json holds: its ``which``, or for a file written before it was recorded
+    its method's own (lanczos: the largest; power: the largest in magnitude); None when unknown."""
+    if saved.get("which") is not None:
+        return saved["which"]
+    try:
+        return estimator("eigenvalues", saved.get("method", "lanczos")).which[0]
+    except Exception:  # noqa: BLE001 - a method no longer registered: not compared
+        return None
+
+
+def check_earlier_analysis(out: Path, record: dict, *, replace: bool = False) -> None:
+    """Refuse to write over an analysis in ``out`` computed with other settings than ``record`` (this analysis'
+    hessian.json ``settings``): one ConfigError line naming the folder, what differs and another folder to use. An
+    analysis of the same settings (of the same or other weights) is replaced as a fresh start; so is one whose
+    only difference adds outputs (``--save-eigenvectors``, ``--per-layer``), unless this analysis would drop them
+    (eigenvectors.pt; per-layer results with another ``--per-layer-top``: those without --per-layer are kept). A
+    hessian.json flatfl cannot read is left to the output checks. ``replace=True`` replaces whatever is there."""
+    try:
+        old = read_hessian_file(out / "hessian.json")
+    except ResultFileError:
+        return
+    if replace or not old or not isinstance(old.get("settings"), dict):
+        return
+    saved = {**old["settings"], "which": _recorded_which(old["settings"])}
+    if saved["which"] is None:
+        del saved["which"]
+    before, now = _what_it_computed(saved), _what_it_computed(record)
+    differ = []
+    for key, value in now.items():
+        if key not in before and key not in BEFORE_RECORDED:
+            continue  # a setting the earlier file did not record: not compared
+        was = before[key] if key in before else BEFORE_RECORDED[key]
+        if was != value:
+            differ.append((key, was, value))
+    if saved.get("save_eigenvectors") and not record.get("save_eigenvectors"):
+        differ.append(("save_eigenvectors", True, False))
+    if saved.get("per_layer") and record.get("per_layer") and saved.get("per_layer_top") != record.get("per_layer_top"):
+        differ.append(("per_layer_top", saved.get("per_layer_top"), record.get("per_layer_top")))
+    if not differ:
+        return
+    shown = "; ".join(f"--{k.replace('_', '-')} {_flag_value(was)} there, {_flag_value(v)} here"
+                      for k, was, v in differ[:4])
+    more = f"; {len(differ) - 4} more" if len(differ) > 4 else ""
+    raise ConfigError(f"{out} holds an earlier analysis with other settings ({shown}{more}): writing here would "
+                      f"replace it; choose another --out (e.g. --out {_free_folder(out)}), or remove "
+                      f"{out / 'hessian.json'}")
+
+
+def _flag_value(value) -> str:
+    """A setting as the command line writes it: true/false, none, the value."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "none" if value is None else str(value)
+
+
+def _free_folder(out: Path) -> Path:
+    """``out-2``, ``out-3``...: the first sibling of ``out`` that does not exist."""
+    i = 2
+    while out.with_name(f"{out.name}-{i}").exists():
+        i += 1
+    return out.with_name(f"{out.name}-{i}")
+
+
+def samples_record(asked: int | None, used: int, split: str) -> dict:
+    """hessian.json's ``samples``: how many evaluation samples were ``asked`` for (None: the whole split) and
+    ``used``, and a ``note`` when fewer were used than asked (the split holds fewer: all of them were used)."""
+    record = {"asked": asked, "used": int(used), "split": split}
+    if asked is not None and used < asked:
+        record["note"] = f"{used:,} of the {asked:,} asked: the {split} split holds {used:,}, all of them were used"
+    return record
+
+
 @locks_output
-def run_hessian(checkpoint, out, settings: HessianSettings = HessianSettings(), *, quiet: bool = False) -> dict:
+def run_hessian(checkpoint, out, settings: HessianSettings = HessianSettings(), *, quiet: bool = False,
+                replace: bool = False) -> dict:
     """What ``flatfl hessian`` does: load ``checkpoint``, compute what ``settings`` ask for, write it into ``out``;
-    returns the report."""
+    returns the report. An analysis in ``out`` with other settings is refused before any work
+    (:func:`check_earlier_analysis`); ``replace=True`` replaces it."""
     s = settings.validate()
     loss = None
     if s.loss is not None:
@@ -293,6 +363,8 @@ def run_hessian(checkpoint, out, settings: HessianSettings = HessianSettings(), 
     cmd = AnalysisCommand.open(checkpoint, out, device=s.device, outputs=OUTPUT_NAMES + ("hessian.json",),
                                data_dir=s.data_dir, model_factory=s.model_factory, precision=s.precision)
     out, ckpt, dev = cmd.out, cmd.checkpoint, cmd.device
+    record = settings_record(s, dev, ckpt.precision)
+    check_earlier_analysis(out, record, replace=replace)  # an earlier analysis with other settings is kept
     # refused before any work: hessian-clients results of other weights in --out would be dropped
     digest = weights_digest(ckpt.model)  # the weights are not changed by the analysis
     _previous_clients_section(out / "hessian.json", str(ckpt.path), digest, refuse_other=True)
@@ -320,9 +392,12 @@ def run_hessian(checkpoint, out, settings: HessianSettings = HessianSettings(), 
 
     header = {
         **cmd.header(digest=digest, num_params=op.dim),
+        "curvature": s.curvature,
+        "measured": measured_text(s.curvature, report.get("products"), ckpt.precision),
         "num_samples": op.num_samples,
+        "samples": samples_record(s.samples, op.num_samples, s.split),
         "loss": loss,
-        "settings": settings_record(s, dev, ckpt.precision),
+        "settings": record,
         "distributed": ranks.record(),
         **versions(),
     }

@@ -15,18 +15,15 @@ from dataclasses import dataclass
 from ...errors import ConfigError, unknown_name
 from ...utils.precision import check_analysis_precision
 from ...utils.values import check_seed
-from ..estimators.registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, Estimator, estimator
+from ..estimators.registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, Estimator, estimator, resolve_which
+from ..operators.names import CURVATURE_NAMES, CURVATURE_TITLES, CURVATURES, PRODUCT_METHODS
 from .settings import Settings, check_kinds
 
 __all__ = ["HessianSettings", "tracking_settings", "TRACKING_DEFAULTS", "TRACKING_FIELDS", "SPLITS", "CURVATURES",
-           "PRODUCT_METHODS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS", "MAX_TOP"]
+           "CURVATURE_TITLES", "CURVATURE_NAMES", "PRODUCT_METHODS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS",
+           "MAX_TOP", "products_text", "measured_text", "eigenvalues_text"]
 
 SPLITS = ("train", "test")
-#: the curvature matrices an analysis measures (flatfl.analysis.operators.curvatures): the Hessian, the generalized
-#: Gauss-Newton matrix, the empirical Fisher
-CURVATURES = ("hessian", "ggn", "empirical-fisher")
-#: how Hessian-vector products are computed (flatfl.analysis.operators.products); "auto": by device
-PRODUCT_METHODS = ("auto", "double-backward", "forward-over-reverse", "finite-difference")
 
 
 @dataclass(frozen=True)
@@ -61,6 +58,7 @@ class HessianSettings(Settings):
     loss: str | None = None  # "module:function", loss(model, batch) -> scalar, instead of cross-entropy
     curvature: str = "hessian"  # the matrix measured: hessian | ggn | empirical-fisher (flatfl.analysis.operators.curvatures)
     products: str = "auto"  # how Hessian products are computed (flatfl.analysis.operators.products); "auto": by device
+    which: str | None = None  # largest | smallest | magnitude (registry.WHICH); None: the method's own (lanczos: largest)
 
     def validate(self) -> "HessianSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
@@ -70,6 +68,7 @@ class HessianSettings(Settings):
         if self.top > MAX_TOP:
             raise ConfigError(f"--top must be at most {MAX_TOP:,} (one stored vector per eigenvalue), got {self.top}")
         estimator("eigenvalues", self.method)  # the registry at run time: a method registered by now passes
+        resolve_which(self.method, self.which)  # a name of WHICH that the method can find
         if not 0 < self.tol < 1:
             raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {self.tol!r}")
         if self.trace_method is not None:
@@ -132,6 +131,12 @@ class HessianSettings(Settings):
         return estimator("eigenvalues", self.method).trace_method or DEFAULT_TRACE_METHOD
 
     @property
+    def resolved_which(self) -> str:
+        """The eigenvalues ``--top`` finds: ``which``, else the eigenvalue method's own (lanczos: the largest
+        algebraic; power: the largest in magnitude)."""
+        return resolve_which(self.method, self.which)
+
+    @property
     def eigen(self) -> Estimator:
         """The registry's entry of ``method``."""
         return estimator("eigenvalues", self.method)
@@ -151,8 +156,38 @@ _KINDS = (("top", int, False), ("trace", bool, False), ("density", bool, False),
           ("tol", float, False), ("trace_method", str, True), ("trace_hvps", int, False), ("trace_rtol", float, True),
           ("density_steps", int, False), ("density_starts", int, False), ("exact_residuals", bool, False),
           ("model_factory", str, True), ("per_layer", bool, False), ("per_layer_top", int, False),
-          ("loss", str, True), ("curvature", str, False), ("products", str, False))
+          ("loss", str, True), ("curvature", str, False), ("products", str, False), ("which", str, True))
 
+
+def products_text(products: dict | None) -> str:
+    """How a result's products were computed, as its lines and figures say it (hessian.json's ``products``): 'exact
+    products (double-backward)', 'finite-difference products (stated relative error 0.00014)'; '' when the result
+    records none (an explicit matrix, a function)."""
+    if not isinstance(products, dict) or not products.get("method"):
+        return ""
+    method, error = products["method"], products.get("relative_error")
+    if method == "finite-difference":
+        stated = "" if error is None else f" (stated relative error {error:.2g})"
+        return f"finite-difference products{stated}"
+    return f"exact products ({method})"
+
+
+def measured_text(curvature: str | None, products: dict | None = None, precision: str | None = None) -> str:
+    """What a result measured, in a few words: 'GGN, exact products (jvp-vjp), float32' (the curvature, how its
+    products were computed, the floating type they ran in; each only where known)."""
+    parts = [CURVATURE_TITLES.get(curvature, str(curvature))] if curvature else []
+    for part in (products_text(products), precision):
+        if part:
+            parts.append(part)
+    return ", ".join(parts)
+
+
+def eigenvalues_text(which: str | None, count: int = 1) -> str:
+    """How result lines name the eigenvalues ``which`` asks for: 'top eigenvalue' (the largest), 'smallest
+    eigenvalue', 'largest-magnitude eigenvalue'; plural for ``count`` > 1."""
+    s = "s" if count != 1 else ""
+    return {"smallest": f"smallest eigenvalue{s}", "magnitude": f"largest-magnitude eigenvalue{s}"}.get(
+        which, f"top eigenvalue{s}")
 
 
 # ``flatfl train --track-hessian K``: the analysis made every K rounds, on a fixed evaluation set. Its defaults differ

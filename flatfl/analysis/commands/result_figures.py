@@ -12,10 +12,27 @@ import math
 import numpy as np
 
 from ..estimators.registry import estimator_title
+from .hessian_settings import CURVATURE_TITLES, eigenvalues_text, measured_text
 from ...utils.plots import (COLORS, LEGEND_SIZE, NOTE_SIZE, TITLE_SIZE, context_title, draw_density,
                            draw_top_eigenvalues, finish, format_number, label_axes, new_figure, saved)
 
-__all__ = ["hessian_figures", "density_figure", "clients_heatmap", "surface_figures", "figure_bytes"]
+__all__ = ["hessian_figures", "density_figure", "clients_heatmap", "surface_figures", "figure_bytes", "quantity",
+           "ORDER_NAMES"]
+
+#: how each choice of eigenvalues (``which``) orders them, as an index axis says it
+ORDER_NAMES = {"largest": "largest first", "smallest": "smallest first", "magnitude": "largest |λ| first"}
+
+
+def quantity(curvature: str | None) -> str:
+    """What an eigenvalue axis shows: 'GGN eigenvalue λ', 'Hessian eigenvalue λ' (``curvature`` a name of
+    :data:`~flatfl.analysis.commands.hessian_settings.CURVATURES`); 'eigenvalue λ' when the curvature is not known
+    (an explicit matrix)."""
+    return f"{CURVATURE_TITLES.get(curvature, str(curvature))} eigenvalue λ" if curvature else "eigenvalue λ"
+
+
+def _relabel(label, text: str) -> None:
+    """Replace an axis label's or title's text, keeping its font (the shared drawing code names the Hessian)."""
+    label.set_text(text)
 
 
 def figure_bytes(draw, fmt: str, size=(5.0, 3.6), projection=None, title: str | None = None) -> bytes:
@@ -32,16 +49,22 @@ def hessian_figures(report: dict, title: str) -> dict[str, bytes]:
     """eigenvalues.png/.pdf (when the report has 2 or more ``top_eigenvalues``) and density.png/.pdf (when it has
     a ``density``) from a ``flatfl hessian`` report (the hessian.json dict); ``title`` names the model and round.
 
-    eigenvalues: (a) the top-k on a log axis (symmetric log when one is <= 0) so the tail under the top few shows,
-    (b) each eigenvalue's residual ||Hv - λv|| and error estimate min(r, r^2 / gap) against the eigenvalue itself
-    (the same units), the eigenvalues the solver did not converge marked. density: every SLQ start averaged,
-    Gaussian width stated, log axis from 1e-4 of the peak, weight below zero noted (:func:`draw_density`)."""
+    eigenvalues: (a) the eigenvalues asked for (``eigen.which``: the top k, the smallest, the largest in magnitude)
+    on a log axis (symmetric log when one is <= 0) so the tail under the first few shows, (b) each eigenvalue's
+    residual ||Hv - λv|| and error estimate min(r, r^2 / gap) (never below the products' rounding) against the
+    eigenvalue itself (the same units), the eigenvalues the solver did not converge marked. density: every SLQ start
+    averaged, Gaussian width stated, log axis from 1e-4 of the peak, weight below zero noted (:func:`draw_density`).
+    Every axis and title names the curvature (``curvature``, else ``settings.curvature``), the products and the
+    precision (``measured``)."""
     files: dict[str, bytes] = {}
     settings = report.get("settings") or {}
+    curvature = report.get("curvature") or settings.get("curvature")
+    measured = report.get("measured") or measured_text(curvature, report.get("products"), report.get("precision"))
     values = [float(v) for v in report.get("top_eigenvalues") or []]
     context = dict(model=title, samples=report.get("num_samples"), split=settings.get("split"))
+    eigen = report.get("eigen") or {}
+    which = eigen.get("which") or settings.get("which") or "largest"
     if len(values) >= 2:
-        eigen = report.get("eigen") or {}
         method = estimator_title("eigenvalues", eigen.get("method"))
         residuals = report.get("residuals") or []
         estimates = report.get("error_estimates")
@@ -50,29 +73,39 @@ def hessian_figures(report: dict, title: str) -> dict[str, bytes]:
             fig = new_figure((10.0, 4.2))
             ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
             draw_top_eigenvalues(ax1, {"eigenvalue": [values]}, scale="log", panel="(a) ")
+            _relabel(ax1.yaxis.label, quantity(curvature))
+            _relabel(ax1.xaxis.label, f"eigenvalue index ({ORDER_NAMES[which]})")
+            _relabel(ax1.title, ax1.get_title().replace("top", eigenvalues_text(which, 2).rsplit(" ", 1)[0], 1))
             ax1.text(0.97, 0.97, spectrum_note(values, report.get("trace")), transform=ax1.transAxes, ha="right",
                      va="top", fontsize=NOTE_SIZE, bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "0.7"})
             draw_eigen_errors(ax2, values, residuals, estimates, converged, eigen.get("tol"),
-                              eigen.get("residual_kind"))
-            finish(fig, context_title(**context, method=f"{method}, top {len(values)}"))
+                              eigen.get("residual_kind"), which)
+            finish(fig, context_title(**context, method=f"{method}, {len(values)} {eigenvalues_text(which, 2)}"
+                                                         f"{'; ' + measured if measured else ''}"))
             files[f"eigenvalues.{fmt}"] = saved(fig, fmt)
     dens = report.get("density")
     if dens and dens.get("nodes"):
         for fmt in ("png", "pdf"):
-            files[f"density.{fmt}"] = density_figure(dens, fmt, marks=values, **context)
+            files[f"density.{fmt}"] = density_figure(dens, fmt, marks=values, curvature=curvature, which=which,
+                                                     measured=measured, **context)
     return files
 
 
-def density_figure(dens: dict, fmt: str, marks=(), **context) -> bytes:
+def density_figure(dens: dict, fmt: str, marks=(), *, curvature: str | None = None, which: str = "largest",
+                   measured: str = "", **context) -> bytes:
     """The spectral density of one SLQ result (``nodes``, ``weights``, one list per start; ``steps``, ``dim``) as
     ``fmt`` bytes: every start averaged, Gaussian width stated, log axis from 1e-4 of the peak (:func:`draw_density`),
-    ``marks`` (the top eigenvalues) ticked; ``context`` (model, samples, split...) goes into the title."""
+    ``marks`` (the eigenvalues ``which`` asked for) ticked; the axis names the ``curvature`` (:func:`quantity`),
+    the title ``measured`` (curvature, products, precision) and ``context`` (model, samples, split...)."""
     starts, steps = len(dens["nodes"]), dens.get("steps")
     method = f"SLQ, {starts} start{'s' if starts != 1 else ''}" + (f" × {steps} Lanczos steps" if steps else "")
     fig = new_figure((7.0, 4.6))
-    draw_density(fig.add_subplot(1, 1, 1), {"": [dens]}, labels={"": ""}, marks=list(marks),
-                 marks_label=f"top {len(marks)} eigenvalues (Lanczos)" if len(marks) else "")
-    finish(fig, context_title(**context, method=method))
+    ax = fig.add_subplot(1, 1, 1)
+    first, rest = eigenvalues_text(which, len(marks)).split(" ", 1)  # 'top 20 eigenvalues', 'smallest 3 ...'
+    marked = f"{first} {len(marks)} {rest}" if len(marks) else ""
+    draw_density(ax, {"": [dens]}, labels={"": ""}, marks=list(marks), marks_label=marked)
+    _relabel(ax.xaxis.label, quantity(curvature))
+    finish(fig, context_title(**context, method=f"{method}{'; ' + measured if measured else ''}"))
     return saved(fig, fmt)
 
 
@@ -88,9 +121,11 @@ def spectrum_note(values, trace=None) -> str:
     return note
 
 
-def draw_eigen_errors(ax, values, residuals, estimates, converged, tol=None, residual_kind=None) -> None:
+def draw_eigen_errors(ax, values, residuals, estimates, converged, tol=None, residual_kind=None,
+                      which: str = "largest") -> None:
     """|λ_i|, the residual ||H v_i - λ_i v_i|| and the error estimate of each eigenvalue on one log axis (all three
-    are eigenvalue units), the unconverged ones circled: how far below each eigenvalue its uncertainty lies."""
+    are eigenvalue units), the unconverged ones circled: how far below each eigenvalue its uncertainty lies
+    (``which``: how the eigenvalues are ordered)."""
     idx = np.arange(1, len(values) + 1)
     mag = np.abs(np.asarray(values, float))
     ax.semilogy(idx, np.where(mag > 0, mag, np.nan), color=COLORS[0], linewidth=1.3, label="|λ|")
@@ -111,18 +146,20 @@ def draw_eigen_errors(ax, values, residuals, estimates, converged, tol=None, res
     if bad.any():
         ax.semilogy(idx[bad], mag[bad], linestyle="none", marker="o", markersize=6, markerfacecolor="none",
                     markeredgecolor="k", label=f"not converged ({int(bad.sum())})")
-    label_axes(ax, "eigenvalue index (largest first)", "eigenvalue units (log scale)",
+    label_axes(ax, f"eigenvalue index ({ORDER_NAMES[which]})", "eigenvalue units (log scale)",
                f"(b) residual and error estimate of each eigenvalue ({int((~bad).sum())} of {len(values)} converged)")
     ax.legend(fontsize=LEGEND_SIZE - 0.5, loc="best")
 
 
 # ---------------------------------------------------------------------------------------------- hessian-clients
-def clients_heatmap(metrics, title: str, fmt: str, data: str | None = None) -> bytes:
+def clients_heatmap(metrics, title: str, fmt: str, data: str | None = None, curvature: str = "hessian") -> bytes:
     """The H_N and H_D matrices of a :class:`~flatfl.analysis.estimators.client_metrics.ClientMetrics` side by side; ``title``
-    names the model and round, ``data`` what each client's Hessian was taken on ('64 samples a client')."""
+    names the model and round, ``data`` what each client's curvature was taken on ('64 samples a client'),
+    ``curvature`` which matrix (a name of :data:`CURVATURE_TITLES`)."""
     k = len(metrics.diag_norms)
     fig = new_figure((9.0, 4.2))
-    panels = ((metrics.pair_H_N, r"(a) $H_N(k,j)$: norm gap of the client Hessians", "magma_r",
+    matrices = "Hessians" if curvature == "hessian" else f"{CURVATURE_TITLES[curvature]} matrices"
+    panels = ((metrics.pair_H_N, rf"(a) $H_N(k,j)$: norm gap of the client {matrices}", "magma_r",
                "H_N (dimensionless)"),
               (metrics.pair_H_D, r"(b) $H_D(k,j)$: cosine of the top eigenvectors", "viridis", "H_D (cosine)"))
     for i, (matrix, label, cmap, unit) in enumerate(panels, 1):

@@ -30,7 +30,8 @@ _NUMBER = (numbers.Real,)
 # field -> the types it may have (None is always allowed: older files lack fields)
 HESSIAN_FIELDS = {"checkpoint": (str,), "round": (int,), "weights_sha256": (str,), "num_samples": (int,),
                   "top_eigenvalues": (list,), "residuals": (list,), "error_estimates": (list,), "trace": (dict,),
-                  "density": (dict,), "settings": (dict,), "clients": (dict,)}
+                  "density": (dict,), "settings": (dict,), "clients": (dict,), "curvature": (str,),
+                  "measured": (str,), "samples": (dict,)}
 CLIENTS_FIELDS = {"protocol": (str,), "H_N": _NUMBER, "H_D": _NUMBER, "H_N_stderr": _NUMBER, "H_D_stderr": _NUMBER,
                   "settings": (dict,), "round": (int,), "weights_sha256": (str,), "checkpoint": (str,)}
 SURFACE_FIELDS = {"settings": (dict,), "checkpoint": (str,), "round": (int,), "weights_sha256": (str,)}

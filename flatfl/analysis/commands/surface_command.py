@@ -16,7 +16,7 @@ from ..operators.distributed import spread
 from ..estimators.directions import directions_from_eigenvector_file, hessian_directions, random_directions
 from .result_figures import surface_figures
 from ..estimators.surface import grid_coordinates, loss_surface
-from .surface_files import GridFile, file_sha1, load_saved_directions, save_directions, surface_csv, weights_sha1
+from ..estimators.surface_files import GridFile, file_sha1, load_saved_directions, save_directions, surface_csv, weights_sha1
 
 __all__ = ["run_surface", "OUTPUT_NAMES"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ConfigError, FlatflError, raised_in
-from .registry import DEFAULT_DENSITY_METHOD, KINDS, Estimator, estimator
+from .registry import DEFAULT_DENSITY_METHOD, DEFAULT_WHICH, KINDS, Estimator, estimator, resolve_which
 from .density import DensityResult
 from .eigen import EigenResult, top_eigenvalues
 from ..operators.linear_operator import CurvatureOperator, as_operator
@@ -25,7 +25,8 @@ __all__ = ["eigen_estimator", "trace_estimator", "estimate_eigenvalues", "estima
 
 
 def eigen_estimator(name: str):
-    """The eigenvalue estimator called ``name``: ``fn(op, k, *, tol, seed, return_vectors, exact_residuals)``."""
+    """The eigenvalue estimator called ``name``: ``fn(op, k, *, tol, seed, return_vectors, exact_residuals)`` (and
+    ``which`` where its registry entry lists more than its default)."""
     return estimator("eigenvalues", name).load()
 
 
@@ -70,12 +71,19 @@ def _run(entry: Estimator, *args, **kwargs):
     return result
 
 
-def estimate_eigenvalues(op: CurvatureOperator, method: str = "lanczos", k: int = 1, *, tol: float = 1e-3,
-                         seed: int = 0, return_vectors: bool = False, exact_residuals: bool = False) -> EigenResult:
-    """The ``k`` largest eigenvalues of ``op`` by the estimator called ``method``, descending."""
+def estimate_eigenvalues(op: CurvatureOperator, method: str = "lanczos", k: int = 1, *, which: str | None = None,
+                         tol: float = 1e-3, seed: int = 0, return_vectors: bool = False,
+                         exact_residuals: bool = False) -> EigenResult:
+    """The ``k`` eigenvalues of ``op`` that ``which`` asks for (``largest``: descending; ``smallest``: ascending;
+    ``magnitude``: by decreasing ``|lambda|``; None: the method's own, :func:`resolve_which`) by the estimator called
+    ``method``. ``info["which"]`` of the result says which they are."""
     entry = estimator("eigenvalues", method)
-    return _run(entry, as_operator(op, f"the {method} method"), k, tol=tol, seed=seed,
-                return_vectors=return_vectors, exact_residuals=exact_residuals)
+    which = resolve_which(method, which)
+    extra = {"which": which} if len(entry.which) > 1 else {}
+    result = _run(entry, as_operator(op, f"the {method} method"), k, tol=tol, seed=seed,
+                  return_vectors=return_vectors, exact_residuals=exact_residuals, **extra)
+    result.info.setdefault("which", which)
+    return result
 
 
 def estimate_trace(op: CurvatureOperator, method: str = "hutchpp", *, max_hvps: int = 100,
@@ -98,15 +106,16 @@ def estimate_density(op: CurvatureOperator, method: str = DEFAULT_DENSITY_METHOD
 
 
 def lanczos(op: CurvatureOperator, k: int, *, tol: float, seed: int, return_vectors: bool,
-            exact_residuals: bool) -> EigenResult:
+            exact_residuals: bool, which: str = DEFAULT_WHICH) -> EigenResult:
     """Thick-restart block Lanczos (:func:`~flatfl.analysis.estimators.eigen.top_eigenvalues`)."""
-    return top_eigenvalues(op, k, tol=tol, seed=seed, return_vectors=return_vectors, exact_residuals=exact_residuals)
+    return top_eigenvalues(op, k, which=which, tol=tol, seed=seed, return_vectors=return_vectors,
+                           exact_residuals=exact_residuals)
 
 
 def power(op: CurvatureOperator, k: int, *, tol: float, seed: int, return_vectors: bool, exact_residuals: bool,
           max_iter: int = 100) -> EigenResult:
     """PyHessian's power iteration (:func:`~flatfl.analysis.estimators.power.power_iteration`, at most ``max_iter`` steps per
-    eigenvalue), sorted descending; its residuals are always explicit."""
+    eigenvalue: the largest in magnitude), sorted descending; its residuals are always explicit."""
     return power_iteration(op, k, max_iter=max_iter, tol=tol, seed=seed, return_vectors=return_vectors).sorted()
 
 

@@ -22,7 +22,7 @@ from scipy.linalg import eigh_tridiagonal
 
 from ...errors import ConfigError
 from ..operators.linear_operator import CurvatureOperator, as_operator
-from .vectors import random_block, seeded_generator
+from ..operators.vectors import random_block, seeded_generator
 
 __all__ = ["DensityResult", "spectral_density", "smoothed_density"]
 

@@ -25,6 +25,8 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError, ConfigError
+from ...utils.provenance import state_digest
+from .eigenvector_file import load_eigenvectors
 
 __all__ = ["direction_params", "filter_normalized_direction", "random_directions", "hessian_directions",
            "directions_from_eigenvector_file", "flatten_direction", "unflatten_direction"]
@@ -115,13 +117,11 @@ def directions_from_eigenvector_file(path, model: nn.Module):
 
     The file's parameter names and shapes must match the model's; returns ``((d1, d2), eigenvalues)``.
     """
-    from ..commands.hessian_command import load_eigenvectors, weights_digest
-
     saved = load_eigenvectors(path)
     if saved.weights_sha256 is None:
         raise CheckpointError(f"{path} does not record which model it was computed on (older flatfl): recompute it "
                               "with flatfl hessian --save-eigenvectors on this checkpoint")
-    if saved.weights_sha256 != weights_digest(model):
+    if saved.weights_sha256 != state_digest(model.state_dict()):
         raise CheckpointError(f"{path} holds eigenvectors of another checkpoint (round {saved.round}, "
                               f"{saved.checkpoint}), not of this model: recompute them on this checkpoint")
     params = direction_params(model)

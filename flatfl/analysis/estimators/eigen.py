@@ -2,16 +2,20 @@
 
 * :func:`top_eigenvalues` (the default estimator, ``lanczos``): thick-restart block Lanczos (Wu & Simon 2000;
   block form as in Golub & Underwood 1977) with full re-orthogonalisation, for the ``k`` **largest algebraic**
-  eigenvalues. The Krylov basis is kept in the operator's dtype on its device; the small projected matrix is handled
-  in float64 with numpy. As in ARPACK, a Ritz pair (theta, y) is accepted when its residual ``r = ||H y - theta y||``
+  eigenvalues, or with ``which`` the ``k`` smallest (Lanczos ranks its Ritz values the other way round: the same
+  steps as on ``-H``) or the ``k`` largest in magnitude (ranked by ``|theta|``, as ARPACK's ``which="LM"``: both
+  ends of the spectrum kept at each restart). The Krylov basis is kept in the operator's dtype on its device; the
+  small projected matrix is handled in float64 with numpy. As in ARPACK, a Ritz pair (theta, y) is accepted when its residual ``r = ||H y - theta y||``
   is below ``tol * |theta|`` (never below a floor of ``100 * eps(dtype) * max|theta|`` that float rounding of the
   products allows): some eigenvalue then lies within ``r`` of theta (Bauer-Fike), and the error is typically
   ``r^2 / gap`` (Kato-Temple), reported as ``error_bounds`` (the test is on r itself: one on that smaller estimate
   stops before close pairs of eigenvalues split, one Ritz value standing for two). Residuals come from the Lanczos
   relation ``H V = V T + Q_next R e_last^T`` at no cost in products;
   ``exact_residuals=True`` recomputes them with k more products. Small problems (basis as large as the dimension)
-  are solved densely. The relation's residuals are estimates: once they fall below the rounding of the products
-  they understate the true ``||H v - lambda v||`` of the returned vectors (hessian.json says which kind it holds).
+  are solved densely. No error estimate is stated below what the products' rounding allows,
+  :func:`rounding_floor`: ``sqrt(dim) * eps(dtype) * max|theta|`` (plus a finite-difference product's stated
+  relative error times ``max|theta|``). The relation's residuals are estimates: once they fall below the rounding
+  of the products they understate the true ``||H v - lambda v||`` of the returned vectors (hessian.json says which kind it holds).
   Repeated eigenvalues: a Krylov space grown from b vectors holds at most b copies of one eigenvalue (rounding lets
   more appear late, one by one), so coinciding Ritz values may stand for more copies than were found. When the top
   k hold a cluster that ends before the last place, a check runs: a fresh random block, one wider than the cluster,
@@ -30,11 +34,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from ...errors import ConfigError
+from ...errors import ConfigError, unknown_name
+from .registry import DEFAULT_WHICH, WHICH
 from ..operators.linear_operator import CurvatureOperator, DeflatedOperator, as_operator, block_size_for, project_out
-from .vectors import free_memory, random_block, seeded_generator
+from ..operators.vectors import free_memory, random_block, seeded_generator
 
-__all__ = ["EigenResult", "top_eigenvalues", "check_k", "explicit_residuals", "dense_matrix", "error_bounds"]
+__all__ = ["EigenResult", "top_eigenvalues", "check_k", "check_which", "rank_key", "rounding_floor",
+           "explicit_residuals", "dense_matrix", "error_bounds"]
 
 
 @dataclass
@@ -44,7 +50,9 @@ class EigenResult:
     ``eigenvectors`` (when asked for) is a ``(k, dim)`` tensor of unit rows in the operator's dtype and device.
     ``hvps`` counts every Hessian-vector product the method used (residual checks included). ``residual_kind``
     says what the residuals are (``"explicit"``: computed from the vectors; ``"lanczos relation"``: read off the
-    recurrence); None leaves it to the estimator's registry entry.
+    recurrence); None leaves it to the estimator's registry entry. ``error_bounds``: each eigenvalue's error estimate,
+    never below the products' rounding (``info["rounding_floor"]``, :func:`rounding_floor`); ``info["which"]``: which
+    eigenvalues these are (:data:`~flatfl.analysis.estimators.registry.WHICH`), in that order.
     """
 
     eigenvalues: np.ndarray
@@ -71,6 +79,39 @@ class EigenResult:
         )
 
 
+def check_which(which) -> str:
+    """``which`` names eigenvalues an estimator can be asked for (``largest``, ``smallest``, ``magnitude``); a
+    ConfigError line otherwise."""
+    if not isinstance(which, str) or which not in WHICH:
+        raise unknown_name("choice of eigenvalues (which)", which, WHICH)
+    return which
+
+
+def rank_key(theta: np.ndarray, which: str) -> np.ndarray:
+    """What ``which`` ranks eigenvalues by, the first place to the largest key: theta (``largest``), -theta
+    (``smallest``) or |theta| (``magnitude``)."""
+    theta = np.asarray(theta, dtype=float)
+    if which == "smallest":
+        return -theta
+    if which == "magnitude":
+        return np.abs(theta)
+    return theta
+
+
+def rounding_floor(op: CurvatureOperator, scale: float) -> float:
+    """The smallest eigenvalue error an estimate may state for ``op``: ``(sqrt(dim) eps + e) * scale``, where eps is
+    the machine epsilon of the operator's dtype, ``e`` the products' stated relative error (finite differences;
+    0 for exact products) and ``scale`` an estimate of ``||H||`` (the largest ``|eigenvalue|`` found).
+
+    A product computed in floating point is ``H v + f`` with ``||f||`` of the order of eps ``||H||``, and each
+    eigenvalue estimate is a Rayleigh quotient ``y^T (H y)``, an inner product of length ``dim`` whose rounding
+    grows as ``sqrt(dim) eps`` (probabilistic rounding analysis, Higham & Mary 2019): an eigenvalue of the rounded
+    computation can be off by that much whatever the residual says (docs/analysis-protocols.md §2)."""
+    eps = torch.finfo(op.dtype).eps
+    relative = math.sqrt(max(int(op.dim), 1)) * eps + float(op.product_error or 0.0)
+    return float(relative * abs(float(scale)))
+
+
 def check_k(op: CurvatureOperator, k: int) -> None:
     """``k`` eigenvalues can be asked of ``op``: a positive integer at most its dimension (ConfigError)."""
     if not isinstance(k, (int, np.integer)) or k < 1:
@@ -84,6 +125,7 @@ def top_eigenvalues(
     op: CurvatureOperator,
     k: int = 1,
     *,
+    which: str = DEFAULT_WHICH,
     tol: float = 1e-3,
     seed: int = 0,
     return_vectors: bool = False,
@@ -92,7 +134,10 @@ def top_eigenvalues(
     max_hvps: int | None = None,
     exact_residuals: bool = False,
 ) -> EigenResult:
-    """The ``k`` largest algebraic eigenvalues of ``op``, descending, by thick-restart block Lanczos.
+    """The ``k`` largest algebraic eigenvalues of ``op``, descending, by thick-restart block Lanczos; ``which=
+    "smallest"``: the ``k`` smallest, ascending (the most negative first); ``which="magnitude"``: the ``k`` largest
+    in magnitude, by decreasing ``|lambda|``. Residuals, error estimates, the convergence test and the check for
+    repeated eigenvalues are the same for each.
 
     ``basis_size`` (default ``max(4k, k + 32)``, less if that many vectors would take over a quarter of the free
     memory) is the number of Krylov vectors kept in memory; at a restart the best ``k + (basis_size - k) // 2`` Ritz
@@ -102,6 +147,7 @@ def top_eigenvalues(
     not converged by then are flagged in ``converged``.
     """
     op = as_operator(op, "top_eigenvalues")
+    check_which(which)
     check_k(op, k)
     if not tol > 0:
         raise ConfigError(f"tolerance must be positive, got {tol}")
@@ -113,11 +159,11 @@ def top_eigenvalues(
         raise ConfigError(f"basis size {m} must be at least k + block size = {k + b}")
     m = b * math.ceil(m / b)
     if m + b > n:
-        return _dense_top(op, k, return_vectors, start_hvps)
+        return _dense_top(op, k, return_vectors, start_hvps, which)
     max_hvps = int(max_hvps) if max_hvps is not None else 20 * m
     gen = seeded_generator(seed, op.device)
 
-    found = _lanczos_pass(op, k, tol, gen, b, m, max_hvps)
+    found = _lanczos_pass(op, k, tol, gen, b, m, max_hvps, which=which)
     restarts, checks, complete = found.restarts, [], True
     # Copies of a repeated eigenvalue: a Krylov space from a block of b vectors holds at most b of them (in exact
     # arithmetic; rounding lets more appear, one by one and late), so coinciding Ritz values (a cluster) may stand for
@@ -131,7 +177,7 @@ def top_eigenvalues(
         kc = bc = width + 1
         mc = min(bc * math.ceil(max(4 * kc, kc + 32) / bc), bc * ((n - k - bc) // bc))
         if mc < kc + bc:  # the rest of the space is small: solve exactly
-            found = _as_pass(_dense_top(op, k, True, start_hvps))
+            found = _as_pass(_dense_top(op, k, True, start_hvps, which), which)
             checks.append({"width": width, "joined": None, "hvps": None, "dense": True})
             break
         used = op.hvps - start_hvps
@@ -140,9 +186,10 @@ def top_eigenvalues(
             break
         X = found.vectors()
         before = op.hvps
-        floor = found.theta[-1] + found.threshold[-1]  # a value above the k-th one (and its tolerance) joins
-        extra = _lanczos_pass(DeflatedOperator(op, X), kc, tol, gen, bc, mc, max_hvps - used, floor)
-        joined = int(np.sum(extra.theta > floor))
+        # a value ranked above the k-th one (and its tolerance) joins
+        floor = float(rank_key(found.theta[-1:], which)[0]) + found.threshold[-1]
+        extra = _lanczos_pass(DeflatedOperator(op, X), kc, tol, gen, bc, mc, max_hvps - used, floor, which)
+        joined = int(np.sum(rank_key(extra.theta, which) > floor))
         checks.append({"width": width, "joined": joined, "hvps": op.hvps - before})
         restarts += extra.restarts
         if not extra.converged.all():
@@ -154,13 +201,16 @@ def top_eigenvalues(
     residuals = found.residuals
     if exact_residuals:
         residuals = explicit_residuals(op, found.theta, vectors, b)
-    info = {"block_size": b, "basis_size": m, "restarts": restarts, "tol": tol,
+    scale = max(found.scale, float(np.max(np.abs(found.theta))))  # ||H|| as the Ritz values estimate it
+    floor = rounding_floor(op, scale)
+    info = {"which": which, "block_size": b, "basis_size": m, "restarts": restarts, "tol": tol,
+            "rounding_floor": floor, "norm_estimate": scale,
             "multiplicity": _multiplicity_info(found, checks, complete)}
     return EigenResult(
         eigenvalues=found.theta.copy(),
         residuals=np.asarray(residuals, dtype=float),
         converged=found.converged.copy(),
-        error_bounds=found.bounds.copy(),
+        error_bounds=np.maximum(found.bounds, floor),
         hvps=op.hvps - start_hvps,
         method=found.method,
         eigenvectors=vectors if return_vectors else None,
@@ -187,7 +237,8 @@ def auto_block_size(op: CurvatureOperator, k: int) -> int:
 
 @dataclass
 class _Pass:
-    """The top Ritz pairs of one Lanczos pass, descending; ``vectors()`` forms the Ritz vectors on demand."""
+    """The top Ritz pairs of one Lanczos pass, in ``which``'s order (:func:`rank_key`); ``vectors()`` forms the Ritz
+    vectors on demand; ``scale``: the largest ``|theta|`` of the pass (an estimate of ``||H||``)."""
 
     theta: np.ndarray
     residuals: np.ndarray
@@ -198,24 +249,26 @@ class _Pass:
     restarts: int
     vectors: object  # () -> (k, dim) tensor
     method: str = "lanczos"
+    which: str = DEFAULT_WHICH
+    scale: float = 0.0
 
     def merge(self, other: "_Pass", k: int, X: torch.Tensor) -> "_Pass":
         """The top k of both (``X``: this pass's vectors, already formed)."""
         theta = np.concatenate([self.theta, other.theta])
-        order = np.argsort(-theta, kind="stable")[:k]
+        order = np.argsort(-rank_key(theta, self.which), kind="stable")[:k]
         Y = torch.cat([X, other.vectors()])[torch.as_tensor(order.copy())]
         pick = lambda a, b: np.concatenate([a, b])[order]  # noqa: E731
         return _Pass(theta[order], pick(self.residuals, other.residuals), pick(self.converged, other.converged),
                      pick(self.bounds, other.bounds), pick(self.threshold, other.threshold),
                      pick(self.near, other.near), self.restarts,
-                     lambda: Y, self.method)
+                     lambda: Y, self.method, self.which, max(self.scale, other.scale))
 
 
-def _as_pass(result: "EigenResult") -> _Pass:
+def _as_pass(result: "EigenResult", which: str) -> _Pass:
     vectors = result.eigenvectors
     zeros = np.zeros_like(result.eigenvalues)  # exact: no check needed
     return _Pass(result.eigenvalues, result.residuals, result.converged, result.error_bounds, zeros, zeros, 0,
-                 lambda: vectors, result.method)
+                 lambda: vectors, result.method, which, float(result.info.get("norm_estimate", 0.0)))
 
 
 def _coincidence(threshold: np.ndarray, theta_max: float, eps: float) -> np.ndarray:
@@ -268,11 +321,13 @@ def _multiplicity_info(found: _Pass, checks: list, complete: bool) -> dict:
 
 
 def _lanczos_pass(op: CurvatureOperator, k: int, tol: float, gen, b: int, m: int, max_hvps: int,
-                  floor: float = -math.inf) -> _Pass:
-    """One thick-restart block Lanczos run for the top ``k`` Ritz pairs (the body of :func:`top_eigenvalues`).
+                  floor: float = -math.inf, which: str = DEFAULT_WHICH) -> _Pass:
+    """One thick-restart block Lanczos run for the top ``k`` Ritz pairs in ``which``'s ranking (:func:`rank_key`;
+    the body of :func:`top_eigenvalues`).
 
-    With a ``floor`` (a check: only the eigenvalues above it matter), the pass ends once the pairs converged in
-    order from the top reach one below ``floor``: the eigenvalues after it are below it too."""
+    With a ``floor`` (a check: only the eigenvalues ranked above it matter, ``floor`` on the ranking's scale), the
+    pass ends once the pairs converged in order from the top reach one below ``floor``: the eigenvalues after it
+    are below it too."""
     n = int(op.dim)
     start_hvps = op.hvps
     eps = torch.finfo(op.dtype).eps
@@ -329,16 +384,17 @@ def _lanczos_pass(op: CurvatureOperator, k: int, tol: float, gen, b: int, m: int
         if cur >= next_check or cur == m:
             next_check = cur + check_every
             theta, S = _ritz(T, cur)
-            top = np.argsort(-theta, kind="stable")[:k]
+            key = rank_key(theta, which)
+            top = np.argsort(-key, kind="stable")[:k]
             res = np.linalg.norm(R_last @ S[cur - b:cur, :], axis=0)
             theta_max = np.max(np.abs(theta)) if theta.size else 0.0
             bounds = error_bounds(theta, res)
             threshold = np.maximum(tol * np.abs(theta[top]), 100 * eps * theta_max)
             converged = res[top] <= threshold
             # below floor, a value needs only be known to stay there: a residual 1% of its distance to floor
-            converged |= (theta[top] < floor) & (res[top] <= 0.01 * (floor - theta[top]))
+            converged |= (key[top] < floor) & (res[top] <= 0.01 * (floor - key[top]))
             first_open = int(np.argmin(converged)) if not converged.all() else k
-            if 0 < first_open < k and theta[top[first_open - 1]] < floor:
+            if 0 < first_open < k and key[top[first_open - 1]] < floor:
                 converged[first_open:] = True  # below floor, after a converged value below floor: not needed
             # the next check comes later while many are unconverged: each needs at least about one more step, and
             # a check (a dense eigensolve of the projected matrix) is not free when the basis is large
@@ -348,13 +404,14 @@ def _lanczos_pass(op: CurvatureOperator, k: int, tol: float, gen, b: int, m: int
                 S_top, basis_now = S[:, top].T.copy(), V[:cur]
                 return _Pass(theta[top].copy(), res[top].copy(), converged, bounds[top].copy(), threshold,
                              _coincidence(threshold, theta_max, eps), restarts,
-                             lambda: torch.as_tensor(S_top, dtype=op.dtype, device=op.device) @ basis_now)
+                             lambda: torch.as_tensor(S_top, dtype=op.dtype, device=op.device) @ basis_now,
+                             which=which, scale=float(theta_max))
             if cur == m:  # thick restart: keep the best Ritz vectors and the residual block
                 keep_count = k + (m - k) // 2
                 keep_count = m - b * math.ceil((m - keep_count) / b)  # new blocks must fill the basis exactly
                 if keep_count < k:
                     keep_count = m - b
-                keep = np.argsort(-theta, kind="stable")[:keep_count]
+                keep = np.argsort(-key, kind="stable")[:keep_count]
                 S_keep = torch.as_tensor(S[:, keep].T.copy(), dtype=op.dtype, device=op.device)
                 V[:keep_count] = S_keep @ V[:m]
                 V[keep_count:keep_count + b] = V[m:m + b].clone()
@@ -484,17 +541,22 @@ def explicit_residuals(op: CurvatureOperator, eigenvalues: np.ndarray, vectors: 
     return np.concatenate(out)
 
 
-def _dense_top(op: CurvatureOperator, k: int, return_vectors: bool, start_hvps: int) -> EigenResult:
-    """Form H column by column (``dim`` products) and solve exactly: used when the basis would span everything."""
+def _dense_top(op: CurvatureOperator, k: int, return_vectors: bool, start_hvps: int,
+               which: str = DEFAULT_WHICH) -> EigenResult:
+    """Form H column by column (``dim`` products) and solve exactly: used when the basis would span everything.
+    The matrix is exact to the products' rounding, so that is each eigenvalue's error (:func:`rounding_floor`)."""
     H = dense_matrix(op)
     evals, evecs = np.linalg.eigh(H)
-    order = np.argsort(-evals, kind="stable")[:k]
+    order = np.argsort(-rank_key(evals, which), kind="stable")[:k]
     theta, Y = evals[order], evecs[:, order]
     residuals = np.linalg.norm(H @ Y - Y * theta, axis=0)
     vectors = torch.as_tensor(Y.T.copy(), dtype=op.dtype, device=op.device) if return_vectors else None
+    scale = float(np.max(np.abs(evals))) if evals.size else 0.0
+    floor = rounding_floor(op, scale)
     return EigenResult(
-        eigenvalues=theta, residuals=residuals, converged=np.ones(k, dtype=bool), error_bounds=residuals.copy(),
-        hvps=op.hvps - start_hvps, method="dense", eigenvectors=vectors, info={}, residual_kind="explicit",
+        eigenvalues=theta, residuals=residuals, converged=np.ones(k, dtype=bool),
+        error_bounds=np.maximum(residuals, floor), hvps=op.hvps - start_hvps, method="dense", eigenvectors=vectors,
+        info={"which": which, "rounding_floor": floor, "norm_estimate": scale}, residual_kind="explicit",
     )
 
 

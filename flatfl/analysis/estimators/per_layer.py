@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
+from ...utils.csv_cells import csv_row
 from .by_name import estimate_eigenvalues, estimate_trace
 from ..operators.linear_operator import CurvatureOperator, DerivedOperator, as_operator
 from .registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, estimator
@@ -300,14 +301,16 @@ def per_layer_csv(result: dict) -> str:
                      "trace_stderr", "hvps"])
     for b in result["blocks"]:
         values = [repr(float(v)) for v in b["top_eigenvalues"]] + [""] * (k - len(b["top_eigenvalues"]))
-        writer.writerow([b["module"], " ".join(b["params"]), b["dim"], b["method"], *values,
-                         repr(float(b["trace"])), repr(float(b["trace_stderr"])), b["hvps"]])
+        writer.writerow(csv_row([b["module"], " ".join(b["params"]), b["dim"], b["method"], *values,
+                                 repr(float(b["trace"])), repr(float(b["trace_stderr"])), b["hvps"]]))
     return out.getvalue()
 
 
-def per_layer_figure(result: dict, fmt: str, title: str = "", whole: dict | None = None) -> bytes:
-    """The per-layer figure: (a) each block's top eigenvalue (the whole Hessian's as a dashed line when ``whole``
-    has ``top_eigenvalues``), (b) each block's trace with its standard error as an error bar."""
+def per_layer_figure(result: dict, fmt: str, title: str = "", whole: dict | None = None,
+                     curvature: str = "Hessian") -> bytes:
+    """The per-layer figure: (a) each block's top eigenvalue (the whole matrix's as a dashed line when ``whole``
+    has ``top_eigenvalues``), (b) each block's trace with its standard error as an error bar; ``curvature`` names
+    the matrix ('Hessian', 'GGN', 'empirical Fisher')."""
     from ...utils.plots import finish, label_axes, new_figure, saved
 
     blocks = result["blocks"]
@@ -323,7 +326,7 @@ def per_layer_figure(result: dict, fmt: str, title: str = "", whole: dict | None
     whole_top = (whole or {}).get("top_eigenvalues") or []
     if whole_top:
         ax1.axvline(float(whole_top[0]), color="0.3", linestyle="--", linewidth=1,
-                    label=f"whole Hessian: {float(whole_top[0]):.4g}")
+                    label=f"whole {curvature}: {float(whole_top[0]):.4g}")
         ax1.legend(fontsize=8, loc="lower right")
     ax2.barh(y, traces, xerr=errors, color="tab:orange", ecolor="0.2", capsize=2)
     for ax in (ax1, ax2):
@@ -334,5 +337,5 @@ def per_layer_figure(result: dict, fmt: str, title: str = "", whole: dict | None
                "(a) top eigenvalue per layer")
     label_axes(ax2, "trace of the block (+- standard error)", "",
                f"(b) trace per layer; sum {result['trace_sum']:.4g} +- {result['trace_sum_stderr']:.2g}")
-    finish(fig, f"{title}, per-layer Hessian blocks" if title else "per-layer Hessian blocks")
+    finish(fig, f"{title}, per-layer {curvature} blocks" if title else f"per-layer {curvature} blocks")
     return saved(fig, fmt)

@@ -6,7 +6,9 @@ as PyHessian after ``torch.manual_seed(seed)``; the parameter blocks are the ope
 normalisation by ``||v|| + 1e-6``, at most ``max_iter`` products per eigenvalue, stop when
 ``|new - old| / (|old| + 1e-6) < tol`` (the value kept is the *previous* estimate, as in PyHessian), Gram-Schmidt
 deflation against earlier vectors for ``top_n > 1``, results in the order found. It finds largest-magnitude
-eigenvalues and stops early on slow convergence, which is why its answers can be several percent off.
+eigenvalues and stops early on slow convergence, which is why its answers can be several percent off. With its
+residuals, each eigenvalue's error estimate is the residual (Bauer-Fike), never below the products' rounding
+(:func:`~flatfl.analysis.estimators.eigen.rounding_floor`).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
-from .eigen import EigenResult, check_k, explicit_residuals
+from .eigen import EigenResult, check_k, explicit_residuals, rounding_floor
 from ..operators.linear_operator import CurvatureOperator, as_operator
 
 __all__ = ["power_iteration"]
@@ -73,6 +75,7 @@ def power_iteration(
         res = explicit_residuals(op, values, stacked / stacked.norm(dim=1, keepdim=True), 1)
     else:
         res = np.full(top_n, np.nan)
+    floor = rounding_floor(op, float(np.max(np.abs(values))))
     return EigenResult(
         eigenvalues=values,
         residuals=res,
@@ -80,7 +83,9 @@ def power_iteration(
         hvps=op.hvps - start_hvps,
         method="power",
         eigenvectors=stacked if return_vectors else None,
-        info={"iterations": iterations, "max_iter": max_iter, "tol": tol},
+        info={"which": "magnitude", "iterations": iterations, "max_iter": max_iter, "tol": tol,
+              "rounding_floor": floor},
+        error_bounds=np.maximum(res, floor) if residuals else None,
         residual_kind="explicit" if residuals else None,
     )
 

@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping
 
 from ...errors import ConfigError, unknown_name
 
-__all__ = ["Estimator", "KINDS", "register_estimator", "unregister_estimator", "estimator", "estimator_names",
-           "estimator_title", "EIGEN_ESTIMATORS", "TRACE_ESTIMATORS", "DENSITY_ESTIMATORS", "DEFAULT_EIGEN_METHOD",
+__all__ = ["Estimator", "KINDS", "WHICH", "DEFAULT_WHICH", "register_estimator", "unregister_estimator", "estimator",
+           "estimator_names", "estimator_title", "resolve_which", "EIGEN_ESTIMATORS", "TRACE_ESTIMATORS", "DENSITY_ESTIMATORS", "DEFAULT_EIGEN_METHOD",
            "DEFAULT_TRACE_METHOD", "DEFAULT_DENSITY_METHOD", "PLUGIN_PROBLEMS"]
 
 # ---------------------------------------------------------------------------------------------- estimators
@@ -34,6 +34,11 @@ __all__ = ["Estimator", "KINDS", "register_estimator", "unregister_estimator", "
 KINDS = {"eigenvalues": "eigenvalue", "trace": "trace", "density": "density"}
 #: what the residuals of an eigenvalue estimator are, as hessian.json's ``eigen.residual_kind`` says it
 RESIDUAL_KINDS = ("explicit", "lanczos relation")
+#: which eigenvalues an eigenvalue method can be asked for (``which=``, ``flatfl hessian --which``), and what the
+#: command line calls them: the largest algebraic (descending), the smallest algebraic (ascending: the most negative
+#: first), the largest in magnitude (by decreasing |lambda|)
+WHICH = {"largest": "largest algebraic", "smallest": "smallest algebraic", "magnitude": "largest magnitude"}
+DEFAULT_WHICH = "largest"
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,9 @@ class Estimator:
     hessian.json records unless the result says otherwise. ``label``: which eigenvalues are "top" (``largest
     algebraic``, ``largest magnitude``), printed by ``flatfl hessian``; ``title``: the method's name in figures;
     ``trace_method``: the trace estimator run with it when none is asked for (None: the default one);
-    ``min_budget``: the fewest products a trace estimator can work with (``--trace-hvps`` is checked against it)."""
+    ``min_budget``: the fewest products a trace estimator can work with (``--trace-hvps`` is checked against it);
+    ``which``: the eigenvalues an eigenvalue method can find (names of :data:`WHICH`), the first its default; a method
+    that lists more than one is called with ``which=`` (one that lists only its default is called without it)."""
 
     name: str
     kind: str
@@ -62,6 +69,7 @@ class Estimator:
     trace_method: str | None = None
     defaults: Mapping[str, Any] = field(default_factory=dict)
     min_budget: int = 1
+    which: tuple[str, ...] = (DEFAULT_WHICH,)
 
     def load(self) -> Callable:
         """The estimator's function (its module imported now, when it is given as ``"module:function"``)."""
@@ -92,7 +100,7 @@ _loading_plugin: str | None = None  # the entry point being loaded, if one is
 def register_estimator(name: str, kind: str, function: str | Callable, *, label: str = "", title: str = "",
                        residuals: str = "explicit", trace_method: str | None = None,
                        defaults: Mapping[str, Any] | None = None, replace: bool = False,
-                       min_budget: int = 1) -> Estimator:
+                       min_budget: int = 1, which: tuple[str, ...] = (DEFAULT_WHICH,)) -> Estimator:
     """Register an estimator (see :class:`Estimator` for the fields) and return its entry. A name already taken
     in that kind is a ConfigError unless ``replace``; while an entry point loads, ``replace`` is refused too (the
     module docstring's one rule for a taken name). No import happens here: ``function`` as
@@ -112,9 +120,13 @@ def register_estimator(name: str, kind: str, function: str | Callable, *, label:
         raise ConfigError(f"{article} {KINDS[kind]} method called {name!r} is already registered ({how})")
     if isinstance(min_budget, bool) or not isinstance(min_budget, int) or min_budget < 1:
         raise ConfigError(f"estimator {name!r}: min_budget must be an integer >= 1, got {min_budget!r}")
+    if isinstance(which, str) or not isinstance(which, (tuple, list)) or not which or \
+            any(not isinstance(w, str) or w not in WHICH for w in which) or len(set(which)) != len(which):
+        raise ConfigError(f"estimator {name!r}: which must list distinct names of {', '.join(WHICH)} (its default "
+                          f"first), got {which!r}")
     entry = Estimator(name, kind, function, label=label, title=title or name, residuals=residuals,
                       trace_method=trace_method, defaults=MappingProxyType(dict(defaults or {})),
-                      min_budget=min_budget)
+                      min_budget=min_budget, which=tuple(which))
     _REGISTRY[kind][name] = entry
     return entry
 
@@ -143,7 +155,7 @@ def _register_found(found) -> None:
         if isinstance(item, Estimator):
             register_estimator(item.name, item.kind, item.function, label=item.label, title=item.title,
                                residuals=item.residuals, trace_method=item.trace_method, defaults=item.defaults,
-                               min_budget=item.min_budget)
+                               min_budget=item.min_budget, which=item.which)
         elif callable(item):
             item()
         else:
@@ -211,15 +223,33 @@ def estimator(kind: str, name: str) -> Estimator:
 
 
 register_estimator("lanczos", "eigenvalues", "flatfl.analysis.estimators.by_name:lanczos", label="largest algebraic",
-                   title="Lanczos", residuals="lanczos relation")
+                   title="Lanczos", residuals="lanczos relation", which=("largest", "smallest", "magnitude"))
 register_estimator("power", "eigenvalues", "flatfl.analysis.estimators.by_name:power", label="largest magnitude",
-                   title="power iteration", trace_method="pyhessian", defaults={"max_iter": 100})
+                   title="power iteration", trace_method="pyhessian", defaults={"max_iter": 100},
+                   which=("magnitude",))
 register_estimator("hutchpp", "trace", "flatfl.analysis.estimators.trace:hutchpp_trace", title="Hutch++",
                    min_budget=2)  # a sketch of one vector and one probe of the rest
 register_estimator("hutchinson", "trace", "flatfl.analysis.estimators.trace:hutchinson_trace", title="Hutchinson")
 register_estimator("pyhessian", "trace", "flatfl.analysis.estimators.by_name:pyhessian", title="PyHessian's rule")
 register_estimator("slq", "density", "flatfl.analysis.estimators.density:spectral_density",
                    title="stochastic Lanczos quadrature")
+
+
+def resolve_which(method: str, which: str | None = None) -> str:
+    """The eigenvalues the eigenvalue method ``method`` finds when asked for ``which``: ``which`` itself when the
+    method can find them, its default (the first of its :attr:`Estimator.which`) for None; one ConfigError line for
+    an unknown ``which`` or one the method cannot find (naming the methods that can)."""
+    entry = estimator("eigenvalues", method)
+    if which is None:
+        return entry.which[0]
+    if not isinstance(which, str) or which not in WHICH:
+        raise unknown_name("choice of eigenvalues (which)", which, WHICH)
+    if which not in entry.which:
+        able = [n for n in estimator_names("eigenvalues") if which in _REGISTRY["eigenvalues"][n].which]
+        finds = " or ".join(f"the {WHICH[w]}" for w in entry.which)
+        raise ConfigError(f"the {method} eigenvalue method finds {finds} eigenvalues only, not the {WHICH[which]} "
+                          f"(which {which!r}): use the method {' or '.join(map(repr, able)) or 'lanczos'} for them")
+    return which
 
 
 def estimator_title(kind: str, name) -> str:

@@ -10,7 +10,7 @@ foreach ops (``theta`` copied in, then ``x d1`` and ``y d2`` added), and the eva
 tensors, is run under ``torch.inference_mode``. Nothing is rebuilt or reloaded per point (loss-landscape builds and
 loads a perturbed state dict for every point); the original weights are restored at the end.
 
-Grid file (resume): :class:`~flatfl.analysis.commands.surface_files.GridFile` is an ``.npz`` with the coordinates, the loss
+Grid file (resume): :class:`~flatfl.analysis.estimators.surface_files.GridFile` is an ``.npz`` with the coordinates, the loss
 and accuracy grids, a done-mask and a fingerprint of the settings. It is rewritten atomically every ``save_every``
 points, so a killed run loses at most that many points; running again with the same settings evaluates only the
 points not done.
@@ -23,7 +23,7 @@ networks scale poorly over intra-op threads on a few cores, so separate processe
 process with more threads (docs/performance.md).
 
 Python API: :func:`loss_surface` on any model; :func:`flatfl.analysis.commands.surface_command.run_surface` is what
-``flatfl surface`` does for a checkpoint (its files: :mod:`flatfl.analysis.commands.surface_files`; its figures:
+``flatfl surface`` does for a checkpoint (its files: :mod:`flatfl.analysis.estimators.surface_files`; its figures:
 :func:`flatfl.analysis.commands.result_figures.surface_figures`).
 """
 from __future__ import annotations
@@ -40,11 +40,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ConfigError
-from ..commands.surface_settings import DIRECTION_KINDS, check_grid, check_save_every, check_workers
+from .surface_checks import DIRECTION_KINDS, check_grid, check_save_every, check_workers
 from .directions import direction_params
 from ..operators.batches import as_batches
 from ..operators.distributed import Spread
-from ..commands.surface_files import GridFile
+from .surface_files import GridFile
 
 __all__ = ["SurfaceEvaluator", "SurfaceResult", "loss_surface", "grid_coordinates", "DIRECTION_KINDS"]
 

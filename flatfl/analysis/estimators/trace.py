@@ -24,7 +24,7 @@ import torch
 
 from ...errors import ConfigError
 from ..operators.linear_operator import CurvatureOperator, as_operator, block_size_for
-from .vectors import random_block, seeded_generator
+from ..operators.vectors import random_block, seeded_generator
 
 __all__ = ["TraceResult", "target_info", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "hutchinson_diagonal"]
 

@@ -8,8 +8,13 @@ outputs ``f_b`` and the loss of those outputs ``l_b``):
   Hessian of ``l_b`` in the outputs: the Hessian without the terms of the network's own second derivatives,
   positive semi-definite for a convex loss of the outputs (cross-entropy, squared error), and for cross-entropy
   equal to the Fisher information of the model's predictive distribution. A block of vectors costs one forward
-  pass, one forward-mode pass (``J V``, ``torch.func.jvp`` under ``vmap``) and one reverse pass (``J^T (H J V)``,
-  the forward pass' ``vjp`` under ``vmap``); the network is never differentiated twice;
+  pass, one forward-mode pass (``J V``, ``torch.func.jvp`` under ``vmap``), a double backward pass through the loss
+  of the outputs alone (``H_b (J V)``, :class:`OutputHessian`: any loss torch differentiates twice; for a criterion
+  that is recognisably cross-entropy, ``H_b u = a (p * u - p (p . u))`` per sample in closed form instead,
+  :mod:`.cross_entropy`: O(C) per sample for C classes, no graph) and one reverse
+  pass (``J^T (H J V)``, the forward pass' ``vjp`` under ``vmap``); the network is never differentiated twice. A
+  loss without a finite second derivative in the outputs, or found not convex in them on a few random directions,
+  is refused in one line naming it;
 * :class:`EmpiricalFisherOperator`: ``F = (1 / N) sum_i g_i g_i^T``, the mean outer product of the per-sample
   gradients ``g_i`` (the gradient of sample i's loss, a batch of one): ``F V = (1 / N) sum_b G_b^T (G_b V)`` with
   the per-sample gradients ``G_b`` of batch b (``vmap`` of ``grad``, or one sample at a time for inputs of another
@@ -31,12 +36,14 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from ...errors import ConfigError, unknown_name
-from ..commands.hessian_settings import CURVATURES
+from .names import CURVATURES
+from .cross_entropy import SoftmaxHessian, cross_entropy_form
 from .hessian import HessianOperator
 from .products import ForwardOverReverse, LossTerms, ProductMethod, check_scalar
-from .second_order import needs_double_backward
+from .second_order import custom_functions, needs_double_backward
 
-__all__ = ["CURVATURES", "GGNOperator", "EmpiricalFisherOperator", "curvature_operator", "output_split"]
+__all__ = ["CURVATURES", "GGNOperator", "EmpiricalFisherOperator", "OutputHessian", "curvature_operator",
+           "output_split"]
 
 
 class _Outputs(torch.nn.Module):
@@ -82,10 +89,105 @@ def check_once(terms: LossTerms, index: int) -> None:
             terms.batch_loss(index)
 
 
+def loss_name(objective: Callable | None, loss_fn: Callable | None) -> str:
+    """How a refusal names the loss of the outputs: ``fn.loss_of_outputs`` of an objective, else the criterion's
+    function or class name (``cross_entropy``, ``MSELoss``)."""
+    if objective is not None:
+        return f"{getattr(objective, '__qualname__', type(objective).__name__)}.loss_of_outputs"
+    return getattr(loss_fn, "__qualname__", None) or type(loss_fn).__name__
+
+
+def gauss_newton_refusal(name: str, reason: str) -> ConfigError:
+    """The one line refusing the Gauss-Newton curvature of the loss ``name`` for ``reason``."""
+    return ConfigError(f"the Gauss-Newton curvature J^T H_out J needs the loss twice differentiable and convex in "
+                       f"the model's outputs, and {name} is not: {reason}; use --curvature hessian (with "
+                       "--products finite-difference for a loss without a second derivative) or "
+                       "--curvature empirical-fisher")
+
+
+class OutputHessian:
+    """``H_out U`` for one batch: the Hessian of the loss in the model's outputs applied to a block of output-shaped
+    vectors ``U`` (k, *outputs.shape), by differentiating the loss's gradient in the outputs again (reverse over
+    reverse, on the outputs alone: cheap beside the network's passes). Every loss torch can differentiate twice
+    works so, squared error and Huber included (whose backward torch's forward mode does not support); a gradient
+    that does not depend on the outputs (a loss linear in them, or linear pieces such as L1's) gives ``H_out = 0``.
+    A loss without a second derivative in the outputs is refused in one line naming it (:meth:`refusal`)."""
+
+    #: random directions on which :meth:`check_convex` tries ``u^T H_out u >= 0``
+    PROBES = 4
+
+    def __init__(self, loss_of: Callable, outputs: torch.Tensor, name: str, index: int) -> None:
+        self.name, self.index = name, index
+        self.outputs = outputs.detach().requires_grad_(True)
+        with torch.enable_grad():
+            loss = loss_of(self.outputs)
+            once = [function for function, flag in custom_functions(loss) if flag] if loss.requires_grad else []
+            if once:
+                raise self.refusal(f"it goes through torch.autograd.Function {once[0]!r}, whose backward is marked "
+                                   "@once_differentiable")
+            gradient = torch.autograd.grad(loss, self.outputs, create_graph=True)[0] if loss.requires_grad else None
+        #: None: the gradient does not depend on the outputs (the loss is linear in them): H_out = 0
+        self.gradient = gradient if gradient is not None and gradient.requires_grad else None
+        self.batched = True  # False once a batched backward pass failed: one vector at a time from then on
+
+    def refusal(self, reason: str) -> ConfigError:
+        return gauss_newton_refusal(self.name, reason)
+
+    def products(self, U: torch.Tensor) -> torch.Tensor:
+        """``H_out u`` for each row ``u`` of ``U`` (k, *outputs.shape)."""
+        if self.gradient is None:
+            return torch.zeros_like(U)
+        try:
+            result = self.batched_products(U) if self.batched else None
+            if not self.batched:  # an operation without batching rules: one vector at a time
+                rows = [torch.autograd.grad(self.gradient, self.outputs, u, retain_graph=True, allow_unused=True)[0]
+                        for u in U]
+                result = None if rows[0] is None else torch.stack(rows)
+        except RuntimeError as e:
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
+            detail = " ".join(str(e).split())[:160]
+            raise self.refusal(f"torch failed to differentiate its gradient again ({detail})") from None
+        return torch.zeros_like(U) if result is None else result
+
+    def batched_products(self, U: torch.Tensor) -> torch.Tensor | None:
+        """The block in one batched backward pass; None, with :attr:`batched` cleared, where torch cannot batch it."""
+        try:
+            return torch.autograd.grad(self.gradient, self.outputs, U, retain_graph=True, allow_unused=True,
+                                       is_grads_batched=True)[0]
+        except RuntimeError as e:
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
+            self.batched = False
+            return None
+
+    def check_convex(self) -> None:
+        """``H_out`` finite and positive semi-definite on :attr:`PROBES` seeded random directions (a necessary
+        condition, tried where the products are taken): a refusal otherwise. The tolerance is sqrt(eps) of the
+        dtype relative to ``|u| |H_out u|`` (the rounding of a quadratic form near zero)."""
+        if self.gradient is None:
+            return
+        generator = torch.Generator().manual_seed(1_000_003 + self.index)
+        probes = torch.randn(self.PROBES, *self.outputs.shape, generator=generator, dtype=self.outputs.dtype)
+        probes = probes.to(self.outputs.device)
+        products = self.products(probes)
+        if not bool(torch.isfinite(products).all()):
+            raise self.refusal(f"its second derivative is not finite at the outputs of evaluation batch {self.index}")
+        flat_u, flat_h = probes.reshape(self.PROBES, -1), products.reshape(self.PROBES, -1)
+        forms = (flat_u * flat_h).sum(dim=1)
+        scales = flat_u.norm(dim=1) * flat_h.norm(dim=1)
+        tolerance = torch.finfo(self.outputs.dtype).eps ** 0.5
+        worst = int(torch.argmin(forms / scales.clamp_min(torch.finfo(self.outputs.dtype).tiny)))
+        if float(forms[worst]) < -tolerance * float(scales[worst]):
+            raise self.refusal(f"it is not convex there (u^T H_out u = {float(forms[worst]):.3g} < 0 for a random "
+                               f"direction u of evaluation batch {self.index}'s outputs), so J^T H_out J would not "
+                               "be positive semi-definite")
+
+
 class GaussNewtonProducts(ProductMethod):
     """``G V`` per batch: ``J^T (H_out (J V))`` by ``torch.func`` (one forward, one ``jvp`` and one ``vjp`` pass
-    under ``vmap`` over a block of vectors). ``split``: None for ``loss_fn(model(inputs), targets)``, else an
-    objective's ``(outputs, loss_of_outputs)``."""
+    under ``vmap`` over a block of vectors; ``H_out`` from :meth:`output_hessian`). ``split``: None for
+    ``loss_fn(model(inputs), targets)``, else an objective's ``(outputs, loss_of_outputs)``."""
 
     name = "jvp-vjp"
 
@@ -93,6 +195,11 @@ class GaussNewtonProducts(ProductMethod):
         super().__init__(terms, block_size)
         self.keys, self.split = keys, split
         self.wrapper = _Outputs(terms.model, split[0]) if split is not None else None
+        self.loss_name = loss_name(terms.objective, terms.loss_fn)
+        self.convex_checked: set[int] = set()  # batches whose output Hessian was checked (OutputHessian.check_convex)
+        #: the criterion's settings where it is recognisably cross-entropy (H_out in closed form), else None
+        self.cross_entropy = cross_entropy_form(terms.loss_fn) if split is None else None
+        self.general: set[int] = set()  # batches on which the criterion did not give F.cross_entropy's value
 
     @property
     def preferred_block_size(self) -> int:
@@ -121,7 +228,7 @@ class GaussNewtonProducts(ProductMethod):
             raise failure from None
 
     def _matmat(self, rows: torch.Tensor) -> torch.Tensor:
-        from torch.func import grad, jvp, vjp, vmap
+        from torch.func import jvp, vjp, vmap
 
         terms, keys = self.terms, self.keys
         out = torch.zeros_like(rows)
@@ -136,22 +243,57 @@ class GaussNewtonProducts(ProductMethod):
                     raise ConfigError(f"the Gauss-Newton curvature needs the model's outputs as one floating tensor, "
                                       f"got {type(outputs).__name__} on evaluation batch {index}")
                 outputs = outputs.detach()
-                check_scalar(loss_of(outputs), self.split is not None)
-                output_gradient = grad(loss_of)
+                value = loss_of(outputs)
+                check_scalar(value, self.split is not None)
+                output_hessian = self.output_hessian(index, loss_of, outputs, value)
 
                 def jacobian_product(tangent):
                     return jvp(network, (primals,), (tangent,))[1]
 
-                def output_hessian_product(u):
-                    return jvp(output_gradient, (outputs,), (u,))[1]
-
-                def block(tangents, index=index):
+                def block(tangents, index=index, output_hessian=output_hessian):
                     with terms.batch_rng(index):
                         jv = vmap(jacobian_product, randomness="same")(tangents)
-                    return vmap(pullback)(vmap(output_hessian_product)(jv))[0]
+                    return vmap(pullback)(output_hessian.products(jv))[0]
 
                 self.add_in_blocks(out, rows, keys, weight, block)
         return out
+
+    def output_hessian(self, index: int, loss_of: Callable, outputs: torch.Tensor,
+                       value: torch.Tensor) -> OutputHessian | SoftmaxHessian:
+        """Batch ``index``'s ``H_out`` at ``outputs`` (where the loss is ``value``): in closed form
+        (:class:`SoftmaxHessian`) for a recognised cross-entropy whose value on the batch is ``F.cross_entropy``'s
+        with its settings, by double backward (:class:`OutputHessian`) otherwise. Checked on a batch's first use:
+        the closed form's coefficients finite and >= 0 (exactly the convex case), the general one on random
+        directions."""
+        first = index not in self.convex_checked
+        if self.cross_entropy is not None and index not in self.general:
+            targets = self.terms.batches[index][1]
+            if first and not self.gives_cross_entropy(value, outputs, targets):
+                self.general.add(index)
+            else:
+                hessian = SoftmaxHessian(self.cross_entropy, outputs, targets)
+                worst = hessian.worst_coefficient() if first else None
+                if worst is not None:
+                    raise gauss_newton_refusal(self.loss_name, f"its class weights or probability targets make it "
+                                               f"concave in the outputs of evaluation batch {index} (element "
+                                               f"{worst[1]} has {worst[0]:.3g} < 0 times logsumexp of its scores)")
+                self.convex_checked.add(index)
+                return hessian
+        hessian = OutputHessian(loss_of, outputs, self.loss_name, index)
+        if first:
+            hessian.check_convex()
+            self.convex_checked.add(index)
+        return hessian
+
+    def gives_cross_entropy(self, value: torch.Tensor, outputs: torch.Tensor, targets) -> bool:
+        """Whether the criterion's ``value`` on ``outputs`` is ``F.cross_entropy``'s with the recognised settings,
+        to a few units of rounding (not so for a hooked or altered criterion: the general path then)."""
+        try:
+            expected = self.cross_entropy.loss(outputs, targets)
+        except (RuntimeError, TypeError, ValueError, IndexError):
+            return False
+        tolerance = 8 * torch.finfo(outputs.dtype).eps * max(1.0, abs(float(expected)))
+        return bool(abs(float(value) - float(expected)) <= tolerance)
 
 
 def _one_sample(batch, i: int, n: int):

@@ -1,4 +1,4 @@
-"""A curvature operator over data shards on several ranks (docs/ranks.md; docs/analysis-protocols.md §1).
+"""A curvature operator over data shards on several ranks (docs/distributed.md; docs/analysis-protocols.md §1).
 
 Under torchrun every rank holds the whole model and one shard of the evaluation samples. The curvature of the
 sample-weighted mean loss over all N samples is the sample-weighted sum of the shards' curvatures::
@@ -14,7 +14,8 @@ products in the same order.
 
 :func:`shard_batches` cuts the evaluation set into contiguous ranges of samples, as equal as the count allows
 (unequal shards when it does not divide), slicing a batch where a range ends; :func:`over_ranks` builds the
-operator of a command or of the Python API: the plain operator in one process, else this rank's shard wrapped;
+operator of a command or of the Python API: the plain operator in one process, else this rank's shard wrapped,
+once the ranks have found that they hold the same evaluation set and weights (:func:`flatfl.utils.ranks.agree`);
 :func:`spread` deals ``flatfl hessian-clients``' clients out to the ranks instead (each client's operator stays
 whole on one rank).
 A Hessian in ``train`` mode (batch statistics, per-batch random state) keeps whole batches, so it is refused over
@@ -162,8 +163,13 @@ def over_ranks(build: Callable[[list], CurvatureOperator], batches: list, *, obj
     if mode != "eval":
         raise ConfigError(f"a Hessian in {mode!r} mode keeps whole batches (batch statistics, random state per batch) "
                           "and runs in one process: use mode='eval' over several ranks")
-    mine = shard_batches(list(batches), w.rank, w.size, objective=objective)
+    batches = list(batches)
+    mine = shard_batches(batches, w.rank, w.size, objective=objective)
     local = build(mine)
+    # before any product: every rank holds the same evaluation set and the same weights (a rank given other data or
+    # another checkpoint would mix its numbers into the others')
+    ranks.agree({"evaluation data": ranks.digest(batches),
+                 "weights": ranks.fingerprint(local.param_names, list(getattr(local, "params", None) or []))})
     return DistributedOperator(local, local.num_samples)
 
 

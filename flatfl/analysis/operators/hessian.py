@@ -19,7 +19,7 @@ each module's own mode is restored afterwards; in ``train`` mode the buffers (Ba
 restored after each pass and the random state is re-seeded per batch, so the operator stays deterministic.
 
 The evaluation set's forms (:func:`~flatfl.analysis.operators.batches.as_batches`) and the random vectors
-(:mod:`flatfl.analysis.estimators.vectors`) have modules of their own; their names are also importable from here.
+(:mod:`flatfl.analysis.operators.vectors`) have modules of their own; their names are also importable from here.
 """
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError
-from ..commands.hessian_settings import PRODUCT_METHODS
+from .names import PRODUCT_METHODS
 from .batches import ACCEPTED_DATA, as_batches
 from .linear_operator import CurvatureOperator, MatrixOperator, block_size_for
 from .objective import loss_batches
 from .products import DoubleBackward, FiniteDifference, ForwardOverReverse, LossTerms
 from .second_order import needs_double_backward
-from ..estimators.vectors import free_memory, random_block, seeded_generator
+from .vectors import free_memory, random_block, seeded_generator
 
 __all__ = ["HessianOperator", "MatrixOperator", "as_batches", "block_size_for", "free_memory", "random_block",
            "seeded_generator", "ACCEPTED_DATA", "PRODUCTS", "AUTO_PRODUCTS"]

@@ -14,7 +14,9 @@ directly:
   blocks' names where the operator knows them (a model's parameter names), else None;
 * ``preferred_block_size``: how many vectors a block should hold (1 when a product costs the same alone);
 * ``release()``: free what the operator keeps between products (nothing, for most);
-* ``locked``: the orthonormal rows ``X`` taken out of the operator (:class:`DeflatedOperator`), else None.
+* ``locked``: the orthonormal rows ``X`` taken out of the operator (:class:`DeflatedOperator`), else None;
+* ``as_linear_operator()``: the operator as a ``scipy.sparse.linalg.LinearOperator`` in its own dtype, for scipy's
+  solvers (``eigsh``, ``cg``, ``lobpcg``...); every operator inherits it.
 
 Implemented by :class:`~flatfl.analysis.operators.hessian.HessianOperator`, :class:`MatrixOperator` (an explicit matrix),
 :class:`FunctionOperator` (a function ``v -> H v``) and :class:`DeflatedOperator`. :func:`as_operator` is the one
@@ -83,6 +85,45 @@ class CurvatureOperator(abc.ABC):
 
     def release(self) -> None:
         """Free what the operator keeps between products (rebuilt when needed); nothing here."""
+
+    def as_linear_operator(self):
+        """This curvature as a ``scipy.sparse.linalg.LinearOperator`` of shape ``(dim, dim)`` in the operator's dtype
+        (float32 or float64), for scipy's solvers: ``eigsh(op.as_linear_operator(), k=5, which="LA")``.
+
+        ``matvec`` and ``matmat`` take numpy arrays (of any real or complex dtype, cast to the operator's; a complex
+        one is applied to its real and imaginary parts) and return numpy arrays computed by :meth:`matmat` on the
+        operator's device, one block of products per call, counted in :attr:`hvps`. The operator is symmetric, so
+        its adjoint is itself."""
+        return _scipy_view(self)
+
+
+def _scipy_view(op: CurvatureOperator):
+    """The scipy ``LinearOperator`` of ``op`` (:meth:`CurvatureOperator.as_linear_operator`; scipy is imported only
+    when one is asked for)."""
+    from scipy.sparse.linalg import LinearOperator
+
+    try:
+        dtype = np.dtype(str(op.dtype).removeprefix("torch."))
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind != "f":
+        raise ConfigError(f"a scipy LinearOperator needs a float32 or float64 operator, this one is {op.dtype}")
+    n = int(op.dim)
+
+    def block(X):
+        X = np.asarray(X)
+        if np.iscomplexobj(X):  # H is real: H (a + ib) = H a + i H b
+            return block(X.real) + 1j * block(X.imag)
+        if X.ndim != 2 or X.shape[0] != n:
+            raise ConfigError(f"expected a ({n}, k) array for an operator of dimension {n}, got shape {X.shape}")
+        V = torch.as_tensor(np.ascontiguousarray(X, dtype=dtype)).to(device=op.device, dtype=op.dtype)
+        return op.matmat(V).detach().to("cpu").numpy().astype(dtype, copy=False)
+
+    def vector(x):
+        x = np.asarray(x)
+        return block(x.reshape(n, 1)).reshape(x.shape)
+
+    return LinearOperator((n, n), matvec=vector, rmatvec=vector, matmat=block, rmatmat=block, dtype=dtype)
 
 
 @runtime_checkable

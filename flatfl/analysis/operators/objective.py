@@ -15,7 +15,8 @@ over all samples.
 * :func:`move`: a batch of any structure (dict, Mapping such as a tokenizer's ``BatchEncoding``, tuple, namedtuple,
   list) with its tensors on a device;
 * :func:`load_loss`: ``--loss module:function`` (or ``path/to/file.py:function``) imported as ``--model-factory``
-  is (flatfl/models/factory.py): only the named module is imported, nothing is called until the analysis runs.
+  is (flatfl/models/factory.py): only the named module is imported, nothing is called until the analysis runs; each
+  call then puts back what the loss changed of the process (:mod:`flatfl.utils.user_code`).
 """
 from __future__ import annotations
 
@@ -117,6 +118,7 @@ def load_loss(spec: str) -> Callable:
     import inspect
 
     from ...models.factory import import_function
+    from ...utils.user_code import guarded
 
     fn = import_function(spec, "--loss", "my_losses:lm_loss")
     if inspect.isclass(fn):
@@ -125,10 +127,10 @@ def load_loss(spec: str) -> Callable:
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin without a signature: checked when it is first called
-        return fn
+        return guarded(fn, f"the loss {spec}")
     try:
         signature.bind(None, None)
     except TypeError:
         raise ConfigError(f"--loss {spec}: the loss is called as loss(model, batch), but {spec.rsplit(':', 1)[1]}"
                           f"{signature} cannot take those two arguments") from None
-    return fn
+    return guarded(fn, f"the loss {spec}")  # what it changes of the process (folder, grad mode, streams) put back

@@ -33,7 +33,7 @@ from ...errors import ConfigError, FlatflError, raised_in, user_frame
 from ...models.convolution import matmul_convolutions
 from .objective import batch_samples
 from .second_order import check_loss_graph, double_backward_failure, second_order_errors
-from ..estimators.vectors import free_memory
+from .vectors import free_memory
 
 __all__ = ["LossTerms", "ProductMethod", "DoubleBackward", "ForwardOverReverse", "FiniteDifference",
            "counting_saved_bytes"]

@@ -16,7 +16,7 @@ from torch import nn
 from ...errors import CheckpointError, ConfigError
 from ...utils.io import atomic_open, atomic_torch_save
 from ...utils.torch_files import check_nesting, load_weights_only
-from ..estimators.directions import direction_params, flatten_direction, unflatten_direction
+from .directions import direction_params, flatten_direction, unflatten_direction
 
 __all__ = ["GridFile", "GRID_FORMAT", "DIRECTIONS_FORMAT", "surface_csv", "weights_sha1", "file_sha1",
            "save_directions", "load_saved_directions", "jsonable"]
