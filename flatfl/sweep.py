@@ -125,12 +125,14 @@ def run_state(run_dir: str | Path, expected=None) -> str:
 
 
 def _leftover(name: str) -> bool:
-    """A run folder's lock file or a flatfl temporary (``.NAME.PID.XXXXXXXX.tmp``): all that a run stopped (Ctrl-C,
-    kill) between taking its folder's lock and writing config.json leaves behind."""
+    """A run folder's lock file, its manifest or a flatfl temporary (``.NAME.PID.XXXXXXXX.tmp``): all that a run
+    stopped (Ctrl-C, kill) between taking its folder's lock and writing config.json leaves behind (the manifest
+    claims config.json just before the file is moved into place; alone, it lists only files that are not there)."""
     from .utils.atomic import TEMPORARY_NAME
     from .utils.lock import LOCK_NAME
+    from .utils.manifest import MANIFEST
 
-    return name == LOCK_NAME or bool(TEMPORARY_NAME.match(name))
+    return name in (LOCK_NAME, MANIFEST) or bool(TEMPORARY_NAME.match(name))
 
 
 def _train(task: RunTask, log: Callable[[str], None]) -> str:

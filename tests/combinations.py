@@ -74,11 +74,12 @@ def smallest_input(model: str, num_classes: int = 4, in_channels: int = 1) -> in
 #: flatfl's ResNets at slim widths of the same structure - blocks per stage, basic or bottleneck blocks, BatchNorm,
 #: stride-2 stages with 1x1 projection shortcuts (the width also changes from the first stage to the second), the stem
 #: at the first stage's width - so that a case costs what its pieces cost, not what 64-512 channels cost (ResNet-18:
-#: 11.2M parameters at its defaults, 7.7k slim), and FL-SAM's CNN at 4 and 8 channels and 16 hidden units (2.16M
-#: parameters at its defaults). GradAug's and FedAlign's narrowest widths (0.8 and 0.25 of a layer) still keep >= 1
+#: 11.2M parameters at its defaults, 7.7k slim), and the EMNIST and FL-SAM CNNs at 4 and 8 channels and 16 hidden
+#: units (6.6M and 2.16M parameters at their defaults). GradAug's and FedAlign's narrowest widths (0.8 and 0.25 of a layer) still keep >= 1
 #: channel of every layer (ceil(w * C)).
 CASE_MODEL_ARGS = {"resnet18": {"widths": [4, 8, 8, 8]}, "resnet20": {"widths": [4, 8, 8]},
-                   "resnet56": {"widths": [4, 8, 8]}, "flsam-cnn": {"channels": [4, 8], "hidden": 16}}
+                   "resnet56": {"widths": [4, 8, 8]}, "flsam-cnn": {"channels": [4, 8], "hidden": 16},
+                   "emnist-cnn": {"channels": [4, 8], "hidden": 16}}
 
 
 def case_model_args(model: str) -> dict:

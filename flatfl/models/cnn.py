@@ -154,11 +154,14 @@ class EmnistCNN(ConvPoolNet):
     Conv(in->32, 5x5, 'same') -> ReLU -> MaxPool2 -> Conv(32->64, 5x5, 'same') -> ReLU -> MaxPool2 -> flatten
     (3136 on 28x28) -> FC 2048 -> ReLU -> FC C. (The FedSAM slides do not name their EMNIST model; LEAF's is the
     common choice of the FL literature for EMNIST/FEMNIST.) Hidden activations: both conv ReLUs (before pooling,
-    as in the CIFAR CNN) and the fc1 ReLU.
+    as in the CIFAR CNN) and the fc1 ReLU. ``channels`` (two ints) and ``hidden`` (one int) give narrower networks
+    of the same structure.
     """
 
-    def __init__(self, num_classes: int, in_channels: int = 1, image_size: int = 28):
-        super().__init__("emnist-cnn", num_classes, in_channels, image_size, (32, 64), 5, 2048)
+    def __init__(self, num_classes: int, in_channels: int = 1, image_size: int = 28, channels=(32, 64),
+                 hidden=2048):
+        super().__init__("emnist-cnn", num_classes, in_channels, image_size, *conv_pool_widths("emnist-cnn", channels,
+                                                                                              hidden, 5))
 
 
 class DigitsCNN(ConvPoolNet):
@@ -186,12 +189,19 @@ class FlsamCNN(ConvPoolNet):
 
     def __init__(self, num_classes: int, in_channels: int = 3, image_size: int = 32, channels=(32, 64),
                  hidden=512):
-        widths = _two_widths("flsam-cnn", "channels", channels)
-        sizes = hidden_sizes("flsam-cnn", hidden)
-        if len(sizes) != 1:
-            raise ConfigError(f"model 'flsam-cnn': hidden must be one positive int (its one hidden layer), got "
-                              f"{hidden!r}")
-        super().__init__("flsam-cnn", num_classes, in_channels, image_size, widths, 5, sizes[0])
+        super().__init__("flsam-cnn", num_classes, in_channels, image_size, *conv_pool_widths("flsam-cnn", channels,
+                                                                                             hidden, 5))
+
+
+def conv_pool_widths(model_name: str, channels, hidden, kernel: int) -> tuple[tuple[int, int], int, int]:
+    """A :class:`ConvPoolNet`'s checked (channels, kernel, hidden): two positive channel counts and one positive
+    hidden width, or one ConfigError line naming the model."""
+    widths = _two_widths(model_name, "channels", channels)
+    sizes = hidden_sizes(model_name, hidden)
+    if len(sizes) != 1:
+        raise ConfigError(f"model '{model_name}': hidden must be one positive int (its one hidden layer), got "
+                          f"{hidden!r}")
+    return widths, kernel, sizes[0]
 
 
 def _two_widths(model_name: str, what: str, widths) -> tuple[int, int]:

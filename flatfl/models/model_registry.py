@@ -28,8 +28,8 @@ def _tiny_cnn(num_classes, in_channels, image_size):
     return TinyImageNetCNN(num_classes, in_channels, image_size)
 
 
-def _emnist_cnn(num_classes, in_channels, image_size):
-    return EmnistCNN(num_classes, in_channels, image_size)
+def _emnist_cnn(num_classes, in_channels, image_size, channels=(32, 64), hidden=2048):
+    return EmnistCNN(num_classes, in_channels, image_size, channels, hidden)
 
 
 def _flsam_cnn(num_classes, in_channels, image_size, channels=(32, 64), hidden=512):

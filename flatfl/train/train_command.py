@@ -68,8 +68,12 @@ def train_from_options(*, config_file=None, resume_dir=None, force=False, quiet=
 
 
 def _fresh_run_dir(run_dir: Path, force: bool) -> None:
-    """A new run's folder holds nothing but its lock (``force``: a flatfl run's files are deleted first)."""
-    if any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+    """A new run's folder holds nothing but its lock, and what a run stopped before its first file leaves (its
+    manifest, a temporary) (``force``: a flatfl run's files are deleted first)."""
+    from ..utils.atomic import TEMPORARY_NAME
+    from ..utils.manifest import MANIFEST
+
+    if any(p.name not in (LOCK_NAME, MANIFEST) and not TEMPORARY_NAME.match(p.name) for p in run_dir.iterdir()):
         if not force:
             raise ConfigError(f"run directory {run_dir} already exists: use --resume {run_dir} to continue it, "
                               "--force to overwrite it, or another --out")
