@@ -351,11 +351,12 @@ def meet(record: dict) -> None:
     _compare([json.loads(t) for t in texts])
 
 
-def agree(record: dict) -> None:
-    """What the ranks loaded (``record``: names -> digests, JSON values) compared over the process group, in one
-    exchange: a difference ends every rank alike, naming the rank and what differs. Nothing in one process."""
+def agree(record) -> None:
+    """What the ranks loaded (``record``: names -> digests, JSON values; or a function of no argument returning
+    them, called only over several ranks, so that one process computes no digest) compared over the process group,
+    in one exchange: a difference ends every rank alike, naming the rank and what differs. Nothing in one process."""
     if _group_active():
-        _compare(all_gather_objects(record))
+        _compare(all_gather_objects(record() if callable(record) else record))
 
 
 def digest(*parts) -> str:

@@ -42,11 +42,10 @@ def run_client_metrics(checkpoint, out, settings: ClientMetricsSettings = Client
     existing = read_clients_file(target)
     state = ckpt.client_state()  # CheckpointError when the run was trained without --save-clients
     # over several ranks: every rank read the same data and the same server and client models (a rank given other
-    # files would mix its clients' numbers into the others'); nothing in one process
-    loaded = ckpt.dataset()
-    ranks.agree({"training data": ranks.digest(loaded.train_x, loaded.train_y),
-                 "weights": ranks.fingerprint(None, list(ckpt.model.state_dict().values())),
-                 "client models": ranks.fingerprint(None, [state["params"]])})
+    # files would mix its clients' numbers into the others'); nothing computed in one process
+    ranks.agree(lambda: {"training data": ranks.digest(ckpt.dataset().train_x, ckpt.dataset().train_y),
+                         "weights": ranks.fingerprint(None, list(ckpt.model.state_dict().values())),
+                         "client models": ranks.fingerprint(None, [state["params"]])})
     num_clients = int(state["params"].shape[0])
     if num_clients < 2:
         raise CheckpointError(f"{ckpt.path}: the run has {num_clients} client model(s); H_N and H_D need 2 or more")

@@ -46,9 +46,9 @@ def run_surface(checkpoint, out, settings: SurfaceSettings = SurfaceSettings(), 
     model = ckpt.model
     digest = weights_digest(model)  # before the grid moves the weights
     batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
-    # over several ranks: every rank evaluates the same data at the same weights (nothing in one process)
-    ranks.agree({"evaluation data": ranks.digest(batches),
-                 "weights": ranks.fingerprint(None, list(model.state_dict().values()))})
+    # over several ranks: every rank evaluates the same data at the same weights (nothing computed in one process)
+    ranks.agree(lambda: {"evaluation data": ranks.digest(batches),
+                         "weights": ranks.fingerprint(None, list(model.state_dict().values()))})
     fingerprint = {
         "checkpoint": str(ckpt.path.resolve()), "round": ckpt.round, "weights_sha1": weights_sha1(model),
         "directions": s.directions, "eigenvectors_sha1": file_sha1(s.eigenvectors) if s.eigenvectors else None,

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from ...errors import ConfigError, unknown_name
-from .registry import DEFAULT_WHICH, WHICH
+from ...errors import ConfigError
+from .registry import DEFAULT_WHICH, check_which
 from ..operators.linear_operator import CurvatureOperator, DeflatedOperator, as_operator, block_size_for, project_out
 from ..operators.vectors import free_memory, random_block, seeded_generator
 
@@ -77,14 +77,6 @@ class EigenResult:
             eigenvectors=vectors,
             error_bounds=None if self.error_bounds is None else self.error_bounds[order],
         )
-
-
-def check_which(which) -> str:
-    """``which`` names eigenvalues an estimator can be asked for (``largest``, ``smallest``, ``magnitude``); a
-    ConfigError line otherwise."""
-    if not isinstance(which, str) or which not in WHICH:
-        raise unknown_name("choice of eigenvalues (which)", which, WHICH)
-    return which
 
 
 def rank_key(theta: np.ndarray, which: str) -> np.ndarray:

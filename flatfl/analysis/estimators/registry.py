@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 from ...errors import ConfigError, unknown_name
 
 __all__ = ["Estimator", "KINDS", "WHICH", "DEFAULT_WHICH", "register_estimator", "unregister_estimator", "estimator",
-           "estimator_names", "estimator_title", "resolve_which", "EIGEN_ESTIMATORS", "TRACE_ESTIMATORS", "DENSITY_ESTIMATORS", "DEFAULT_EIGEN_METHOD",
+           "estimator_names", "estimator_title", "check_which", "resolve_which", "EIGEN_ESTIMATORS", "TRACE_ESTIMATORS", "DENSITY_ESTIMATORS", "DEFAULT_EIGEN_METHOD",
            "DEFAULT_TRACE_METHOD", "DEFAULT_DENSITY_METHOD", "PLUGIN_PROBLEMS"]
 
 # ---------------------------------------------------------------------------------------------- estimators
@@ -235,6 +235,14 @@ register_estimator("slq", "density", "flatfl.analysis.estimators.density:spectra
                    title="stochastic Lanczos quadrature")
 
 
+def check_which(which) -> str:
+    """``which`` names eigenvalues an estimator can be asked for (:data:`WHICH`: ``largest``, ``smallest``,
+    ``magnitude``); a ConfigError line otherwise."""
+    if not isinstance(which, str) or which not in WHICH:
+        raise unknown_name("choice of eigenvalues (which)", which, WHICH)
+    return which
+
+
 def resolve_which(method: str, which: str | None = None) -> str:
     """The eigenvalues the eigenvalue method ``method`` finds when asked for ``which``: ``which`` itself when the
     method can find them, its default (the first of its :attr:`Estimator.which`) for None; one ConfigError line for
@@ -242,9 +250,7 @@ def resolve_which(method: str, which: str | None = None) -> str:
     entry = estimator("eigenvalues", method)
     if which is None:
         return entry.which[0]
-    if not isinstance(which, str) or which not in WHICH:
-        raise unknown_name("choice of eigenvalues (which)", which, WHICH)
-    if which not in entry.which:
+    if check_which(which) not in entry.which:
         able = [n for n in estimator_names("eigenvalues") if which in _REGISTRY["eigenvalues"][n].which]
         finds = " or ".join(f"the {WHICH[w]}" for w in entry.which)
         raise ConfigError(f"the {method} eigenvalue method finds {finds} eigenvalues only, not the {WHICH[which]} "
