@@ -6,8 +6,9 @@ Fig. 4 methods with their spectrum), in this process with one torch thread, as t
 * training (curvature tracking during training counted apart: the ``observer_seconds`` of metrics.csv);
 * the ``hessian`` analysis (Lanczos top eigenvalue + Hutch++ trace) and, for the Fig. 4 methods, the spectrum
   (top 50 + density), each with its CPU and wall seconds, its Hessian-vector products and ms a product;
-* float32 beside float64 (``--precisions``), and float64 with torch's own convolutions (``--native-conv``: the
-  slow per-sample fallback the CPU presets used before, for the ratio);
+* float32 beside float64 (``--precisions``), float64 with torch's own convolutions (``--native-conv``: the
+  slow per-sample fallback the CPU presets used before, for the ratio), and float64 training one client at a time
+  (``--one-client``: the preset trains a round's clients stacked);
 
 then the whole job's estimate from these steps (each kind x 2 partitions x 3 seeds, the spectrum on the first
 seed only; one worker; the job runs two at once on two cores). ``--whole`` also runs the whole job itself, timed
@@ -133,16 +134,18 @@ def measure(task: RunTask) -> dict:
 
 def kinds(methods) -> list[RunTask]:
     """One task per method of the quick preset (partition 0.3, seed 0)."""
-    tasks = reproduce.plan("man-tables", "quick", seeds=(0,), methods=methods, threads=1)
+    tasks = reproduce.plan(reproduce.Selection("man-tables", "quick", seeds=(0,), methods=methods),
+                           reproduce.RunOptions(threads=1))
     return [t for t in tasks if t.settings.get("alpha") == 0.3]
 
 
-def bench(precision: str, native_conv: bool, methods, root: Path) -> dict:
+def bench(precision: str, native_conv: bool, methods, root: Path, one_client: bool = False) -> dict:
     import contextlib
 
     from flatfl.models.convolution import torch_convolutions
 
-    label = precision + (" (torch's convolutions)" if native_conv else "")
+    label = precision + (" (torch's convolutions)" if native_conv else "") + \
+        (" (one client at a time)" if one_client else "")
     print(f"\n{label}: one run of each kind, one thread", flush=True)
     print(f"{'run':<26}{'train s':>9}{'track s':>9}{'hessian s':>10}{'HVPs':>6}{'ms/HVP':>8}"
           f"{'spectrum s':>11}{'HVPs':>6}{'ms/HVP':>8}", flush=True)
@@ -152,7 +155,7 @@ def bench(precision: str, native_conv: bool, methods, root: Path) -> dict:
         run_task(RunTask("warm-up", str(root / f"warm-up-{precision}-{native_conv}"),
                          dict(warm.settings, precision=precision, rounds=1, track_hessian=0), threads=1))
         for task in kinds(methods):
-            task.settings = dict(task.settings, precision=precision)
+            task.settings = dict(task.settings, precision=precision, **({"parallel_clients": 1} if one_client else {}))
             task.run_dir = str(root / label.replace(" ", "_") / task.name)
             r = measure(task)
             rows[task.name] = r
@@ -195,6 +198,9 @@ def main(argv=None) -> None:
     ap.add_argument("--precisions", default="float64", help="comma-separated: float32,float64")
     ap.add_argument("--native-conv", action="store_true",
                     help="also float64 with torch's own convolutions (the slow fallback), for the ratio")
+    ap.add_argument("--one-client", action="store_true",
+                    help="also float64 training one client at a time (the preset stacks a round's clients), for the "
+                         "ratio")
     ap.add_argument("--methods", default=None, help="rows of the tables, e.g. FedAvg,FedSAM (default: all 12)")
     ap.add_argument("--whole", action="store_true", help="also run and time the whole job")
     ap.add_argument("--workers", type=int, default=2)
@@ -207,6 +213,8 @@ def main(argv=None) -> None:
         results = [bench(p, False, args.methods, root) for p in args.precisions.split(",")]
         if args.native_conv:
             results.append(bench("float64", True, args.methods, root))
+        if args.one_client:
+            results.append(bench("float64", False, args.methods, root, one_client=True))
         base = next((r for r in results if r["label"] == "float64"), None)
         if base is not None:
             for r in results:

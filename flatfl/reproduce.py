@@ -69,6 +69,7 @@ and analyses and resumes unfinished runs, so an interrupted reproduction continu
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -78,9 +79,9 @@ from .paper_tables import man_common
 from .paper_tables.table_spec import Method, PaperTable
 from .sweep import SECTION_SETTINGS, RunTask, run_tasks
 
-__all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "plan", "reproduce", "Method", "PaperTable",
-           "tables_of", "methods_of", "Progress", "default_out", "check_out", "REPORTS_DIR", "execution_order",
-           "task_weight", "run_stage"]
+__all__ = ["TARGETS", "PRESETS", "CODE_FOLLOWED", "FEDDC_OFFICIAL", "Selection", "RunOptions", "plan", "reproduce",
+           "Method", "PaperTable", "tables_of", "methods_of", "Progress", "default_out", "check_out", "REPORTS_DIR",
+           "execution_order", "task_weight", "run_stage"]
 
 #: where reports go when no ``out`` is given (:func:`default_out`)
 REPORTS_DIR = Path("reports")
@@ -96,6 +97,35 @@ FEDDC_OFFICIAL = man_common.FEDDC_OFFICIAL
 
 #: Per method of the tables: the code whose behaviour every preset follows, and what that takes here.
 CODE_FOLLOWED = {k: v for t in paper_tables.REPRODUCED.values() for k, v in t.code_followed.items()}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a reproduction selects: the table or group of tables (``target``, one of :data:`TARGETS`), the
+    ``preset``, the ``seeds`` (None: the preset's, :data:`DEFAULT_SEEDS`), the rows (``methods``: names of the
+    tables' rows, a comma-separated string or a list, see :func:`methods_of`; None: every row) and the ``model``
+    its analyses and tables measure, 'server' or 'clients-average' (None: the one its tables report,
+    :func:`flatfl.report.layouts.model_for`: the all-clients average for the MAN tables, the server model for
+    FedAlign's). Checked by :func:`plan`."""
+    target: str
+    preset: str = "quick"
+    seeds: tuple[int, ...] | None = None
+    methods: str | tuple[str, ...] | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What every run of a reproduction is given besides its preset's settings: where it computes (``device``,
+    torch ``threads`` per run: None gives :data:`REPRODUCE_THREADS` in :func:`reproduce`, torch's default in a
+    task of :func:`plan`), its dataset folder (``data_dir``), the curvature every K rounds (``track_hessian``, ``flatfl
+    train --track-hessian``, 0: off; None: the preset's) and its floating type (``precision``; None: the preset's,
+    float64 on the CPU presets, float32 on ``paper`` and ``tiny``). Checked by :func:`plan`."""
+    device: str = "cpu"
+    data_dir: str | None = None
+    threads: int | None = None
+    track_hessian: int | None = None
+    precision: str | None = None
 
 
 def tables_of(target: str) -> tuple[str, ...]:
@@ -226,18 +256,14 @@ def _run_name(label: str, settings: dict, seed: int) -> str:
     return f"{_slug(label)}-{part}-s{seed}"
 
 
-def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = None, seeds=None,
-         device: str = "cpu", data_dir: str | None = None, threads: int | None = None,
-         model: str | None = None, track_hessian: int | None = None, methods=None,
-         precision: str | None = None) -> list[RunTask]:
-    """The run tasks of ``target`` at ``preset``: one per (method, partition, seed), with its analyses; with
-    ``methods`` (names of the tables' rows, see :func:`methods_of`) only those rows' runs.
-
-    ``model``: the model the Hessian analyses measure, 'server' or 'clients-average'; default the one the table
-    reports (:func:`flatfl.report.layouts.model_for`: the all-clients average for the MAN tables, the server model
-    for FedAlign's). ``track_hessian``: the curvature every K rounds (``flatfl train --track-hessian``, 0: off);
-    default the preset's. ``precision``: the runs' floating type, default the preset's (float64 on the CPU presets,
-    float32 on ``paper`` and ``tiny``)."""
+def plan(selection: Selection, runs: RunOptions | None = None, *,
+         runs_dir: str | Path | None = None) -> list[RunTask]:
+    """The run tasks of the ``selection``'s target at its preset: one per (method, partition, seed), with its
+    analyses; with ``selection.methods`` only those rows' runs; each given ``runs`` (:class:`RunOptions`)."""
+    target, preset, seeds, methods, model = (selection.target, selection.preset, selection.seeds, selection.methods,
+                                             selection.model)
+    runs = runs or RunOptions()
+    track_hessian, data_dir, precision = runs.track_hessian, runs.data_dir, runs.precision
     if target not in TARGETS:
         raise unknown_name("reproduction target", target, TARGETS)
     if preset not in PRESETS:
@@ -247,7 +273,7 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
     if not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise ConfigError(f"--seeds must be non-negative integers, got {seeds!r}")
     root = Path(runs_dir or Path("runs") / f"reproduce-{preset}").resolve()
-    extra = {"device": device}
+    extra = {"device": runs.device}
     if track_hessian is not None:
         if isinstance(track_hessian, bool) or not isinstance(track_hessian, int) or track_hessian < 0:
             raise ConfigError(f"--track-hessian must be an integer >= 0 (0: off), got {track_hessian!r}")
@@ -277,14 +303,15 @@ def plan(target: str, preset: str = "quick", *, runs_dir: str | Path | None = No
                     settings.update(m.settings)
                     settings.update(extra)
                     with_spectrum = cfg.get("spectrum_seeds") != "first" or seed == seeds[0]
-                    tasks.append(_task(m, settings, seed, root, cfg, device, threads, model, with_spectrum))
+                    tasks.append(_task(m, settings, seed, root, cfg, runs, model, with_spectrum))
     return tasks
 
 
-def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, device: str, threads,
+def _task(m: Method, settings: dict, seed: int, root: Path, cfg: dict, runs: RunOptions,
           model: str = "server", with_spectrum: bool = True) -> RunTask:
     from .train.config import normalize_settings
 
+    device, threads = runs.device, runs.threads
     name = _run_name(m.label, settings, seed)
     hessian = dict(cfg["hessian"], seed=seed, device=device)
     spectrum = dict(cfg["spectrum"], seed=seed, device=device) if m.spectrum and with_spectrum and "spectrum" in cfg \
@@ -313,35 +340,33 @@ def check_run_folders(out: Path, tasks: list[RunTask], tables) -> None:
         run_state(t.run_dir, expected=build_config({}, dict(t.settings, out=t.run_dir)))
 
 
-def reproduce(target: str, preset: str = "quick", *, out: str | Path | None = None,
-              runs_dir: str | Path | None = None, executor=None, seeds=None, device: str = "cpu",
-              data_dir: str | None = None, threads: int | None = None,
-              echo: Callable[[str], None] | None = None, model: str | None = None,
-              track_hessian: int | None = None, methods=None, progress_bar: bool = False,
-              precision: str | None = None) -> dict:
-    """Train and analyse every run of ``target`` at ``preset`` (skipping finished work), then write the report
-    into ``out``. Returns the report's summary plus 'tasks' (what each run did) and 'seconds'.
+def reproduce(selection: Selection, runs: RunOptions | None = None, *, out: str | Path | None = None,
+              runs_dir: str | Path | None = None, executor=None, echo: Callable[[str], None] | None = None,
+              progress_bar: bool = False) -> dict:
+    """Train and analyse every run the ``selection`` names (its tables' rows at its preset, :func:`plan`; skipping
+    finished work), each given ``runs`` (:class:`RunOptions`), then write the report into ``out``. Returns the
+    report's summary plus 'tasks' (what each run did) and 'seconds'.
 
-    ``methods``: only these rows of the tables (:func:`plan`). Progress: one line per run ending, with the time
-    elapsed and an estimate of the time left across the runs (:class:`Progress`); ``progress_bar``: a tqdm bar
-    instead (on a terminal), the lines printed above it.
+    Progress: one line per run ending, with the time elapsed and an estimate of the time left across the runs
+    (:class:`Progress`); ``progress_bar``: a tqdm bar instead (on a terminal), the lines printed above it.
 
-    ``seeds``: default :data:`DEFAULT_SEEDS` of the preset. ``threads``: torch threads per run, default
-    :data:`REPRODUCE_THREADS` (pinned, whatever the machine's load; recorded in each run's config.json).
-    ``precision``: the runs' floating type instead of the preset's (:func:`plan`)."""
+    ``runs.threads``: torch threads per run, default :data:`REPRODUCE_THREADS` (pinned, whatever the machine's
+    load; recorded in each run's config.json). ``executor``: default one run at a time in a worker process."""
     from .executors import LocalExecutor
     from .report import build_report
 
     from .utils.threads import check_threads
 
-    check_threads(threads)
+    target, preset, seeds, methods, model = (selection.target, selection.preset, selection.seeds, selection.methods,
+                                             selection.model)
+    runs = runs or RunOptions()
+    check_threads(runs.threads)
     start = time.perf_counter()
     executor = executor or LocalExecutor(1)
-    if threads is None:
-        threads = REPRODUCE_THREADS
-    tasks = plan(target, preset, runs_dir=runs_dir, seeds=seeds, device=device, data_dir=data_dir, threads=threads,
-                 model=model, track_hessian=track_hessian, methods=methods, precision=precision)
-    out = Path(out) if out else default_out(target, preset, methods, seeds, model, track_hessian)
+    if runs.threads is None:
+        runs = replace(runs, threads=REPRODUCE_THREADS)
+    tasks = plan(selection, runs, runs_dir=runs_dir)
+    out = Path(out) if out else default_out(target, preset, methods, seeds, model, runs.track_hessian)
     rows, _ = _selection(target, preset, methods, seeds)
     tables = tuple(key for key in tables_of(target)  # a restricted reproduction: only the tables of its rows
                    if not rows or any(m.label in rows for m in paper_tables.REPRODUCED[key].methods))

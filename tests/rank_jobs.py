@@ -5,6 +5,10 @@ compares every rank's file with the job run in the test's own process.
 * ``estimators``: every registered eigenvalue, trace and density estimator, the per-layer blocks, the
   PyHessian-style API and a ``loss=`` objective over dict batches, on a small float64 network whose 37 evaluation
   samples do not divide among 2 or 3 ranks (unequal shards);
+* ``curvatures``: every registered curvature kind (``curvature_cases``, read off the registry: the Hessian by each
+  of its product methods, exact and finite differences) and the sampled-label Fisher of ``tests/sampled_fisher.py``
+  (a kind that draws random numbers), each on :func:`problem`: a block of products, the loss and gradient, a top
+  eigenvalue and a trace of a fixed budget, and for finite differences the step and the stated error;
 * ``training``: a case of every registered algorithm, regularizer and local optimizer (``training_cases``, read off
   the registries), trained for its rounds in float64 with each rank stacking its share of a round's clients.
 """
@@ -81,6 +85,46 @@ def estimator_results() -> dict:
     return out
 
 
+def curvature_cases() -> list[tuple[str, str]]:
+    """``(curvature, products)`` for every registered curvature kind: a kind that takes ``products`` (the Hessian)
+    by each of its product methods, exact and finite differences; the others by their own (``"auto"``)."""
+    from flatfl.analysis.operators.kinds import CURVATURES
+    from flatfl.analysis.operators.names import PRODUCT_METHODS
+
+    return [(name, products) for name, kind in CURVATURES.items()
+            for products in ([m for m in PRODUCT_METHODS if m != "auto"] if kind.takes_products else ["auto"])]
+
+
+def curvature_results() -> dict:
+    """Each case of :func:`curvature_cases` (with the sampled-label Fisher registered) on :func:`problem`, by
+    ``"<curvature> <products> <what>"``."""
+    from flatfl.analysis.estimators.eigen import top_eigenvalues
+    from flatfl.analysis.estimators.trace import hutchinson_trace
+    from flatfl.analysis.operators.distributed import over_ranks
+    from flatfl.analysis.operators.loss_curvature import curvature_operator
+    from flatfl.utils import ranks
+    from sampled_fisher import registered
+
+    ranks.join(torch.device("cpu"))
+    model, batches = problem()
+    out = {}
+    with registered():
+        for name, products in curvature_cases():
+            op = over_ranks(lambda shard: curvature_operator(name, model, shard, products=products, seed=7), batches)
+            V = torch.randn(op.dim, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+            key = f"{name} {products}"
+            out[f"{key} products"] = op.matmat(V / V.norm(dim=0))
+            out[f"{key} loss"] = torch.tensor(op.loss())
+            out[f"{key} gradient"] = op.gradient()
+            out[f"{key} top eigenvalue"] = torch.as_tensor(top_eigenvalues(op, 1, tol=1e-8, seed=1).eigenvalues)
+            out[f"{key} trace"] = torch.tensor(float(hutchinson_trace(op, max_hvps=8, rtol=None, seed=2).estimate))
+            if op.product_error is not None:
+                method = getattr(op, "op", op).method  # this rank's operator's product method
+                out[f"{key} stated error"] = torch.tensor(op.product_error, dtype=torch.float64)
+                out[f"{key} step factor"] = torch.tensor(method.factor, dtype=torch.float64)
+    return out
+
+
 def training_cases() -> list[Combination]:
     """A case of every registered algorithm (no regularizer, its own or the plain optimizer), every regularizer
     (FedAvg) and every local optimizer (FedAvg, no regularizer), each on the cheapest model that admits it."""
@@ -125,6 +169,8 @@ def main(argv: list[str]) -> None:
     rank = ranks.launched().rank
     if job == "estimators":
         result = estimator_results()
+    elif job == "curvatures":
+        result = curvature_results()
     elif job == "training":
         result = training_results(out.parent / f"runs-rank{rank}")
     else:

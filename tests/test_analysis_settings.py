@@ -136,13 +136,13 @@ def test_from_mapping_refuses_unknown_keys_in_one_line():
 
 def test_reproduce_presets_are_valid_settings(tmp_path):
     from flatfl import paper_tables
-    from flatfl.reproduce import PRESETS, TARGETS, plan, tables_of
+    from flatfl.reproduce import PRESETS, TARGETS, Selection, plan, tables_of
 
     for target in TARGETS:
         offered = set.intersection(*(set(paper_tables.REPRODUCED[k].presets) for k in tables_of(target)))
         assert offered and offered <= set(PRESETS)
         for preset in sorted(offered):
-            for task in plan(target, preset, runs_dir=tmp_path):
+            for task in plan(Selection(target, preset), runs_dir=tmp_path):
                 for section, cls in (("clients", ClientMetricsSettings), ("surface", SurfaceSettings)):
                     if getattr(task, section) is not None:
                         cls.from_mapping(getattr(task, section))

@@ -135,6 +135,8 @@ def test_hessian_clients_surface_report_summaries(run_dir, tmp_path):
     tables = ", ".join(summary["tables"]) or "no paper table"
     assert last_line(r.output) == (f"1 runs, tables: {tables}; {len(summary['pages'])} PDF pages "
                                    f"-> {out}/report.pdf")
+    # what the tables found, as the report's first page says it, is printed before that line
+    assert summary["headline"] and all(sentence in r.output.splitlines()[:-1] for sentence in summary["headline"])
     assert (out / "report.pdf").is_file()
 
 

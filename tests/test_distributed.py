@@ -1,8 +1,9 @@
 """Over several ranks (torchrun; here gloo ranks spawned on this machine by tests/ranks.py), every number equals one
 process's: each registered estimator, the per-layer blocks, the PyHessian-style API and a ``loss=`` objective in
-float64 over 1, 2 and 3 ranks with unequal shards (1e-12); a case of every registered algorithm, regularizer and
-local optimizer trained over 2 and 3 ranks (1e-9; the cases are read off the registries, so a piece registered
-later is covered); and the commands under torch's own launcher. A rank killed with SIGKILL ends the others within a
+float64 over 1, 2 and 3 ranks with unequal shards (1e-12); every registered curvature kind over 2 ranks (1e-12;
+finite-difference products within their stated error, one step and one stated error on every rank); a case of every
+registered algorithm, regularizer and local optimizer trained over 2 and 3 ranks (1e-9; the cases are read off the
+registries, so a piece registered later is covered); and the commands under torch's own launcher. A rank killed with SIGKILL ends the others within a
 minute with one line, and the run resumes."""
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import torch
 from flatfl.analysis.operators.distributed import shard_batches, shard_ranges
 from flatfl.errors import ConfigError
 from ranks import run_job, start_ranks, torchrun
-from rank_jobs import estimator_results, training_cases, training_results
+from rank_jobs import curvature_cases, curvature_results, estimator_results, training_cases, training_results
+from sampled_fisher import registered
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -64,6 +66,49 @@ def test_every_estimator_over_ranks_equals_one_process(tmp_path, ranks):
         off = _close(got, reference, 1e-12, f"rank {rank} of {ranks}")
         assert not off, off
         assert got["hvps"] == reference["hvps"]
+
+
+@pytest.fixture(scope="module")
+def curvatures_over_two_ranks(tmp_path_factory):
+    """Every curvature case computed in this process and by one job of 2 ranks: (reference, [rank 0's, rank 1's])."""
+    reference = curvature_results()
+    out = tmp_path_factory.mktemp("curvatures") / "curv"
+    run_job("curvatures", 2, str(out))
+    return reference, [torch.load(f"{out}.rank{rank}.pt", weights_only=True) for rank in range(2)]
+
+
+with registered():
+    CURVATURE_CASES = curvature_cases()  # every registered kind (and the sampled-label Fisher of the job)
+
+
+@pytest.mark.parametrize("curvature,products", CURVATURE_CASES)
+def test_every_curvature_over_two_ranks_equals_one_process(curvatures_over_two_ranks, curvature, products):
+    """Every registered curvature kind (read from the registry here and in the job), the Hessian by each product
+    method, and a kind that draws random numbers (labels sampled per sample from its seed): products, loss,
+    gradient, top eigenvalue and trace over 2 ranks within 1e-12 of one process in float64, on every rank.
+    Finite differences: every rank takes the same step and states the same error (calibrated on the whole
+    evaluation set); their products differ from one process's by the rounding of a difference quotient (eps
+    ||g|| / h, some 1e-11 here, whatever the step: the ranks sum the gradients in another order), within their
+    stated error; the eigenvalue and trace they give within 1e-12."""
+    reference, got = curvatures_over_two_ranks
+    key = f"{curvature} {products}"
+    mine = {k: v for k, v in reference.items() if k.startswith(f"{key} ")}
+    assert f"{key} products" in mine
+    finite = products == "finite-difference"
+    for rank, result in enumerate(got):
+        exact = {k: v for k, v in mine.items() if not (finite and k.endswith((" products", " stated error",
+                                                                              " step factor")))}
+        off = _close({k: result[k] for k in exact}, exact, 1e-12, f"rank {rank} of 2")
+        assert not off, off
+    if finite:
+        assert float(got[0][f"{key} step factor"]) == float(got[1][f"{key} step factor"])
+        error = float(got[0][f"{key} stated error"])
+        assert error == float(got[1][f"{key} stated error"])
+        one = float(mine[f"{key} stated error"])
+        assert 0.5 < error / one < 2.0, (error, one)  # one estimate of the same error, from the whole set
+        for result in got:
+            P, Q = result[f"{key} products"], mine[f"{key} products"]
+            assert bool(((P - Q).norm(dim=0) <= min(error, one) * Q.norm(dim=0)).all())
 
 
 @pytest.fixture(scope="module")

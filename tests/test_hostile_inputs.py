@@ -448,9 +448,9 @@ def _report_nested_json(c):
 
 def _fuller_report(c, extra=("--methods", "FedSpeed")):
     """A report of every run of MAN Table 6 (tiny preset) in the folder a restricted reproduction is pointed at."""
-    from flatfl.reproduce import plan
+    from flatfl.reproduce import Selection, plan
 
-    names = [t.name for t in plan("man-table6", "tiny", runs_dir=c.ws / "r", seeds=(0, 1))]
+    names = [t.name for t in plan(Selection("man-table6", "tiny", seeds=(0, 1)), runs_dir=c.ws / "r")]
     c.write("full/summary.json", json.dumps({"runs": len(names), "tables": ["man-table6"]}))
     c.write("full/runs.csv", "run,method\n" + "".join(f"{n},x\n" for n in names))
     return ["reproduce", "man-table6", "--preset", "tiny", "--runs-dir", str(c.ws / "r"), "--out",

@@ -52,6 +52,26 @@ def test_a_layout_sets_the_values_of_other_tables_beside_the_rows_it_shares():
     assert {got[("FedSpeed", "dirichlet-0.3", "trace")]} == want
 
 
+def test_the_sam_family_rows_and_the_code_each_follows():
+    """The SAM family's rows: FedAvg, then each method without and with MAN (zeta 0.15), the layout's rows and the
+    plan's methods in the same order; every method names the code it follows, and FedGMT and FedScar run at their
+    algorithms' defaults (no setting but the algorithm)."""
+    from flatfl.paper_tables.sam_family import BASES
+
+    table = paper_tables.REPRODUCED["sam-family"]
+    labels = [m.label for m in table.methods]
+    assert labels == ["FedAvg"] + [label for base in BASES for label in (base, f"{base}+MAN")]
+    assert tuple(labels) == table.spec.rows
+    assert BASES[-2:] == ("FedGMT", "FedScar") and len(labels) == 25
+    assert set(BASES) <= set(table.code_followed)
+    settings = {m.label: m.settings for m in table.methods}
+    for base, algo in (("FedGMT", "fedgmt"), ("FedScar", "fedscar")):
+        assert settings[base] == {"algo": algo}
+        assert settings[f"{base}+MAN"] == {"algo": algo, "reg": "man", "zeta": 0.15}
+    assert "harrylee999/FL-SAM" in table.code_followed["FedGMT"]
+    assert "Ultraman6/FedScar" in table.code_followed["FedScar"]
+
+
 NEW_TABLE = '''
 from .table_spec import Method, PaperTable, TableSpec, with_reg
 from .man_common import PRESETS
@@ -67,11 +87,11 @@ FIND = r"""
 import json
 from click.testing import CliRunner
 from flatfl.cli import main
-from flatfl.reproduce import plan
+from flatfl.reproduce import Selection, plan
 from flatfl.report.layouts import tables_for
 
 help_text = CliRunner().invoke(main, ["reproduce", "--help"], terminal_width=200).output
-print(json.dumps({"plan": sorted(t.name for t in plan("demo-table9", "tiny", runs_dir="/tmp/x")),
+print(json.dumps({"plan": sorted(t.name for t in plan(Selection("demo-table9", "tiny"), runs_dir="/tmp/x")),
                   "report": [s.key for s in tables_for(["demo-table9"])],
                   "choice": "demo-table9" in help_text.split("Options")[0]}))
 """

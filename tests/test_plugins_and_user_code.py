@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -291,7 +292,7 @@ def test_a_reproduction_of_another_model_never_writes_into_the_default_models_re
     assert rep.default_out("man-tables", "tiny", "FedAvg", model="server").name == "man-tables-tiny-fedavg-model-server"
     # an explicit --out holding the same runs' report of the tables' model: refused before any run trains
     runs = tmp_path / "runs"
-    names = [t.name for t in rep.plan("man-tables", "tiny", runs_dir=runs)]
+    names = [t.name for t in rep.plan(rep.Selection("man-tables", "tiny"), runs_dir=runs)]
     default.mkdir(parents=True)
     (default / "summary.json").write_text(json.dumps({"runs": len(names), "models": {
         "man-table2": "clients-average", "man-table6": "clients-average"}}))
@@ -500,3 +501,44 @@ def test_a_16_bit_model_given_to_the_operator_and_a_budget_below_the_estimators_
     with pytest.raises(ConfigError, match="max_hvps of at least 2"):
         h.trace_estimate(max_hvps=1)
     assert h.trace_estimate(max_hvps=2, rtol=None).hvps <= 2
+
+
+def test_an_own_network_that_changes_the_working_directory_writes_where_out_said(checkpoint, tmp_path, monkeypatch):
+    """A network whose forward calls os.chdir(elsewhere) and turns gradients on at every call, --out relative:
+    hessian.json lands where --out named from the starting folder, nothing elsewhere, the directory is the starting
+    one afterwards and one notice names the network; the top eigenvalue is the plain network's."""
+    from flatfl.utils import user_code
+
+    monkeypatch.setattr(user_code, "NOTICES", set())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "moving_network_67.py").write_text(textwrap.dedent(f'''
+        import os, types
+        from flatfl.models import build_model
+
+        def net():
+            model = build_model("tiny", num_classes=10, in_channels=1, image_size=8)
+            plain = model.forward
+
+            def forward(self, x):
+                os.chdir({str(elsewhere)!r})
+                return plain(x)
+
+            model.forward = types.MethodType(forward, model)
+            return model
+        '''))
+    monkeypatch.chdir(tmp_path)
+    common = ["--samples", "32", "--no-trace", "--quiet", "--threads", "1"]
+    r = CliRunner().invoke(main, ["hessian", str(checkpoint), "--model-factory", "moving_network_67.py:net",
+                                  *common, "--out", "h"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "h" / "hessian.json").is_file() and not (elsewhere / "h").exists()
+    assert os.getcwd() == str(tmp_path)
+    notices = [line for line in r.stderr.splitlines() if line.startswith("flatfl: notice:")]
+    assert len(notices) == 1 and "the network of --model-factory moving_network_67.py:net changed the working " \
+        "directory" in notices[0], r.stderr
+    plain = CliRunner().invoke(main, ["hessian", str(checkpoint), *common, "--out", str(tmp_path / "plain")])
+    assert plain.exit_code == 0, plain.output
+    top = [json.loads((folder / "hessian.json").read_text())["top_eigenvalues"][0]
+           for folder in (tmp_path / "h", tmp_path / "plain")]
+    assert top[0] == pytest.approx(top[1], rel=1e-12)

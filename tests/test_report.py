@@ -17,6 +17,7 @@ from flatfl.errors import ConfigError
 from flatfl.paper_tables import TABLES
 from flatfl.report import build_report, pdf_page_count
 from flatfl.report.layouts import paper_values
+from flatfl.report.pipeline import AnalysesAsked
 from flatfl.report.records import method_label
 from flatfl.report.tables import build_table, incomparable_notes
 from flatfl.report.verdicts import direction_checks
@@ -299,7 +300,8 @@ def test_fedalign_layout_reads_the_clients_section(runs, tmp_path, reports_undra
     (run / "hessian-clients-average" / "hessian.json").write_text(json.dumps(h))
     with reports_undrawn():
         missing = build_report([run], tmp_path / "rep2", model="clients-average")["missing"]
-        with_cm = build_report([run], tmp_path / "rep3", compute_missing=True, model="clients-average")["missing"]
+        with_cm = build_report([run], tmp_path / "rep3", analyses=AnalysesAsked(compute_missing=True),
+                               model="clients-average")["missing"]
     assert any("no H_N / H_D" in m for m in missing)
     assert any("train with --save-clients" in m for m in with_cm)  # the run kept no client models
 
@@ -332,7 +334,7 @@ def test_asked_settings_are_computed_apart_and_said(runs, tmp_path, reports_undr
     shutil.copytree(runs / "fedavg", src / "fedavg")
     before = (src / "fedavg" / "hessian-clients-average" / "hessian.json").read_bytes()
     with reports_undrawn():
-        summary = build_report([src], tmp_path / "rep0", hessian={"top": 2, "samples": 32})
+        summary = build_report([src], tmp_path / "rep0", analyses=AnalysesAsked({"top": 2, "samples": 32}))
     assert any(m.startswith("fedavg: no Hessian results of the all-clients average model with the asked settings")
                for m in summary["missing"])
     with reports_undrawn(analyses=True):  # the numbers: neither the report's figures nor the analysis' drawn

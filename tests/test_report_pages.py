@@ -15,7 +15,7 @@ import flatfl.report.pdf as report_pdf
 from flatfl.analysis.commands.result_files import clients_file
 from flatfl.train.config import build_config
 from flatfl.report import build_report
-from flatfl.reproduce import plan
+from flatfl.reproduce import Selection, plan
 from flatfl.run_layout import CLIENTS_DIR, MODEL_CHECKPOINTS, analysis_dir
 
 AVERAGE_HESSIAN = analysis_dir("hessian", "clients-average")  # where the MAN tables' Hessian lives in a run
@@ -87,7 +87,7 @@ MAN_VALUES = {"FedAvg": (10.0, 12.0), "FedAvg+MAN": (13.0, 8.0), "FedDyn": (20.0
 @pytest.fixture(scope="module")
 def man_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("man-fake")
-    tasks = plan("man-table2", "tiny", runs_dir=root, seeds=(0, 1))
+    tasks = plan(Selection("man-table2", "tiny", seeds=(0, 1)), runs_dir=root)
     from flatfl.report.records import method_label
 
     for t in tasks:
@@ -157,7 +157,7 @@ def test_agree_when_the_change_exceeds_twice_its_error(man_runs, tmp_path, repor
 @pytest.fixture(scope="module")
 def fedalign_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fa-fake")
-    for k, t in enumerate(plan("fedalign-table1", "tiny", runs_dir=root, seeds=(0,))):
+    for k, t in enumerate(plan(Selection("fedalign-table1", "tiny", seeds=(0,)), runs_dir=root)):
         _write_run(t, lam=5.0 + k, trace=40.0 + 3 * k, trace_se=1.0, acc=60 + k, model="server",
                    clients={"H_N": 30.0 + k, "H_N_stderr": 2.0, "H_D": 0.9, "H_D_stderr": 0.01}, surface=True)
     return root

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from flatfl.cli import main
 from flatfl.report import build_report
-from flatfl.reproduce import plan
+from flatfl.reproduce import Selection, plan
 from flatfl.run_layout import analysis_dir
 from test_report_pages import MAN_VALUES, _write_run  # hand-written run folders, checked against their final.pt
 
@@ -53,7 +53,7 @@ def man_report(tmp_path_factory, reports_undrawn):
     from flatfl.report.records import method_label
 
     root = tmp_path_factory.mktemp("csv-man")
-    for t in plan("man-table2", "tiny", runs_dir=root / "runs", seeds=(0, 1)):
+    for t in plan(Selection("man-table2", "tiny", seeds=(0, 1)), runs_dir=root / "runs"):
         method = method_label(t.settings | t.settings.get("params", {}))
         if method not in VALUES or t.settings["alpha"] != 0.3:
             continue
@@ -61,7 +61,7 @@ def man_report(tmp_path_factory, reports_undrawn):
         _write_run(t, lam=lam, trace=10 * lam, trace_se=0.5, acc=90 + lam / 10, model="clients-average",
                    samples={"FedDyn+MAN": 512}.get(method, 1437))
         _with_ratio(Path(t.run_dir), 1.5 + lam / 100)
-    killed = next(t for t in plan("man-table2", "tiny", runs_dir=root / "runs", seeds=(2,))
+    killed = next(t for t in plan(Selection("man-table2", "tiny", seeds=(2,)), runs_dir=root / "runs")
                   if t.settings["algo"] == "fedavg" and not t.settings.get("reg") and t.settings["alpha"] == 0.3)
     _write_run(killed, lam=30.0, trace=300.0, trace_se=0.5, acc=50.0, model="clients-average")
     (Path(killed.run_dir) / "final.pt").unlink()  # stopped before its last round: in no column, listed
@@ -74,7 +74,7 @@ def man_report(tmp_path_factory, reports_undrawn):
 def fedalign_report(tmp_path_factory, reports_undrawn):
     """FedAlign Table 1 from two seeds of each method, with H_N / H_D (the server model); not drawn (as above)."""
     root = tmp_path_factory.mktemp("csv-fa")
-    for k, t in enumerate(plan("fedalign-table1", "tiny", runs_dir=root / "runs", seeds=(0, 1))):
+    for k, t in enumerate(plan(Selection("fedalign-table1", "tiny", seeds=(0, 1)), runs_dir=root / "runs")):
         s = t.settings["seed"]
         _write_run(t, lam=5.0 + k + s, trace=40.0 + 3 * k - s, trace_se=1.0, acc=60 + k + s, model="server",
                    clients={"H_N": 30.0 + k + 2 * s, "H_N_stderr": 2.0, "H_D": 0.9 - s / 100, "H_D_stderr": 0.01})

@@ -13,7 +13,7 @@ from flatfl.cli import main
 from flatfl.train.config import build_config
 from flatfl.errors import ConfigError
 from flatfl.report import pdf_page_count
-from flatfl.reproduce import plan
+from flatfl.reproduce import RunOptions, Selection, plan
 
 
 def _by_name(tasks):
@@ -25,7 +25,7 @@ def _cfg(task):
 
 
 def test_paper_preset_man_settings_are_the_papers():
-    tasks = _by_name(plan("man-tables", "paper", runs_dir="/tmp/x"))
+    tasks = _by_name(plan(Selection("man-tables", "paper"), runs_dir="/tmp/x"))
     assert len(tasks) == 24  # (4 + 2 algorithms) x (with, without MAN) x (delta 0.3, 0.6)
     for t in tasks.values():
         c = _cfg(t)
@@ -53,7 +53,7 @@ def test_paper_preset_man_settings_are_the_papers():
 
 
 def test_paper_preset_fedalign_settings_are_the_papers():
-    tasks = _by_name(plan("fedalign-table1", "paper", runs_dir="/tmp/x"))
+    tasks = _by_name(plan(Selection("fedalign-table1", "paper"), runs_dir="/tmp/x"))
     assert len(tasks) == 7
     for t in tasks.values():
         c = _cfg(t)
@@ -75,12 +75,13 @@ def test_paper_preset_fedalign_settings_are_the_papers():
 
 
 def test_quick_preset_keeps_the_methods_and_their_hyper_parameters():
-    paper, quick = _by_name(plan("man-tables", "paper")), _by_name(plan("man-tables", "quick", seeds=(0,)))
+    paper = _by_name(plan(Selection("man-tables", "paper")))
+    quick = _by_name(plan(Selection("man-tables", "quick", seeds=(0,))))
     assert sorted(paper) == sorted(quick)
     for name in paper:
         assert paper[name].settings.get("params") == quick[name].settings.get("params")
         assert _cfg(quick[name]).dataset == "digits"
-    table2 = {t.run_dir for t in plan("man-table2", "quick", seeds=(0,))}
+    table2 = {t.run_dir for t in plan(Selection("man-table2", "quick", seeds=(0,)))}
     assert table2 < {t.run_dir for t in quick.values()}  # man-table2 and man-tables share their run folders
 
 
@@ -90,7 +91,7 @@ def test_presets_follow_the_code_that_produced_the_man_tables(preset):
     MAN, at both deltas; FedDyn, FedSpeed and the rest carry no such switch; every method says what it follows."""
     from flatfl.reproduce import CODE_FOLLOWED
 
-    tasks = _by_name(plan("man-tables", preset, runs_dir="/tmp/x"))
+    tasks = _by_name(plan(Selection("man-tables", preset), runs_dir="/tmp/x"))
     feddc = [t for n, t in tasks.items() if n.startswith("feddc")]
     assert len(feddc) == 4 * (3 if preset == "quick" else 1)  # (with, without MAN) x 2 deltas x seeds
     for t in feddc:
@@ -108,20 +109,20 @@ def test_presets_follow_the_code_that_produced_the_man_tables(preset):
 def test_quick_preset_defaults_to_three_seeds_and_pinned_threads():
     from flatfl.reproduce import REPRODUCE_THREADS
 
-    quick = plan("man-tables", "quick", runs_dir="/tmp/x")
+    quick = plan(Selection("man-tables", "quick"), runs_dir="/tmp/x")
     assert len(quick) == 72 and sorted({t.settings["seed"] for t in quick}) == [0, 1, 2]
-    assert {t.name for t in plan("man-tables", "quick", runs_dir="/tmp/x", seeds=(0,))} == \
+    assert {t.name for t in plan(Selection("man-tables", "quick", seeds=(0,)), runs_dir="/tmp/x")} == \
         {t.name for t in quick if t.name.endswith("-s0")}
-    assert len(plan("man-tables", "paper", runs_dir="/tmp/x")) == 24  # one seed: GPU-days per run
+    assert len(plan(Selection("man-tables", "paper"), runs_dir="/tmp/x")) == 24  # one seed: GPU-days per run
     assert REPRODUCE_THREADS == 1
     # the Fig. 4 spectrum (top 50 + density) for the FedAvg and FedSAM pairs of the first seed only
     with_spectrum = sorted(t.name for t in quick if t.spectrum)
     assert len(with_spectrum) == 8 and all(n.endswith("-s0") and n.startswith(("fedavg", "fedsam"))
                                            for n in with_spectrum)
     assert all(t.hessian["top"] == 1 and t.hessian["trace"] for t in quick)
-    later = [t for t in plan("man-table2", "quick", runs_dir="/tmp/x", seeds=(2, 1)) if t.spectrum]
+    later = [t for t in plan(Selection("man-table2", "quick", seeds=(2, 1)), runs_dir="/tmp/x") if t.spectrum]
     assert later and all(t.name.endswith("-s2") for t in later)  # 'first' is the first seed asked for
-    assert all(t.spectrum for t in plan("man-table2", "paper", runs_dir="/tmp/x", seeds=(0, 1))
+    assert all(t.spectrum for t in plan(Selection("man-table2", "paper", seeds=(0, 1)), runs_dir="/tmp/x")
                if t.name.startswith(("fedavg", "fedsam")))  # paper: every seed
 
 
@@ -137,7 +138,8 @@ def test_two_seeds_give_mean_sd_and_inconclusive_where_seeds_disagree(tmp_path, 
     from flatfl.report import build_report
     from flatfl.sweep import run_tasks
 
-    tasks = [t for t in plan("man-table2", "tiny", runs_dir=tmp_path / "runs", seeds=(0, 1), threads=1)
+    tasks = [t for t in plan(Selection("man-table2", "tiny", seeds=(0, 1)), RunOptions(threads=1),
+                             runs_dir=tmp_path / "runs")
              if t.name.startswith(("fedavg-dirichlet", "fedavg-man-dirichlet"))]
     assert len(tasks) == 8
     with reports_undrawn(analyses=True):  # the numbers: no figure of the runs' analyses or of the report drawn
@@ -190,20 +192,20 @@ def test_two_seeds_give_mean_sd_and_inconclusive_where_seeds_disagree(tmp_path, 
 
 def test_bad_targets_presets_and_seeds():
     with pytest.raises(ConfigError, match="unknown reproduction target"):
-        plan("man-table9")
+        plan(Selection("man-table9"))
     with pytest.raises(ConfigError, match="unknown preset"):
-        plan("man-table2", "huge")
+        plan(Selection("man-table2", "huge"))
     with pytest.raises(ConfigError, match="--seeds"):
-        plan("man-table2", "tiny", seeds=())
+        plan(Selection("man-table2", "tiny", seeds=()))
     res = CliRunner().invoke(main, ["reproduce", "man-table6", "--preset", "tiny", "--seeds", "a,b"])
     assert res.exit_code == 2 and "flatfl: error: --seeds must be comma-separated integers" in res.output
     with pytest.raises(ConfigError, match="fedalign-table1 has no preset 'fmnist'"):
-        plan("fedalign-table1", "fmnist")
+        plan(Selection("fedalign-table1", "fmnist"))
 
 
 def test_fmnist_preset_plans_the_man_tables_on_fashion_mnist(tmp_path):
     """72 runs (12 methods x 2 deltas x seeds 0, 1, 2) on Fashion-MNIST; the Fig. 4 spectrum for seed 0 only."""
-    tasks = plan("man-tables", "fmnist", runs_dir=tmp_path)
+    tasks = plan(Selection("man-tables", "fmnist"), runs_dir=tmp_path)
     assert len(tasks) == 72 and {t.settings["seed"] for t in tasks} == {0, 1, 2}
     assert {t.settings["dataset"] for t in tasks} == {"fashion-mnist"}
     assert {t.settings["alpha"] for t in tasks} == {0.3, 0.6}
@@ -214,8 +216,8 @@ def test_fmnist_preset_plans_the_man_tables_on_fashion_mnist(tmp_path):
 def test_fmnist_cnn_preset_is_the_fmnist_plan_with_the_papers_cnn_family(tmp_path):
     """fmnist-cnn differs from fmnist in the network only (the MAN CNN at LeNet-5 widths), so the two reports
     contrast an MLP and a CNN under one protocol."""
-    cnn = plan("man-tables", "fmnist-cnn", runs_dir=tmp_path)
-    mlp = plan("man-tables", "fmnist", runs_dir=tmp_path)
+    cnn = plan(Selection("man-tables", "fmnist-cnn"), runs_dir=tmp_path)
+    mlp = plan(Selection("man-tables", "fmnist"), runs_dir=tmp_path)
     assert len(cnn) == len(mlp) == 72
     for c, m in zip(cnn, mlp):
         assert c.settings["model"] == "cifar-cnn" and c.settings["model_args"] == {"channels": [6, 16],
@@ -297,8 +299,8 @@ def test_methods_runs_only_the_named_rows(tmp_path, reports_undrawn):
     reproduction; an unknown name is one line listing the table's rows, before any run folder exists."""
     from flatfl.report.records import method_label
 
-    every = plan("man-tables", "tiny", runs_dir=tmp_path)
-    some = plan("man-tables", "tiny", runs_dir=tmp_path, methods="fedavg, FedSpeed+MAN")
+    every = plan(Selection("man-tables", "tiny"), runs_dir=tmp_path)
+    some = plan(Selection("man-tables", "tiny", methods="fedavg, FedSpeed+MAN"), runs_dir=tmp_path)
     assert {method_label(_cfg(t).to_dict()) for t in some} == {"FedAvg", "FedSpeed+MAN"}
     assert len(some) == 4  # 2 rows x 2 deltas x seed 0
     full = _by_name(every)
@@ -363,7 +365,7 @@ def test_a_restricted_reproduction_never_replaces_a_fuller_report(tmp_path, monk
 
     monkeypatch.setattr(rep, "REPORTS_DIR", tmp_path / "reports")
     full = tmp_path / "reports" / "man-tables-tiny"
-    _fake_full_report(full, [t.name for t in plan("man-tables", "tiny", runs_dir=tmp_path / "runs")])
+    _fake_full_report(full, [t.name for t in plan(Selection("man-tables", "tiny"), runs_dir=tmp_path / "runs")])
     before = {p.name: p.read_bytes() for p in full.iterdir()}
     runs = tmp_path / "runs"
     args = ["reproduce", "man-tables", "--preset", "tiny", "--runs-dir", str(runs), "--threads", "1", "--workers", "1",
@@ -402,7 +404,7 @@ def test_what_would_stop_a_reproduction_is_refused_before_any_run_trains(tmp_pat
     """A file of the user's under a name the report writes, or a folder in a run's place that is not that run
     (one with a config.json of its own): one line before anything trains, the user's files untouched."""
     runs, out = tmp_path / "runs", tmp_path / "rep"
-    names = [t.name for t in plan("man-tables", "tiny", runs_dir=runs, methods="FedAvg")]
+    names = [t.name for t in plan(Selection("man-tables", "tiny", methods="FedAvg"), runs_dir=runs)]
     if where.startswith("a report.md"):
         out.mkdir()
         (out / "report.md").write_text("my notes\n")

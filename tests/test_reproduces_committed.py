@@ -59,12 +59,12 @@ def rerun_slice(tmp: Path, names=SLICE_RUNS) -> tuple[Path, float]:
     """Train and analyse the quick preset's runs ``names`` as ``flatfl reproduce man-tables --preset quick`` does,
     into ``tmp``, and write their report; returns (the report folder, seconds)."""
     from flatfl.report import build_report
-    from flatfl.reproduce import REPRODUCE_THREADS, plan
+    from flatfl.reproduce import REPRODUCE_THREADS, RunOptions, Selection, plan
     from flatfl.sweep import run_tasks
 
     start = time.perf_counter()
-    tasks = [t for t in plan("man-tables", "quick", runs_dir=tmp / "runs", methods=",".join(PAIR),
-                             threads=REPRODUCE_THREADS)
+    tasks = [t for t in plan(Selection("man-tables", "quick", methods=",".join(PAIR)),
+                             RunOptions(threads=REPRODUCE_THREADS), runs_dir=tmp / "runs")
              if t.name in names]
     assert sorted(t.name for t in tasks) == sorted(names)
     records = run_tasks(tasks)
@@ -99,10 +99,10 @@ def test_the_feddc_pair_of_the_quick_preset_gives_the_committed_row_means(tmp_pa
     """``flatfl reproduce man-tables --preset quick --methods FedDC,FedDC+MAN`` into tmp_path: its man-table2.csv
     row means equal the committed ones within 1e-6 relative."""
     from flatfl.executors import LocalExecutor
-    from flatfl.reproduce import reproduce
+    from flatfl.reproduce import Selection, reproduce
 
-    summary = reproduce("man-tables", "quick", out=tmp_path / "report", runs_dir=tmp_path / "runs",
-                        methods=",".join(PAIR), executor=LocalExecutor(2))  # one thread a run: the same numbers
+    summary = reproduce(Selection("man-tables", "quick", methods=",".join(PAIR)), out=tmp_path / "report",
+                        runs_dir=tmp_path / "runs", executor=LocalExecutor(2))  # one thread a run: the same numbers
     print(f"the FedDC pair took {summary['seconds']:.0f} s")
     assert not summary["failed"], summary["failed"]
 

@@ -115,11 +115,11 @@ def test_computing_in_sets_and_restores_the_default_type():
 
 
 def test_the_cpu_presets_run_in_float64_and_the_paper_presets_in_float32(tmp_path):
-    from flatfl.reproduce import plan
+    from flatfl.reproduce import RunOptions, Selection, plan
 
-    def precisions(target, preset, **kw):
+    def precisions(target, preset, precision=None):
         return {RunConfig(**{k: v for k, v in t.settings.items()}).validate().precision
-                for t in plan(target, preset, runs_dir=tmp_path, **kw)}
+                for t in plan(Selection(target, preset), RunOptions(precision=precision), runs_dir=tmp_path)}
 
     for target, preset in [("man-tables", "quick"), ("man-tables", "fmnist"), ("man-tables", "fmnist-cnn"),
                            ("sam-family", "quick"), ("fedalign-table1", "quick")]:
@@ -128,7 +128,7 @@ def test_the_cpu_presets_run_in_float64_and_the_paper_presets_in_float32(tmp_pat
         assert precisions(target, "paper") == {"float32"}, target
     assert precisions("man-tables", "quick", precision="float32") == {"float32"}
     with pytest.raises(ConfigError, match="--precision"):
-        plan("man-tables", "quick", runs_dir=tmp_path, precision="float16")
+        plan(Selection("man-tables", "quick"), RunOptions(precision="float16"), runs_dir=tmp_path)
 
 
 def test_sweep_precision_sets_every_run_and_refuses_a_per_run_precision(tmp_path):

@@ -166,14 +166,14 @@ def test_sweep_tasks_track_and_the_report_draws_the_series(tmp_path):
 
 
 def test_reproduce_passes_the_tracking_through():
-    from flatfl.reproduce import plan
+    from flatfl.reproduce import RunOptions, Selection, plan
 
-    quick = plan("man-table2", "quick", seeds=(0,), runs_dir="/tmp/x")
+    quick = plan(Selection("man-table2", "quick", seeds=(0,)), runs_dir="/tmp/x")
     assert {t.settings["track_hessian"] for t in quick} == {10}
-    assert {t.settings["track_hessian"] for t in plan("man-table2", "quick", seeds=(0,), runs_dir="/tmp/x",
-                                                      track_hessian=0)} == {0}
+    assert {t.settings["track_hessian"] for t in plan(Selection("man-table2", "quick", seeds=(0,)),
+                                                      RunOptions(track_hessian=0), runs_dir="/tmp/x")} == {0}
     with pytest.raises(ConfigError, match="--track-hessian must be an integer >= 0"):
-        plan("man-table2", "quick", seeds=(0,), runs_dir="/tmp/x", track_hessian=-2)
+        plan(Selection("man-table2", "quick", seeds=(0,)), RunOptions(track_hessian=-2), runs_dir="/tmp/x")
 
 
 def test_tracked_trace_meets_its_target_or_is_marked_unresolved(tmp_path):

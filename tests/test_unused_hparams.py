@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from flatfl.cli import main
 from flatfl.train.config import RunConfig, build_config, read_settings_file
 from flatfl.errors import ConfigError
-from flatfl.reproduce import plan
+from flatfl.reproduce import Selection, plan
 from flatfl.sweep import expand_grid
 from flatfl.train.components import ALGORITHMS, LOCAL_OPTIMIZERS, REGULARIZERS
 
@@ -92,7 +92,7 @@ def test_grid_file_names_the_run(tmp_path):
 @pytest.mark.parametrize("target", ["man-tables", "fedalign-table1"])
 @pytest.mark.parametrize("preset", ["tiny", "quick", "paper"])
 def test_reproduce_presets_set_only_used_settings(target, preset):
-    for task in plan(target, preset):
+    for task in plan(Selection(target, preset)):
         cfg = build_config({}, task.settings)  # would raise on an unused setting
         algo_cls = ALGORITHMS.get_class(cfg.algo)
         pieces = (algo_cls, LOCAL_OPTIMIZERS.get_class(algo_cls.local_optimizer(cfg.local_opt)),

@@ -42,9 +42,12 @@ Your own model, PyHessian's calls with the import changed (:mod:`flatfl.analysis
   and refuses anything else in one line. ``products="finite-difference"``: central differences of gradients, for
   an operation without a second derivative.
 * :class:`GGNOperator` and :class:`EmpiricalFisherOperator`, the same arguments: the generalized Gauss-Newton
-  matrix and the empirical Fisher of the same loss (:mod:`flatfl.analysis.operators.curvatures`);
-  :func:`curvature_operator` ``(curvature, model, batches, *, loss_fn, loss, params, mode, products, ...)`` builds
-  the one named (``"hessian"``, ``"ggn"``, ``"empirical-fisher"``).
+  matrix and the empirical Fisher of the same loss (:mod:`flatfl.analysis.operators.curvatures`), siblings of
+  :class:`HessianOperator` on the curvature base :class:`LossCurvature` (its contract:
+  :mod:`flatfl.analysis.operators.loss_curvature`); :func:`curvature_operator` ``(curvature, model, batches, *,
+  loss_fn, loss, params, mode, products, ...)`` builds the one named (``"hessian"``, ``"ggn"``,
+  ``"empirical-fisher"`` or any kind registered: the decorator :func:`curvature_kind` or
+  :func:`register_curvature`, :mod:`flatfl.analysis.operators.kinds`, giving a :class:`CurvatureKind`).
 * :func:`top_eigenvalues` ``(op, k, *, tol=1e-3, seed=0, return_vectors=False, basis_size=None, block_size=None,
   max_hvps=None, exact_residuals=False) -> EigenResult``: thick-restart block Lanczos, largest algebraic; repeated
   eigenvalues checked for more copies (``info["multiplicity"]``).
@@ -86,7 +89,9 @@ import importlib
 _NAMES = {
     "operators.linear_operator": ("CurvatureOperator", "FunctionOperator", "MatrixOperator", "as_operator"),
     "operators.hessian": ("HessianOperator",),
-    "operators.curvatures": ("EmpiricalFisherOperator", "GGNOperator", "curvature_operator"),
+    "operators.curvatures": ("EmpiricalFisherOperator", "GGNOperator"),
+    "operators.loss_curvature": ("LossCurvature", "curvature_operator"),
+    "operators.kinds": ("CurvatureKind", "curvature_kind", "register_curvature"),
     "operators.batches": ("as_batches",),
     "operators.second_order": ("SecondDerivativeError",),
     "estimators.registry": ("Estimator", "register_estimator"),
@@ -115,6 +120,10 @@ __all__ = [
     "GGNOperator",
     "EmpiricalFisherOperator",
     "curvature_operator",
+    "LossCurvature",
+    "CurvatureKind",
+    "curvature_kind",
+    "register_curvature",
     "MatrixOperator",
     "FunctionOperator",
     "CurvatureOperator",

@@ -62,7 +62,8 @@ from .estimators.density import DensityResult, spectral_density
 from .estimators.eigen import EigenResult
 from .estimators.by_name import estimate_eigenvalues, estimate_trace
 from .operators.batches import as_batches
-from .operators.curvatures import curvature_operator
+from .operators.kinds import kind_of
+from .operators.loss_curvature import curvature_operator
 from .estimators.per_layer import PerLayerResult, per_layer_curvature
 from .estimators.power import power_iteration
 from .estimators.trace import TraceResult, hutchpp_trace, pyhessian_trace
@@ -85,7 +86,7 @@ def _check_cuda(cuda) -> None:
 
 
 def _operator(model, batches, criterion, loss, mode: str, curvature: str, products: str):
-    """The curvature operator of the API (:func:`~flatfl.analysis.operators.curvatures.curvature_operator`): under torchrun
+    """The curvature operator of the API (:func:`~flatfl.analysis.operators.loss_curvature.curvature_operator`): under torchrun
     (several ranks), this rank's shard of the batches with its products all-reduced
     (:mod:`flatfl.analysis.operators.distributed`), the process group started on the model's device; else the plain operator."""
     from ..utils import ranks
@@ -132,6 +133,7 @@ class ModelHessian:
     def __init__(self, model, criterion: Callable | None = None, data=None, dataloader=None, cuda: bool | None = None,
                  *, loss: Callable | None = None, mode: str = "eval", seed: int = DEFAULTS.seed,
                  curvature: str = DEFAULTS.curvature, products: str = DEFAULTS.products) -> None:
+        kind_of(curvature).check_products(products)  # a registered curvature, before any data is read
         if (data is None) == (dataloader is None):
             raise ConfigError("give the data once: data=(inputs, targets) (or a list of batches), or "
                               "dataloader=a DataLoader")

@@ -113,9 +113,8 @@ Examples:
               help="recompute each residual ||Hv - lambda v|| with one more HVP (without it, Lanczos reports the "
               "residual of its recurrence: an estimate that can understate the true one by orders of magnitude)")
 @click.option("--curvature", default=HESSIAN_DEFAULTS.curvature, show_default=True,
-              help=f"{' | '.join(CURVATURES)}: the matrix measured: the Hessian, the generalized Gauss-Newton matrix (J^T H_out J: positive "
-              "semi-definite, the Fisher for cross-entropy) or the empirical Fisher (mean of per-sample gradient "
-              "outer products)")
+              help=f"{' | '.join(CURVATURES)}: the matrix measured: "
+              + "; ".join(f"{kind.name}: {kind.description}" for kind in CURVATURES.values()))
 @click.option("--products", default=HESSIAN_DEFAULTS.products,
               show_default=True, help=f"{' | '.join(PRODUCT_METHODS)}: how Hessian products are computed (auto: forward-over-reverse on CUDA, "
               "double backward elsewhere; finite-difference: two gradients per product, for operations torch cannot "

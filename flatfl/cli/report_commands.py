@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import click
@@ -44,7 +45,7 @@ Examples:
 @click.option("--device", default="cpu", show_default=True, help="--compute-missing: cpu | cuda | cuda:N | mps")
 @threads_option
 @friendly_errors
-def report(run_dirs, out, tables, model, compute_missing, top, density, samples, method, device, threads):
+def report(run_dirs, out, tables, model, threads, compute_missing, device, **hessian):
     """Tables (CSV, Markdown) and one PDF from run directories, with the papers' values beside ours.
 
     RUN_DIRS: run folders (or folders holding runs), or else one runs.csv (a file named *.csv: an earlier report's,
@@ -56,12 +57,13 @@ def report(run_dirs, out, tables, model, compute_missing, top, density, samples,
     with them fill the table, and --compute-missing computes them (into a folder of their own where an analysis
     with other settings exists)."""
     from ..report import build_report
+    from ..report.pipeline import AnalysesAsked
 
     apply_threads(threads)
-    hessian = {k: v for k, v in {"top": top, "density": density, "samples": samples, "method": method}.items()
-               if v is not None}
-    summary = build_report(list(run_dirs), out, tables=list(tables) or None, compute_missing=compute_missing,
-                           hessian=hessian, device=device, echo=click.echo, model=model)
+    asked = {k: hessian[k] for k in ("top", "density", "samples", "method") if hessian[k] is not None}
+    analyses = AnalysesAsked(asked, compute_missing, device)  # the Hessian settings asked for, computed if missing
+    summary = build_report(list(run_dirs), out, tables=list(tables) or None, analyses=analyses, echo=click.echo,
+                           model=model)
     echo_summary(summary, out)
 
 
@@ -71,6 +73,8 @@ def echo_summary(summary: dict, out) -> None:
     for key, counts in summary["directions"].items():
         for metric, c in counts.items():
             click.echo(f"{key}: {counts_line(metric, c)}")
+    for sentence in summary.get("headline") or []:  # what the tables found, as the report's first page says it
+        click.echo(sentence)
     for line in summary.get("notices", []):
         if not line.startswith("computed for"):  # those were echoed as they happened
             click.echo(f"notice: {line}", err=True)
@@ -143,6 +147,31 @@ def _default_seeds_text() -> str:
                      for seeds, names in by_seeds.items())
 
 
+@dataclass(frozen=True)
+class Execution:
+    """How the runs of a sweep or a reproduction execute, as the options of :func:`_executor_options` say: where
+    (``executor``: 'local' processes or 'ray'), how many at once (``workers``; None: the CPU cores), torch
+    ``threads`` per run (None: the command's default), and for Ray the cluster (``ray_address``) and the GPUs per
+    run (``gpus_per_task``)."""
+    executor: str = "local"
+    workers: int | None = None
+    threads: int | None = None
+    ray_address: str | None = None
+    gpus_per_task: float = 0
+
+    @classmethod
+    def taken_from(cls, options: dict) -> "Execution":
+        """The execution options, taken out of a command's ``options``."""
+        return cls(**{f.name: options.pop(f.name) for f in fields(cls)})
+
+    def make_executor(self):
+        """The executor (:func:`flatfl.executors.make_executor`, which checks the options)."""
+        from ..executors import make_executor
+
+        return make_executor(self.executor, workers=self.workers, address=self.ray_address,
+                             gpus_per_task=self.gpus_per_task)
+
+
 def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (default: 1 on <= 2 cores, else the idle cores / workers)"):
     fn = click.option("--gpus-per-task", type=float, default=0, show_default=True, help="Ray: GPUs per run (e.g. 1 or 0.5)")(fn)
     fn = click.option("--ray-address", default=None, help="Ray: attach to this cluster (default $RAY_ADDRESS, else a local Ray)")(fn)
@@ -176,12 +205,10 @@ def _executor_options(fn, threads_help="torch threads per run, an integer >= 1 (
 @functools.partial(_executor_options, threads_help="torch threads per run, an integer >= 1 (default: 1 whatever the "
                    "machine, since the thread count changes the numbers; recorded in each run's config.json)")
 @friendly_errors
-def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, track_hessian, methods, precision,
-              executor, workers, threads, ray_address, gpus_per_task):
+def reproduce(target, preset, seeds, methods, model, out, runs_dir, **options):
     """Train, analyse and report one paper table: MAN Table 2 / Table 6, FedAlign Table 1, or the SAM family."""
     from ..errors import ConfigError
-    from ..executors import make_executor
-    from ..reproduce import reproduce as run_reproduction
+    from ..reproduce import RunOptions, Selection, reproduce as run_reproduction
 
     try:
         seed_list = None if seeds is None else tuple(int(s) for s in seeds.split(",") if s.strip())
@@ -189,13 +216,14 @@ def reproduce(target, preset, out, runs_dir, seeds, device, data_dir, model, tra
         raise ConfigError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     from ..utils.threads import check_threads
 
-    check_threads(threads)
-    ex = make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
+    execution = Execution.taken_from(options)
+    check_threads(execution.threads)
+    ex = execution.make_executor()
+    selection = Selection(target, preset, seed_list, methods, model)
+    runs = RunOptions(threads=execution.threads, **options)  # --device, --data-dir, --track-hessian, --precision
     with _runs_kept_on_interrupt():
-        summary = run_reproduction(target, preset, out=out, runs_dir=runs_dir, executor=ex, seeds=seed_list,
-                                   device=device, data_dir=data_dir, threads=threads, echo=click.echo, model=model,
-                                   track_hessian=track_hessian, methods=methods, progress_bar=sys.stderr.isatty(),
-                                   precision=precision)
+        summary = run_reproduction(selection, runs, out=out, runs_dir=runs_dir, executor=ex, echo=click.echo,
+                                   progress_bar=sys.stderr.isatty())
     report_dir = summary.get("out") or out
     echo_summary(summary, report_dir)
     tasks = summary.get("tasks") or []
@@ -240,15 +268,15 @@ grid.toml:
               "type: float32 | float64 (default: the file's 'precision', else float32)")
 @_executor_options
 @friendly_errors
-def sweep(grid_file, out, dry_run, precision, executor, workers, threads, ray_address, gpus_per_task):
+def sweep(grid_file, out, dry_run, precision, **options):
     """Run a grid of trainings (and analyses) from a TOML/YAML file; resumable, finished runs skipped."""
-    from ..executors import make_executor
     from ..sweep import run_sweep
 
-    ex = None if dry_run else make_executor(executor, workers=workers, address=ray_address, gpus_per_task=gpus_per_task)
+    execution = Execution(**options)
+    ex = None if dry_run else execution.make_executor()
     with _runs_kept_on_interrupt():
-        records = run_sweep(grid_file, executor=ex, out=out, threads=threads, dry_run=dry_run, echo=click.echo,
-                            precision=precision)
+        records = run_sweep(grid_file, executor=ex, out=out, threads=execution.threads, dry_run=dry_run,
+                            echo=click.echo, precision=precision)
     if dry_run:
         return
     failed = [r for r in records if r.get("error")]

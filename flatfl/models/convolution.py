@@ -8,7 +8,10 @@ whole batch (a batched one per group for grouped convolutions): the weight as an
 times the input's sliding windows (``Tensor.unfold`` of the input viewed channels-first, copied once into a
 (channels x kernel, samples x positions) matrix). Its first and second derivatives are again matrix products and window sums,
 so the whole product runs on the BLAS matrix product. It differs from torch's convolution only in the order of
-the floating-point sums (about 1e-16 relative); its output is an (N, out, H, W) view of an (out, N, H, W) tensor.
+the floating-point sums (about 1e-16 relative). An ungrouped convolution with even padding (the common case) takes
+its windows from ``F.unfold`` (torch's own im2col, whose derivative is its col2im) and returns a contiguous
+(N, out, H, W) tensor, faster in a Hessian-vector product than windows from ``Tensor.unfold`` with a transposed
+output (docs/performance.md, "float64 on the CPU"); other convolutions take those windows and return an (N, out, H, W) view of an (out, N, H, W) tensor.
 
 :func:`matmul_convolutions` is the context in which every eligible ``torch.conv2d`` / ``F.conv2d`` call (float64
 input and weight on the CPU, which is what the CPU presets train and analyse in) is computed so, for any
@@ -63,6 +66,8 @@ def conv2d_as_matmul(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     sh, sw = _pair(stride, "stride")
     dh, dw = _pair(dilation, "dilation")
     top, bottom, left, right = _padding(padding, (kh, kw), (dh, dw))
+    if groups == 1 and top == bottom and left == right:
+        return _unfolded_conv2d(input, weight, bias, (sh, sw), (top, left), (dh, dw))
     x = input.transpose(0, 1)  # C, N, H, W (a view)
     if top or bottom or left or right:
         x = F.pad(x, (left, right, top, bottom))
@@ -81,6 +86,21 @@ def conv2d_as_matmul(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         if bias is not None:
             out = out + bias.unsqueeze(1)
     return out.view(out_ch, n, ho, wo).transpose(0, 1)
+
+
+def _unfolded_conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: tuple[int, int],
+                     padding: tuple[int, int], dilation: tuple[int, int]) -> torch.Tensor:
+    """An ungrouped, evenly padded convolution of a batched input as one matrix product over ``F.unfold``'s windows,
+    the output a contiguous (N, out, Ho, Wo) tensor."""
+    n, _, h, w = input.shape
+    out_ch, c, kh, kw = weight.shape
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    windows = F.unfold(input, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # N, C x kh x kw, Ho x Wo
+    cols = windows.transpose(0, 1).reshape(c * kh * kw, n * ho * wo)  # the one copy of the windows
+    flat = weight.reshape(out_ch, c * kh * kw)
+    out = flat @ cols if bias is None else torch.addmm(bias.unsqueeze(1), flat, cols)
+    return out.view(out_ch, n, ho, wo).transpose(0, 1).contiguous()
 
 
 def eligible(args: tuple, kwargs: dict) -> bool:

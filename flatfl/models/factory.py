@@ -19,7 +19,7 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import ConfigError
-from ..utils.user_code import user_code
+from ..utils.user_code import guard_forward, user_code
 
 __all__ = ["check_factory_name", "import_function", "model_from_factory", "check_recorded_factory"]
 
@@ -126,7 +126,8 @@ def model_from_factory(spec: str) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise ConfigError(f"--model-factory {spec}: {func_name}() returned a {type(model).__name__}, "
                           "not a torch.nn.Module")
-    return model
+    # what its forward changes of the process (folder, grad mode, streams) put back after every call
+    return guard_forward(model, f"the network of --model-factory {spec}")
 
 
 def check_recorded_factory(spec, source: str) -> str:

@@ -64,7 +64,16 @@ class LayerAdapter(Protocol):
     def __call__(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor: ...
 
 
-class StackedConv2d(Slimmable, nn.Module):
+class _StackedLayer(Slimmable):
+    """What every stacked layer holds besides its weights: its width (1.0 until a piece slims the network) and its
+    :class:`LayerAdapter` slot (None: the layer's own computation), set by :meth:`_start_slots`."""
+
+    def _start_slots(self) -> None:
+        self.width = 1.0
+        self.adapter: LayerAdapter | None = None
+
+
+class StackedConv2d(_StackedLayer, nn.Module):
     """N convolutions as one grouped convolution; weight (N*out, in/groups, kh, kw). At width w < 1 (a slimmable
     source layer) each client's convolution uses the leading ceil(w*C) of its channels, as the slimmable layer."""
 
@@ -75,8 +84,7 @@ class StackedConv2d(Slimmable, nn.Module):
         self.weight = nn.Parameter(conv.weight.detach().repeat(n, 1, 1, 1))
         self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().repeat(n))
         self.slim_in, self.slim_out = _slim_sides(conv)
-        self.width = 1.0
-        self.adapter: LayerAdapter | None = None
+        self._start_slots()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.adapter is not None:
@@ -90,7 +98,7 @@ class StackedConv2d(Slimmable, nn.Module):
         return F.conv2d(x, w.reshape(n * n_out, *w.shape[2:]), bias, self.stride, self.padding, self.dilation, n)
 
 
-class StackedLinear(Slimmable, nn.Module):
+class StackedLinear(_StackedLayer, nn.Module):
     """N linear layers as one batched product; weight (N, out, in), bias (N, out); input (B, N*in) or (B, N, in),
     output (B, N, out).
 
@@ -106,8 +114,7 @@ class StackedLinear(Slimmable, nn.Module):
         self.weight = nn.Parameter(linear.weight.detach().unsqueeze(0).repeat(n, 1, 1))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().unsqueeze(0).repeat(n, 1))
         self.slim_in, self.slim_out = _slim_sides(linear)
-        self.width = 1.0
-        self.adapter: LayerAdapter | None = None
+        self._start_slots()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.adapter is not None:
@@ -132,7 +139,7 @@ class StackedLinear(Slimmable, nn.Module):
         return out.permute(2, 0, 1)  # (B, N, out)
 
 
-class StackedGroupNorm(Slimmable, nn.Module):
+class StackedGroupNorm(_StackedLayer, nn.Module):
     """N GroupNorms of G groups over C channels as one of N*G groups over N*C channels (at width w < 1: over each
     client's leading ceil(w*C) channels, G groups still)."""
 
@@ -142,8 +149,7 @@ class StackedGroupNorm(Slimmable, nn.Module):
         self.weight = None if norm.weight is None else nn.Parameter(norm.weight.detach().repeat(n))
         self.bias = None if norm.bias is None else nn.Parameter(norm.bias.detach().repeat(n))
         self.slim = isinstance(norm, Slimmable)
-        self.width = 1.0
-        self.adapter: LayerAdapter | None = None
+        self._start_slots()
 
     def check_width(self, width: float) -> float:
         """Validate ``width`` as the slimmable GroupNorm does (its channels must split into groups)."""
@@ -164,7 +170,7 @@ class StackedGroupNorm(Slimmable, nn.Module):
         return F.group_norm(x, self.num_groups * n, weight, bias, self.eps)
 
 
-class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
+class StackedBatchNorm2d(_StackedLayer, nn.BatchNorm2d):
     """N BatchNorms as one over N*C channels: batch statistics and running statistics per client. At width w < 1
     (a slimmable source layer) each client's leading ceil(w*C) channels, normalised as the slimmable layer does
     (batch statistics in training, running statistics untouched)."""
@@ -173,8 +179,7 @@ class StackedBatchNorm2d(Slimmable, nn.BatchNorm2d):
         super().__init__(norm.num_features * n, norm.eps, norm.momentum, norm.affine, norm.track_running_stats)
         self.per_client = norm.num_features
         self.slim = isinstance(norm, Slimmable)
-        self.width = 1.0
-        self.adapter: LayerAdapter | None = None
+        self._start_slots()
         with torch.no_grad():
             if norm.affine:
                 self.weight.copy_(norm.weight.repeat(n))

@@ -55,7 +55,8 @@ PRESETS = {
         "run": dict(dataset="digits", model="digits-cnn", clients=20, participation=0.5, sampling="bernoulli",
                     partition="dirichlet", rounds=30, local_epochs=2, batch_size=50, lr=0.1, lr_decay=0.998,
                     weight_decay=1e-3, clip=10.0, eval_every=5, checkpoint_every=10, precision=CPU_PRECISION,
-                    track_hessian=10),  # the server model's curvature at rounds 10, 20 and 30
+                    track_hessian=10,  # the server model's curvature at rounds 10, 20 and 30
+                    parallel_clients="all"),  # a round's clients stacked: 1.2-1.4x faster here (docs/performance.md)
         "hessian": dict(top=1, method="lanczos", tol=1e-3, trace=True, trace_method="hutchpp", trace_hvps=60,
                         trace_rtol=None, samples=None, batch_size=512),  # a budget: 1% is out of reach
         "spectrum": dict(top=50, method="lanczos", tol=1e-3, trace=False, density=True, density_steps=80,

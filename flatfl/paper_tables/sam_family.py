@@ -1,12 +1,12 @@
 """The SAM family's curvature, side by side: FedSAM, FedASAM, MoFedSAM, FedSpeed and the methods that came after the
-source papers (FedSMOO, FedGAMMA, FedLESAM, FedGloSS, FedWMSAM, FedNSAM), each with and without MAN, against FedAvg,
-Dirichlet delta 0.3 (top Hessian eigenvalue, trace, lambda_1/lambda_5, accuracy; the presets' Hessian asks for five
-eigenvalues so that the ratio is there).
+source papers (FedSMOO, FedGAMMA, FedLESAM, FedGloSS, FedWMSAM, FedNSAM, FedGMT, FedScar), each with and without
+MAN, against FedAvg, Dirichlet delta 0.3 (top Hessian eigenvalue, trace, lambda_1/lambda_5, accuracy; the presets'
+Hessian asks for five eigenvalues so that the ratio is there).
 
 No paper publishes this table; the MAN paper's values for the rows it has (FedAvg, FedSAM and FedSAM+MAN in its
 Table 2; FedASAM, FedSpeed and their +MAN rows in its supplementary Table 6; CIFAR-100) stand beside ours
 (``also_tables``), and give the direction of those rows' comparisons. The others' rules: docs/update-rules.md
-§7-§10 and §23-§29.
+§7-§10 and §23-§31.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .man_common import MAN_ACCURACIES, MAN_CODE, PRESETS as MAN_PRESETS, pair
 from .table_spec import Method, PaperTable, TableSpec, with_reg
 
 BASES = ("FedSAM", "FedASAM", "MoFedSAM", "FedSpeed", "FedSMOO", "FedGAMMA", "FedLESAM", "FedGloSS", "FedWMSAM",
-         "FedNSAM")
+         "FedNSAM", "FedGMT", "FedScar")
 
 SPEC = TableSpec(
     key="sam-family", source=None, table=None,
@@ -46,7 +46,9 @@ TABLE = PaperTable(
              + pair("FedLESAM", {"algo": "fedlesam"})
              + pair("FedGloSS", {"algo": "fedgloss"})
              + pair("FedWMSAM", {"algo": "fedwmsam"})
-             + pair("FedNSAM", {"algo": "fednsam"})),
+             + pair("FedNSAM", {"algo": "fednsam"})
+             + pair("FedGMT", {"algo": "fedgmt"})
+             + pair("FedScar", {"algo": "fedscar"})),
     code_followed={
         "FedSAM": "fedMAN man_code_sam SAM minimiser: flatfl's SAM (as in MAN Table 2)",
         "FedASAM": "fedMAN man_code_sam ASAM minimiser: flatfl's ASAM (as in MAN Table 6)",
@@ -59,5 +61,9 @@ TABLE = PaperTable(
         "FedWMSAM": "the FedWMSAM authors' code (client/fedwmsam.py, optimizer/WMSAM.py, server/FedWMSAM.py); each "
                     "entry of the perturbation from its own entry of the direction (no g_update[idx] indexing)",
         "FedNSAM": "the FedNSAM authors' code (main_FedNSAM.py: update_NSAM, apply_weights_avgACG)",
+        "FedGMT": "the FedGMT authors' code, harrylee999/FL-SAM (system/flcore/clients/clientgmt.py, "
+                  "system/flcore/servers/servergmt.py)",
+        "FedScar": "the FedScar authors' code, Ultraman6/FedScar (system/flcore/clients/clientscar.py, "
+                   "system/flcore/servers/serverscar.py, system/utils/optim_utils.py: ESAM)",
         **MAN_CODE},
 )

@@ -25,6 +25,7 @@ contrast (:mod:`.folder_kinds`), whose forest plot shares the report's file name
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -48,7 +49,7 @@ from .run_checks import check_runs_belong_together, version_notices
 from .records import find_run_dirs, load_run
 from .results import table_result
 
-__all__ = ["build_report", "report_files"]
+__all__ = ["build_report", "report_files", "AnalysesAsked"]
 
 #: the files every report writes, whatever its layouts
 _ALWAYS = ("runs.csv", "report.md", "effects.png", "effects.pdf", "report.pdf", "summary.json")
@@ -105,8 +106,32 @@ def _write_effects(out: Path, results, ours_scale: str):
     return fig
 
 
-def _write_pdf(out: Path, records, results, ours_scale: str, sections, title: str, stamp: str,
-               specs, effects) -> list[str]:
+@dataclass(frozen=True)
+class AnalysesAsked:
+    """The analyses a report asks of its runs: the Hessian settings its numbers must be made with (``hessian``:
+    ``top``, ``density``, ``samples``, ``method``; none asked: any), and whether the missing ones are computed
+    (``compute_missing``), on which ``device`` and with which H_N / H_D settings (``clients``; defaults
+    :data:`~.missing.DEFAULT_HESSIAN`, :data:`~.missing.DEFAULT_CLIENTS`)."""
+    hessian: dict = field(default_factory=dict)
+    compute_missing: bool = False
+    device: str = "cpu"
+    clients: dict | None = None
+
+
+@dataclass(frozen=True)
+class _TitlePage:
+    """The PDF's title page: the report's ``title``, when it was made (``stamp``, its footer) and the ``sections``
+    it lists, the contents last."""
+    title: str
+    stamp: str
+    sections: list
+
+    def figure(self, titles: list[str]):
+        return figure_pages.text_page(self.title, [*self.sections, ("Contents", contents(titles))],
+                                      footer=f"flatfl report, {self.stamp}")
+
+
+def _write_pdf(out: Path, records, results, ours_scale: str, specs, effects, title_page: _TitlePage) -> list[str]:
     """report.pdf: the forest plot of every comparison (``effects``), the title page (drawn last, with the
     contents), each layout's pages, the other runs', every run. Returns the pages' titles."""
     pages = [(effects, "effects"), (None, "summary")]
@@ -115,16 +140,16 @@ def _write_pdf(out: Path, records, results, ours_scale: str, sections, title: st
     pages += other_pages([r for r in records if not any(fills(s, r) for s in specs)], ours_scale)
     pages += run_pages(run_rows(records))
     titles = [name for _, name in pages]
-    sections.append(("Contents", contents(titles)))
-    pages[1] = (figure_pages.text_page(title, sections, footer=f"flatfl report, {stamp}"), "summary")
+    pages[1] = (title_page.figure(titles), "summary")
     n_pages = pdf.write_pdf([fig for fig, _ in pages], out / "report.pdf")
     assert n_pages == len(titles)
     return titles
 
 
-def _from_run_folders(paths, out: Path, tables, model, asked: dict, compute_missing: bool, clients, device, echo):
-    """The records of the run folders under ``paths`` (the missing analyses computed when asked), the layouts,
-    the notices and what is missing."""
+def _from_run_folders(paths, out: Path, tables, model, analyses: AnalysesAsked, echo):
+    """The records of the run folders under ``paths`` (the missing analyses computed when ``analyses`` asks), the
+    layouts, the notices and what is missing."""
+    asked, compute_missing, device = analyses.hessian, analyses.compute_missing, analyses.device
     run_dirs = find_run_dirs(paths)
     records = [load_run(d) for d in run_dirs]
     check_runs_belong_together(records)
@@ -137,7 +162,7 @@ def _from_run_folders(paths, out: Path, tables, model, asked: dict, compute_miss
     problems: list[str] = []
     if compute_missing:
         problems, done = compute_analyses(records, specs, dict(DEFAULT_HESSIAN, **asked, device=device), asked,
-                                          dict(DEFAULT_CLIENTS, **(clients or {}), device=device), echo)
+                                          dict(DEFAULT_CLIENTS, **(analyses.clients or {}), device=device), echo)
         notices += done
         records = _read(run_dirs, model_of, accept)
     notices += pick_clients(records, specs)
@@ -161,26 +186,27 @@ def _from_runs_csv(source: Path, out: Path, tables, model):
 
 
 @locks_output  # one writer per report folder
-def build_report(paths, out, *, tables=None, compute_missing: bool = False, hessian: dict | None = None,
-                 clients: dict | None = None, device: str = "cpu", title: str = "flatfl report",
+def build_report(paths, out, *, tables=None, analyses: AnalysesAsked | None = None, title: str = "flatfl report",
                  echo: Callable[[str], None] | None = None, model: str | None = None, rows=None) -> dict:
     """Write the report of the runs under ``paths`` into ``out``; returns the summary (also summary.json).
-    ``paths`` is run folders, or one runs.csv to re-render (:mod:`.runs_csv`; then without ``compute_missing``
-    and ``hessian``).
+    ``paths`` is run folders, or one runs.csv to re-render (:mod:`.runs_csv`; then without analyses asked for).
 
     ``tables``: layout keys ('man-table2', 'man-table6', 'man-tables', 'fedalign-table1'); None picks every layout
     that at least one run fills. ``model``: 'server' or 'clients-average', the model every row measures (accuracy
-    and Hessian); None: each layout's default (:func:`~flatfl.report.layouts.model_for`). ``hessian``: the Hessian
-    settings asked for; with ``compute_missing`` a run lacking a Hessian of its model with those settings gets one
-    (into a folder of its own when an analysis with other settings exists), without it such a run is listed as
-    missing; the table then uses only analyses with the asked settings. ``clients``: H_N / H_D settings
-    (defaults :data:`~.missing.DEFAULT_HESSIAN`, :data:`~.missing.DEFAULT_CLIENTS`). ``rows``: the row labels to
-    show (a reproduction restricted by ``--methods``; None: every row of each layout).
+    and Hessian); None: each layout's default (:func:`~flatfl.report.layouts.model_for`). ``analyses``
+    (:class:`AnalysesAsked`; None: none asked): the Hessian settings asked for; with ``compute_missing`` a run
+    lacking a Hessian of its model with those settings gets one (into a folder of its own when an analysis with
+    other settings exists), without it such a run is listed as missing; the table then uses only analyses with the
+    asked settings. ``rows``: the row labels to show (a reproduction restricted by ``--methods``; None: every row
+    of each layout).
     """
     stamp = pdf.made_at()  # checked before any work
-    asked = {k: v for k, v in (hessian or {}).items() if v is not None or k == "samples"}
+    analyses = analyses or AnalysesAsked()
+    compute_missing, device = analyses.compute_missing, analyses.device
+    asked = {k: v for k, v in (analyses.hessian or {}).items() if v is not None or k == "samples"}
     if isinstance(asked.get("method"), str):  # names are case-folded where they enter
         asked["method"] = asked["method"].strip().lower()
+    analyses = replace(analyses, hessian=asked)
     if compute_missing:  # one error line before any work, not one per run
         resolve_device(device)
     if asked or compute_missing:  # settings no analysis could have: refused, not a report of empty cells
@@ -195,8 +221,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
     # ---- records
     source = runs_csv.runs_csv_source(paths)
     if source is None:
-        records, specs, notices, missing = _from_run_folders(paths, out, tables, model, asked, compute_missing,
-                                                             clients, device, echo)
+        records, specs, notices, missing = _from_run_folders(paths, out, tables, model, analyses, echo)
     else:
         if compute_missing or asked:
             raise ConfigError(f"{source}: a runs.csv holds the analyses as they were made; --compute-missing and "
@@ -221,7 +246,7 @@ def build_report(paths, out, *, tables=None, compute_missing: bool = False, hess
         sections = title_sections(results, records, ours_scale, notices, missing)
     else:
         sections = [("Source", notices[:1])] + title_sections(results, records, ours_scale, notices[1:], missing)
-    page_titles = _write_pdf(out, records, results, ours_scale, sections, title, stamp, specs, effects)
+    page_titles = _write_pdf(out, records, results, ours_scale, specs, effects, _TitlePage(title, stamp, sections))
     report = summary(records, specs, results, notices=notices, missing=missing, pages=page_titles,
                      files=written + ["effects.png", "effects.pdf", "report.pdf"], ours_scale=ours_scale)
     report["headline"] = report_headline(results)

@@ -36,7 +36,7 @@ from .identity import run_settings
 from .over_ranks import agree_on_run
 from .network_checks import BATCH_NORMS
 from .resume import rng_state
-from .rounds import RoundDone, RoundLoop, RoundState, client_seed, sample_clients
+from .rounds import RoundDone, RoundLoop, RoundState, RunData, RunPieces, client_seed, sample_clients
 from .run_folder import (METRIC_COLUMNS, dataset_info, last_good_checkpoint, load_resume, read_run_config,
                         recover_final, save_round, save_run_data, update_training_path, write_metrics,
                         write_run_record)
@@ -157,10 +157,10 @@ class Trainer:
         self.state = RoundState.at_start(self.model, self.layout, n, parallel, why)
         self.metrics: list[dict] = []
         self.start_round, self.elapsed, self.observer_seconds = 0, 0.0, 0.0
-        self.loop = RoundLoop(self.cfg, self.state, device=self.device, ds=self.ds, partition=self.partition,
-                              label_counts=self.label_counts, augment=self.augment, model=self.model,
-                              layout=self.layout, algo=self.algo, reg=self.reg, opt_cls=self.opt_cls,
-                              opt_hp=self.opt_hp, graphs=self.graphs, observer=self.observer, log=self.log)
+        data = RunData(self.ds, self.partition, self.label_counts, self.augment)
+        pieces = RunPieces(self.model, self.layout, self.algo, self.reg, self.opt_cls, self.opt_hp)
+        self.loop = RoundLoop(self.cfg, self.state, data, pieces, device=self.device, graphs=self.graphs,
+                              observer=self.observer, log=self.log)
 
     def _resume(self) -> None:
         """The state resume.pt holds (none when the run was killed before its first checkpoint)."""

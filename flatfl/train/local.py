@@ -9,6 +9,7 @@ client's own gradient.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -67,19 +68,32 @@ class CohortData:
         return self.gather(torch.from_numpy(self.host_index(group, picks)).to(self.device))
 
 
-def train_cohort(cohort: Cohort, *, algo: Algorithm, reg: Regularizer, opt: LocalOptimizer, epochs: int,
-                 batch_size: int, steps: list[int], augment: Callable | None = None, graphs: bool = False,
+@dataclass(frozen=True)
+class LocalSchedule:
+    """The batches a cohort's clients train on: ``epochs`` shuffled epochs of batches of ``batch_size``, client k
+    taking ``steps[k]`` steps of them (:func:`batch_schedule`), each batch passed through ``augment`` (a function
+    ``(x, generator) -> x``, each client's draws from its own generator) when given."""
+
+    epochs: int
+    batch_size: int
+    steps: list[int]
+    augment: Callable | None = None
+
+
+def train_cohort(cohort: Cohort, *, algo: Algorithm, reg: Regularizer, opt: LocalOptimizer,
+                 schedule: LocalSchedule, graphs: bool = False,
                  notice: Callable[[str], None] = lambda line: None) -> torch.Tensor:
     """Run the local steps of the cohort's clients on ``cohort.network`` (already holding their start parameters).
-    Client k takes ``steps[k]`` steps of its own batches (:func:`batch_schedule`). At each step the clients that
-    still train and whose batches have one size train as one batched computation; clients that have finished, or
-    whose batch is of another size, sit out that computation (no padding, no fake samples).
+    Client k takes ``schedule.steps[k]`` steps of its own batches (:func:`batch_schedule`). At each step the
+    clients that still train and whose batches have one size train as one batched computation; clients that have
+    finished, or whose batch is of another size, sit out that computation (no padding, no fake samples).
 
     ``graphs``: the steps of every client on a full batch are captured once and replayed
-    (:class:`~flatfl.train.step_graph.GraphedSteps`; not with ``augment``); ``notice`` gets the one line saying why
-    they run eagerly instead, when they do.
+    (:class:`~flatfl.train.step_graph.GraphedSteps`; not with ``schedule.augment``); ``notice`` gets the one line
+    saying why they run eagerly instead, when they do.
 
     Returns each client's mean loss over its steps, (N,). Raises DivergenceError if one is not finite."""
+    epochs, batch_size, steps, augment = schedule.epochs, schedule.batch_size, schedule.steps, schedule.augment
     cohort.network.train()
     n = cohort.n
     dev = cohort.device

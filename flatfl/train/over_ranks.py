@@ -13,12 +13,11 @@ split or another starting model would mix its numbers into the others'.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
 from ..utils import ranks
+from ..utils.batch_walk import map_tensors
 
 __all__ = ["my_share", "exchange", "agree_on_run"]
 
@@ -46,16 +45,9 @@ def agree_on_run(ds, partition, theta: torch.Tensor, buffers: dict) -> None:
 
 
 def _to(x, device):
-    """Tensors inside ``x`` (a tensor, dict, list, tuple, a ClientResult's extras) moved to ``device``."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(device)
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: _to(getattr(x, f.name), device) for f in dataclasses.fields(x)})
-    if isinstance(x, dict):
-        return {k: _to(v, device) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to(v, device) for v in x)
-    return x
+    """``x`` (ClientResults, buffers: any nesting :mod:`flatfl.utils.batch_walk` walks) with its tensors detached and
+    moved to ``device``."""
+    return map_tensors(x, lambda t: t.detach().to(device))
 
 
 def exchange(ids: list[int], results: list, client_buffers: list[dict], *, clients_state: dict,

@@ -12,7 +12,7 @@ import contextlib
 import copy
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -26,11 +26,12 @@ from .algorithms.algorithm import Algorithm, weighted_mean
 from .config import FLOAT32_MAX, RunConfig
 from .context import ClientContext, Cohort, RoundContext, client_rng, frozen_copy
 from .evaluate import evaluate
-from .local import train_cohort
+from .local import LocalSchedule, train_cohort
 from .over_ranks import exchange, my_share
 from .regularizers.regularizer import Regularizer
 
-__all__ = ["CACHE_LIMIT_BYTES", "sample_clients", "client_seed", "RoundState", "RoundDone", "RoundLoop"]
+__all__ = ["CACHE_LIMIT_BYTES", "sample_clients", "client_seed", "RoundState", "RoundDone", "RunData", "RunPieces",
+           "RoundLoop"]
 
 CACHE_LIMIT_BYTES = 1 << 30  # normalised copies of a split are kept in memory below this size
 
@@ -104,22 +105,44 @@ class RoundDone:
     path_changed: bool
 
 
+@dataclass(frozen=True, eq=False)
+class RunData:
+    """The data a run trains on: its dataset (``ds``, a :class:`~flatfl.data.ImageDataset`), the clients'
+    partition, their label counts (clients, classes) and whether their batches are augmented."""
+    ds: Any
+    partition: Partition
+    label_counts: torch.Tensor
+    augment: bool
+
+
+@dataclass(frozen=True, eq=False)
+class RunPieces:
+    """What a run trains: the plain network (``model``, which the server model is loaded into for evaluation) and
+    its parameter layout, the algorithm and the regularizer attached to it, and the local optimizer's class and
+    hyper-parameters (an optimizer is made of them for each cohort)."""
+    model: torch.nn.Module
+    layout: ParamLayout
+    algo: Algorithm
+    reg: Regularizer
+    opt_cls: type
+    opt_hp: dict
+
+
 class RoundLoop:
     """The rounds of a built run: the run's parts, given once, read only; :attr:`state` (a :class:`RoundState`),
     which every round changes. :class:`~flatfl.train.engine.Trainer` builds the parts and holds the loop."""
 
-    def __init__(self, cfg: RunConfig, state: RoundState, *, device: torch.device, ds, partition: Partition,
-                 label_counts: torch.Tensor, augment: bool, model: torch.nn.Module, layout: ParamLayout,
-                 algo: Algorithm, reg: Regularizer, opt_cls: type, opt_hp: dict, graphs: bool, observer,
-                 log: Callable[[str], None]):
-        """``ds``: the run's :class:`~flatfl.data.ImageDataset`; ``label_counts``: (clients, classes); ``model``:
-        the plain network, which the server model is loaded into for evaluation; ``observer``: see
+    def __init__(self, cfg: RunConfig, state: RoundState, data: RunData, pieces: RunPieces, *,
+                 device: torch.device, graphs: bool, observer, log: Callable[[str], None]):
+        """``graphs``: whether full-batch steps replay as CUDA graphs; ``observer``: see
         :class:`~flatfl.train.engine.Trainer` (or None; its ``wants`` makes a round evaluated). Normalised copies of
         the splits are kept on the device (up to :data:`CACHE_LIMIT_BYTES` each), and a network that only
         torch.func stacks is tried stacked once, here."""
-        self.cfg, self.state, self.device, self.ds, self.partition = cfg, state, device, ds, partition
-        self.label_counts, self.augment, self.model, self.layout = label_counts, augment, model, layout
-        self.algo, self.reg, self.opt_cls, self.opt_hp = algo, reg, opt_cls, opt_hp
+        self.cfg, self.state, self.device = cfg, state, device
+        self.ds, self.partition, self.label_counts, self.augment = (data.ds, data.partition, data.label_counts,
+                                                                    data.augment)
+        self.model, self.layout, self.algo, self.reg = pieces.model, pieces.layout, pieces.algo, pieces.reg
+        self.opt_cls, self.opt_hp = pieces.opt_cls, pieces.opt_hp
         self.graphs, self.observer, self.log = graphs, observer, log
         self._networks: dict[int, tuple] = {}
         self._noticed = False
@@ -341,8 +364,8 @@ class RoundLoop:
         decay = cohort.numbers([cfg.weight_decay + self.algo.extra_weight_decay(c) for c in contexts])
         opt = self.opt_cls(layout, lr=lr, weight_decay=decay, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            clip=cfg.clip, hp=self.opt_hp)
-        losses = train_cohort(cohort, algo=self.algo, reg=self.reg, opt=opt, epochs=cfg.local_epochs,
-                              batch_size=cfg.batch_size, augment=augment, steps=taken_steps, graphs=self.graphs,
+        schedule = LocalSchedule(cfg.local_epochs, cfg.batch_size, taken_steps, augment)
+        losses = train_cohort(cohort, algo=self.algo, reg=self.reg, opt=opt, schedule=schedule, graphs=self.graphs,
                               notice=self._notice_once)
         self.reg.end_cohort(cohort)
         self.algo.end_cohort(cohort)

@@ -2,7 +2,8 @@
 itself: what it changes of the process is put back when it returns (docs/reliability.md, "Plug-ins and your own
 code").
 
-:func:`user_code` is the block around one call (or one import) of such code. When the block ends, however it ends:
+:func:`user_code` is the block around one call (or one import) of such code; :func:`guard_forward` puts every call
+of a network of yours (a ``--model-factory``'s) in one. When the block ends, however it ends:
 
 * the **working directory** is the one it began in (a relative ``--out`` still names the folder the command prints);
 * torch's **grad mode** is as it was (``torch.set_grad_enabled(False)`` in a loss would leave the Hessian's products
@@ -21,7 +22,7 @@ import os
 import sys
 from typing import Callable, Iterator
 
-__all__ = ["user_code", "guarded", "NOTICES"]
+__all__ = ["user_code", "guarded", "guard_forward", "NOTICES"]
 
 #: the kinds of change already said in this process ('working directory', 'grad mode', 'sys.stdout', ...)
 NOTICES: set[str] = set()
@@ -99,6 +100,26 @@ def user_code(what: str) -> Iterator[None]:
                         f"{cwd}, where the command's relative paths (--out) point")
             except OSError:
                 pass
+
+
+def guard_forward(module, what: str):
+    """``module`` (a network of yours) with every call of it, its ``forward`` and hooks, run in :func:`user_code`:
+    a forward pre-hook begins the block and a forward hook that torch calls even when the forward raises ends it.
+    Returns ``module``."""
+    blocks: list = []  # one per call under way (a network may call itself)
+
+    def begin(_module, _args):
+        block = user_code(what)
+        block.__enter__()
+        blocks.append(block)
+
+    def end(_module, _args, _output):
+        if blocks:
+            blocks.pop().__exit__(None, None, None)
+
+    module.register_forward_pre_hook(begin, prepend=True)
+    module.register_forward_hook(end, always_call=True)
+    return module
 
 
 def guarded(fn: Callable, what: str) -> Callable:

@@ -5,6 +5,8 @@
 :func:`flatfl.analysis.commands.result_files.read_clients_file`)."""
 from __future__ import annotations
 
+import functools
+
 from ...errors import CheckpointError, ConfigError
 from ...utils import ranks
 from .client_metrics_settings import ClientMetricsSettings
@@ -115,10 +117,9 @@ def run_client_metrics(checkpoint, out, settings: ClientMetricsSettings = Client
     names = [f"{heatmap}.{fmt}" for fmt in ("pdf", "png")]
     report = dict(section, **cmd.header(digest=digest, network_key="network"), distributed=ranks.record(),
                   **versions(), files=names + [target.name])
-    if ranks.is_main():  # every rank holds the same metrics; rank 0 alone draws and writes
-        cmd.write({name: clients_heatmap(metrics, cmd.title, name.rsplit(".", 1)[1], data=on,
-                                           curvature=s.curvature) for name in names},
-                  target.name, report)
+    cmd.write({name: functools.partial(clients_heatmap, metrics, cmd.title, name.rsplit(".", 1)[1], data=on,
+                                       curvature=s.curvature) for name in names},
+              target.name, report)  # every rank holds the same metrics; the writing rank alone draws and writes
     return report
 
 

@@ -402,6 +402,5 @@ def run_hessian(checkpoint, out, settings: HessianSettings = HessianSettings(), 
         **versions(),
     }
     report = {**header, **report}
-    if ranks.is_main():  # the other ranks computed the same numbers; rank 0 alone writes
-        write_outputs(out, report, eig, dens, op, save_eigenvectors=s.save_eigenvectors, title=cmd.title)
+    cmd.run_writer(write_outputs, out, report, eig, dens, op, save_eigenvectors=s.save_eigenvectors, title=cmd.title)
     return report

@@ -6,7 +6,9 @@ curvature tracking during training (:func:`tracking_settings`).
 object is what :func:`flatfl.analysis.commands.hessian_command.run_hessian` and :func:`~flatfl.analysis.commands.hessian_command.compute`
 take, and what hessian.json's ``settings`` records (:func:`~flatfl.analysis.commands.hessian_command.settings_record`). No torch
 here: the command line reads the defaults when it starts. The estimators' names are checked against the registry
-(:mod:`flatfl.analysis.estimators.registry`).
+(:mod:`flatfl.analysis.estimators.registry`), the curvature's against the registry of curvature kinds
+(:mod:`flatfl.analysis.operators.kinds`), whose entries give :data:`CURVATURES`, :data:`CURVATURE_TITLES` and
+:data:`CURVATURE_NAMES`.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from ...errors import ConfigError, unknown_name
 from ...utils.precision import check_analysis_precision
 from ...utils.values import check_seed
 from ..estimators.registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, Estimator, estimator, resolve_which
-from ..operators.names import CURVATURE_NAMES, CURVATURE_TITLES, CURVATURES, PRODUCT_METHODS
+from ..operators.kinds import CURVATURE_NAMES, CURVATURE_TITLES, CURVATURES, DEFAULT_CURVATURE, kind_of
+from ..operators.names import PRODUCT_METHODS
 from .settings import Settings, check_kinds
 
 __all__ = ["HessianSettings", "tracking_settings", "TRACKING_DEFAULTS", "TRACKING_FIELDS", "SPLITS", "CURVATURES",
@@ -56,7 +59,7 @@ class HessianSettings(Settings):
     per_layer: bool = False  # each module's Hessian block too (per_layer.csv, figures, hessian.json's per_layer)
     per_layer_top: int = 1  # top eigenvalues per block
     loss: str | None = None  # "module:function", loss(model, batch) -> scalar, instead of cross-entropy
-    curvature: str = "hessian"  # the matrix measured: hessian | ggn | empirical-fisher (flatfl.analysis.operators.curvatures)
+    curvature: str = DEFAULT_CURVATURE  # the matrix measured: a name of CURVATURES (flatfl.analysis.operators.kinds)
     products: str = "auto"  # how Hessian products are computed (flatfl.analysis.operators.products); "auto": by device
     which: str | None = None  # largest | smallest | magnitude (registry.WHICH); None: the method's own (lanczos: largest)
 
@@ -108,13 +111,10 @@ class HessianSettings(Settings):
         if self.loss is not None and (":" not in self.loss or not all(self.loss.rpartition(":")[::2])):
             raise ConfigError(f"--loss must be 'module:function' or 'path/to/file.py:function' (a function "
                               f"loss(model, batch) -> scalar), got {self.loss!r}")
-        if self.curvature not in CURVATURES:
-            raise unknown_name("curvature", self.curvature, CURVATURES)
+        kind = kind_of(self.curvature)  # a registered curvature (the registry of flatfl.analysis.operators.kinds)
         if self.products not in PRODUCT_METHODS:
             raise unknown_name("product method", self.products, PRODUCT_METHODS)
-        if self.curvature != "hessian" and self.products != "auto":
-            raise ConfigError(f"--products {self.products} chooses how Hessian products are computed; the "
-                              f"{self.curvature} curvature has products of its own: leave --products at auto")
+        kind.check_products(self.products)
         if not (self.top or self.trace or self.density or self.per_layer):
             raise ConfigError("nothing to compute: ask for --top K >= 1, --trace, --density or --per-layer")
         if self.save_eigenvectors and self.top < 1:

@@ -7,11 +7,15 @@
 * :func:`read_surface_file`: ``surface.json`` of ``flatfl surface``.
 
 Each returns None when the file does not exist and the file's JSON object otherwise, its fields that readers use
-checked for type; anything else (not JSON, not an object, a field of another type: a file flatfl did not write)
-is one :class:`ResultFileError` line. Callers that recompute a damaged result catch it; the others show it."""
+checked for type, and the numbers readers compute with (eigenvalues, their residuals and errors, the trace, the
+density, H_N and H_D) checked for range: finite and within +-:data:`MAX_MAGNITUDE`. Anything else (not JSON, not an
+object, a field of another type, a number out of range: a file flatfl did not write) is one
+:class:`ResultFileError` line naming the file and the field. Callers that recompute a damaged result catch it; the
+others show it."""
 from __future__ import annotations
 
 import json
+import math
 import numbers
 from pathlib import Path
 from typing import Mapping
@@ -40,6 +44,12 @@ PROVENANCE_FIELDS = {"weights_sha256": (str,), "run_settings_sha256": (str,), "r
                      "flatfl_version": (str,), "torch_version": (str,)}
 for _fields in (HESSIAN_FIELDS, CLIENTS_FIELDS, SURFACE_FIELDS):
     _fields.update({k: v for k, v in PROVENANCE_FIELDS.items() if k not in _fields})
+#: the largest magnitude a number that readers compute with may have: more than any value flatfl records, small
+#: enough that the report's sums, squares and figure limits stay finite (a runs.csv's numbers have the same bound)
+MAX_MAGNITUDE = 1e150
+#: the fields holding numbers readers compute with (each number anywhere inside them is range-checked)
+NUMBER_FIELDS = ("top_eigenvalues", "residuals", "error_estimates", "trace", "density", "eigenvalue_ratio", "loss",
+                 "H_N", "H_D", "H_N_stderr", "H_D_stderr", "clients")
 
 
 def clients_file(protocol: str, kind: str = "json", curvature: str = "hessian") -> str:
@@ -67,7 +77,27 @@ def read_result_file(path, what: str = "a flatfl result", fields: Mapping[str, t
         value = data.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
             raise ResultFileError(f"{path} is not {what} (its {name!r} is {type(value).__name__}); {hint}")
+    for name in NUMBER_FIELDS:
+        bad = _out_of_range(data.get(name))
+        if bad is not None:
+            raise ResultFileError(f"{path} is not {what} (its {name!r} holds {bad!r}: flatfl writes finite numbers "
+                                  f"within +-{MAX_MAGNITUDE:g}); {hint}")
     return data
+
+
+def _out_of_range(value, depth: int = 0):
+    """The first number inside ``value`` (nested lists and dicts) that is not finite or beyond
+    :data:`MAX_MAGNITUDE`; None when every one is in range (None entries, strings and booleans are not numbers)."""
+    if isinstance(value, bool) or value is None or depth > 8:
+        return None
+    if isinstance(value, numbers.Real):
+        return None if math.isfinite(value) and abs(value) <= MAX_MAGNITUDE else value
+    parts = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for part in parts:
+        bad = _out_of_range(part, depth + 1)
+        if bad is not None:
+            return bad
+    return None
 
 
 def read_hessian_file(path, hint: str = "remove it or choose another --out") -> dict | None:

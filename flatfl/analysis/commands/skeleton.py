@@ -5,7 +5,13 @@ A command validates its typed settings, then :meth:`AnalysisCommand.open` checks
 checkpoint, in that order, before any work. The command builds its estimator's inputs and runs it under
 :func:`progress_bar`; :meth:`AnalysisCommand.header` gives the fields every result file starts from (checkpoint,
 round, weights digest, network, dataset, parameter count) and :func:`versions` those it ends with;
-:meth:`AnalysisCommand.write` writes the figures and tables and the result JSON last, all or nothing."""
+:meth:`AnalysisCommand.write` writes the figures and tables and the result JSON last, all or nothing.
+
+Under torchrun every rank runs the command and computes the same numbers; the command's :attr:`AnalysisCommand.world`
+says which rank writes (rank 0, or the only process), and every file of the command is written through
+:meth:`AnalysisCommand.write` (or :meth:`AnalysisCommand.run_writer`, for a writer that renders and writes several
+files itself), which do nothing on the other ranks: no command decides for itself who writes, and figures given as
+functions are drawn only where they are written."""
 from __future__ import annotations
 
 import contextlib
@@ -73,10 +79,11 @@ def progress_bar(quiet: bool = False, **options) -> Iterator:
 class AnalysisCommand:
     """One analysis command's checkpoint, device and output folder (see the module docstring)."""
 
-    def __init__(self, out: Path, device: torch.device, checkpoint) -> None:
+    def __init__(self, out: Path, device: torch.device, checkpoint, world: ranks.World | None = None) -> None:
         self.out = out
         self.device = device
         self.checkpoint = checkpoint
+        self.world = world if world is not None else ranks.world()  # the ranks computing together (one process)
 
     @classmethod
     def open(cls, checkpoint, out, *, device, outputs, data_dir=None, model_factory: str | None = None,
@@ -100,7 +107,7 @@ class AnalysisCommand:
         notice = gpu_precision_notice(ckpt.precision, dev)
         if notice:
             print(notice, file=sys.stderr, flush=True)
-        return cls(out, dev, ckpt)
+        return cls(out, dev, ckpt, ranks.world())
 
     @property
     def title(self) -> str:
@@ -127,10 +134,25 @@ class AnalysisCommand:
         head["machine"] = machine(self.device)
         return head
 
-    def write(self, files: Mapping[str, bytes | str], result_name: str, result: Mapping) -> dict:
-        """Write ``files`` (name -> content) and then the result JSON ``result_name`` into the output folder, all
-        or nothing (a full disk leaves the folder as it was); returns path -> content of what was written."""
-        return write_result(self.out, files, result_name, result)
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the command's files: rank 0 of the world, or the only process."""
+        return self.world.main
+
+    def write(self, files: Mapping[str, bytes | str | Callable[[], bytes | str]], result_name: str,
+              result: Mapping) -> dict:
+        """On the writing rank (:attr:`writes`): write ``files`` (name -> content, or a function drawing it) and then
+        the result JSON ``result_name`` into the output folder, all or nothing (a full disk leaves the folder as it
+        was); returns path -> content of what was written ({} on the other ranks, which draw nothing)."""
+        if not self.writes:
+            return {}
+        contents = {name: content() if callable(content) else content for name, content in files.items()}
+        return write_result(self.out, contents, result_name, result)
+
+    def run_writer(self, writer: Callable, *args, **kwargs):
+        """``writer(*args, **kwargs)`` on the writing rank alone (a writer that renders and writes several files
+        itself); None on the other ranks."""
+        return writer(*args, **kwargs) if self.writes else None
 
 
 def write_result(out: Path, files: Mapping[str, bytes | str], result_name: str, result: Mapping) -> dict:

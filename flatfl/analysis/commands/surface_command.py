@@ -3,6 +3,7 @@
 skeleton; settings: :class:`~flatfl.analysis.commands.surface_settings.SurfaceSettings`)."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +77,8 @@ def run_surface(checkpoint, out, settings: SurfaceSettings = SurfaceSettings(), 
         info = {"kind": "hessian", "source": "lanczos on the evaluation set", **eig_info}
 
     out.mkdir(parents=True, exist_ok=True)
-    if saved is None and ranks.is_main():
-        save_directions(out / "directions.pt", pair, fingerprint, info, model)
+    if saved is None:
+        cmd.run_writer(save_directions, out / "directions.pt", pair, fingerprint, info, model)
 
     with progress_bar(quiet, total=s.grid * s.grid, desc="surface points", unit="pt") as bar:
         def progress(done, total):
@@ -90,9 +91,9 @@ def run_surface(checkpoint, out, settings: SurfaceSettings = SurfaceSettings(), 
 
     labels = (r"$\epsilon_0$ (top eigenvector)", r"$\epsilon_1$ (2nd eigenvector)") if s.directions == "hessian" \
         else ("direction 1 (filter-normalised)", "direction 2 (filter-normalised)")
-    # every rank holds the whole grid; rank 0 alone draws and writes
+    # every rank holds the whole grid; the writing rank alone draws and writes
     figures = surface_figures(result, f"{cmd.title}, {s.directions} directions", labels,
-                              samples=sum(len(y) for _, y in batches), split=s.split) if ranks.is_main() else {}
+                              samples=sum(len(y) for _, y in batches), split=s.split) if cmd.writes else {}
     centre = len(result.xs) // 2 if len(result.xs) % 2 else None
     summary = {
         **cmd.header(digest=digest), "num_samples": sum(len(y) for _, y in batches),
@@ -107,6 +108,6 @@ def run_surface(checkpoint, out, settings: SurfaceSettings = SurfaceSettings(), 
         **versions(),
         "files": sorted(FIGURE_NAMES) + ["surface.csv", "surface.npz", "directions.pt", "surface.json"],
     }
-    if ranks.is_main():
-        cmd.write({**dict(sorted(figures.items())), "surface.csv": surface_csv(result)}, "surface.json", summary)
+    cmd.write({**dict(sorted(figures.items())), "surface.csv": functools.partial(surface_csv, result)},
+              "surface.json", summary)
     return summary

@@ -155,7 +155,7 @@ def top_eigenvalues(
     max_hvps = int(max_hvps) if max_hvps is not None else 20 * m
     gen = seeded_generator(seed, op.device)
 
-    found = _lanczos_pass(op, k, tol, gen, b, m, max_hvps, which=which)
+    found = _lanczos_pass(op, k, tol, gen, _Krylov(b, m, max_hvps), which=which)
     restarts, checks, complete = found.restarts, [], True
     # Copies of a repeated eigenvalue: a Krylov space from a block of b vectors holds at most b of them (in exact
     # arithmetic; rounding lets more appear, one by one and late), so coinciding Ritz values (a cluster) may stand for
@@ -180,7 +180,7 @@ def top_eigenvalues(
         before = op.hvps
         # a value ranked above the k-th one (and its tolerance) joins
         floor = float(rank_key(found.theta[-1:], which)[0]) + found.threshold[-1]
-        extra = _lanczos_pass(DeflatedOperator(op, X), kc, tol, gen, bc, mc, max_hvps - used, floor, which)
+        extra = _lanczos_pass(DeflatedOperator(op, X), kc, tol, gen, _Krylov(bc, mc, max_hvps - used), floor, which)
         joined = int(np.sum(rank_key(extra.theta, which) > floor))
         checks.append({"width": width, "joined": joined, "hvps": op.hvps - before})
         restarts += extra.restarts
@@ -312,14 +312,25 @@ def _multiplicity_info(found: _Pass, checks: list, complete: bool) -> dict:
     return {"clusters": clusters, "checks": checks, "status": status}
 
 
-def _lanczos_pass(op: CurvatureOperator, k: int, tol: float, gen, b: int, m: int, max_hvps: int,
-                  floor: float = -math.inf, which: str = DEFAULT_WHICH) -> _Pass:
+@dataclass(frozen=True)
+class _Krylov:
+    """The Krylov space one Lanczos pass builds: blocks of ``block`` vectors, at most ``basis`` of them kept (a
+    multiple of ``block``; a thick restart follows when it is full), and the products it may spend."""
+
+    block: int
+    basis: int
+    max_hvps: int
+
+
+def _lanczos_pass(op: CurvatureOperator, k: int, tol: float, gen, krylov: _Krylov, floor: float = -math.inf,
+                  which: str = DEFAULT_WHICH) -> _Pass:
     """One thick-restart block Lanczos run for the top ``k`` Ritz pairs in ``which``'s ranking (:func:`rank_key`;
-    the body of :func:`top_eigenvalues`).
+    the body of :func:`top_eigenvalues`), in the space ``krylov`` sizes.
 
     With a ``floor`` (a check: only the eigenvalues ranked above it matter, ``floor`` on the ranking's scale), the
     pass ends once the pairs converged in order from the top reach one below ``floor``: the eigenvalues after it
     are below it too."""
+    b, m, max_hvps = krylov.block, krylov.basis, krylov.max_hvps
     n = int(op.dim)
     start_hvps = op.hvps
     eps = torch.finfo(op.dtype).eps

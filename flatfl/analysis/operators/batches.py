@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import ConfigError
+from ...utils.batch_walk import to_device
 
 __all__ = ["ACCEPTED_DATA", "MAX_UNSIZED_BATCHES", "as_batches", "bounded"]
 
@@ -68,7 +69,7 @@ def as_batches(data, device: torch.device | str | None = None) -> list[tuple]:
             raise ConfigError(f"batch {i} has {_describe(inputs)} but {len(targets)} targets: the inputs' first "
                               "dimension is the batch")
         if device is not None:
-            inputs, targets = _to_device(inputs, device), _to_device(targets, device)
+            inputs, targets = to_device(inputs, device), to_device(targets, device)
         batches.append((inputs, targets))
     if not batches:
         raise ConfigError(f"the data is empty (no batch); give {ACCEPTED_DATA}")
@@ -91,13 +92,3 @@ def _describe(x) -> str:
         return "None"
     name = type(x).__name__
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
-
-
-def _to_device(x, device):
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_device(t, device) for t in x)
-    if isinstance(x, dict):
-        return {k: _to_device(t, device) for k, t in x.items()}
-    return x

@@ -21,24 +21,27 @@ outputs ``f_b`` and the loss of those outputs ``l_b``):
   structure), kept between products while they fit in ``cache_bytes``.
 
 Both keep the Hessian's evaluation set forms, losses (cross-entropy, a criterion, ``loss(model, batch)``), layout
-and first-order quantities: they are :class:`~flatfl.analysis.operators.hessian.HessianOperator`'s siblings, sharing its
-``loss()``, ``gradient()``, ``num_samples``, ``param_names``, ``unflatten`` and ``flatten``. The GGN of an objective
-``loss(model, batch)`` needs the split of the objective into the model's outputs and a loss of them: the function
-carries ``loss.outputs(model, batch) -> tensor`` and ``loss.loss_of_outputs(outputs, batch) -> scalar``.
+and first-order quantities: they are :class:`~flatfl.analysis.operators.hessian.HessianOperator`'s siblings, kinds of
+:class:`~flatfl.analysis.operators.loss_curvature.LossCurvature` sharing its ``loss()``, ``gradient()``,
+``num_samples``, ``param_names``, ``unflatten`` and ``flatten``, each registered by its decorator
+(:mod:`flatfl.analysis.operators.kinds`). The GGN of an objective ``loss(model, batch)`` needs the split of the
+objective into the model's outputs and a loss of them: the function carries ``loss.outputs(model, batch) -> tensor``
+and ``loss.loss_of_outputs(outputs, batch) -> scalar``.
 
-:func:`curvature_operator` is the one place an analysis builds its operator from a curvature's name.
+:func:`curvature_operator` (:mod:`.loss_curvature`, importable from here) is the one place an analysis builds its
+operator from a curvature's name.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Callable, Iterable, Sequence
+from typing import Callable
 
 import torch
 
-from ...errors import ConfigError, unknown_name
-from .names import CURVATURES
+from ...errors import ConfigError
+from ...utils.batch_walk import slice_samples
+from .kinds import CURVATURES, curvature_kind
 from .cross_entropy import SoftmaxHessian, cross_entropy_form
-from .hessian import HessianOperator
+from .loss_curvature import LossCurvature, curvature_operator
 from .products import ForwardOverReverse, LossTerms, ProductMethod, check_scalar
 from .second_order import custom_functions, needs_double_backward
 
@@ -296,24 +299,6 @@ class GaussNewtonProducts(ProductMethod):
         return bool(abs(float(value) - float(expected)) <= tolerance)
 
 
-def _one_sample(batch, i: int, n: int):
-    """Sample ``i`` of a batch of ``n`` samples as a batch of one: every tensor whose first dimension is ``n``
-    sliced, the rest kept (containers rebuilt as in :func:`flatfl.analysis.operators.objective.move`)."""
-    if isinstance(batch, torch.Tensor):
-        return batch[i:i + 1] if batch.dim() >= 1 and batch.shape[0] == n else batch
-    if isinstance(batch, Mapping):
-        items = {k: _one_sample(v, i, n) for k, v in batch.items()}
-        try:
-            return type(batch)(items)
-        except Exception:  # a Mapping type that cannot be built from a dict
-            return items
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_one_sample(v, i, n) for v in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_one_sample(v, i, n) for v in batch)
-    return batch
-
-
 class PerSampleGradients(ProductMethod):
     """``F V = (1 / N) sum_b G_b^T (G_b V)`` from each batch's per-sample gradients ``G_b`` (n_b, dim), kept while
     they fit in ``cache_bytes``."""
@@ -347,7 +332,7 @@ class PerSampleGradients(ProductMethod):
         rows = torch.empty(n, terms.dim, dtype=terms.params[0].dtype, device=terms.device)
         with torch.enable_grad():
             for i in range(n):
-                sample = _one_sample(batch, i, n)
+                sample = slice_samples(batch, i, i + 1, n)  # a batch of one
                 if terms.objective is not None:
                     loss = terms.objective(terms.model, sample)
                 else:
@@ -390,38 +375,17 @@ class PerSampleGradients(ProductMethod):
         return out
 
 
-class _SiblingOperator(HessianOperator):
-    """A curvature of the same loss, evaluation set and layout as :class:`HessianOperator` (its constructor's
-    checks, ``loss()``, ``gradient()``, ``unflatten``, ``flatten``), with products of its own (:meth:`_products`)."""
-
-    curvature = ""
-
-    def __init__(self, model: torch.nn.Module, batches: Iterable, loss_fn: Callable | None = None,
-                 params: Sequence[torch.Tensor] | None = None, mode: str = "eval", cache_bytes: int | None = None,
-                 block_size: int | None = None, *, loss: Callable | None = None) -> None:
-        super().__init__(model, batches, loss_fn, params, mode, cache_graph=False, cache_bytes=cache_bytes,
-                         products="double-backward", block_size=block_size, loss=loss)
-        self.terms.second_order = False  # the network is differentiated once
-        self.requested_products = "auto"
-        self.method = self._products()
-        self.products: str = self.method.name
-
-    def _products(self) -> ProductMethod:  # pragma: no cover - every sibling has its own
-        raise NotImplementedError
-
-    @property
-    def product_error(self) -> float | None:
-        return None
-
-
-class GGNOperator(_SiblingOperator):
+@curvature_kind("ggn", title="GGN", full_name="Gauss-Newton matrix",
+                description="the generalized Gauss-Newton matrix J^T H_out J: positive semi-definite for a convex "
+                            "loss, the Fisher for cross-entropy")
+class GGNOperator(LossCurvature):
     """The generalized Gauss-Newton matrix ``sum_b (n_b / N) J_b^T H_b J_b`` of the sample-weighted mean loss
-    (module docstring). The arguments are :class:`HessianOperator`'s but ``cache_graph`` and ``products``; a
-    ``loss(model, batch)`` objective must carry its split (``loss.outputs``, ``loss.loss_of_outputs``)."""
+    (module docstring). The arguments are :class:`~.loss_curvature.LossCurvature`'s
+    (:class:`~.hessian.HessianOperator`'s but ``cache_graph`` and ``products``); a ``loss(model, batch)`` objective
+    must carry its split (``loss.outputs``, ``loss.loss_of_outputs``)."""
 
-    curvature = "ggn"
-
-    def _products(self) -> ProductMethod:
+    def product_method(self) -> ProductMethod:
+        self.terms.second_order = False  # the network is differentiated once
         keys = ForwardOverReverse.names_of(self.model, self.params)
         if keys is None:
             raise ConfigError("the Gauss-Newton curvature needs parameters that belong to the model")
@@ -444,38 +408,19 @@ class GGNOperator(_SiblingOperator):
 
 
 
-class EmpiricalFisherOperator(_SiblingOperator):
+@curvature_kind("empirical-fisher", title="empirical Fisher", full_name="empirical Fisher",
+                description="the empirical Fisher (1/N) sum_i g_i g_i^T: the mean outer product of the per-sample "
+                            "gradients")
+class EmpiricalFisherOperator(LossCurvature):
     """The empirical Fisher ``(1 / N) sum_i g_i g_i^T`` of the per-sample gradients (module docstring). The
-    arguments are :class:`HessianOperator`'s but ``cache_graph`` and ``products``; ``cache_bytes`` bounds the
-    per-sample gradients kept between products. Evaluation mode only (a batch of one has no batch statistics)."""
+    arguments are :class:`~.loss_curvature.LossCurvature`'s (:class:`~.hessian.HessianOperator`'s but
+    ``cache_graph`` and ``products``); ``cache_bytes`` bounds the per-sample gradients kept between products.
+    Evaluation mode only (a batch of one has no batch statistics)."""
 
-    curvature = "empirical-fisher"
-
-    def _products(self) -> ProductMethod:
+    def product_method(self) -> ProductMethod:
+        self.terms.second_order = False  # each sample's loss is differentiated once
         if self.mode != "eval":
             raise ConfigError("the empirical Fisher takes each sample's gradient alone (a batch of one), which needs "
                               "mode='eval' (BatchNorm's batch statistics and dropout belong to a batch)")
         keys = ForwardOverReverse.names_of(self.model, self.params)
         return PerSampleGradients(self.terms, self.block_size, keys, self.cache_bytes)
-
-
-_OPERATORS = {"ggn": GGNOperator, "empirical-fisher": EmpiricalFisherOperator}
-
-
-def curvature_operator(curvature: str, model: torch.nn.Module, batches: Iterable, *, loss_fn: Callable | None = None,
-                       loss: Callable | None = None, params: Sequence[torch.Tensor] | None = None,
-                       mode: str = "eval", products: str = "auto", block_size: int | None = None,
-                       cache_graph: bool | str = "auto", cache_bytes: int | None = None) -> HessianOperator:
-    """The operator of ``curvature`` (one of :data:`CURVATURES`) for the mean loss of ``model`` over ``batches``:
-    ``"hessian"`` a :class:`HessianOperator` (``products`` its product method), ``"ggn"`` a :class:`GGNOperator`,
-    ``"empirical-fisher"`` an :class:`EmpiricalFisherOperator` (their products are their own: ``products`` must be
-    ``"auto"``). The other arguments are :class:`HessianOperator`'s."""
-    if curvature not in CURVATURES:
-        raise unknown_name("curvature", curvature, CURVATURES)
-    if curvature == "hessian":
-        return HessianOperator(model, batches, loss_fn, params, mode, cache_graph, cache_bytes, products, block_size,
-                               loss=loss)
-    if products != "auto":
-        raise ConfigError(f"--products {products} chooses how Hessian products are computed; the {curvature} "
-                          "curvature has products of its own (first derivatives only): leave --products at auto")
-    return _OPERATORS[curvature](model, batches, loss_fn, params, mode, cache_bytes, block_size, loss=loss)

@@ -6,8 +6,13 @@ sample-weighted mean loss over all N samples is the sample-weighted sum of the s
     H v = sum_r (n_r / N) H_r v          (H_r: the curvature of rank r's mean loss over its n_r samples)
 
 so :class:`DistributedOperator` wraps the operator of this rank's shard (any
-:class:`~flatfl.analysis.operators.linear_operator.CurvatureOperator`) and every product is one all-reduce of the scaled
-local products. Every rank then holds the same ``H V`` (an all-reduce leaves the same sum on every rank), the
+:class:`~flatfl.analysis.operators.linear_operator.CurvatureOperator` that is such a sum: every kind of
+:class:`~flatfl.analysis.operators.loss_curvature.LossCurvature`, whose contract says so) and every product is one
+all-reduce of the scaled local products. A kind's shard is told so before any product
+(:meth:`~flatfl.analysis.operators.loss_curvature.LossCurvature.as_shard`): what it measures to choose how products
+are computed (the finite-difference step and its stated error) is measured over the whole set, the same on every
+rank; a kind that draws random numbers draws them per sample from its seed, which the ranks agree on, so that every
+rank applies the same map. Every rank then holds the same ``H V`` (an all-reduce leaves the same sum on every rank), the
 estimators run unchanged on every rank from the same seeds and take the same steps: no estimator knows of ranks.
 The block size the estimators ask for is agreed (the smallest over the ranks), so that every rank calls the same
 products in the same order.
@@ -29,7 +34,9 @@ import torch
 
 from ...errors import ConfigError
 from ...utils import ranks
+from ...utils.batch_walk import leaves, slice_samples
 from .linear_operator import CurvatureOperator, DerivedOperator
+from .loss_curvature import RANDOMNESS
 from .objective import batch_samples
 
 __all__ = ["DistributedOperator", "Spread", "shard_batches", "shard_ranges", "over_ranks", "spread"]
@@ -49,18 +56,6 @@ def shard_ranges(sizes: list[int], ranks: int) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
-def _slice(x, a: int, b: int, n: int):
-    """The samples ``a:b`` of a batch part ``x`` holding ``n`` samples (tensors whose first dimension is n are
-    sliced; tuples, lists and dicts are followed; anything else is kept as it is)."""
-    if isinstance(x, torch.Tensor):
-        return x[a:b] if x.dim() >= 1 and x.shape[0] == n else x
-    if isinstance(x, (tuple, list)):
-        return type(x)(_slice(t, a, b, n) for t in x)
-    if isinstance(x, dict):
-        return {k: _slice(t, a, b, n) for k, t in x.items()}
-    return x
-
-
 def shard_batches(batches: list, rank: int, ranks: int, *, objective: bool = False) -> list:
     """Rank ``rank``'s batches of ``batches`` (``(inputs, targets)`` pairs, or with ``objective`` batches of any
     structure, sized by :func:`~flatfl.analysis.operators.objective.batch_samples`): the samples of its range of
@@ -71,7 +66,7 @@ def shard_batches(batches: list, rank: int, ranks: int, *, objective: bool = Fal
     for batch, n in zip(batches, sizes):
         a, b = max(start - offset, 0), min(stop - offset, n)
         if a < b:
-            out.append(batch if (a, b) == (0, n) else _slice(batch, a, b, n))
+            out.append(batch if (a, b) == (0, n) else slice_samples(batch, a, b, n))
         offset += n
     return out
 
@@ -89,6 +84,16 @@ class DistributedOperator(DerivedOperator):
         self.num_samples = int(sum(self.shard_samples))
         self.scale = int(num_samples) / self.num_samples
         self.param_names = local.param_names
+        randomness = getattr(local, "randomness", None)  # the curvature contract's point 3 (loss_curvature.py)
+        if randomness not in RANDOMNESS:
+            raise ConfigError(f"{type(local).__name__} declares randomness = {randomness!r}: over several ranks an "
+                              "operator draws its random numbers per sample from its seed (randomness = "
+                              "'per-sample'), so that every rank applies the same map")
+        if randomness is not None:
+            ranks.agree({"curvature seed": int(local.seed)})
+        as_shard = getattr(local, "as_shard", None)  # a model's curvature: one shard of the evaluation set
+        if callable(as_shard):
+            as_shard(self.whole, sum(self.shard_samples[:ranks.world().rank]))
         self.hvps = 0
         self.on_hvp: Callable[[int], None] | None = None
         # every rank must push the same blocks: the smallest preferred block (and limit) of all ranks
@@ -117,9 +122,14 @@ class DistributedOperator(DerivedOperator):
 
     @property
     def product_error(self) -> float | None:
-        """The stated relative error of a product (finite differences: rank 0's shard's, measured on its first
-        product), else None."""
+        """The stated relative error of a product (finite differences: measured on the first product over the
+        whole evaluation set, the same on every rank), else None."""
         return self.op.product_error
+
+    def whole(self, quantity: torch.Tensor) -> torch.Tensor:
+        """A quantity of this rank's mean loss (a gradient, a product) as the whole evaluation set's: scaled by the
+        shard's share of the samples and summed over the ranks, into a new tensor."""
+        return ranks.all_reduce_sum(quantity.mul(self.scale))
 
     @property
     def params(self):
@@ -135,8 +145,7 @@ class DistributedOperator(DerivedOperator):
         self.op.release()
 
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
-        out = self.op.matmat(V).mul_(self.scale)
-        ranks.all_reduce_sum(out)
+        out = self.whole(self.op.matmat(V))
         self.hvps += V.shape[1]
         if self.on_hvp is not None:
             self.on_hvp(V.shape[1])
@@ -149,7 +158,7 @@ class DistributedOperator(DerivedOperator):
 
     def gradient(self) -> torch.Tensor:
         """The flat gradient of the mean loss over every rank's samples."""
-        return ranks.all_reduce_sum(self.op.gradient().mul_(self.scale))
+        return self.whole(self.op.gradient())
 
 
 def over_ranks(build: Callable[[list], CurvatureOperator], batches: list, *, objective: bool = False,
@@ -167,8 +176,9 @@ def over_ranks(build: Callable[[list], CurvatureOperator], batches: list, *, obj
     mine = shard_batches(batches, w.rank, w.size, objective=objective)
     local = build(mine)
     # before any product: every rank holds the same evaluation set and the same weights (a rank given other data or
-    # another checkpoint would mix its numbers into the others')
-    ranks.agree({"evaluation data": ranks.digest(batches),
+    # another checkpoint would mix its numbers into the others'). Compared leaf by leaf: digest follows dicts, lists
+    # and tuples only, and would read a UserDict or a dataclass by its repr (which names the device, elides values)
+    ranks.agree({"evaluation data": ranks.digest([list(leaves(b)) for b in batches]),
                  "weights": ranks.fingerprint(local.param_names, list(getattr(local, "params", None) or []))})
     return DistributedOperator(local, local.num_samples)
 

@@ -5,15 +5,15 @@ The criterion path (``loss_fn(model(inputs), targets)`` over ``(inputs, targets)
 ``loss`` function covers everything else: a HuggingFace-style dict ``{"input_ids": ..., "labels": ...}``, a tuple of
 several inputs, a model that computes its own loss. The objective is the **sample-weighted mean** over batches,
 as for the criterion (docs/analysis-protocols.md §1): ``L = sum_b (n_b / N) loss(model, batch_b)``, where a batch's
-``n_b`` is the first dimension of its first tensor with at least one dimension (dict values in order, tuple and
-list items in order, depth first). The loss must be the mean over its batch for that weighting to give the mean
-over all samples.
+``n_b`` is the first dimension of its first tensor with at least one dimension (Mapping values, tuple and list
+items, dataclass fields in order, depth first: :mod:`flatfl.utils.batch_walk`). The loss must be the mean over its
+batch for that weighting to give the mean over all samples.
 
 * :func:`loss_batches`: the evaluation set of a ``loss`` as a list of batches on a device: one dict or tuple is one
   batch; a list, a DataLoader or any other iterable holds batches;
 * :func:`batch_samples`: a batch's ``n_b``;
 * :func:`move`: a batch of any structure (dict, Mapping such as a tokenizer's ``BatchEncoding``, tuple, namedtuple,
-  list) with its tensors on a device;
+  list, dataclass) with its tensors on a device, each container rebuilt as its own type;
 * :func:`load_loss`: ``--loss module:function`` (or ``path/to/file.py:function``) imported as ``--model-factory``
   is (flatfl/models/factory.py): only the named module is imported, nothing is called until the analysis runs; each
   call then puts back what the loss changed of the process (:mod:`flatfl.utils.user_code`).
@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from ...errors import ConfigError
+from ...utils.batch_walk import count_samples, to_device
 
 __all__ = ["loss_batches", "batch_samples", "move", "load_loss", "LOSS_DATA"]
 
@@ -34,43 +35,22 @@ LOSS_DATA = ("one batch (a dict, or a tuple, of tensors of any structure), or a 
              "that yields them")
 
 
-def _leaves(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, Mapping):
-        for v in x.values():
-            yield from _leaves(v)
-    elif isinstance(x, (tuple, list)):
-        for v in x:
-            yield from _leaves(v)
-
-
 def batch_samples(batch, index: int = 0) -> int:
-    """The number of samples in ``batch``: the first dimension of its first tensor with at least one dimension."""
-    for t in _leaves(batch):
-        if t.dim() >= 1:
-            if t.shape[0] == 0:
-                raise ConfigError(f"batch {index} is empty: every batch needs at least one sample")
-            return int(t.shape[0])
-    raise ConfigError(f"batch {index} holds no tensor with a batch dimension ({_kind(batch)}): the Hessian weighs "
-                      "each batch by its number of samples, the first dimension of its first tensor")
+    """The number of samples in ``batch``: the first dimension of its first tensor with at least one dimension
+    (:func:`flatfl.utils.batch_walk.count_samples`)."""
+    n = count_samples(batch)
+    if n is None:
+        raise ConfigError(f"batch {index} holds no tensor with a batch dimension ({_kind(batch)}): the Hessian weighs "
+                          "each batch by its number of samples, the first dimension of its first tensor")
+    if n == 0:
+        raise ConfigError(f"batch {index} is empty: every batch needs at least one sample")
+    return n
 
 
 def move(x, device):
-    """``x`` with every tensor moved to ``device``, its containers rebuilt as the same types where possible."""
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, Mapping):
-        items = {k: move(v, device) for k, v in x.items()}
-        try:
-            return type(x)(items)
-        except Exception:  # a Mapping type that cannot be built from a dict: a plain dict is as good to a loss
-            return items
-    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple
-        return type(x)(*(move(v, device) for v in x))
-    if isinstance(x, (tuple, list)):
-        return type(x)(move(v, device) for v in x)
-    return x
+    """``x`` with every tensor moved to ``device``, its containers rebuilt as their own types
+    (:func:`flatfl.utils.batch_walk.to_device`)."""
+    return to_device(x, device)
 
 
 def _kind(x) -> str:

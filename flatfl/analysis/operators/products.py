@@ -16,7 +16,8 @@
   derivative anywhere; the weights are moved for each gradient and copied back exactly afterwards. The step starts
   at ``h = eps^(1/3) max(1, max_i |theta_i|) / ||v||`` (eps: the dtype's machine epsilon) and is calibrated on the first
   product, where :attr:`FiniteDifference.error`, the stated relative error of a product, is measured (Richardson's
-  comparison with the step ``2h``, plus the rounding).
+  comparison with the step ``2h``, plus the rounding), over the whole evaluation set: on a shard of several ranks
+  from the all-reduced quantities (:meth:`LossTerms.whole`), so that every rank takes the same step.
 
 The first two give the same numbers to rounding; which one ``products="auto"`` picks per device, and why, is in
 docs/performance.md.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -36,30 +37,42 @@ from .second_order import check_loss_graph, double_backward_failure, second_orde
 from .vectors import free_memory
 
 __all__ = ["LossTerms", "ProductMethod", "DoubleBackward", "ForwardOverReverse", "FiniteDifference",
-           "counting_saved_bytes"]
+           "saved_bytes_of"]
 
 
-@contextlib.contextmanager
-def counting_saved_bytes(params: Sequence[torch.Tensor], enabled: bool = True) -> Iterator[dict]:
-    """Within the block, the storages autograd saves for backward (parameters excluded) are recorded in the dict it
-    yields (storage pointer -> bytes); ``enabled=False`` records nothing."""
-    saved: dict = {}
-    if not enabled:
-        yield saved
-        return
-    param_ptrs = {p.data_ptr() for p in params}
+def saved_bytes_of(roots: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> int:
+    """Bytes of the distinct storages the autograd graph behind ``roots`` keeps for backward (parameters excluded),
+    read from its nodes (every ``_saved_*`` attribute of torch's nodes, a custom Function's ``saved_tensors``).
 
-    def pack(t):
-        try:
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in param_ptrs:
-                saved[ptr] = t.untyped_storage().nbytes()
-        except (RuntimeError, NotImplementedError):  # pragma: no cover - exotic tensor subclasses
-            pass
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield saved
+    The graph is walked after it is built, not watched with ``saved_tensors_hooks``: a pack hook that returns the
+    tensor itself makes every node that saves its own output hold that output strongly, a reference cycle through
+    torch's C++ graph that Python's garbage collector cannot break, so that every graph counted that way (the kept
+    first-order graphs of a Hessian analysis, hundreds of MB each) stayed in memory until the process ended."""
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    sizes: dict = {}
+    seen: set = set()
+    stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for name in dir(node):
+            if name.startswith("_saved_") or name == "saved_tensors":
+                try:
+                    value = getattr(node, name)
+                except (RuntimeError, AttributeError):  # released, or not a tensor attribute
+                    continue
+                for t in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(t, torch.Tensor):
+                        try:
+                            storage = t.untyped_storage()
+                        except (RuntimeError, NotImplementedError):  # pragma: no cover - exotic subclasses
+                            continue
+                        if storage.data_ptr() not in param_ptrs:
+                            sizes[storage.data_ptr()] = storage.nbytes()
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return sum(sizes.values())
 
 
 class _Objective(torch.nn.Module):
@@ -104,6 +117,14 @@ class LossTerms:
             [len(t) for _, t in self.batches]
         self.num_samples = int(sum(sizes))
         self.weights = [n / self.num_samples for n in sizes]
+        #: None in one process; on a shard of several ranks, what turns a quantity of this shard's mean loss into the
+        #: whole evaluation set's (:meth:`flatfl.analysis.operators.loss_curvature.LossCurvature.as_shard`)
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def whole(self, quantity: torch.Tensor) -> torch.Tensor:
+        """``quantity`` of this set's mean loss (a gradient, a product) as the whole evaluation set's: itself in one
+        process, on a shard the sample-weighted sum over the ranks (a new tensor: ``quantity`` is kept)."""
+        return quantity if self.reduce is None else self.reduce(quantity)
 
     @contextlib.contextmanager
     def model_mode(self):
@@ -119,7 +140,8 @@ class LossTerms:
                 m.training = was_training
             with torch.no_grad():
                 for b, saved in buffers:
-                    b.copy_(saved)
+                    if not torch.equal(b, saved):  # an unchanged buffer keeps its version: graphs kept that saved it
+                        b.copy_(saved)  # (an eval-mode BatchNorm's running statistics) stay valid
 
     @contextlib.contextmanager
     def batch_rng(self, index: int):
@@ -169,7 +191,7 @@ class LossTerms:
     def gradient(self) -> torch.Tensor:
         """The flat gradient of the mean loss at the current weights (no graph kept; the mode set by the caller)."""
         out = torch.zeros(self.dim, dtype=self.params[0].dtype, device=self.device)
-        with torch.enable_grad():
+        with torch.enable_grad(), self.no_running_stats():
             for index, weight in enumerate(self.weights):
                 grads = torch.autograd.grad(self.batch_loss(index), self.params, allow_unused=True)
                 for i, g in enumerate(grads):
@@ -199,10 +221,9 @@ class LossTerms:
 
     def saved_bytes(self, index: int) -> int:
         """Bytes the forward pass of batch ``index`` saves for backward (parameters excluded)."""
-        with self.model_mode(), self.no_running_stats(), torch.enable_grad(), \
-                counting_saved_bytes(self.params) as saved:
-            self.batch_loss(index)
-        return sum(saved.values())
+        with self.model_mode(), self.no_running_stats(), torch.enable_grad():
+            loss = self.batch_loss(index)
+        return saved_bytes_of([loss], self.params)
 
 
 def check_scalar(loss, objective: bool) -> None:
@@ -344,11 +365,13 @@ class DoubleBackward(ProductMethod):
     def build_graph(self, index: int, count_bytes: bool):
         """First-order gradient of batch ``index`` with its graph: list of (parameter index, gradient)."""
         terms = self.terms
-        with torch.enable_grad(), counting_saved_bytes(terms.params, count_bytes) as saved:
+        # train mode: BatchNorm normalizes by the batch either way; without tracking it leaves its running statistics
+        # alone, which a kept graph would otherwise hold at the version the restore after the pass moves on
+        with torch.enable_grad(), terms.no_running_stats():
             loss = terms.batch_loss(index)
             grads = torch.autograd.grad(loss, terms.params, create_graph=True, allow_unused=True)
         graph = [(i, g) for i, g in enumerate(grads) if g is not None and g.requires_grad]
-        return graph, sum(saved.values())
+        return graph, saved_bytes_of([loss] + [g for _, g in graph], terms.params) if count_bytes else 0
 
     def prepare(self) -> None:
         """Decide (once) which batches keep their first-order graph, building the kept ones."""
@@ -529,16 +552,20 @@ class FiniteDifference(ProductMethod):
         return out
 
     def calibrate(self, v: torch.Tensor, saved: list[torch.Tensor]) -> torch.Tensor:
-        """The first product: the step chosen and :attr:`error` measured (see the class docstring)."""
-        rounding = self.eps * float(self.terms.gradient().double().norm())  # times 1 / h
+        """The first product: the step chosen and :attr:`error` measured (see the class docstring), from the
+        whole evaluation set's gradient and quotients (``terms.whole``): on a shard of several ranks every rank
+        measures the same numbers, so all take one step and state one error. Returns this set's product."""
+        whole = self.terms.whole
+        rounding = self.eps * float(whole(self.terms.gradient()).double().norm())  # times 1 / h
         h0 = self.step(v)
         fine = self.quotient(v, h0, saved)
-        truncation = float((self.quotient(v, 2 * h0, saved) - fine).double().norm()) / 3.0
+        truncation = float((whole(self.quotient(v, 2 * h0, saved)) - whole(fine)).double().norm()) / 3.0
         ratio = rounding / h0 / (2.0 * truncation) if truncation > 0 else 1.0
         self.factor = min(10.0, max(1e-3, ratio ** (1.0 / 3.0)))
         h = self.step(v)
         if self.factor != 1.0:
             fine = self.quotient(v, h, saved)
-        difference = float((self.quotient(v, 2 * h, saved) - fine).double().norm())
-        self.error = (difference + rounding / h) / max(float(fine.double().norm()), 1e-300)
+        overall = whole(fine)
+        difference = float((whole(self.quotient(v, 2 * h, saved)) - overall).double().norm())
+        self.error = (difference + rounding / h) / max(float(overall.double().norm()), 1e-300)
         return fine
