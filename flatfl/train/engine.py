@@ -99,6 +99,7 @@ class Trainer:
         self.cfg, self.observer, self.run_dir, self.quiet = cfg, observer, Path(run_dir), quiet
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self.device = prepare_process(cfg, process)
+        self.world = ranks.world()  # the ranks training this run together (one process: a world of one)
         notice = gpu_precision_notice(cfg.precision, self.device)
         if notice and not quiet:
             self.log(notice)
@@ -193,6 +194,13 @@ class Trainer:
         """Client ``i``'s training data on the run's device (:meth:`RoundLoop.client_data`)."""
         return self.loop.client_data(i)
 
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the run's files (config.json, metrics.csv, checkpoints): rank 0 of the ranks
+        training together, or the only process; the other ranks hold the same state and write nothing. Every file
+        of the run is written under this one test."""
+        return self.world.main
+
     def run(self) -> Path:
         from ..utils.lock import folder_lock
 
@@ -202,14 +210,14 @@ class Trainer:
     def _run(self) -> Path:
         cfg = self.cfg
         if self.start_round >= cfg.rounds:
-            if ranks.is_main() and recover_final(self.run_dir, self.start_round,
+            if self.writes and recover_final(self.run_dir, self.start_round,
                                                        lambda: self._model_payload(self.start_round)):
                 self.log(f"run {self.run_dir}: wrote the missing final.pt of round {self.start_round}")
             else:
                 self.log(f"run {self.run_dir} already finished ({cfg.rounds} rounds)")
             return self.run_dir / FINAL_FILE
         agree_on_run(self.ds, self.partition, self.theta, self.buffers)  # under torchrun: the ranks built alike
-        if ranks.is_main():  # under torchrun rank 0 alone writes the run's files
+        if self.writes:
             self._write_run_files()
         from tqdm.auto import tqdm
 
@@ -225,7 +233,7 @@ class Trainer:
                 good = last_good_checkpoint(self.run_dir)
                 raise DivergenceError(f"{e}; stopped. Last good checkpoint: {good}") from None
             self.elapsed += time.perf_counter() - t0
-            if done.path_changed and ranks.is_main():  # clients no longer train together
+            if done.path_changed and self.writes:  # clients no longer train together
                 update_training_path(self.run_dir, self.training_path(), start_round=self.start_round, from_round=r + 1)
             row = done.row
             if row is not None:
@@ -235,7 +243,7 @@ class Trainer:
                     self.log(f"round {r + 1}/{cfg.rounds}: train loss {row['train_loss']:.4f}, "
                              f"test acc {row['test_acc']:.4f} (all-clients avg {row['all_test_acc']:.4f})")
                     last_logged = time.monotonic()
-            if ((r + 1) % cfg.checkpoint_every == 0 or r + 1 == cfg.rounds) and ranks.is_main():
+            if ((r + 1) % cfg.checkpoint_every == 0 or r + 1 == cfg.rounds) and self.writes:
                 self._checkpoint(r + 1, final=(r + 1 == cfg.rounds))
         bar.close()
         if self.observer is not None and not self.quiet:
@@ -254,7 +262,7 @@ class Trainer:
             row["observer_seconds"] = round(self.observer_seconds, 3)
         self.metrics.append(row)
         extra = list(self.observer.columns) + ["observer_seconds"] if self.observer is not None else []
-        if ranks.is_main():
+        if self.writes:
             write_metrics(self.run_dir, self.metrics, extra)
 
     # ----- files (flatfl.train.run_folder) -----
