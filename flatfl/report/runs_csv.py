@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..analysis.commands.result_files import MAX_MAGNITUDE as RESULT_MAX_MAGNITUDE
 from ..errors import ConfigError
 from .bounded import csv_rows, finite_number, read_text
 from .files import FOLDER_COLUMNS
@@ -51,9 +52,9 @@ _BOOLEANS = {"true": True, "false": False}
 #: the largest integer of a count column (runs.csv's counts: clients, rounds, samples, eigenvalues); a seed is
 #: bounded by what training accepts (:data:`flatfl.train.config.MAX_SEED`)
 MAX_COUNT = 2**63 - 1
-#: the largest magnitude of a number read: far above any value flatfl records, and small enough that a report's
-#: means, spreads and differences of such values stay finite (their squares are below the largest float)
-MAX_MAGNITUDE = 1e150
+#: the largest magnitude of a number read (the same bound as a result file's): far above any value flatfl records,
+#: and small enough that a report's means, spreads and differences of such values stay finite
+MAX_MAGNITUDE = RESULT_MAX_MAGNITUDE
 
 
 @dataclass

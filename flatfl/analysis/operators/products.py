@@ -33,7 +33,7 @@ import torch
 from ...errors import ConfigError, FlatflError, raised_in, user_frame
 from ...models.convolution import matmul_convolutions
 from .objective import batch_samples
-from .second_order import check_loss_graph, double_backward_failure, second_order_errors
+from .second_order import check_loss_graph, double_backward_failure, graph_nodes, second_order_errors
 from .vectors import free_memory
 
 __all__ = ["LossTerms", "ProductMethod", "DoubleBackward", "ForwardOverReverse", "FiniteDifference",
@@ -50,13 +50,7 @@ def saved_bytes_of(roots: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
     first-order graphs of a Hessian analysis, hundreds of MB each) stayed in memory until the process ended."""
     param_ptrs = {p.untyped_storage().data_ptr() for p in params}
     sizes: dict = {}
-    seen: set = set()
-    stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
+    for node in graph_nodes(roots):
         for name in dir(node):
             if name.startswith("_saved_") or name == "saved_tensors":
                 try:
@@ -71,7 +65,6 @@ def saved_bytes_of(roots: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
                             continue
                         if storage.data_ptr() not in param_ptrs:
                             sizes[storage.data_ptr()] = storage.nbytes()
-        stack.extend(next_node for next_node, _ in node.next_functions)
     return sum(sizes.values())
 
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import re
+from typing import Iterator
 
 import torch
 
 from ...errors import ConfigError
 
 __all__ = ["SecondDerivativeError", "check_loss_graph", "second_order_errors", "needs_double_backward",
-           "custom_functions", "double_backward_failure"]
+           "custom_functions", "double_backward_failure", "graph_nodes"]
 
 _HOW = ("a Hessian needs every operation between the parameters and the loss differentiable twice; replace it with "
         "one torch can differentiate twice, or use finite-difference products, which need first derivatives only "
@@ -39,18 +40,25 @@ class SecondDerivativeError(ConfigError):
     """The loss goes through an operation without a second derivative (the message names it)."""
 
 
-def _function_classes(root: torch.Tensor) -> list[type]:
-    """The ``torch.autograd.Function`` classes met in ``root``'s graph, in the order met, each once."""
-    found, seen, stack = [], set(), [root.grad_fn]
+def graph_nodes(roots) -> Iterator:
+    """Every node of the autograd graph behind the tensors ``roots`` (depth first from the last root), each once."""
+    seen, stack = set(), [t.grad_fn for t in roots if isinstance(t, torch.Tensor)]
     while stack:
         node = stack.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
+        yield node
+        stack.extend(f for f, _ in node.next_functions)
+
+
+def _function_classes(root: torch.Tensor) -> list[type]:
+    """The ``torch.autograd.Function`` classes met in ``root``'s graph, in the order met, each once."""
+    found = []
+    for node in graph_nodes([root]):
         cls = getattr(node, "_forward_cls", None)
         if cls is not None and cls not in found:
             found.append(cls)
-        stack.extend(f for f, _ in node.next_functions)
     return found
 
 
