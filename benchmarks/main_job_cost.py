@@ -153,7 +153,8 @@ def bench(precision: str, native_conv: bool, methods, root: Path, one_client: bo
     with torch_convolutions() if native_conv else contextlib.nullcontext():
         warm = kinds(methods)[0]  # a round of the first kind first: imports, data and torch's first calls
         run_task(RunTask("warm-up", str(root / f"warm-up-{precision}-{native_conv}"),
-                         dict(warm.settings, precision=precision, rounds=1, track_hessian=0), threads=1))
+                         dict(warm.settings, precision=precision, rounds=1, track_hessian=0,
+                              track_hessian_settings={}), threads=1))
         for task in kinds(methods):
             task.settings = dict(task.settings, precision=precision, **({"parallel_clients": 1} if one_client else {}))
             task.run_dir = str(root / label.replace(" ", "_") / task.name)

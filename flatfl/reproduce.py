@@ -278,6 +278,8 @@ def plan(selection: Selection, runs: RunOptions | None = None, *,
         if isinstance(track_hessian, bool) or not isinstance(track_hessian, int) or track_hessian < 0:
             raise ConfigError(f"--track-hessian must be an integer >= 0 (0: off), got {track_hessian!r}")
         extra["track_hessian"] = track_hessian
+        if track_hessian == 0:  # no tracking: no tracking settings either (a preset may give some)
+            extra["track_hessian_settings"] = {}
     if data_dir:
         extra["data_dir"] = str(Path(data_dir).expanduser().resolve())
     if precision is not None:

@@ -75,6 +75,23 @@ def test_top3_and_trace_are_the_dense_matrix(run, tmp_path, curvature):
     np.testing.assert_allclose(report["top_eigenvalues"], true[:3], rtol=1e-4)
     tr = report["trace"]
     assert abs(tr["estimate"] - true.sum()) <= 3 * tr["stderr"], (tr, true.sum())
+    # the exact trace: the dense matrix's to rounding, within the bound it states, and no product spent on it
+    r, report = analyse(run, tmp_path / "e", "--curvature", curvature, "--top", "1", "--trace-method", "exact")
+    assert r.exit_code == 0, r.output
+    tr = report["trace"]
+    assert tr["method"] == "exact" and tr["hvps"] == 0 and "(exact, a bound on its rounding" in r.output
+    assert report["precision"] == "float32"  # the checkpoint's: the bound is float32's worst case, well above 1e-7
+    assert abs(tr["estimate"] - true.sum()) <= tr["stderr"] < 1e-3 * abs(true.sum()), (tr, true.sum())
+
+
+def test_the_exact_trace_refuses_a_hessian_it_cannot_compute(run, tmp_path, monkeypatch):
+    """The tiny network has a tanh between its layers: its Hessian's trace is not the Gauss-Newton matrix's, which
+    the check finds; one line, nothing written."""
+    monkeypatch.delenv("FLATFL_DEBUG", raising=False)
+    r, _ = analyse(run, tmp_path / "h", "--trace-method", "exact")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "needs a network linear in each layer's parameters" in r.output and "hutchpp" in r.output
+    assert not (tmp_path / "h" / "hessian.json").exists()
 
 
 def test_the_ratio_of_the_top_eigenvalues(run, tmp_path):

@@ -97,7 +97,7 @@ def test_defaults_same_seed_same_numbers_and_power_mode(run_dir, tmp_path):
     (["--top", "100000"], "larger than the number of parameters"),
     (["--samples", "0"], "samples"),
     (["--method", "arnoldi"], "unknown eigenvalue method"),
-    (["--trace-method", "exact"], "unknown trace method"),
+    (["--trace-method", "diagonal"], "unknown trace method"),
     (["--split", "validation"], "unknown split"),
 ])
 def test_bad_options_fail_with_one_line_and_no_output(run_dir, tmp_path, args, message):

@@ -89,7 +89,7 @@ def test_from_mapping_refuses_unknown_keys_in_one_line():
     ({"tol": 5.0}, "--tol must be in (0, 1) (a relative tolerance), got 5.0"),
     ({"tol": float("nan")}, "--tol must be a finite number, got nan"),
     ({"method": "qr"}, "unknown eigenvalue method 'qr': choose one of {eigenvalues}"),
-    ({"trace_method": "exact"}, "unknown trace method 'exact': choose one of {trace}"),
+    ({"trace_method": "diagonal"}, "unknown trace method 'diagonal': choose one of {trace}"),
     ({"split": "val"}, "unknown split 'val': choose one of train, test"),
     ({"trace_hvps": 0}, "--trace-hvps must be >= 1, got 0"),
     ({"density_starts": 0}, "--density-steps and --density-starts must be >= 1"),

@@ -137,7 +137,7 @@ def test_bad_arguments_of_the_calls_are_one_line():
     for call, text in ((lambda: h.eigenvalues(top_n=0), "positive integer"),
                        (lambda: h.eigenvalues(maxIter=0), "maxIter must be a positive integer"),
                        (lambda: h.eigenvalues(method="arnoldi"), "unknown eigenvalue method 'arnoldi'"),
-                       (lambda: h.trace(method="exact"), "unknown trace method 'exact'"),
+                       (lambda: h.trace(method="diagonal"), "unknown trace method 'diagonal'"),
                        (lambda: h.trace(tol=0), "tol must be positive")):
         with pytest.raises(ConfigError) as err:
             call()

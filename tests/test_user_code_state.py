@@ -151,3 +151,23 @@ def test_a_backward_without_a_second_derivative_names_the_way_out(run, tmp_path)
                                     "finite-difference", "--out", str(tmp_path / "fd")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "fd" / "hessian.json").is_file()
+
+
+def test_a_block_left_open_and_collected_later_puts_nothing_back():
+    """A block that began and never ended (a forward that never reached its end hook) and is closed only when the
+    garbage collector finds it, commands later: the streams of its time must not replace the current ones."""
+    import io
+    import sys
+
+    from flatfl.utils.user_code import user_code
+
+    saved = sys.stdout
+    try:
+        sys.stdout = io.StringIO()  # an earlier command's stream
+        block = user_code("the test's code")
+        block.__enter__()
+        later = sys.stdout = io.StringIO()  # a later command's
+        del block  # the generator closed now, as the collector would
+        assert sys.stdout is later
+    finally:
+        sys.stdout = saved

@@ -148,7 +148,9 @@ def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
         if tr.get("target_reached") is False:  # the budget stopped it: say what the products bought
             missed = (f"; the target of {100 * tr['target_rtol']:.3g}% relative error was not reached in the budget "
                       f"({100 * tr['relative_stderr']:.3g}% at {tr['hvps']} HVPs)")
-        click.echo(f"trace: {tr['estimate']:.6g} +- {stderr} ({tr['method']}, {tr['hvps']} HVPs{missed})")
+        how = (f"exact, a bound on its rounding; {tr.get('backward_passes')} backward passes"
+               if tr["method"] == "exact" else f"{tr['method']}, {tr['hvps']} HVPs{missed}")
+        click.echo(f"trace: {tr['estimate']:.6g} +- {stderr} ({how})")
         found.append(f"trace {tr['estimate']:.6g} +- {stderr}")
     if report.get("density"):
         found.append("spectral density")

@@ -127,8 +127,11 @@ def table_page(title: str, header: list[str], rows: list[list], *, subtitle: lis
         table.set_fontsize(size)
         for (i, j), cell in celld.items():
             cell.set_height(heights[i])
-        fig.canvas.draw()
-        fits = all(cell.get_text().get_window_extent(renderer).width + 3 <= cell.get_window_extent(renderer).width
+        # a cell is as wide as its column's share of the axes (colWidths, fixed): its text is measured without
+        # drawing the page
+        # a cell is as wide as its column's share of the axes (colWidths, fixed): its text is measured without
+        # drawing the page
+        fits = all(cell.get_text().get_window_extent(renderer).width + 3 <= cell.get_width() * ax.bbox.width
                    for cell in celld.values() if cell.get_text().get_text())
         if fits:
             break

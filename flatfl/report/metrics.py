@@ -147,7 +147,10 @@ def eigen_precision(settings: dict) -> str:
 
 def trace_precision(settings: dict) -> str:
     """How precisely the trace was estimated, as its setting shows it after the method: the budget of products and
-    the relative stopping rule (' (<= 40 HVPs, rtol 0.02)'); '' where a file of an older flatfl recorded none."""
+    the relative stopping rule (' (<= 40 HVPs, rtol 0.02)'); '' for the exact trace and where a file of an older
+    flatfl recorded none."""
+    if settings.get("trace_method") == "exact":  # no products, no target: computed, not estimated
+        return ""
     parts = []
     if _number(settings.get("trace_hvps")):
         parts.append(f"<= {settings['trace_hvps']:g} HVPs")

@@ -72,34 +72,46 @@ def user_code(what: str) -> Iterator[None]:
     grad = torch.is_grad_enabled()
     streams = {name: getattr(sys, name) for name in ("stdout", "stderr")}
     fds = {name: _fileno(stream) for name, stream in streams.items()}
+    collected = False
     try:
         yield
+    except GeneratorExit:  # a block never ended, closed when the garbage collector finds it: the call it guarded is
+        collected = True  # long over, and what it would put back (streams of that time) would replace today's
+        raise
     finally:
-        for name, stream in streams.items():
-            now = getattr(sys, name)
-            if getattr(stream, "closed", False):
-                again = _reopened(stream, fds[name])
-                if again is not None:
-                    setattr(sys, name, again)
-                    _notice(f"sys.{name}", f"{what} closed sys.{name}; flatfl opened it again")
-            elif now is not stream:
-                setattr(sys, name, stream)
-                _notice(f"sys.{name}", f"{what} replaced sys.{name}; flatfl put it back")
-        if torch.is_grad_enabled() != grad:
-            torch.set_grad_enabled(grad)
-            _notice("grad mode", f"{what} turned torch's gradients {'off' if grad else 'on'} "
-                    f"(torch.set_grad_enabled); flatfl turned them {'on' if grad else 'off'} again")
+        if not collected:
+            _restore(what, streams, fds, grad, cwd)
+
+
+def _restore(what: str, streams: dict, fds: dict, grad: bool, cwd: str | None) -> None:
+    """Put back what a :func:`user_code` block began with (its docstring), each change said once a process."""
+    import torch
+
+    for name, stream in streams.items():
+        now = getattr(sys, name)
+        if getattr(stream, "closed", False):
+            again = _reopened(stream, fds[name])
+            if again is not None:
+                setattr(sys, name, again)
+                _notice(f"sys.{name}", f"{what} closed sys.{name}; flatfl opened it again")
+        elif now is not stream:
+            setattr(sys, name, stream)
+            _notice(f"sys.{name}", f"{what} replaced sys.{name}; flatfl put it back")
+    if torch.is_grad_enabled() != grad:
+        torch.set_grad_enabled(grad)
+        _notice("grad mode", f"{what} turned torch's gradients {'off' if grad else 'on'} "
+                f"(torch.set_grad_enabled); flatfl turned them {'on' if grad else 'off'} again")
+    try:
+        moved = cwd is not None and os.getcwd() != cwd
+    except OSError:  # your code removed the folder it moved to
+        moved = cwd is not None
+    if moved:
         try:
-            moved = cwd is not None and os.getcwd() != cwd
-        except OSError:  # your code removed the folder it moved to
-            moved = cwd is not None
-        if moved:
-            try:
-                os.chdir(cwd)
-                _notice("working directory", f"{what} changed the working directory; flatfl changed it back to "
-                        f"{cwd}, where the command's relative paths (--out) point")
-            except OSError:
-                pass
+            os.chdir(cwd)
+            _notice("working directory", f"{what} changed the working directory; flatfl changed it back to "
+                    f"{cwd}, where the command's relative paths (--out) point")
+        except OSError:
+            pass
 
 
 def guard_forward(module, what: str):

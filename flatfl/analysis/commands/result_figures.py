@@ -117,7 +117,8 @@ def spectrum_note(values, trace=None) -> str:
         note += f" (ratio {format_number(values[0] / values[-1], 3)})"
     if trace and trace.get("estimate") is not None:
         err = f" ± {format_number(trace['stderr'], 2)}" if trace.get("stderr") is not None else ""
-        note += f"\ntrace = {format_number(trace['estimate'])}{err} ({trace.get('method')}, {trace.get('hvps')} HVPs)"
+        how = "exact" if trace.get("method") == "exact" else f"{trace.get('method')}, {trace.get('hvps')} HVPs"
+        note += f"\ntrace = {format_number(trace['estimate'])}{err} ({how})"
     return note
 
 

@@ -73,13 +73,20 @@ def _run(entry: Estimator, *args, **kwargs):
 
 def estimate_eigenvalues(op: CurvatureOperator, method: str = "lanczos", k: int = 1, *, which: str | None = None,
                          tol: float = 1e-3, seed: int = 0, return_vectors: bool = False,
-                         exact_residuals: bool = False) -> EigenResult:
+                         exact_residuals: bool = False, **lanczos_options) -> EigenResult:
     """The ``k`` eigenvalues of ``op`` that ``which`` asks for (``largest``: descending; ``smallest``: ascending;
     ``magnitude``: by decreasing ``|lambda|``; None: the method's own, :func:`resolve_which`) by the estimator called
-    ``method``. ``info["which"]`` of the result says which they are."""
+    ``method``. ``info["which"]`` of the result says which they are. ``lanczos_options``: ``quadrature_steps`` (an
+    int or None), for flatfl's own Lanczos only (:func:`shares_a_start`; another method ignores it)."""
+    unknown = sorted(set(lanczos_options) - {"quadrature_steps"})
+    if unknown:
+        raise ConfigError(f"estimate_eigenvalues got an unknown option {unknown[0]!r}")
     entry = estimator("eigenvalues", method)
     which = resolve_which(method, which)
     extra = {"which": which} if len(entry.which) > 1 else {}
+    steps = lanczos_options.get("quadrature_steps")
+    if steps is not None and shares_a_start(method):
+        extra["quadrature_steps"] = int(steps)
     result = _run(entry, as_operator(op, f"the {method} method"), k, tol=tol, seed=seed,
                   return_vectors=return_vectors, exact_residuals=exact_residuals, **extra)
     result.info.setdefault("which", which)
@@ -99,17 +106,34 @@ def estimate_trace(op: CurvatureOperator, method: str = "hutchpp", *, max_hvps: 
 
 
 def estimate_density(op: CurvatureOperator, method: str = DEFAULT_DENSITY_METHOD, *, steps: int = 100,
-                     starts: int = 1, seed: int = 0) -> DensityResult:
-    """The spectral density by the estimator called ``method`` (``slq``: stochastic Lanczos quadrature)."""
+                     starts: int = 1, seed: int = 0, given=()) -> DensityResult:
+    """The spectral density by the estimator called ``method`` (``slq``: stochastic Lanczos quadrature). ``given``:
+    quadratures of starts already run (an eigenvalue run's, :attr:`EigenResult.quadrature`), for flatfl's own SLQ
+    only."""
     entry = estimator("density", method)
-    return _run(entry, as_operator(op, f"the {method} density method"), steps=steps, starts=starts, seed=seed)
+    extra = {"given": list(given)} if given and entry.function == _BUILT_IN["density"] else {}
+    return _run(entry, as_operator(op, f"the {method} density method"), steps=steps, starts=starts, seed=seed,
+                **extra)
+
+
+#: flatfl's own Lanczos and SLQ, which can share a start (:func:`shares_a_start`)
+_BUILT_IN = {"eigenvalues": "flatfl.analysis.estimators.by_name:lanczos",
+             "density": "flatfl.analysis.estimators.density:spectral_density"}
+
+
+def shares_a_start(method: str, density_method: str = DEFAULT_DENSITY_METHOD) -> bool:
+    """Whether the eigenvalue method ``method`` and the density method are flatfl's own Lanczos and SLQ (not a
+    plug-in's replacement), so that the density can take the Lanczos run's start as one of its own: the first steps
+    of a single-vector Lanczos run from a random start are what an SLQ start computes."""
+    return (estimator("eigenvalues", method).function == _BUILT_IN["eigenvalues"]
+            and estimator("density", density_method).function == _BUILT_IN["density"])
 
 
 def lanczos(op: CurvatureOperator, k: int, *, tol: float, seed: int, return_vectors: bool,
-            exact_residuals: bool, which: str = DEFAULT_WHICH) -> EigenResult:
+            exact_residuals: bool, which: str = DEFAULT_WHICH, quadrature_steps: int | None = None) -> EigenResult:
     """Thick-restart block Lanczos (:func:`~flatfl.analysis.estimators.eigen.top_eigenvalues`)."""
     return top_eigenvalues(op, k, which=which, tol=tol, seed=seed, return_vectors=return_vectors,
-                           exact_residuals=exact_residuals)
+                           exact_residuals=exact_residuals, quadrature_steps=quadrature_steps)
 
 
 def power(op: CurvatureOperator, k: int, *, tol: float, seed: int, return_vectors: bool, exact_residuals: bool,

@@ -45,8 +45,12 @@ class DensityResult:
                 "hvps": self.hvps, **self.info}
 
 
-def spectral_density(op: CurvatureOperator, *, steps: int = 100, starts: int = 1, seed: int = 0) -> DensityResult:
-    """Stochastic Lanczos quadrature with ``steps`` Lanczos steps from each of ``starts`` Rademacher vectors."""
+def spectral_density(op: CurvatureOperator, *, steps: int = 100, starts: int = 1, seed: int = 0,
+                     given=()) -> DensityResult:
+    """Stochastic Lanczos quadrature with ``steps`` Lanczos steps from each of ``starts`` random starts: Rademacher
+    vectors, after the quadratures ``given`` (``(nodes, weights)`` of ``steps`` nodes each, from starts already run
+    on the same operator: a top-k Lanczos run's own Gaussian start, :attr:`~.eigen.EigenResult.quadrature`), which
+    count among the ``starts`` and cost no product here."""
     op = as_operator(op, "spectral_density")
     if steps < 1:
         raise ConfigError(f"the number of Lanczos steps must be >= 1, got {steps}")
@@ -54,6 +58,10 @@ def spectral_density(op: CurvatureOperator, *, steps: int = 100, starts: int = 1
         raise ConfigError(f"the number of SLQ starts must be >= 1, got {starts}")
     n = int(op.dim)
     steps = min(int(steps), n)
+    given = [(np.asarray(t, dtype=float), np.asarray(w, dtype=float)) for t, w in given][:starts]
+    if any(len(t) != steps or len(w) != steps for t, w in given):
+        raise ConfigError(f"a given start's quadrature must have {steps} nodes and weights, as the steps asked for")
+    total, starts = starts, starts - len(given)
     eps = torch.finfo(op.dtype).eps
     gen = seeded_generator(seed, op.device)
     start_hvps = op.hvps
@@ -93,15 +101,17 @@ def spectral_density(op: CurvatureOperator, *, steps: int = 100, starts: int = 1
             still.append(r)
         active = still
 
-    nodes, weights = [], []
+    nodes, weights = [t for t, _ in given], [w for _, w in given]
     for r in range(starts):
         a = np.asarray(alphas[r])
         b = np.asarray(betas[r][:len(a) - 1])
         theta, S = eigh_tridiagonal(a, b)
         nodes.append(theta)
         weights.append(S[0, :] ** 2)
-    return DensityResult(nodes, weights, op.hvps - start_hvps,
-                         info={"steps": steps, "starts": starts, "seed": int(seed), "dim": n})
+    info = {"steps": steps, "starts": total, "seed": int(seed), "dim": n}
+    if given:
+        info["starts_from_lanczos"] = len(given)  # the first ones: the eigenvalue run's start, no product here
+    return DensityResult(nodes, weights, op.hvps - start_hvps, info=info)
 
 
 def smoothed_density(

@@ -64,6 +64,10 @@ class EigenResult:
     info: dict = field(default_factory=dict)
     error_bounds: np.ndarray | None = None
     residual_kind: str | None = None
+    #: with ``quadrature_steps``: the Gauss quadrature (nodes, weights) of the spectrum seen from the run's own random
+    #: start, the first ``quadrature_steps`` steps of a single-vector run (what a start of stochastic Lanczos
+    #: quadrature computes; :func:`~flatfl.analysis.estimators.density.spectral_density` takes it as a start)
+    quadrature: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     def sorted(self) -> "EigenResult":
         """The same result in descending eigenvalue order."""
@@ -125,6 +129,7 @@ def top_eigenvalues(
     block_size: int | None = None,
     max_hvps: int | None = None,
     exact_residuals: bool = False,
+    quadrature_steps: int | None = None,
 ) -> EigenResult:
     """The ``k`` largest algebraic eigenvalues of ``op``, descending, by thick-restart block Lanczos; ``which=
     "smallest"``: the ``k`` smallest, ascending (the most negative first); ``which="magnitude"``: the ``k`` largest
@@ -136,7 +141,10 @@ def top_eigenvalues(
     vectors are kept (docs/performance.md: how the basis size and the block trade products). ``block_size``
     defaults to :func:`auto_block_size` (one vector for k <= 50, else a small block within the operator's preferred
     block). ``max_hvps`` (default ``20 * basis_size``) bounds the work; pairs
-    not converged by then are flagged in ``converged``.
+    not converged by then are flagged in ``converged``. ``quadrature_steps``: also keep the Gauss quadrature of the
+    spectrum seen from the run's random (Gaussian) start after that many steps, as ``quadrature`` (a single-vector
+    run that takes them before its first restart; None otherwise): a start of stochastic Lanczos quadrature the
+    density need not compute again.
     """
     op = as_operator(op, "top_eigenvalues")
     check_which(which)
@@ -155,7 +163,7 @@ def top_eigenvalues(
     max_hvps = int(max_hvps) if max_hvps is not None else 20 * m
     gen = seeded_generator(seed, op.device)
 
-    found = _lanczos_pass(op, k, tol, gen, _Krylov(b, m, max_hvps), which=which)
+    found = _lanczos_pass(op, k, tol, gen, _Krylov(b, m, max_hvps, quadrature_steps), which=which)
     restarts, checks, complete = found.restarts, [], True
     # Copies of a repeated eigenvalue: a Krylov space from a block of b vectors holds at most b of them (in exact
     # arithmetic; rounding lets more appear, one by one and late), so coinciding Ritz values (a cluster) may stand for
@@ -208,6 +216,7 @@ def top_eigenvalues(
         eigenvectors=vectors if return_vectors else None,
         info=info if found.method == "lanczos" else {**info, "dense": True},
         residual_kind="lanczos relation" if found.method == "lanczos" and not exact_residuals else "explicit",
+        quadrature=found.quadrature,
     )
 
 
@@ -243,6 +252,7 @@ class _Pass:
     method: str = "lanczos"
     which: str = DEFAULT_WHICH
     scale: float = 0.0
+    quadrature: tuple | None = None
 
     def merge(self, other: "_Pass", k: int, X: torch.Tensor) -> "_Pass":
         """The top k of both (``X``: this pass's vectors, already formed)."""
@@ -320,6 +330,7 @@ class _Krylov:
     block: int
     basis: int
     max_hvps: int
+    quadrature_steps: int | None = None  # keep the start's Gauss quadrature after this many steps (one vector)
 
 
 def _lanczos_pass(op: CurvatureOperator, k: int, tol: float, gen, krylov: _Krylov, floor: float = -math.inf,
@@ -346,6 +357,7 @@ def _lanczos_pass(op: CurvatureOperator, k: int, tol: float, gen, krylov: _Krylo
     V[:b] = Q
 
     cur, restarts, R_last, segment_start = 0, 0, None, 0
+    quadrature, plain = None, b == 1 and krylov.quadrature_steps is not None  # plain: the Krylov space of the start
     check_every = max(b, b * math.ceil(m / 100 / b))
     next_check = min(m, max(k + b, check_every))
     while True:
@@ -380,9 +392,13 @@ def _lanczos_pass(op: CurvatureOperator, k: int, tol: float, gen, krylov: _Krylo
         if not (np.abs(np.diag(R_h)) > 100 * eps * np.maximum(scale_h, 0.0)).all():
             # an invariant subspace was found (rare): replace the lost rows by random ones, on the host's clock
             Q, R_h = _orthonormalize_block(W, basis, scale, eps, gen, locked)
+            plain = False  # the basis is no longer the start's Krylov space
         T[:cur + b, cur:cur + b] = coef
         V[cur + b:cur + 2 * b], R_last = Q, R_h
         cur += b
+        if plain and restarts == 0 and cur == krylov.quadrature_steps:
+            nodes, vectors = _ritz(T, cur)  # the projection on the start's Krylov space: its Gauss quadrature
+            quadrature = (nodes.copy(), vectors[0, :] ** 2)
 
         if cur >= next_check or cur == m:
             next_check = cur + check_every
@@ -408,7 +424,7 @@ def _lanczos_pass(op: CurvatureOperator, k: int, tol: float, gen, krylov: _Krylo
                 return _Pass(theta[top].copy(), res[top].copy(), converged, bounds[top].copy(), threshold,
                              _coincidence(threshold, theta_max, eps), restarts,
                              lambda: torch.as_tensor(S_top, dtype=op.dtype, device=op.device) @ basis_now,
-                             which=which, scale=float(theta_max))
+                             which=which, scale=float(theta_max), quadrature=quadrature)
             if cur == m:  # thick restart: keep the best Ritz vectors and the residual block
                 keep_count = k + (m - k) // 2
                 keep_count = m - b * math.ceil((m - keep_count) / b)  # new blocks must fill the basis exactly

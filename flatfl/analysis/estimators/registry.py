@@ -230,6 +230,7 @@ register_estimator("power", "eigenvalues", "flatfl.analysis.estimators.by_name:p
 register_estimator("hutchpp", "trace", "flatfl.analysis.estimators.trace:hutchpp_trace", title="Hutch++",
                    min_budget=2)  # a sketch of one vector and one probe of the rest
 register_estimator("hutchinson", "trace", "flatfl.analysis.estimators.trace:hutchinson_trace", title="Hutchinson")
+register_estimator("exact", "trace", "flatfl.analysis.estimators.trace:exact_trace", title="exact")
 register_estimator("pyhessian", "trace", "flatfl.analysis.estimators.by_name:pyhessian", title="PyHessian's rule")
 register_estimator("slq", "density", "flatfl.analysis.estimators.density:spectral_density",
                    title="stochastic Lanczos quadrature")

@@ -26,7 +26,8 @@ from ...errors import ConfigError
 from ..operators.linear_operator import CurvatureOperator, as_operator, block_size_for
 from ..operators.vectors import random_block, seeded_generator
 
-__all__ = ["TraceResult", "target_info", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "hutchinson_diagonal"]
+__all__ = ["TraceResult", "target_info", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "exact_trace",
+           "hutchinson_diagonal"]
 
 
 @dataclass
@@ -161,6 +162,20 @@ def hutchpp_trace(
         estimate, stderr, used + 2 * s, "hutchpp", np.asarray(samples),
         info={"sketch_size": s, "sketch_trace": low_rank, **target_info(estimate, stderr, rtol)},
     )
+
+
+def exact_trace(op: CurvatureOperator, *, max_hvps: int | None = None, rtol: float | None = None, seed: int = 0,
+                block_size: int | None = None) -> TraceResult:
+    """The exact trace of a model's curvature from per-sample squared norms, no product
+    (:mod:`flatfl.analysis.operators.exact_trace`: cross-entropy, networks of linear and convolutional layers; the
+    Hessian's for networks linear in each layer's parameters). The budget and target do not apply; the stated error
+    (``stderr``) is a bound on the rounding of the sums."""
+    op = as_operator(op, "the exact trace")
+    result = op.exact_trace(seed=seed)
+    names = list(op.param_names or [f"param{i}" for i in range(len(result.per_param))])
+    return TraceResult(result.value, result.error, 0, "exact", np.zeros(0),
+                       info={"error_kind": "rounding bound", "backward_passes": result.passes,
+                             "per_parameter": {n: float(v) for n, v in zip(names, result.per_param.tolist())}})
 
 
 def _apply_rows(op, rows: torch.Tensor, block: int) -> torch.Tensor:

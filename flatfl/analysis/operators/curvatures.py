@@ -41,6 +41,7 @@ from ...errors import ConfigError
 from ...utils.batch_walk import slice_samples
 from .kinds import CURVATURES, curvature_kind
 from .cross_entropy import SoftmaxHessian, cross_entropy_form
+from .exact_trace import gradient_columns, softmax_columns
 from .loss_curvature import LossCurvature, curvature_operator
 from .products import ForwardOverReverse, LossTerms, ProductMethod, check_scalar
 from .second_order import custom_functions, needs_double_backward
@@ -394,6 +395,9 @@ class GGNOperator(LossCurvature):
             self._check_split(split)
         return GaussNewtonProducts(self.terms, self.block_size, keys, split)
 
+    def trace_columns(self, outputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+        return softmax_columns(self.loss_fn, outputs, targets, "GGN")
+
     def _check_split(self, split) -> None:
         """``loss_of_outputs(outputs(model, batch), batch)`` is ``loss(model, batch)`` on the first batch."""
         terms = self.terms
@@ -424,3 +428,6 @@ class EmpiricalFisherOperator(LossCurvature):
                               "mode='eval' (BatchNorm's batch statistics and dropout belong to a batch)")
         keys = ForwardOverReverse.names_of(self.model, self.params)
         return PerSampleGradients(self.terms, self.block_size, keys, self.cache_bytes)
+
+    def trace_columns(self, outputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+        return gradient_columns(self.loss_fn, outputs, targets, batch_size)

@@ -151,6 +151,11 @@ class DistributedOperator(DerivedOperator):
             self.on_hvp(V.shape[1])
         return out
 
+    def exact_trace(self, seed: int = 0):
+        """The exact trace over every rank's samples (the shard's, summed by its share: the local operator was told
+        it is a shard)."""
+        return self.op.exact_trace(seed)
+
     def loss(self) -> float:
         """The mean loss over every rank's samples."""
         total = torch.tensor([self.op.loss() * self.scale], dtype=torch.float64, device=self.device)

@@ -32,6 +32,7 @@ import torch
 from ...errors import ConfigError
 from .names import PRODUCT_METHODS
 from .batches import ACCEPTED_DATA, as_batches
+from .exact_trace import softmax_columns
 from .kinds import curvature_kind
 from .linear_operator import MatrixOperator, block_size_for
 from .loss_curvature import LossCurvature
@@ -115,6 +116,13 @@ class HessianOperator(LossCurvature):
         if chosen == "finite-difference":
             return FiniteDifference(self.terms, self.block_size)
         return DoubleBackward(self.terms, self.block_size, self.cache_graph, self.cache_bytes)
+
+    #: the Hessian's exact trace is the Gauss-Newton matrix's for a network linear in each layer's parameters
+    #: (checked on every batch: :mod:`.exact_trace`)
+    exact_trace_needs_linear_layers = True
+
+    def trace_columns(self, outputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+        return softmax_columns(self.loss_fn, outputs, targets, "Hessian")
 
     @property
     def fully_cached(self) -> bool:

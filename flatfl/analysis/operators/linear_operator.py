@@ -86,6 +86,12 @@ class CurvatureOperator(abc.ABC):
     def release(self) -> None:
         """Free what the operator keeps between products (rebuilt when needed); nothing here."""
 
+    def exact_trace(self, seed: int = 0):
+        """The trace computed rather than estimated (:mod:`.exact_trace`): a model's curvature has one (a
+        :class:`~.loss_curvature.LossCurvature`, or one over ranks); any other operator refuses in one line."""
+        raise ConfigError(f"the exact trace needs the curvature of a model's loss (a Hessian, GGN or empirical-Fisher "
+                          f"operator), not a {type(self).__name__}; use the hutchpp trace method")
+
     def as_linear_operator(self):
         """This curvature as a ``scipy.sparse.linalg.LinearOperator`` of shape ``(dim, dim)`` in the operator's dtype
         (float32 or float64), for scipy's solvers: ``eigsh(op.as_linear_operator(), k=5, which="LA")``.

@@ -223,6 +223,26 @@ class LossCurvature(CurvatureOperator):
         state = np.random.SeedSequence([int(self.seed), self.first_sample + int(index)]).generate_state(1, np.uint64)
         return torch.Generator().manual_seed(int(state[0]) & (2**63 - 1))
 
+    # ------------------------------------------------------------------ the exact trace
+    #: whether the kind's exact trace needs the network linear in each layer's parameters (the Hessian's, whose
+    #: trace is then the Gauss-Newton matrix's: :mod:`.exact_trace`)
+    exact_trace_needs_linear_layers = False
+
+    def trace_columns(self, outputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """The factor ``B_i`` (n, C, K) of the kind in each sample's outputs, for :meth:`exact_trace` (a kind
+        without one refuses in one line)."""
+        what = kind_of(self.curvature).full_name if self.curvature else type(self).__name__
+        raise ConfigError(f"the {what} has no exact trace; use --trace-method hutchpp")
+
+    def exact_trace(self, seed: int = 0):
+        """The trace of this curvature from per-sample squared norms, per parameter
+        (:class:`~.exact_trace.ExactTrace`; :mod:`.exact_trace` says for which networks and losses)."""
+        from .exact_trace import exact_trace_of
+
+        what = kind_of(self.curvature).full_name if self.curvature else type(self).__name__
+        return exact_trace_of(self.terms, self.trace_columns, what=what,
+                              linear_layers=self.exact_trace_needs_linear_layers, seed=seed)
+
     # ------------------------------------------------------------------ first-order quantities
     def loss(self) -> float:
         """The mean loss over the evaluation set (the sample-weighted mean of the batches' losses)."""
