@@ -69,6 +69,24 @@ def test_only_float64_convolutions_on_the_cpu_are_replaced():
         assert torch.equal(F.conv2d(x64, w64, padding=1), torch.conv2d(x64, w64, padding=1))
 
 
+def test_a_stacked_cohort_s_grouped_convolutions_alone_are_replaced():
+    """stacked_convolutions (a channel-stacked cohort's training): grouped float64 calls as matrix products,
+    ungrouped ones and calls under torch.func.vmap torch's own, bit for bit."""
+    from flatfl.models.convolution import stacked_convolutions
+
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(2, 6, 5, 5, dtype=torch.float64, generator=g), torch.randn(9, 2, 3, 3, dtype=torch.float64,
+                                                                                 generator=g)
+    single = torch.randn(4, 6, 3, 3, dtype=torch.float64, generator=g)
+    with stacked_convolutions():
+        grouped, plain = F.conv2d(x, w, None, 1, 1, 1, 3), F.conv2d(x, single, padding=1)
+        mapped = torch.func.vmap(lambda v: F.conv2d(v, w, None, 1, 1, 1, 3))(x.unsqueeze(1))
+    assert torch.equal(grouped, conv2d_as_matmul(x, w, None, 1, 1, 1, 3))
+    assert relative(grouped, F.conv2d(x, w, None, 1, 1, 1, 3)) < 1e-13
+    assert torch.equal(plain, F.conv2d(x, single, padding=1))
+    assert torch.equal(mapped, torch.func.vmap(lambda v: F.conv2d(v, w, None, 1, 1, 1, 3))(x.unsqueeze(1)))
+
+
 class SmallCNN(nn.Module):
     """Two convolutions (one strided, one grouped), pooling and a classifier: 400-odd parameters."""
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["conv2d_as_matmul", "matmul_convolutions", "torch_convolutions", "eligible"]
+__all__ = ["conv2d_as_matmul", "matmul_convolutions", "stacked_convolutions", "torch_convolutions", "eligible"]
 
 _CONV2D = (torch.conv2d, F.conv2d)
 
@@ -66,8 +66,10 @@ def conv2d_as_matmul(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     sh, sw = _pair(stride, "stride")
     dh, dw = _pair(dilation, "dilation")
     top, bottom, left, right = _padding(padding, (kh, kw), (dh, dw))
-    if groups == 1 and top == bottom and left == right:
-        return _unfolded_conv2d(input, weight, bias, (sh, sw), (top, left), (dh, dw))
+    if top == bottom and left == right:
+        if groups == 1:
+            return _unfolded_conv2d(input, weight, bias, (sh, sw), (top, left), (dh, dw))
+        return _grouped_unfolded_conv2d(input, weight, bias, (sh, sw), (top, left), (dh, dw), groups)
     x = input.transpose(0, 1)  # C, N, H, W (a view)
     if top or bottom or left or right:
         x = F.pad(x, (left, right, top, bottom))
@@ -103,6 +105,24 @@ def _unfolded_conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return out.view(out_ch, n, ho, wo).transpose(0, 1).contiguous()
 
 
+def _grouped_unfolded_conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                             stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int],
+                             groups: int) -> torch.Tensor:
+    """A grouped, evenly padded convolution of a batched input as one batched matrix product over ``F.unfold``'s
+    windows (one product per group), the output a contiguous (N, out, Ho, Wo) tensor."""
+    n = input.shape[0]
+    out_ch, c, kh, kw = weight.shape
+    windows = F.unfold(input, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # N, G x C x kh x kw, L
+    positions = windows.shape[-1]
+    cols = windows.view(n, groups, c * kh * kw, positions).permute(1, 2, 0, 3).reshape(groups, c * kh * kw,
+                                                                                        n * positions)
+    flat = weight.reshape(groups, out_ch // groups, c * kh * kw)
+    out = torch.bmm(flat, cols) if bias is None else torch.baddbmm(bias.view(groups, -1, 1), flat, cols)
+    ho = (input.shape[2] + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (input.shape[3] + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    return out.view(groups, out_ch // groups, n, ho * wo).permute(2, 0, 1, 3).reshape(n, out_ch, ho, wo)
+
+
 def eligible(args: tuple, kwargs: dict) -> bool:
     """Whether a ``conv2d`` call is one this module computes: float64 input and weight tensors on the CPU, the input
     of 3 or 4 dimensions."""
@@ -128,11 +148,34 @@ def torch_convolutions() -> Iterator[None]:
 
 
 class _MatmulConvolutions(TorchFunctionMode):
+    def __init__(self, grouped_only: bool = False) -> None:
+        super().__init__()
+        self.grouped_only = grouped_only
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _CONV2D and eligible(args, kwargs):
+        if func in _CONV2D and eligible(args, kwargs) and (not self.grouped_only or _grouped(args, kwargs)):
             return conv2d_as_matmul(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+def _grouped(args: tuple, kwargs: dict) -> bool:
+    """A grouped call on plain (not vmapped) tensors: a channel-stacked network's convolution (one group a client)."""
+    groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
+    x = args[0] if args else kwargs.get("input")
+    return int(groups) > 1 and not torch._C._functorch.is_batchedtensor(x)
+
+
+@contextlib.contextmanager
+def stacked_convolutions(enabled: bool = True) -> Iterator[None]:
+    """Within the block, eligible *grouped* 2-D convolutions (a channel-stacked cohort's: one group a client) are
+    :func:`conv2d_as_matmul`, one batched matrix product over the groups, where torch's float64 fallback loops over
+    groups and samples; ungrouped ones stay torch's (docs/performance.md, "float64 on the CPU")."""
+    if not enabled or _TORCH_ONLY:
+        yield
+        return
+    with _MatmulConvolutions(grouped_only=True):
+        yield
 
 
 @contextlib.contextmanager

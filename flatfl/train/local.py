@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import DivergenceError
+from ..models.convolution import stacked_convolutions
 from .algorithms.algorithm import Algorithm
 from .context import ClientContext, Cohort, StepContext
 from .optimizers import LocalOptimizer
@@ -131,20 +132,24 @@ def train_cohort(cohort: Cohort, *, algo: Algorithm, reg: Regularizer, opt: Loca
         pieces = {"algorithm": algo, "regularizer": reg, "optimizer": opt, "cohort": cohort.extras,
                   "clients": cohort.clients, "round": cohort.round, "network": list(cohort.network.modules())}
         graphed = GraphedSteps(dev, n, batch_size, pieces=pieces, params=params, notice=notice)
-    for s in range(longest):
-        picks = {k: next(schedules[k]) for k in range(n) if s < steps[k]}
-        by_size: dict[int, list[int]] = {}
-        for k, idx in picks.items():
-            by_size.setdefault(len(idx), []).append(k)
-        for size, group in by_size.items():
-            if graphed is not None and len(group) == n and size == batch_size:
-                graphed.run(data.host_index(group, picks), lambda index: train_step(*data.gather(index), None))
-                continue
-            rows = None if len(group) == n else torch.tensor(group, device=dev)
-            x, y = data.batches(group, picks)
-            if augment is not None:  # each client's draws from its own generator, right after its batch's
-                x = torch.stack([augment(x[j], cohort.clients[k].generator) for j, k in enumerate(group)])
-            train_step(x, y, rows)
+    # float64 on the CPU: a stacked cohort's grouped convolutions as batched matrix products (torch's float64
+    # fallback loops over clients and samples); the same numbers to rounding (flatfl/models/convolution.py)
+    stacked = n > 1 and dev.type == "cpu" and any(p.dtype == torch.float64 for p in params)
+    with stacked_convolutions(stacked):
+        for s in range(longest):
+            picks = {k: next(schedules[k]) for k in range(n) if s < steps[k]}
+            by_size: dict[int, list[int]] = {}
+            for k, idx in picks.items():
+                by_size.setdefault(len(idx), []).append(k)
+            for size, group in by_size.items():
+                if graphed is not None and len(group) == n and size == batch_size:
+                    graphed.run(data.host_index(group, picks), lambda index: train_step(*data.gather(index), None))
+                    continue
+                rows = None if len(group) == n else torch.tensor(group, device=dev)
+                x, y = data.batches(group, picks)
+                if augment is not None:  # each client's draws from its own generator, right after its batch's
+                    x = torch.stack([augment(x[j], cohort.clients[k].generator) for j, k in enumerate(group)])
+                train_step(x, y, rows)
     mean = total / torch.tensor([max(k, 1) for k in steps], device=dev, dtype=total.dtype)
     bad = ~torch.isfinite(mean)
     if bool(bad.any()):

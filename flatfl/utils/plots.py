@@ -188,8 +188,8 @@ def axis_floor(peak: float, sigma: float, dims, floor_fraction: float = FLOOR_FR
 
 
 def draw_density(ax, groups: dict[str, list[dict]], labels: dict[str, str] | None = None,
-                 styles: dict[str, dict] | None = None, panel: str = "", floor_fraction: float = FLOOR_FRACTION,
-                 marks=None, marks_label: str = "", curvature: str = "Hessian"):
+                 styles: dict[str, dict] | None = None, panel: str = "", marks=None, marks_label: str = "",
+                 curvature: str = "Hessian"):
     """Draw the densities of ``groups`` (name -> SLQ results, see :func:`density_curves`; a result's ``dim`` is the
     number of eigenvalues) on ``ax``: a log axis from a stated fraction of the peak (:func:`axis_floor`; nothing
     drawn below it) with the height of one eigenvalue marked, the Gaussian width in the panel title, the region
@@ -204,8 +204,7 @@ def draw_density(ax, groups: dict[str, list[dict]], labels: dict[str, str] | Non
         ax.set_title(f"{panel}spectral density (SLQ)", fontsize=PANEL_SIZE)
         return grid, curves, sigma, None
     peak = max(c.max() for c in curves.values())
-    fraction, single = axis_floor(peak, sigma, [d.get("dim") for dens in groups.values() for d in dens],
-                                  floor_fraction)
+    fraction, single = axis_floor(peak, sigma, [d.get("dim") for dens in groups.values() for d in dens])
     floor = fraction * peak
     notes = []
     for k, (name, curve) in enumerate(curves.items()):
