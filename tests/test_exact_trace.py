@@ -144,3 +144,23 @@ def test_a_layer_s_per_sample_norms_by_each_contraction(n, out, positions, featu
     windows = torch.randn(n, features, positions, generator=g, dtype=torch.float64)
     expected = torch.stack([(delta[i] @ windows[i].T).square().sum() for i in range(n)])
     torch.testing.assert_close(weight_norms(delta, windows), expected, rtol=1e-13, atol=0)
+
+
+def test_per_layer_traces_are_exact_with_the_exact_trace():
+    """--per-layer with the exact trace: each module's trace is the sum of its parameters' shares, the dense
+    matrix's diagonal block trace, with no product spent on it (blocks too large to form)."""
+    from flatfl.analysis.estimators.per_layer import per_layer_curvature
+
+    model, x, y, batches = problem()
+    op = curvature_operator("hessian", model, batches)
+    matrix = dense("hessian", model, x, y)
+    layers = per_layer_curvature(op, 1, trace_method="exact", dense_up_to=0, tol=1e-6)
+    offset = 0
+    for block in layers.blocks:
+        want = float(torch.diagonal(matrix)[offset:offset + block.dim].sum())
+        assert block.trace == pytest.approx(want, rel=1e-11, abs=1e-14) and block.trace_stderr < 1e-9 * abs(want) + 1e-15
+        assert block.method == "lanczos+exact"
+        offset += block.dim
+    assert offset == op.dim
+    # rounding bounds add up as bounds (not in quadrature): the blocks' sum states the whole trace's bound
+    assert layers.trace_sum_stderr == pytest.approx(sum(b.trace_stderr for b in layers.blocks), rel=1e-12)

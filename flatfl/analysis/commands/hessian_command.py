@@ -124,8 +124,9 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     if s.per_layer:
         from ..estimators.per_layer import per_layer_curvature
 
+        exact = {"trace_method": "exact"} if s.trace and s.resolved_trace_method == "exact" else {}  # the blocks too
         layers = per_layer_curvature(op, s.per_layer_top, tol=s.tol, trace_hvps=s.trace_hvps, trace_rtol=s.trace_rtol,
-                                     seed=s.seed + 3, on_block=lambda i: phase("per-layer block"))
+                                     seed=s.seed + 3, on_block=lambda i: phase("per-layer block"), **exact)
         report["per_layer"] = json_safe(layers.as_dict())
     report["hvps_total"] = int(op.hvps)
     if op.products is not None:  # a model's curvature: how its products were computed

@@ -187,7 +187,8 @@ class LayerCurvature:
 @dataclass
 class PerLayerResult:
     """Every block's :class:`LayerCurvature`, in the parameters' order; ``trace_sum`` +- ``trace_sum_stderr`` is
-    the whole trace they add up to (standard errors added in quadrature: the blocks' probes are independent)."""
+    the whole trace they add up to (standard errors added in quadrature: the blocks' probes are independent; the
+    exact trace's rounding bounds added as they are, bounds not being independent errors)."""
 
     blocks: list[LayerCurvature]
     grouping: str
@@ -201,7 +202,9 @@ class PerLayerResult:
 
     @property
     def trace_sum_stderr(self) -> float:
-        return float(math.sqrt(sum(b.trace_stderr ** 2 for b in self.blocks)))
+        bounds = sum(b.trace_stderr for b in self.blocks if b.method.endswith("+exact"))
+        return float(bounds + math.sqrt(sum(b.trace_stderr ** 2 for b in self.blocks
+                                            if not b.method.endswith("+exact"))))
 
     def as_dict(self) -> dict:
         return {"grouping": self.grouping, "top": self.top, "blocks": [b.as_dict() for b in self.blocks],
@@ -249,6 +252,8 @@ def per_layer_curvature(op: CurvatureOperator, top: int = 1, *, grouping: str = 
     dense_up_to = int(trace_hvps if dense_up_to is None else dense_up_to)
     start = op.hvps
     lockstep = Lockstep(op)
+    # the exact trace (no products) gives every parameter's share at once: a block's trace is the sum of its own
+    exact = op.exact_trace(seed=seed) if trace_method == "exact" else None
 
     def job(i, module, members):
         index = torch.cat([torch.arange(offsets[j], offsets[j + 1]) for j in members])
@@ -269,8 +274,13 @@ def per_layer_curvature(op: CurvatureOperator, top: int = 1, *, grouping: str = 
         else:
             eig = estimate_eigenvalues(block, method, k, tol=tol, seed=seed + i)
             values, residuals = eig.eigenvalues, eig.residuals
-            tr = estimate_trace(block, trace_method, max_hvps=trace_hvps, rtol=trace_rtol, seed=seed + i)
-            trace, stderr, how = tr.estimate, tr.stderr, f"{method}+{trace_method}"
+            if exact is not None:  # the bound is proportional to the trace (exact_trace.py): a block's, to its own
+                trace = float(sum(exact.per_param[j] for j in members))
+                stderr = exact.error * abs(trace) / max(abs(exact.value), 1e-300)
+            else:
+                tr = estimate_trace(block, trace_method, max_hvps=trace_hvps, rtol=trace_rtol, seed=seed + i)
+                trace, stderr = tr.estimate, tr.stderr
+            how = f"{method}+{trace_method}"
         return LayerCurvature(module, [names[j] for j in members], block.dim, np.asarray(values, dtype=float),
                               np.asarray(residuals, dtype=float), float(trace), float(stderr), how, block.hvps)
 
