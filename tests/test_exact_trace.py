@@ -164,3 +164,28 @@ def test_per_layer_traces_are_exact_with_the_exact_trace():
     assert offset == op.dim
     # rounding bounds add up as bounds (not in quadrature): the blocks' sum states the whole trace's bound
     assert layers.trace_sum_stderr == pytest.approx(sum(b.trace_stderr for b in layers.blocks), rel=1e-12)
+
+
+class Unused(nn.Module):
+    """A layer never run and one whose output is dropped: both are rows and columns of zeros of every curvature."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.spare, self.dropped = nn.Linear(4, 3), nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, x):
+        self.dropped(x)
+        return self.fc(torch.relu(x))
+
+
+@pytest.mark.parametrize("curvature", ["hessian", "ggn", "empirical-fisher"])
+def test_layers_that_take_no_part_count_zero(curvature):
+    torch.manual_seed(0)
+    model = Unused().double()
+    x, y = torch.randn(7, 4, dtype=torch.float64), torch.arange(7) % 3
+    op = curvature_operator(curvature, model, [(x, y)])
+    result = estimate_trace(op, "exact")
+    truth = float(torch.trace(op.matmat(torch.eye(op.dim, dtype=torch.float64))))
+    assert result.estimate == pytest.approx(truth, rel=1e-12)
+    shares = result.info["per_parameter"]
+    assert all(shares[n] == 0.0 for n in ("spare.weight", "spare.bias", "dropped.weight", "dropped.bias"))

@@ -178,10 +178,10 @@ def _check_linear(outputs: torch.Tensor, zs: list[torch.Tensor], layers, generat
                   what: str) -> None:
     """``d/dz <d(w . f)/dz, u> = 0`` at every layer's output z (the Hessian's condition, module docstring)."""
     w = torch.randn(outputs.shape, generator=generator, dtype=outputs.dtype).to(outputs.device)
-    firsts = torch.autograd.grad(outputs, zs, grad_outputs=w, create_graph=True, retain_graph=True)
+    firsts = torch.autograd.grad(outputs, zs, grad_outputs=w, create_graph=True, retain_graph=True, allow_unused=True)
     eps = torch.finfo(outputs.dtype).eps
     for (name, _, _, _), z, first in zip(layers, zs, firsts):
-        if not first.requires_grad:
+        if first is None or not first.requires_grad:
             continue  # no path from z back into its own signal: the second derivative is zero by construction
         u = torch.randn(z.shape, generator=generator, dtype=z.dtype).to(z.device)
         (second,) = torch.autograd.grad((first * u).sum(), z, retain_graph=True, allow_unused=True)
@@ -235,18 +235,22 @@ def exact_trace_of(terms: LossTerms, columns: Callable, *, what: str, linear_lay
                     outputs = check_outputs(terms.model(inputs))
                     n = len(targets)
                     for k, (name, _, _, _) in enumerate(layers):
-                        if recorder.calls.get(k, 0) != 1:
+                        if recorder.calls.get(k, 0) > 1:
                             raise ConfigError(f"the exact trace of the {what} needs each layer run once a pass, and "
                                               f"layer {name!r} ran {recorder.calls.get(k, 0)} times; use --trace-method "
                                               "hutchpp")
-                    zs = [recorder.outputs[k] for k in range(len(layers))]
-                    windows = [_windows(module, recorder.inputs[k]) for k, (_, module, _, _) in enumerate(layers)]
+                    used = [k for k in range(len(layers)) if recorder.calls.get(k, 0) == 1]  # a layer not run: 0
+                    run = [layers[k] for k in used]
+                    if not run:  # no layer ran on this batch: it adds nothing
+                        continue
+                    zs = [recorder.outputs[k] for k in used]
+                    windows = [_windows(layers[k][1], recorder.inputs[k]) for k in used]
                     if linear_layers:
-                        _check_linear(outputs, zs, layers, generator, what)
+                        _check_linear(outputs, zs, run, generator, what)
                     factor = columns(outputs, targets, n)  # (n, C, K)
                     columns_total += n * factor.shape[2]
                     sums = torch.zeros(len(terms.params), dtype=outputs.dtype, device=outputs.device)
-                    params = [p for (_, module, wi, bi) in layers for p in
+                    params = [p for (_, module, wi, bi) in run for p in
                               ((module.weight if wi is not None else None), (module.bias if bi is not None else None))
                               if p is not None]
                     for c in range(factor.shape[2]):
@@ -257,7 +261,7 @@ def exact_trace_of(terms: LossTerms, columns: Callable, *, what: str, linear_lay
                         deltas, param_grads = got[:len(zs)], list(got[len(zs):])
                         passes += 1
                         summed, grads = [], []
-                        for k, (_, module, wi, bi) in enumerate(layers):
+                        for k, (_, module, wi, bi) in enumerate(run):
                             delta = deltas[k]
                             if delta is None:
                                 summed.append((None, None))
