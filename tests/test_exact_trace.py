@@ -170,8 +170,8 @@ class Unused(nn.Module):
     """A layer never run and one whose output is dropped: both are rows and columns of zeros of every curvature."""
 
     def __init__(self):
-        super().__init__()
-        self.fc, self.spare, self.dropped = nn.Linear(4, 3), nn.Linear(4, 3), nn.Linear(4, 3)
+        super().__init__()  # the dropped layer first: its gradients (none) must not be taken for the next layer's
+        self.dropped, self.fc, self.spare = nn.Linear(4, 3), nn.Linear(4, 3), nn.Linear(4, 3)
 
     def forward(self, x):
         self.dropped(x)

@@ -169,6 +169,12 @@ class _Recorder:
             self.inputs[k], self.outputs[k] = args[0].detach(), output
         return record
 
+    def clear(self) -> None:
+        """Forget the last pass (before the next one)."""
+        self.inputs.clear()
+        self.outputs.clear()
+        self.calls.clear()
+
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
@@ -196,17 +202,18 @@ def _check_linear(outputs: torch.Tensor, zs: list[torch.Tensor], layers, generat
                               "matrix's there; use --trace-method hutchpp")
 
 
-def _check_sum(per_sample: list[tuple[torch.Tensor | None, torch.Tensor | None]], grads, params, norms: float,
+def _check_sum(pairs: list[tuple[torch.Tensor | None, torch.Tensor | None]], dtype: torch.dtype, norms: float,
                samples: int, what: str) -> None:
-    """The per-sample gradients summed over the samples are torch's gradient of the same pass."""
-    eps = torch.finfo(params[0].dtype).eps
+    """The per-sample gradients summed over the samples are torch's gradient of the same pass: ``pairs`` of (the
+    sum, torch's gradient) per differentiated parameter, None standing for zero."""
+    eps = torch.finfo(dtype).eps
     total = 0.0
-    for (summed_w, summed_b), (gw, gb) in zip(per_sample, grads):
-        for mine, torch_grad in ((summed_w, gw), (summed_b, gb)):
-            if mine is not None:
-                reference = torch_grad if torch_grad is not None else torch.zeros_like(mine)
-                total += float((mine - reference).square().sum())
-    if not total ** 0.5 <= 1e3 * eps * samples ** 0.5 * max(norms, torch.finfo(params[0].dtype).tiny):
+    for mine, torch_grad in pairs:
+        if mine is None and torch_grad is None:
+            continue
+        difference = torch_grad if mine is None else mine if torch_grad is None else mine - torch_grad
+        total += float(difference.square().sum())
+    if not total ** 0.5 <= 1e3 * eps * samples ** 0.5 * max(norms, torch.finfo(dtype).tiny):
         raise ConfigError(f"the exact trace of the {what} found the model's gradient different from the sum of its "
                           "layers' per-sample gradients (a parameter used outside its layer?); use --trace-method "
                           "hutchpp")
@@ -229,7 +236,7 @@ def exact_trace_of(terms: LossTerms, columns: Callable, *, what: str, linear_lay
         with terms.model_mode():
             for index, weight in enumerate(terms.weights):
                 inputs, targets = terms.batches[index]
-                recorder.inputs.clear(), recorder.outputs.clear(), recorder.calls.clear()
+                recorder.clear()
                 with torch.enable_grad(), terms.no_running_stats(), terms.batch_rng(index), \
                         matmul_convolutions(terms.matmul_convolutions):
                     outputs = check_outputs(terms.model(inputs))
@@ -250,37 +257,35 @@ def exact_trace_of(terms: LossTerms, columns: Callable, *, what: str, linear_lay
                     factor = columns(outputs, targets, n)  # (n, C, K)
                     columns_total += n * factor.shape[2]
                     sums = torch.zeros(len(terms.params), dtype=outputs.dtype, device=outputs.device)
-                    params = [p for (_, module, wi, bi) in run for p in
-                              ((module.weight if wi is not None else None), (module.bias if bi is not None else None))
-                              if p is not None]
+                    # (flat index, parameter) of the layers that ran: their gradients are checked on the first pass
+                    params = [(i, p) for (_, module, wi, bi) in run for i, p in ((wi, module.weight), (bi, module.bias))
+                              if i is not None]
                     for c in range(factor.shape[2]):
                         check = c == 0
-                        wanted = zs + (params if check else [])
+                        wanted = zs + ([p for _, p in params] if check else [])
                         got = torch.autograd.grad(outputs, wanted, grad_outputs=factor[:, :, c].contiguous(),
                                                   retain_graph=True, allow_unused=True)
-                        deltas, param_grads = got[:len(zs)], list(got[len(zs):])
+                        deltas = got[:len(zs)]
+                        torch_grads = dict(zip((i for i, _ in params), got[len(zs):]))
                         passes += 1
-                        summed, grads = [], []
+                        mine: dict[int, torch.Tensor] = {}  # the per-sample gradients summed, by flat index
                         for k, (_, module, wi, bi) in enumerate(run):
                             delta = deltas[k]
-                            if delta is None:
-                                summed.append((None, None))
-                                grads.append((None, None))
+                            if delta is None:  # the layer's output does not reach the outputs: its gradients are 0
                                 continue
                             d = delta.reshape(n, delta.shape[1], -1) if isinstance(module, torch.nn.Conv2d) else \
                                 delta.reshape(n, -1, delta.shape[-1]).transpose(1, 2)
                             if wi is not None:
                                 sums[wi] += weight * weight_norms(d, windows[k]).sum()
+                                if check:
+                                    mine[wi] = torch.einsum("nol,nil->oi", d, windows[k]).reshape(module.weight.shape)
                             if bi is not None:
                                 sums[bi] += weight * d.sum(2).square().sum()
-                            if check:
-                                summed.append((torch.einsum("nol,nil->oi", d, windows[k]).reshape(module.weight.shape)
-                                               if wi is not None else None,
-                                               d.sum((0, 2)) if bi is not None else None))
-                                grads.append(tuple(param_grads.pop(0) if i is not None else None for i in (wi, bi)))
+                                if check:
+                                    mine[bi] = d.sum((0, 2))
                         if check:
-                            _check_sum(summed, grads, terms.params, float(sums.sum() / max(weight, 1e-300)) ** 0.5,
-                                       n, what)
+                            _check_sum([(mine.get(i), torch_grads[i]) for i, _ in params], outputs.dtype,
+                                       float(sums.sum() / max(weight, 1e-300)) ** 0.5, n, what)
                     per_param += sums.to(torch.float64).cpu()
                 del outputs, zs, windows
     finally:
