@@ -94,10 +94,9 @@ def _unfolded_conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
                      padding: tuple[int, int], dilation: tuple[int, int]) -> torch.Tensor:
     """An ungrouped, evenly padded convolution of a batched input as one matrix product over ``F.unfold``'s windows,
     the output a contiguous (N, out, Ho, Wo) tensor."""
-    n, _, h, w = input.shape
+    n = input.shape[0]
     out_ch, c, kh, kw = weight.shape
-    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    ho, wo = _output_size(input, (kh, kw), stride, padding, dilation)
     windows = F.unfold(input, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # N, C x kh x kw, Ho x Wo
     cols = windows.transpose(0, 1).reshape(c * kh * kw, n * ho * wo)  # the one copy of the windows
     flat = weight.reshape(out_ch, c * kh * kw)
@@ -118,9 +117,15 @@ def _grouped_unfolded_conv2d(input: torch.Tensor, weight: torch.Tensor, bias: to
                                                                                         n * positions)
     flat = weight.reshape(groups, out_ch // groups, c * kh * kw)
     out = torch.bmm(flat, cols) if bias is None else torch.baddbmm(bias.view(groups, -1, 1), flat, cols)
-    ho = (input.shape[2] + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (input.shape[3] + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    ho, wo = _output_size(input, (kh, kw), stride, padding, dilation)
     return out.view(groups, out_ch // groups, n, ho * wo).permute(2, 0, 1, 3).reshape(n, out_ch, ho, wo)
+
+
+def _output_size(input: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
+                 dilation: tuple[int, int]) -> tuple[int, int]:
+    """(Ho, Wo) of an evenly padded convolution of the batched ``input``."""
+    return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1
+                 for size, k, s, p, d in zip(input.shape[2:], kernel, stride, padding, dilation))
 
 
 def eligible(args: tuple, kwargs: dict) -> bool:

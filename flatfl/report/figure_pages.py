@@ -129,8 +129,6 @@ def table_page(title: str, header: list[str], rows: list[list], *, subtitle: lis
             cell.set_height(heights[i])
         # a cell is as wide as its column's share of the axes (colWidths, fixed): its text is measured without
         # drawing the page
-        # a cell is as wide as its column's share of the axes (colWidths, fixed): its text is measured without
-        # drawing the page
         fits = all(cell.get_text().get_window_extent(renderer).width + 3 <= cell.get_width() * ax.bbox.width
                    for cell in celld.values() if cell.get_text().get_text())
         if fits:

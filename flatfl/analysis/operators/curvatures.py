@@ -396,7 +396,7 @@ class GGNOperator(LossCurvature):
         return GaussNewtonProducts(self.terms, self.block_size, keys, split)
 
     def trace_columns(self, outputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
-        return softmax_columns(self.loss_fn, outputs, targets, "GGN")
+        return softmax_columns(self.loss_fn, outputs, targets, self.curvature_name())
 
     def _check_split(self, split) -> None:
         """``loss_of_outputs(outputs(model, batch), batch)`` is ``loss(model, batch)`` on the first batch."""

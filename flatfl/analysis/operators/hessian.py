@@ -122,7 +122,7 @@ class HessianOperator(LossCurvature):
     exact_trace_needs_linear_layers = True
 
     def trace_columns(self, outputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
-        return softmax_columns(self.loss_fn, outputs, targets, "Hessian")
+        return softmax_columns(self.loss_fn, outputs, targets, self.curvature_name())
 
     @property
     def fully_cached(self) -> bool:

@@ -231,17 +231,19 @@ class LossCurvature(CurvatureOperator):
     def trace_columns(self, outputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
         """The factor ``B_i`` (n, C, K) of the kind in each sample's outputs, for :meth:`exact_trace` (a kind
         without one refuses in one line)."""
-        what = kind_of(self.curvature).full_name if self.curvature else type(self).__name__
-        raise ConfigError(f"the {what} has no exact trace; use --trace-method hutchpp")
+        raise ConfigError(f"the {self.curvature_name()} has no exact trace; use --trace-method hutchpp")
 
     def exact_trace(self, seed: int = 0):
         """The trace of this curvature from per-sample squared norms, per parameter
         (:class:`~.exact_trace.ExactTrace`; :mod:`.exact_trace` says for which networks and losses)."""
         from .exact_trace import exact_trace_of
 
-        what = kind_of(self.curvature).full_name if self.curvature else type(self).__name__
-        return exact_trace_of(self.terms, self.trace_columns, what=what,
+        return exact_trace_of(self.terms, self.trace_columns, what=self.curvature_name(),
                               linear_layers=self.exact_trace_needs_linear_layers, seed=seed)
+
+    def curvature_name(self) -> str:
+        """How a refusal names this curvature ('Gauss-Newton matrix'): its registered kind's full name."""
+        return kind_of(self.curvature).full_name if self.curvature else type(self).__name__
 
     # ------------------------------------------------------------------ first-order quantities
     def loss(self) -> float:
