@@ -268,3 +268,31 @@ def test_finite_difference_products_raise_the_floor(trained):
     r = top_eigenvalues(op, 2, tol=1e-6)
     assert op.product_error and op.product_error > 1e-12
     assert r.error_bounds.min() >= op.product_error * abs(r.eigenvalues[0])
+
+
+def test_one_analysis_finds_both_ends(trained, truth):
+    """``smallest`` beside ``top`` (``flatfl hessian --smallest``): the most negative eigenvalues of the dense
+    Hessian, ascending, within their error estimates, from their own seed stream and with their own products; power
+    iteration, which finds only the largest in magnitude, leaves them to Lanczos."""
+    from flatfl.analysis.commands.hessian_command import compute
+
+    model, x, y = trained
+    op = HessianOperator(model, (x, y))
+    report, eig, _ = compute(op, HessianSettings(top=2, smallest=3, trace=False, tol=1e-9))
+    np.testing.assert_allclose(report["top_eigenvalues"], expected(truth, "largest", 2), rtol=1e-7)
+    low = report["smallest_eigenvalues"]
+    want = expected(truth, "smallest", 3)
+    assert low["method"] == "lanczos" and all(low["converged"]) and want[0] < 0
+    assert np.all(np.abs(np.array(low["values"]) - want) <= np.array(low["error_estimates"]) + 1e-12)
+    assert min(low["error_estimates"]) >= low["rounding_floor"] > 0
+    assert report["hvps_total"] == eig.hvps + low["hvps"]
+    again = top_eigenvalues(op, 3, which="smallest", tol=1e-9, seed=4)  # the analysis' seed + 4
+    np.testing.assert_array_equal(low["values"], again.eigenvalues)
+    # without it: None; power iteration's analysis finds them by Lanczos
+    assert compute(op, HessianSettings(top=1, trace=False))[0]["smallest_eigenvalues"] is None
+    power = compute(op, HessianSettings(top=1, smallest=1, method="power", trace=False, tol=1e-9))[0]
+    assert power["smallest_eigenvalues"]["method"] == "lanczos"
+    np.testing.assert_allclose(power["smallest_eigenvalues"]["values"], want[:1], rtol=1e-7)
+    for bad, message in ((-1, "--smallest must be an integer from 0"), (op.dim + 1, "--smallest 228 is larger")):
+        with pytest.raises(ConfigError, match=message):
+            compute(op, HessianSettings(top=1, smallest=bad, trace=False))

@@ -21,7 +21,7 @@ EXPECTED = {"top": 1, "trace": True, "density": False, "samples": None, "batch_s
             "trace_method": None, "trace_hvps": 100, "trace_rtol": 1e-2, "density_steps": 100, "density_starts": 4,
             "exact_residuals": False, "data_dir": None, "model_factory": None, "per_layer": False, "per_layer_top": 1,
             "loss": None, "curvature": "hessian", "products": "auto",
-            "precision": None, "which": None}
+            "precision": None, "which": None, "smallest": 0}
 
 
 def choices(message: str) -> str:
@@ -95,8 +95,10 @@ def test_from_mapping_refuses_unknown_keys_in_one_line():
     ({"density_starts": 0}, "--density-steps and --density-starts must be >= 1"),
     ({"samples": 0}, "--samples must be a positive integer, got 0"),
     ({"seed": -1}, "--seed must be an integer in 0..4294967295, got -1"),
-    ({"top": 0, "trace": False}, "nothing to compute: ask for --top K >= 1, --trace, --density or --per-layer"),
+    ({"top": 0, "trace": False}, "nothing to compute: ask for --top K >= 1, --smallest K >= 1, --trace, --density or "
+                                      "--per-layer"),
     ({"top": 0, "save_eigenvectors": True}, "--save-eigenvectors needs --top >= 1"),
+    ({"smallest": -1}, "--smallest must be an integer from 0 to 100,000, got -1"),
 ])
 def test_validate(settings, message):
     with pytest.raises(ConfigError) as e:

@@ -390,3 +390,37 @@ def test_one_seed_report_gives_no_verdict(runs, tmp_path, pdf_pages):
              for c in table.get_celld().values()]
     assert sum(t == "too few seeds\n(too few seeds)" for t in cells) == 3 and cells.count(">= 2") == 3
     assert not any(t.startswith(("agree", "disagree")) for t in cells)
+
+
+def test_the_smallest_eigenvalue_is_a_column_where_asked(runs, tmp_path, reports_undrawn):
+    """``--smallest 1`` asked of the report computes the most negative eigenvalue beside the top one, and the table
+    and runs.csv get its column, equal to each run's hessian.json; a report of runs without it has no such column
+    (the committed reports' columns stay as they are), and a runs.csv re-rendered keeps it."""
+    src = tmp_path / "runs"
+    for name in ("fedavg", "fedavg-man"):
+        shutil.copytree(runs / name, src / name)
+    with reports_undrawn():
+        build_report([src], tmp_path / "plain")
+    assert not any(k.startswith("smallest") for k in _rows(tmp_path / "plain" / "runs.csv")[0])
+    with reports_undrawn(analyses=True):
+        res = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path / "rep"), "--compute-missing",
+                                        "--smallest", "1", "--samples", "64"])
+    assert res.exit_code == 0, res.output
+    rows = {r["run"]: r for r in _rows(tmp_path / "rep" / "runs.csv")}
+    for name in ("fedavg", "fedavg-man"):
+        h = _hessian(src / name, "hessian-clients-average-samples64-smallest1")
+        low = h["smallest_eigenvalues"]
+        assert h["settings"]["smallest"] == 1 and low["values"][0] <= h["top_eigenvalues"][0]
+        assert float(rows[name]["smallest_eigenvalue"]) == low["values"][0]
+        assert float(rows[name]["smallest_eigenvalue_stderr"]) == low["error_estimates"][0]
+        assert rows[name]["smallest_eigenvalue_setting"] == "all-clients average, lanczos (tol 0.001), 64 samples"
+    table = {(r["method"], r["partition"]): r for r in _rows(tmp_path / "rep" / "man-table2.csv")}
+    fedavg = table[("FedAvg", "dirichlet-0.3")]
+    assert float(fedavg["ours_smallest_eigenvalue"]) == float(rows["fedavg"]["smallest_eigenvalue"])
+    assert fedavg["paper_smallest_eigenvalue"] == ""
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "| top eigenvalue ours | top eigenvalue paper | smallest eigenvalue ours |" in md
+    with reports_undrawn():
+        build_report([tmp_path / "rep" / "runs.csv"], tmp_path / "again")
+    again = {(r["method"], r["partition"]): r for r in _rows(tmp_path / "again" / "man-table2.csv")}
+    assert again[("FedAvg", "dirichlet-0.3")]["ours_smallest_eigenvalue"] == fedavg["ours_smallest_eigenvalue"]

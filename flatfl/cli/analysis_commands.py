@@ -89,6 +89,9 @@ Examples:
               help="largest | smallest | magnitude: the largest algebraic eigenvalues (descending), the smallest "
               "(ascending: the most negative first) or the largest in magnitude (default: largest with --method "
               "lanczos; power iteration finds the largest in magnitude only)")
+@click.option("--smallest", type=int, default=HESSIAN_DEFAULTS.smallest, show_default=True,
+              help="also the K smallest (most negative) eigenvalues, beside --top's, by Lanczos at --tol (hessian.json's "
+              "smallest_eigenvalues; a report of runs that have them shows a smallest-eigenvalue column)")
 @click.option("--trace/--no-trace", default=HESSIAN_DEFAULTS.trace, show_default=True, help="estimate the trace")
 @click.option("--density/--no-density", default=HESSIAN_DEFAULTS.density, show_default=True, help="eigenvalue spectral density (SLQ)")
 @click.option("--samples", type=int, default=HESSIAN_DEFAULTS.samples, help="draw N evaluation samples once with --seed (default: whole split)")
@@ -141,6 +144,13 @@ def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
         error = "" if errors[0] is None else f" +- {errors[0]:.2g}"
         found.append(f"{eigenvalues_text(which)} {values[0]:.6g}{error}"
                      f"{_multiplicity_note(eigen.get('multiplicity'))}")
+    low = report.get("smallest_eigenvalues")
+    if low:
+        shown = ", ".join(f"{v:.6g}" for v in low["values"][:5]) + (" ..." if len(low["values"]) > 5 else "")
+        click.echo(f"smallest eigenvalues of the {CURVATURE_NAMES[curvature]} (smallest algebraic): {shown}")
+        errors = low.get("error_estimates") or [None]
+        found.append(f"smallest eigenvalue {low['values'][0]:.6g}"
+                     + ("" if errors[0] is None else f" +- {errors[0]:.2g}"))
     if report["trace"]:
         tr = report["trace"]
         stderr = "n/a" if tr["stderr"] is None else f"{tr['stderr']:.3g}"

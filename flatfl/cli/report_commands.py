@@ -37,6 +37,7 @@ Examples:
 @click.option("--model", type=NameChoice(["server", "clients-average"], kind="model"), default=None,
               help="the model every row measures (accuracy and Hessian); default: clients-average for the MAN tables (MAN reports the all-clients average), server for FedAlign's")
 @click.option("--top", type=int, default=None, help="Hessian asked for: number of top eigenvalues (--compute-missing default 1)")
+@click.option("--smallest", type=int, default=None, help="Hessian asked for: also the K smallest (most negative) eigenvalues, shown as the tables' smallest-eigenvalue column (--compute-missing default 0)")
 @click.option("--density/--no-density", default=None, help="Hessian asked for: with the spectral density (--compute-missing default: no)")
 @click.option("--samples", type=int, default=None, help="Hessian asked for: evaluation samples (default: the whole training split)")
 @click.option("--method", default=None, cls=LazyHelp,
@@ -53,14 +54,15 @@ def report(run_dirs, out, tables, model, threads, compute_missing, device, **hes
     what only a run folder holds (curves, spectra, surfaces, provenance checks, training settings) is left out and
     said. A runs.csv is re-rendered alone (no run folders beside it, no --compute-missing or Hessian options).
 
-    A Hessian option given (--top, --density, --samples, --method) asks for those settings: only analyses made
-    with them fill the table, and --compute-missing computes them (into a folder of their own where an analysis
-    with other settings exists)."""
+    A Hessian option given (--top, --smallest, --density, --samples, --method) asks for those settings: only
+    analyses made with them fill the table, and --compute-missing computes them (into a folder of their own where an
+    analysis with other settings exists). Runs whose analyses hold the smallest eigenvalue (--smallest) give the
+    tables a smallest-eigenvalue column."""
     from ..report import build_report
     from ..report.pipeline import AnalysesAsked
 
     apply_threads(threads)
-    asked = {k: hessian[k] for k in ("top", "density", "samples", "method") if hessian[k] is not None}
+    asked = {k: hessian[k] for k in ("top", "smallest", "density", "samples", "method") if hessian[k] is not None}
     analyses = AnalysesAsked(asked, compute_missing, device)  # the Hessian settings asked for, computed if missing
     summary = build_report(list(run_dirs), out, tables=list(tables) or None, analyses=analyses, echo=click.echo,
                            model=model)

@@ -63,11 +63,11 @@ def shown_path(path) -> str:
         return str(path)
 
 
-def _metric_values(record) -> dict:
-    """A run's columns of the metrics runs.csv carries (each registry entry's ``runs_csv``): ``<name>`` its value,
-    ``<name>_stderr`` its estimator's own error, in the registry's order."""
+def _metric_values(record, names) -> dict:
+    """A run's columns of the metrics ``names`` that runs.csv carries (each registry entry's ``runs_csv``):
+    ``<name>`` its value, ``<name>_stderr`` its estimator's own error, ``<name>_setting``, in the registry's order."""
     out = {}
-    for name in metric_names():
+    for name in names:
         parts = report_metric(name).runs_csv
         if "value" in parts:
             out[name] = record.value(name)
@@ -99,6 +99,9 @@ def _folder_columns(r) -> dict:
 
 def run_rows(records) -> list[dict]:
     """runs.csv's lines: each run's values with the settings that made them."""
+    # a metric computed only when asked (the smallest eigenvalue) has columns where a run measured it
+    names = [n for n in metric_names()
+             if not report_metric(n).when_measured or any(r.value(n) is not None for r in records)]
     rows = []
     for r in records:
         recorded = getattr(r, "recorded", None)
@@ -108,7 +111,7 @@ def run_rows(records) -> list[dict]:
             "hessian_model": MODEL_NAMES[r.model], "hessian_dir": f["hessian_dir"], "model": f["model"],
             "clients": f["clients"], "rounds": f["rounds"], "rounds_done": f["rounds_done"], "finished": r.finished,
             "test_acc": r.accuracy("test_acc"), "all_test_acc": r.accuracy("all_test_acc"),
-            **_metric_values(r),
+            **_metric_values(r, names),
             **{k: f[k] for k in FOLDER_COLUMNS[FOLDER_COLUMNS.index("num_eigenvalues"):]},
         })
     return rows

@@ -4,12 +4,13 @@ runs a layout takes, the model its rows measure, and the scale lines that set ou
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from importlib import resources
 
 from ..errors import unknown_name
 from ..paper_tables import GROUPS, TABLES, TableSpec
 from ..utils.machine import machine_label
-from .metrics import report_metric
+from .metrics import metric_names, report_metric
 from .run_reader import MODELS
 
 __all__ = ["TABLE_ALIASES", "TABLES", "TableSpec", "paper_values", "paper_lookup", "fills", "records_of", "matching_tables", "tables_for", "model_for", "scale_label",
@@ -52,6 +53,19 @@ def fills(spec: TableSpec, record) -> bool:
 def records_of(spec: TableSpec, records) -> list:
     """The runs of ``records`` that ``spec``'s layout takes, in their order."""
     return [r for r in records if fills(spec, r)]
+
+
+def with_measured_metrics(spec: TableSpec, records) -> TableSpec:
+    """``spec`` with a column for each metric computed only when asked (``when_measured``: the smallest
+    eigenvalue) that at least one of its runs measured, after the top eigenvalue's (else last); ``spec`` itself when
+    none did."""
+    mine = records_of(spec, records)
+    extra = tuple(n for n in metric_names() if report_metric(n).when_measured and n not in spec.metrics
+                  and any(r.value(n) is not None for r in mine))
+    if not extra:
+        return spec
+    at = spec.metrics.index("top_eigenvalue") + 1 if "top_eigenvalue" in spec.metrics else len(spec.metrics)
+    return replace(spec, metrics=spec.metrics[:at] + extra + spec.metrics[at:])
 
 
 def matching_tables(records) -> list[str]:

@@ -47,7 +47,10 @@ class ReportMetric:
     how its direction reads in the forest plot ('lower: flatter'; '' for none). ``cross_client``: measured across
     clients (H_N / H_D): a table with it needs each run's clients' models and a ``flatfl hessian-clients`` result.
     ``settings_line``: whether a table's settings line names the settings of its column (the model is said once).
-    ``runs_csv``: what runs.csv carries of it, of :data:`RUNS_CSV_PARTS`."""
+    ``runs_csv``: what runs.csv carries of it, of :data:`RUNS_CSV_PARTS`. ``when_measured``: not a fixed column of
+    any table: a table (and runs.csv) gets its column where at least one of its runs measured it
+    (:func:`~flatfl.report.layouts.with_measured_metrics`), as the smallest eigenvalue, which an analysis computes
+    only when asked (``flatfl hessian --smallest``)."""
 
     name: str
     label: str
@@ -61,6 +64,7 @@ class ReportMetric:
     cross_client: bool = False
     settings_line: bool = True
     runs_csv: tuple[str, ...] = ()
+    when_measured: bool = False
 
     @property
     def title(self) -> str:
@@ -73,7 +77,7 @@ _REGISTRY: dict[str, ReportMetric] = {}
 
 def register_metric(name: str, label: str, value: Callable, *, short: str = "", error: Callable | None = None,
                     setting: Callable | None = None, unit: str = "", paper_names=(), reading: str = "",
-                    cross_client: bool = False, settings_line: bool = True, runs_csv=(),
+                    cross_client: bool = False, settings_line: bool = True, runs_csv=(), when_measured: bool = False,
                     replace: bool = False) -> ReportMetric:
     """Register a report metric (see :class:`ReportMetric` for the fields) and return its entry. ``short``
     defaults to the label, ``paper_names`` to the name. A name already taken is a ConfigError unless ``replace``."""
@@ -99,7 +103,7 @@ def register_metric(name: str, label: str, value: Callable, *, short: str = "", 
         raise ConfigError(f"a report metric called {name!r} is already registered (pass replace=True to replace it)")
     entry = ReportMetric(name, label.strip(), short or label.strip(), value, error or _nothing, setting or _nothing,
                          unit=unit, paper_names=names or (name,), reading=reading, cross_client=bool(cross_client),
-                         settings_line=bool(settings_line), runs_csv=parts)
+                         settings_line=bool(settings_line), runs_csv=parts, when_measured=bool(when_measured))
     _REGISTRY[name] = entry
     return entry
 
@@ -213,6 +217,35 @@ def _top_eigenvalue_error(rec) -> float | None:
     return est[0] if est and est[0] is not None else (res[0] if res else None)
 
 
+def _smallest(rec) -> dict:
+    """hessian.json's ``smallest_eigenvalues`` (``flatfl hessian --smallest K``), {} where not computed."""
+    low = (rec.hessian or {}).get("smallest_eigenvalues")
+    return low if isinstance(low, dict) else {}
+
+
+def _smallest_eigenvalue(rec) -> float | None:
+    values = _smallest(rec).get("values") or []
+    return _finite(values[0]) if values else None
+
+
+def _smallest_eigenvalue_error(rec) -> float | None:
+    """The smallest eigenvalue's error estimate, else its residual norm."""
+    low = _smallest(rec)
+    est, res = low.get("error_estimates") or [], low.get("residuals") or []
+    return est[0] if est and est[0] is not None else (res[0] if res else None)
+
+
+def _smallest_setting(rec) -> str | None:
+    """'all-clients average, lanczos (tol 0.001), 1442 samples' (its own method: power iteration cannot find it)."""
+    low = _smallest(rec)
+    if not low:
+        return None
+    h = rec.hessian
+    s = h.get("settings") or {}
+    return (f"{MODEL_NAMES[rec.model]}, {low.get('method', '?')}{eigen_precision(s)}, "
+            f"{h.get('num_samples', '?')} samples{data_setting(s)}")
+
+
 def _trace(rec) -> float | None:
     tr = (rec.hessian or {}).get("trace") or {}
     return None if tr.get("estimate") is None else float(tr["estimate"])
@@ -247,6 +280,8 @@ register_metric("accuracy", "accuracy", lambda rec: rec.accuracy(MODEL_ACCURACY[
 register_metric("top_eigenvalue", "top eigenvalue", _top_eigenvalue, short="λmax", error=_top_eigenvalue_error,
                 setting=_hessian_setting("method", eigen_precision), reading="lower: flatter",
                 runs_csv=RUNS_CSV_PARTS)
+register_metric("smallest_eigenvalue", "smallest eigenvalue", _smallest_eigenvalue, short="λmin",
+                error=_smallest_eigenvalue_error, setting=_smallest_setting, runs_csv=RUNS_CSV_PARTS, when_measured=True)
 register_metric("trace", "trace", _trace, error=lambda rec: ((rec.hessian or {}).get("trace") or {}).get("stderr"),
                 setting=_hessian_setting("trace_method", trace_precision), reading="lower: flatter",
                 runs_csv=RUNS_CSV_PARTS)

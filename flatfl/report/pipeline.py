@@ -40,7 +40,8 @@ from . import figure_pages, folder_kinds, pdf, runs_csv
 from .forest import forest_figure
 from .headline import report_headline
 from .files import directions_csv, run_rows, summary, table_csv
-from .layouts import TABLES, fills, matching_tables, model_for, paper_values, scale_label, tables_for
+from .layouts import (TABLES, fills, matching_tables, model_for, paper_values, scale_label, tables_for,
+                      with_measured_metrics)
 from .markdown import report_markdown
 from .missing import (DEFAULT_CLIENTS, DEFAULT_HESSIAN, compute_missing as compute_analyses, missing_lines,
                       pick_clients, sample_notices, settings_ok)
@@ -227,6 +228,7 @@ def build_report(paths, out, *, tables=None, analyses: AnalysesAsked | None = No
             raise ConfigError(f"{source}: a runs.csv holds the analyses as they were made; --compute-missing and "
                               "the Hessian options need the run folders")
         records, specs, notices, missing = _from_runs_csv(source, out, tables, model)
+    specs = [with_measured_metrics(spec, records) for spec in specs]  # the smallest eigenvalue, where measured
 
     # ---- tables and verdicts
     values = paper_values()

@@ -81,8 +81,9 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     phase = on_phase or (lambda name: None)
     op = as_operator(op, "the Hessian analysis")
     s = settings.validate()
-    if s.top > op.dim:
-        raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
+    for flag, k in (("--top", s.top), ("--smallest", s.smallest)):
+        if k > op.dim:
+            raise ConfigError(f"{flag} {k} is larger than the number of parameters ({op.dim})")
     start = time.perf_counter()
     report: dict = {}
     eig = dens = None
@@ -107,6 +108,7 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
         report["error_estimates"] = None
         report["eigen"] = None
         report["eigenvalue_ratio"] = None
+    report["smallest_eigenvalues"] = smallest_eigenvalues(op, s, phase) if s.smallest else None
     if s.trace:
         phase("trace")
         tr = estimate_trace(op, s.resolved_trace_method, max_hvps=s.trace_hvps, rtol=s.trace_rtol, seed=s.seed + 1)
@@ -137,6 +139,19 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     report["random_draws"] = {"seed": int(s.seed), "device": torch.device(op.device).type}
     report["seconds"] = time.perf_counter() - start
     return report, eig, dens
+
+
+def smallest_eigenvalues(op: CurvatureOperator, s: HessianSettings, phase=lambda name: None) -> dict:
+    """hessian.json's ``smallest_eigenvalues``: the ``s.smallest`` smallest (most negative) eigenvalues, ascending,
+    by ``s.smallest_method`` at ``s.tol`` from their own seed stream (``seed + 4``), with the residuals and error
+    estimates of the top eigenvalues'."""
+    phase("smallest eigenvalues")
+    low = estimate_eigenvalues(op, s.smallest_method, s.smallest, which="smallest", tol=s.tol, seed=s.seed + 4,
+                               exact_residuals=s.exact_residuals)
+    return {"values": low.eigenvalues.tolist(), "residuals": low.residuals.tolist(),
+            "error_estimates": None if low.error_bounds is None else low.error_bounds.tolist(),
+            "converged": low.converged.tolist(), "method": low.method, "tol": s.tol, "hvps": low.hvps,
+            "rounding_floor": low.info.get("rounding_floor")}
 
 
 #: the ratio of the top eigenvalues reported: lambda_1 / lambda_RATIO_K, when at least RATIO_K are computed
@@ -252,7 +267,7 @@ def settings_record(s: HessianSettings, device, precision: str = "float32") -> d
             "batch_size": s.batch_size, "split": s.split, "seed": s.seed, "device": str(device), "mode": "eval",
             "save_eigenvectors": s.save_eigenvectors, "exact_residuals": s.exact_residuals,
             "per_layer": s.per_layer, "per_layer_top": s.per_layer_top, "loss": s.loss, "curvature": s.curvature,
-            "products": s.products, "precision": precision}
+            "products": s.products, "precision": precision, "smallest": s.smallest}
 
 
 #: settings that do not change what an analysis computes: where it ran, how its samples were cut into batches
@@ -260,7 +275,7 @@ SAME_RESULT = ("device", "batch_size")
 #: settings that only add outputs, compared apart (:func:`check_earlier_analysis`)
 ADDED_OUTPUTS = ("save_eigenvectors", "per_layer", "per_layer_top")
 #: settings a hessian.json written before they existed did not record, and what it computed without them
-BEFORE_RECORDED = {"curvature": "hessian", "products": "auto"}
+BEFORE_RECORDED = {"curvature": "hessian", "products": "auto", "smallest": 0}
 
 
 def _what_it_computed(record: dict) -> dict:
@@ -268,8 +283,10 @@ def _what_it_computed(record: dict) -> dict:
     eigenvalues, no trace, no density) dropped, the device and batch size left out (:data:`SAME_RESULT`)."""
     out = {k: v for k, v in record.items() if k not in SAME_RESULT + ADDED_OUTPUTS}
     if not record.get("top"):
-        for k in ("which", "tol", "exact_residuals"):
-            out.pop(k, None)
+        out.pop("which", None)
+        if not record.get("smallest"):
+            for k in ("tol", "exact_residuals"):
+                out.pop(k, None)
     if not record.get("trace"):
         for k in ("trace_method", "trace_hvps", "trace_rtol"):
             out.pop(k, None)

@@ -62,6 +62,7 @@ class HessianSettings(Settings):
     curvature: str = DEFAULT_CURVATURE  # the matrix measured: a name of CURVATURES (flatfl.analysis.operators.kinds)
     products: str = "auto"  # how Hessian products are computed (flatfl.analysis.operators.products); "auto": by device
     which: str | None = None  # largest | smallest | magnitude (registry.WHICH); None: the method's own (lanczos: largest)
+    smallest: int = 0  # the K smallest (most negative) eigenvalues too, beside --top's (0: none)
 
     def validate(self) -> "HessianSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
@@ -71,6 +72,8 @@ class HessianSettings(Settings):
         if self.top > MAX_TOP:
             raise ConfigError(f"--top must be at most {MAX_TOP:,} (one stored vector per eigenvalue), got {self.top}")
         estimator("eigenvalues", self.method)  # the registry at run time: a method registered by now passes
+        if not 0 <= self.smallest <= MAX_TOP:
+            raise ConfigError(f"--smallest must be an integer from 0 to {MAX_TOP:,}, got {self.smallest!r}")
         resolve_which(self.method, self.which)  # a name of WHICH that the method can find
         if not 0 < self.tol < 1:
             raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {self.tol!r}")
@@ -115,8 +118,9 @@ class HessianSettings(Settings):
         if self.products not in PRODUCT_METHODS:
             raise unknown_name("product method", self.products, PRODUCT_METHODS)
         kind.check_products(self.products)
-        if not (self.top or self.trace or self.density or self.per_layer):
-            raise ConfigError("nothing to compute: ask for --top K >= 1, --trace, --density or --per-layer")
+        if not (self.top or self.smallest or self.trace or self.density or self.per_layer):
+            raise ConfigError("nothing to compute: ask for --top K >= 1, --smallest K >= 1, --trace, --density or "
+                              "--per-layer")
         if self.save_eigenvectors and self.top < 1:
             raise ConfigError("--save-eigenvectors needs --top >= 1")
         check_analysis_precision(self.precision)
@@ -129,6 +133,12 @@ class HessianSettings(Settings):
         if self.trace_method is not None:
             return self.trace_method
         return estimator("eigenvalues", self.method).trace_method or DEFAULT_TRACE_METHOD
+
+    @property
+    def smallest_method(self) -> str:
+        """The estimator of the ``smallest`` eigenvalues: ``method`` where it can find the smallest, else
+        :data:`DEFAULT_EIGEN_METHOD` (power iteration finds only the largest in magnitude)."""
+        return self.method if "smallest" in estimator("eigenvalues", self.method).which else DEFAULT_EIGEN_METHOD
 
     @property
     def resolved_which(self) -> str:
@@ -156,7 +166,8 @@ _KINDS = (("top", int, False), ("trace", bool, False), ("density", bool, False),
           ("tol", float, False), ("trace_method", str, True), ("trace_hvps", int, False), ("trace_rtol", float, True),
           ("density_steps", int, False), ("density_starts", int, False), ("exact_residuals", bool, False),
           ("model_factory", str, True), ("per_layer", bool, False), ("per_layer_top", int, False),
-          ("loss", str, True), ("curvature", str, False), ("products", str, False), ("which", str, True))
+          ("loss", str, True), ("curvature", str, False), ("products", str, False), ("which", str, True),
+          ("smallest", int, False))
 
 
 def products_text(products: dict | None) -> str:

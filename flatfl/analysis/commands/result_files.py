@@ -35,7 +35,7 @@ _NUMBER = (numbers.Real,)
 HESSIAN_FIELDS = {"checkpoint": (str,), "round": (int,), "weights_sha256": (str,), "num_samples": (int,),
                   "top_eigenvalues": (list,), "residuals": (list,), "error_estimates": (list,), "trace": (dict,),
                   "density": (dict,), "settings": (dict,), "clients": (dict,), "curvature": (str,),
-                  "measured": (str,), "samples": (dict,)}
+                  "measured": (str,), "samples": (dict,), "smallest_eigenvalues": (dict,)}
 CLIENTS_FIELDS = {"protocol": (str,), "H_N": _NUMBER, "H_D": _NUMBER, "H_N_stderr": _NUMBER, "H_D_stderr": _NUMBER,
                   "settings": (dict,), "round": (int,), "weights_sha256": (str,), "checkpoint": (str,)}
 SURFACE_FIELDS = {"settings": (dict,), "checkpoint": (str,), "round": (int,), "weights_sha256": (str,)}
@@ -49,7 +49,7 @@ for _fields in (HESSIAN_FIELDS, CLIENTS_FIELDS, SURFACE_FIELDS):
 MAX_MAGNITUDE = 1e150
 #: the fields holding numbers readers compute with (each number anywhere inside them is range-checked)
 NUMBER_FIELDS = ("top_eigenvalues", "residuals", "error_estimates", "trace", "density", "eigenvalue_ratio", "loss",
-                 "H_N", "H_D", "H_N_stderr", "H_D_stderr", "clients")
+                 "H_N", "H_D", "H_N_stderr", "H_D_stderr", "clients", "smallest_eigenvalues")
 
 
 def clients_file(protocol: str, kind: str = "json", curvature: str = "hessian") -> str:
