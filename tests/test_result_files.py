@@ -39,6 +39,25 @@ def test_a_hessian_file_with_a_number_out_of_range_is_refused_naming_the_field(t
         read_hessian_file(path)
 
 
+@pytest.mark.parametrize("record,said", [
+    ({"error_estimates": ["x", 1e-12]}, "its error_estimates holds 'x', not a number"),
+    ({"residuals": [None, 1e-9]}, "its residuals holds 'None', not a number"),
+    ({"top_eigenvalues": [True]}, "its top_eigenvalues holds 'True', not a number"),
+    ({"smallest_eigenvalues": {"values": -0.5}}, "its smallest_eigenvalues: values is float, not a list of numbers"),
+    ({"smallest_eigenvalues": {"values": [-0.5], "residuals": [1e-9], "error_estimates": [{}]}},
+     "its smallest_eigenvalues: error_estimates holds '{}', not a number"),
+])
+def test_a_hessian_file_whose_eigenvalue_lists_hold_other_things_is_refused(tmp_path, record, said):
+    """The per-eigenvalue lists, which the report averages and sets against each other, hold numbers (an error
+    estimate may be null): anything else is one line naming the file and the list, not 'invalid data' later."""
+    path = tmp_path / "hessian.json"
+    write(path, dict(GOOD, smallest_eigenvalues={"values": [-0.5], "residuals": [1e-9], "error_estimates": [None]}))
+    assert read_hessian_file(path)["smallest_eigenvalues"]["values"] == [-0.5]
+    write(path, dict(GOOD, **record))
+    with pytest.raises(ResultFileError, match=re.escape(f"{path} is not a flatfl hessian.json ({said}); ")):
+        read_hessian_file(path)
+
+
 def test_a_clients_file_with_a_number_out_of_range_is_refused(tmp_path):
     path = tmp_path / "clients-default.json"
     write(path, {"protocol": "default", "H_N": 0.5, "H_D": 0.1, "H_N_stderr": 0.01})
