@@ -233,3 +233,7 @@ def test_a_report_keeps_curvatures_apart():
     assert settings_match({"top": 1}, {"top": 1, "curvature": "hessian", "products": "auto"})
     assert not settings_match({"top": 1, "curvature": "ggn"}, {"top": 1, "curvature": "hessian"})
     assert settings_match({"top": 1, "curvature": "ggn"}, {"top": 1, "curvature": "ggn"})
+    # written before --smallest existed: no smallest eigenvalues, which a report asking for none accepts
+    assert settings_match({"top": 1}, {"top": 1, "smallest": 0})
+    assert not settings_match({"top": 1}, {"top": 1, "smallest": 1})
+    assert settings_match({"top": 1, "smallest": 1}, {"top": 1, "smallest": 1})

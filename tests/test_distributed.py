@@ -40,6 +40,27 @@ def _close(a, b, rtol: float, where: str) -> list[str]:
     return [] if diff <= rtol * max(scale, 1e-300) else [f"{where}: {diff:.3g} off (scale {scale:.3g})"]
 
 
+
+def test_the_worlds_split_rules():
+    """The named rules every split goes through: ``share`` is numpy's array_split (contiguous, the first ranks one
+    item more), ``dealt`` / ``owns`` every R-th item; together the ranks' parts are every item once; a world of one
+    keeps everything and gathers its own object."""
+    from flatfl.utils.ranks import World
+
+    for n in (0, 1, 5, 7, 12):
+        items = np.arange(n) * 10
+        for size in (1, 2, 3, 5):
+            worlds = [World(rank, size) for rank in range(size)]
+            shares = [w.share(items) for w in worlds]
+            for got, want in zip(shares, np.array_split(items, size)):
+                np.testing.assert_array_equal(got, want)
+            dealt = [w.dealt(list(items)) for w in worlds]
+            assert sorted(sum(dealt, [])) == list(items)
+            assert all(w.owns(k) == (items[k] in w.dealt(list(items))) for w in worlds for k in range(n))
+    one = World()
+    assert one.main and not one.distributed and one.gather({"a": 1}) == [{"a": 1}]
+    assert list(one.share(range(4))) == list(one.dealt(range(4))) == [0, 1, 2, 3]
+
 def test_shards_cover_the_samples_once_and_differ_by_at_most_one():
     """37 samples in batches of 8 over 3 ranks: 13, 12, 12 samples, batches cut where a range ends."""
     assert shard_ranges([8, 8, 8, 8, 5], 3) == [(0, 13), (13, 25), (25, 37)]

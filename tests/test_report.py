@@ -424,3 +424,23 @@ def test_the_smallest_eigenvalue_is_a_column_where_asked(runs, tmp_path, reports
         build_report([tmp_path / "rep" / "runs.csv"], tmp_path / "again")
     again = {(r["method"], r["partition"]): r for r in _rows(tmp_path / "again" / "man-table2.csv")}
     assert again[("FedAvg", "dirichlet-0.3")]["ours_smallest_eigenvalue"] == fedavg["ours_smallest_eigenvalue"]
+
+
+def test_the_smallest_eigenvalues_setting_ignores_the_order_of_the_top_ones():
+    """``--which`` orders the top eigenvalues, not the smallest ones: two analyses differing only in it give the
+    smallest-eigenvalue column one setting (averaged together), while another split does mark it."""
+    from types import SimpleNamespace
+
+    from flatfl.report.metrics import report_metric
+
+    def rec(**settings):
+        h = {"num_samples": 64, "settings": dict({"tol": 1e-3, "split": "train"}, **settings),
+             "smallest_eigenvalues": {"values": [-0.5], "residuals": [1e-9], "error_estimates": [None],
+                                      "method": "lanczos"}}
+        return SimpleNamespace(hessian=h, model="server")
+
+    metric = report_metric("smallest_eigenvalue")
+    assert metric.setting(rec(which="magnitude")) == metric.setting(rec(which="largest")) \
+        == "server, lanczos (tol 0.001), 64 samples"
+    assert metric.setting(rec(split="test")).endswith(", test split")
+    assert metric.value(rec()) == -0.5 and metric.error(rec()) == 1e-9  # no estimate: the residual

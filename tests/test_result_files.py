@@ -41,7 +41,8 @@ def test_a_hessian_file_with_a_number_out_of_range_is_refused_naming_the_field(t
 
 @pytest.mark.parametrize("record,said", [
     ({"error_estimates": ["x", 1e-12]}, "its error_estimates holds 'x', not a number"),
-    ({"residuals": [None, 1e-9]}, "its residuals holds 'None', not a number"),
+    ({"residuals": ["y", 1e-9]}, "its residuals holds 'y', not a number"),
+    ({"top_eigenvalues": [None, 1.0]}, "its top_eigenvalues holds 'None', not a number"),
     ({"top_eigenvalues": [True]}, "its top_eigenvalues holds 'True', not a number"),
     ({"smallest_eigenvalues": {"values": -0.5}}, "its smallest_eigenvalues: values is float, not a list of numbers"),
     ({"smallest_eigenvalues": {"values": [-0.5], "residuals": [1e-9], "error_estimates": [{}]}},

@@ -90,8 +90,9 @@ Examples:
               "(ascending: the most negative first) or the largest in magnitude (default: largest with --method "
               "lanczos; power iteration finds the largest in magnitude only)")
 @click.option("--smallest", type=int, default=HESSIAN_DEFAULTS.smallest, show_default=True,
-              help="also the K smallest (most negative) eigenvalues, beside --top's, by Lanczos at --tol (hessian.json's "
-              "smallest_eigenvalues; a report of runs that have them shows a smallest-eigenvalue column)")
+              help="also the K smallest (most negative) eigenvalues, beside --top's, at --tol, by --method when it finds "
+              "them, else Lanczos (hessian.json's smallest_eigenvalues; a report of runs that have them shows a "
+              "smallest-eigenvalue column)")
 @click.option("--trace/--no-trace", default=HESSIAN_DEFAULTS.trace, show_default=True, help="estimate the trace")
 @click.option("--density/--no-density", default=HESSIAN_DEFAULTS.density, show_default=True, help="eigenvalue spectral density (SLQ)")
 @click.option("--samples", type=int, default=HESSIAN_DEFAULTS.samples, help="draw N evaluation samples once with --seed (default: whole split)")

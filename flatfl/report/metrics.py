@@ -242,8 +242,9 @@ def _smallest_setting(rec) -> str | None:
         return None
     h = rec.hessian
     s = h.get("settings") or {}
+    beside = {k: v for k, v in s.items() if k != "which"}  # --which orders the top eigenvalues, not these
     return (f"{MODEL_NAMES[rec.model]}, {low.get('method', '?')}{eigen_precision(s)}, "
-            f"{h.get('num_samples', '?')} samples{data_setting(s)}")
+            f"{h.get('num_samples', '?')} samples{data_setting(beside)}")
 
 
 def _trace(rec) -> float | None:
@@ -281,7 +282,8 @@ register_metric("top_eigenvalue", "top eigenvalue", _top_eigenvalue, short="λma
                 setting=_hessian_setting("method", eigen_precision), reading="lower: flatter",
                 runs_csv=RUNS_CSV_PARTS)
 register_metric("smallest_eigenvalue", "smallest eigenvalue", _smallest_eigenvalue, short="λmin",
-                error=_smallest_eigenvalue_error, setting=_smallest_setting, runs_csv=RUNS_CSV_PARTS, when_measured=True)
+                error=_smallest_eigenvalue_error, setting=_smallest_setting, runs_csv=RUNS_CSV_PARTS,
+                when_measured=True)
 register_metric("trace", "trace", _trace, error=lambda rec: ((rec.hessian or {}).get("trace") or {}).get("stderr"),
                 setting=_hessian_setting("trace_method", trace_precision), reading="lower: flatter",
                 runs_csv=RUNS_CSV_PARTS)

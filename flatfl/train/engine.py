@@ -158,7 +158,7 @@ class Trainer:
         self.state = RoundState.at_start(self.model, self.layout, n, parallel, why)
         self.metrics: list[dict] = []
         self.start_round, self.elapsed, self.observer_seconds = 0, 0.0, 0.0
-        data = RunData(self.ds, self.partition, self.label_counts, self.augment)
+        data = RunData(self.ds, self.partition, self.label_counts, self.augment, self.world)
         pieces = RunPieces(self.model, self.layout, self.algo, self.reg, self.opt_cls, self.opt_hp)
         self.loop = RoundLoop(self.cfg, self.state, data, pieces, device=self.device, graphs=self.graphs,
                               observer=self.observer, log=self.log)
@@ -216,7 +216,7 @@ class Trainer:
             else:
                 self.log(f"run {self.run_dir} already finished ({cfg.rounds} rounds)")
             return self.run_dir / FINAL_FILE
-        agree_on_run(self.ds, self.partition, self.theta, self.buffers)  # under torchrun: the ranks built alike
+        agree_on_run(self.ds, self.partition, self.theta, self.buffers, self.world)  # the ranks built alike
         if self.writes:
             self._write_run_files()
         from tqdm.auto import tqdm

@@ -12,15 +12,15 @@ from ..utils import ranks
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 500,
-             normalize=None) -> tuple[float, float]:
-    """(mean loss, accuracy) of ``model`` on (x, y). ``normalize`` maps a raw batch to model input if given."""
+             normalize=None, world: ranks.World = ranks.World()) -> tuple[float, float]:
+    """(mean loss, accuracy) of ``model`` on (x, y). ``normalize`` maps a raw batch to model input if given;
+    ``world``: the ranks the batches are dealt to (:meth:`~flatfl.utils.ranks.World.dealt`; a world of one: all)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
-    w = ranks.world()
-    for s in list(range(0, len(y), batch_size))[w.rank::w.size]:
+    for s in world.dealt(list(range(0, len(y), batch_size))):
         xb = x[s:s + batch_size].to(device)
         yb = y[s:s + batch_size].to(device)
         if normalize is not None:
@@ -30,7 +30,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
         correct += (logits.argmax(1) == yb).sum()
     model.train(was_training)
     n = max(len(y), 1)
-    if w.distributed:
+    if world.distributed:
         totals = ranks.all_reduce_sum(torch.stack([loss_sum, correct.double()]))
         loss_sum, correct = totals[0], totals[1]
     return float(loss_sum) / n, float(correct) / n

@@ -22,21 +22,19 @@ from ..utils.batch_walk import map_tensors
 __all__ = ["my_share", "exchange", "agree_on_run"]
 
 
-def my_share(participants: np.ndarray) -> np.ndarray:
-    """This rank's contiguous share of a round's participants (all of them in one process)."""
-    w = ranks.world()
-    if not w.distributed:
-        return participants
-    return np.array_split(participants, w.size)[w.rank]
+def my_share(participants: np.ndarray, world: ranks.World) -> np.ndarray:
+    """This rank's contiguous share of a round's participants (:meth:`~flatfl.utils.ranks.World.share`; all of them
+    in a world of one)."""
+    return world.share(participants)
 
 
-def agree_on_run(ds, partition, theta: torch.Tensor, buffers: dict) -> None:
+def agree_on_run(ds, partition, theta: torch.Tensor, buffers: dict, world: ranks.World) -> None:
     """Before the first round (nothing written yet): every rank holds the same training and test sets (``ds``, an
     :class:`~flatfl.data.ImageDataset`), the same clients' split (``partition``) and the same server model to start
     from (``theta`` and its ``buffers``: the seeded network, or a resumed run's; compared by
     :func:`~flatfl.utils.ranks.fingerprint`, blind to last-bit differences between processors); a difference ends
-    every rank with one line naming it and the rank (:func:`flatfl.utils.ranks.agree`). Nothing in one process."""
-    if not ranks.world().distributed:
+    every rank with one line naming it and the rank (:func:`flatfl.utils.ranks.agree`). Nothing in a world of one."""
+    if not world.distributed:
         return
     ranks.agree({"training data": ranks.digest(ds.train_x, ds.train_y),
                  "test data": ranks.digest(ds.test_x, ds.test_y),
@@ -51,13 +49,13 @@ def _to(x, device):
 
 
 def exchange(ids: list[int], results: list, client_buffers: list[dict], *, clients_state: dict,
-             latest: torch.Tensor, latest_buffers: dict, created: set[str]) -> tuple[list, list]:
+             latest: torch.Tensor, latest_buffers: dict, created: set[str], world: ranks.World) -> tuple[list, list]:
     """Share what this rank's clients ``ids`` produced with every rank; returns every participant's results and
     buffers in the participants' order. ``clients_state`` (the algorithm's per-client rows), ``latest`` and
     ``latest_buffers`` are updated in place with the other ranks' rows; ``created``: per-client state keys this
     rank created during the round (an algorithm's state made on first sight of the data), sent whole so that a
-    rank whose share never made them gets the same tensor."""
-    if not ranks.world().distributed:
+    rank whose share never made them gets the same tensor. Nothing to share in a world of one (``world``)."""
+    if not world.distributed:
         return results, client_buffers
     cpu = torch.device("cpu")
     index = torch.tensor(ids, dtype=torch.long)
@@ -70,7 +68,7 @@ def exchange(ids: list[int], results: list, client_buffers: list[dict], *, clien
         "latest": latest.index_select(0, index.to(latest.device)).to(cpu),
         "latest_buffers": {k: v.index_select(0, index.to(v.device)).to(cpu) for k, v in latest_buffers.items()},
     }
-    everyone = ranks.all_gather_objects(mine)
+    everyone = world.gather(mine)
     device = latest.device
     for part in everyone:  # state made on first sight by some rank: the first rank's whole tensor
         for k, v in part["created"].items():

@@ -21,6 +21,7 @@ from ..data.partition import Partition
 from ..errors import DivergenceError
 from ..models.functional_stack import StackingRefused
 from ..models.params import ParamLayout, float_buffers
+from ..utils import ranks
 from ..utils.precision import computing_in
 from .algorithms.algorithm import Algorithm, weighted_mean
 from .config import FLOAT32_MAX, RunConfig
@@ -108,11 +109,13 @@ class RoundDone:
 @dataclass(frozen=True, eq=False)
 class RunData:
     """The data a run trains on: its dataset (``ds``, a :class:`~flatfl.data.ImageDataset`), the clients'
-    partition, their label counts (clients, classes) and whether their batches are augmented."""
+    partition, their label counts (clients, classes), whether their batches are augmented, and the ranks it is
+    split over (``world``: a round's participants shared out, evaluation batches dealt; a world of one by default)."""
     ds: Any
     partition: Partition
     label_counts: torch.Tensor
     augment: bool
+    world: ranks.World = ranks.World()
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,6 +144,7 @@ class RoundLoop:
         self.cfg, self.state, self.device = cfg, state, device
         self.ds, self.partition, self.label_counts, self.augment = (data.ds, data.partition, data.label_counts,
                                                                     data.augment)
+        self.world = data.world
         self.model, self.layout, self.algo, self.reg = pieces.model, pieces.layout, pieces.algo, pieces.reg
         self.opt_cls, self.opt_hp = pieces.opt_cls, pieces.opt_hp
         self.graphs, self.observer, self.log = graphs, observer, log
@@ -247,7 +251,7 @@ class RoundLoop:
         self.algo.round_start(rctx)
         augment = self._augment_fn()
         results, client_buffers = [], []
-        share = my_share(participants).tolist()  # under torchrun: this rank's clients (all of them otherwise)
+        share = my_share(participants, self.world).tolist()  # under torchrun: this rank's clients (else all)
         state_keys = set(self.algo.clients)
         pending = list(share)
         while pending:
@@ -272,7 +276,7 @@ class RoundLoop:
             client_buffers += cohort_buffers
         results, client_buffers = exchange(share, results, client_buffers, clients_state=self.algo.clients,
                                            latest=self.state.latest, latest_buffers=self.state.latest_buffers,
-                                           created=set(self.algo.clients) - state_keys)
+                                           created=set(self.algo.clients) - state_keys, world=self.world)
         with _overflow_is_divergence(r):
             theta = self.algo.aggregate(rctx, results)
         if not torch.isfinite(theta).all():
@@ -394,10 +398,10 @@ class RoundLoop:
         train_x = self._train_cache if self._train_cache is not None else ds.train_x
         tnorm = None if self._train_cache is not None else ds.normalize
         self.load_into_model(self.state.theta, self.state.buffers)
-        test_loss, test_acc = evaluate(self.model, test_x, ds.test_y, cfg.eval_batch_size, norm)
-        train_loss, train_acc = evaluate(self.model, train_x, ds.train_y, cfg.eval_batch_size, tnorm)
+        test_loss, test_acc = evaluate(self.model, test_x, ds.test_y, cfg.eval_batch_size, norm, self.world)
+        train_loss, train_acc = evaluate(self.model, train_x, ds.train_y, cfg.eval_batch_size, tnorm, self.world)
         self.load_into_model(self.all_clients_params(), self.state.buffers)
-        all_loss, all_acc = evaluate(self.model, test_x, ds.test_y, cfg.eval_batch_size, norm)
+        all_loss, all_acc = evaluate(self.model, test_x, ds.test_y, cfg.eval_batch_size, norm, self.world)
         return {"round": r + 1, "lr": lr, "clients": n_clients, "local_loss": local_loss,
                 "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,
                 "all_test_loss": all_loss, "all_test_acc": all_acc}

@@ -74,7 +74,9 @@ class RankFailed(FlatflError):
 @dataclass(frozen=True)
 class World:
     """The processes of this command: this one's ``rank`` among ``size`` (``local_rank`` on its machine) and the
-    backend of the process group (None before :func:`join`, and in one process)."""
+    backend of the process group (None before :func:`join`, and in one process); which rank writes (:attr:`main`),
+    the rules that split work over the ranks, each by its name (:meth:`share`, :meth:`dealt`, :meth:`owns`), and
+    how results meet (:meth:`gather`). A world of one (``World()``) keeps everything and gathers its own."""
 
     rank: int = 0
     size: int = 1
@@ -83,11 +85,32 @@ class World:
 
     @property
     def main(self) -> bool:
+        """Whether this process writes the command's files and prints: rank 0, or the only process."""
         return self.rank == 0
 
     @property
     def distributed(self) -> bool:
         return self.size > 1
+
+    def share(self, items):
+        """This rank's contiguous share of ``items`` (a sequence or an array): shares differ by at most one item,
+        the first ranks' the larger (numpy's ``array_split``); a round's participants are split so."""
+        q, r = divmod(len(items), self.size)
+        start = self.rank * q + min(self.rank, r)
+        return items[start:start + q + (1 if self.rank < r else 0)]
+
+    def dealt(self, items):
+        """Every ``size``-th of ``items`` from this rank's place, as cards are dealt (evaluation batches, a surface's
+        grid points)."""
+        return items[self.rank::self.size]
+
+    def owns(self, k: int) -> bool:
+        """Whether item ``k`` of a dealt sequence is this rank's (:meth:`dealt`)."""
+        return k % self.size == self.rank
+
+    def gather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order (``[obj]`` in a world of one)."""
+        return all_gather_objects(obj) if self.distributed else [obj]
 
 
 _WORLD: World | None = None  # set by join()

@@ -12,7 +12,6 @@ from ...utils import ranks
 from .client_metrics_settings import ClientMetricsSettings
 from ...utils.lock import locks_output
 from ..estimators.client_metrics import FEDALIGN_BATCH, FEDALIGN_SAMPLES, cross_client_metrics
-from ..operators.distributed import spread
 from .skeleton import AnalysisCommand, progress_bar, versions, weights_digest
 from .result_figures import clients_heatmap
 from .result_files import clients_file, read_clients_file, read_hessian_file
@@ -101,7 +100,7 @@ def run_client_metrics(checkpoint, out, settings: ClientMetricsSettings = Client
 
     with progress_bar(quiet, total=len(factories), desc="clients", unit="client") as bar:
         metrics = cross_client_metrics(factories, protocol=s.protocol, probes=s.probes, groups=s.groups,
-                                       seed=s.seed, tol=s.tol, progress=lambda k: bar.update(1), spread=spread())
+                                       seed=s.seed, tol=s.tol, progress=lambda k: bar.update(1), spread=cmd.world)
 
     section = metrics.as_dict()
     section.update({

@@ -394,7 +394,8 @@ def run_hessian(checkpoint, out, settings: HessianSettings = HessianSettings(), 
     batches = ckpt.eval_batches(split=s.split, samples=s.samples, batch_size=s.batch_size, seed=s.seed)
     # under torchrun: this rank's shard of the evaluation set, its products all-reduced
     op = over_ranks(lambda shard: curvature_operator(s.curvature, ckpt.model, shard, mode="eval", loss=loss,
-                                                     products=s.products), batches, objective=loss is not None)
+                                                     products=s.products), batches, objective=loss is not None,
+                    world=cmd.world)
     if s.top > op.dim:
         raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
 

@@ -1,5 +1,5 @@
-"""How far ``flatfl hessian`` is, and how long it may still take: its phases (top eigenvalues, trace, density,
-per-layer blocks) each with the most Hessian-vector products it can spend under the settings, so that the bar on a
+"""How far ``flatfl hessian`` is, and how long it may still take: its phases (top eigenvalues, smallest
+eigenvalues, trace, density, per-layer blocks) each with the most Hessian-vector products it can spend under the settings, so that the bar on a
 terminal shows an upper bound of the time left (products left at most, times the seconds a product has taken),
 tightened at the end of every phase to what is really left.
 
@@ -42,6 +42,10 @@ def phase_bounds(s: HessianSettings, dim: int, blocks: list[int] | None = None) 
     phases: list[tuple[str, int | None]] = []
     if s.top > 0:
         phases.append(("top eigenvalues", _eigen_bound(s, s.top, dim)))
+    if s.smallest > 0:  # by the method when it finds them, else by Lanczos (HessianSettings.smallest_method)
+        bound = _eigen_bound(HessianSettings(method=s.smallest_method, exact_residuals=s.exact_residuals),
+                             s.smallest, dim)
+        phases.append(("smallest eigenvalues", bound))
     if s.trace:
         phases.append(("trace", s.trace_hvps if s.resolved_trace_method in _KNOWN["trace"] else None))
     if s.density:

@@ -101,8 +101,9 @@ def _out_of_range(value, depth: int = 0):
 
 
 #: hessian.json's lists of numbers, per eigenvalue (``smallest_eigenvalues`` holds the same three): whether an entry
-#: may be null (an error estimate the method did not give)
-EIGENVALUE_LISTS = {"top_eigenvalues": False, "values": False, "residuals": False, "error_estimates": True}
+#: may be null (an error estimate the method did not give; a residual an estimator gave as not finite, which the
+#: file records as null)
+EIGENVALUE_LISTS = {"top_eigenvalues": False, "values": False, "residuals": True, "error_estimates": True}
 
 
 def _not_numbers(record: dict) -> str | None:

@@ -13,7 +13,6 @@ from ...utils import ranks
 from ...utils.lock import locks_output
 from .surface_settings import SurfaceSettings
 from .skeleton import AnalysisCommand, progress_bar, versions, weights_digest
-from ..operators.distributed import spread
 from ..estimators.directions import directions_from_eigenvector_file, hessian_directions, random_directions
 from .result_figures import surface_figures
 from ..estimators.surface import grid_coordinates, loss_surface
@@ -87,7 +86,7 @@ def run_surface(checkpoint, out, settings: SurfaceSettings = SurfaceSettings(), 
 
         result = loss_surface(model, batches, pair, s.grid, s.range, workers=s.workers, grid_file=grid_path,
                               fingerprint=fingerprint, force=s.force, save_every=s.save_every, progress=progress,
-                              spread=spread())
+                              spread=cmd.world)
 
     labels = (r"$\epsilon_0$ (top eigenvector)", r"$\epsilon_1$ (2nd eigenvector)") if s.directions == "hessian" \
         else ("direction 1 (filter-normalised)", "direction 2 (filter-normalised)")

@@ -51,7 +51,7 @@ import torch
 
 from ...errors import ConfigError, unknown_name
 from ...utils.io import json_safe
-from ..operators.distributed import Spread
+from ...utils.ranks import World
 from ..operators.linear_operator import CurvatureOperator, as_operator
 from .trace import hutchinson_diagonal
 
@@ -326,7 +326,7 @@ def cross_client_metrics(
     blocks: Sequence[int] | None = None,
     memory_budget: int = 2 * 2**30,
     progress: Callable[[int], None] | None = None,
-    spread=None,
+    spread: World | None = None,
 ) -> ClientMetrics:
     """H_N and H_D across clients, one Hessian operator per client (see the module docstring for the protocols).
 
@@ -336,8 +336,9 @@ def cross_client_metrics(
     ``probes``: Rademacher probes per client (``fedalign``: the most, as PyHessian's ``maxIter``). ``groups``:
     jackknife groups. ``blocks``: for ``fedalign`` on operators without a parameter layout (``has_param_layout``),
     the sizes of the parameter blocks. ``progress(k)`` is called after each
-    client. ``spread``: the clients over several ranks (:class:`flatfl.analysis.operators.distributed.Spread`): each rank
-    probes its own clients and the probe sums meet before the metrics, which are then one process's.
+    client. ``spread``: the ranks the clients are dealt to (a :class:`flatfl.utils.ranks.World`; None: a world of one): each
+    rank probes its own clients (:meth:`~flatfl.utils.ranks.World.owns`) and the probe sums meet before the metrics,
+    which are then one process's.
     """
     if protocol not in PROTOCOLS:
         raise unknown_name("cross-client protocol", protocol, PROTOCOLS)
@@ -354,14 +355,14 @@ def cross_client_metrics(
     count = len(operators)
     hvps = 0
     notes: list[str] = []
-    spread = spread if spread is not None else Spread()
+    spread = spread if spread is not None else World()
     if protocol == "default":
         g = min(groups, probes // 2)
         store, dim = None, None
         per_client = [None] * count
         try:
             for k, item in enumerate(operators):
-                if not spread.mine(k):
+                if not spread.owns(k):
                     continue
                 op, built = _client_operator(item, k)
                 if store is None:
@@ -377,7 +378,7 @@ def cross_client_metrics(
                     op.release()  # a lazily built operator's cached graphs are freed once its client is done
                 if progress is not None:
                     progress(k)
-            if spread.size > 1:
+            if spread.distributed:
                 store = _meet(spread, store, per_client, g, memory_budget)
             hvps = sum(p.hvps for p in per_client)
             values, errors = metrics_from_probe_sums(per_client, debiased=True, self_pairs=False, stack=store.array)
@@ -398,7 +399,7 @@ def cross_client_metrics(
     else:
         all_rows, client_hvps = [None] * count, [0] * count
         for k, item in enumerate(operators):
-            if not spread.mine(k):
+            if not spread.owns(k):
                 continue
             op, built = _client_operator(item, k)
             shapes = _block_shapes(op, blocks)
@@ -409,7 +410,7 @@ def cross_client_metrics(
                 op.release()
             if progress is not None:
                 progress(k)
-        for part in spread.gather((all_rows, client_hvps)) if spread.size > 1 else ():
+        for part in spread.gather((all_rows, client_hvps)) if spread.distributed else ():
             for k in range(count):
                 if part[0][k] is not None:
                     all_rows[k], client_hvps[k] = part[0][k], part[1][k]
@@ -438,7 +439,7 @@ def cross_client_metrics(
     )
 
 
-def _meet(spread: Spread, store, per_client: list, g: int, budget: int, chunk: int = 1 << 16):
+def _meet(spread: World, store, per_client: list, g: int, budget: int, chunk: int = 1 << 16):
     """Every rank's clients' group sums in every rank's store (a slab of coordinates at a time) and their
     :class:`ProbeSums` in ``per_client``; returns the store (made here on a rank that probed no client)."""
     count = len(per_client)

@@ -43,7 +43,7 @@ from ...errors import ConfigError
 from .surface_checks import DIRECTION_KINDS, check_grid, check_save_every, check_workers
 from .directions import direction_params
 from ..operators.batches import as_batches
-from ..operators.distributed import Spread
+from ...utils.ranks import World
 from .surface_files import GridFile
 
 __all__ = ["SurfaceEvaluator", "SurfaceResult", "loss_surface", "grid_coordinates", "DIRECTION_KINDS"]
@@ -159,11 +159,11 @@ def evaluate_chunk(points):
     return out
 
 
-def _evaluate_spread(evaluator: SurfaceEvaluator, state, pending: list, spread: Spread, save_every: int,
+def _evaluate_spread(evaluator: SurfaceEvaluator, state, pending: list, spread: World, save_every: int,
                      record: Callable) -> None:
     """The pending points over the ranks: this rank's share (every ``size``-th), ``save_every`` at a time, then
     every rank's values recorded in the grid's order on every rank."""
-    mine = pending[spread.rank::spread.size]
+    mine = spread.dealt(pending)
     steps = math.ceil(math.ceil(len(pending) / spread.size) / save_every)  # the same count on every rank
     try:
         for step in range(steps):
@@ -190,7 +190,7 @@ def loss_surface(
     save_every: int = 8,
     start_method: str | None = None,
     progress: Callable[[int, int], None] | None = None,
-    spread: Spread | None = None,
+    spread: World | None = None,
 ) -> SurfaceResult:
     """Loss and accuracy on the ``grid x grid`` square ``linspace(-range, range, grid)^2`` around ``model``.
 
@@ -198,8 +198,8 @@ def loss_surface(
     ``grid_file``: an ``.npz`` path to resume from and save to every ``save_every`` points (atomically);
     ``fingerprint``: the settings stored in it (a file with other settings is refused unless ``force``).
     ``workers``: local processes (CPU models). ``progress(done, total)`` is called after each recorded point.
-    ``spread``: the points over several ranks (:class:`~flatfl.analysis.operators.distributed.Spread`): each rank evaluates
-    every ``size``-th pending point, the ranks exchange their values every ``save_every`` points each, every rank
+    ``spread``: the ranks the points are dealt to (a :class:`~flatfl.utils.ranks.World`; None: a world of one): each
+    rank evaluates every ``size``-th pending point (:meth:`~flatfl.utils.ranks.World.dealt`), the ranks exchange their values every ``save_every`` points each, every rank
     ends with the whole grid and rank 0 alone saves ``grid_file``. The model's parameters are restored before
     returning.
     """
@@ -211,11 +211,11 @@ def loss_surface(
     evaluator = SurfaceEvaluator(model, batches, directions, loss_fn)
     if workers > 1 and evaluator.params[0].device.type != "cpu":
         raise ConfigError("--workers > 1 runs on the CPU only; use one worker on an accelerator")
-    spread = spread if spread is not None else Spread()
-    if workers > 1 and spread.size > 1:
+    spread = spread if spread is not None else World()
+    if workers > 1 and spread.distributed:
         raise ConfigError(f"--workers {workers} under torchrun: the {spread.size} ranks already share the points; "
                           "give each rank one worker (--workers 1) and start more ranks instead")
-    writes = spread.rank == 0  # the grid file is rank 0's
+    writes = spread.main  # the grid file is rank 0's
     state = GridFile.open(grid_file, xs, fingerprint or {}, force=force)
     pending = state.pending()
     total = int(state.done.size)
@@ -239,7 +239,7 @@ def loss_surface(
     if grid_file is not None and not Path(grid_file).exists() and writes:
         state.save()
     try:
-        if pending and spread.size > 1:
+        if pending and spread.distributed:
             _evaluate_spread(evaluator, state, pending, spread, save_every, record)
         elif pending and workers == 1:
             try:

@@ -21,8 +21,8 @@ products in the same order.
 (unequal shards when it does not divide), slicing a batch where a range ends; :func:`over_ranks` builds the
 operator of a command or of the Python API: the plain operator in one process, else this rank's shard wrapped,
 once the ranks have found that they hold the same evaluation set and weights (:func:`flatfl.utils.ranks.agree`);
-:func:`spread` deals ``flatfl hessian-clients``' clients out to the ranks instead (each client's operator stays
-whole on one rank).
+``flatfl hessian-clients`` deals its clients out to the ranks instead, by the world's own rule
+(:meth:`flatfl.utils.ranks.World.dealt`; each client's operator stays whole on one rank).
 A Hessian in ``train`` mode (batch statistics, per-batch random state) keeps whole batches, so it is refused over
 several ranks.
 """
@@ -39,7 +39,7 @@ from .linear_operator import CurvatureOperator, DerivedOperator
 from .loss_curvature import RANDOMNESS
 from .objective import batch_samples
 
-__all__ = ["DistributedOperator", "Spread", "shard_batches", "shard_ranges", "over_ranks", "spread"]
+__all__ = ["DistributedOperator", "shard_batches", "shard_ranges", "over_ranks"]
 
 
 def shard_ranges(sizes: list[int], ranks: int) -> list[tuple[int, int]]:
@@ -76,7 +76,8 @@ class DistributedOperator(DerivedOperator):
     loss over its ``num_samples`` samples (see the module docstring). ``loss()`` and ``gradient()`` are reduced the
     same way; the layout members (``param_shapes``, ``param_names``, ``unflatten``, ``flatten``) are ``local``'s."""
 
-    def __init__(self, local: CurvatureOperator, num_samples: int) -> None:
+    def __init__(self, local: CurvatureOperator, num_samples: int, world: ranks.World | None = None) -> None:
+        world = world if world is not None else ranks.world()  # the ranks whose shards these are
         self.op = local
         self.dim, self.dtype, self.device = local.dim, local.dtype, local.device
         counts = ranks.all_gather_objects(int(num_samples))
@@ -93,7 +94,7 @@ class DistributedOperator(DerivedOperator):
             ranks.agree({"curvature seed": int(local.seed)})
         as_shard = getattr(local, "as_shard", None)  # a model's curvature: one shard of the evaluation set
         if callable(as_shard):
-            as_shard(self.whole, sum(self.shard_samples[:ranks.world().rank]))
+            as_shard(self.whole, sum(self.shard_samples[:world.rank]))
         self.hvps = 0
         self.on_hvp: Callable[[int], None] | None = None
         # every rank must push the same blocks: the smallest preferred block (and limit) of all ranks
@@ -167,11 +168,12 @@ class DistributedOperator(DerivedOperator):
 
 
 def over_ranks(build: Callable[[list], CurvatureOperator], batches: list, *, objective: bool = False,
-               mode: str = "eval") -> CurvatureOperator:
-    """The operator of a command or of the Python API: ``build(batches)`` in one process; under torchrun,
-    ``build`` of this rank's shard (:func:`shard_batches`) in a :class:`DistributedOperator`. ``batches`` is the
-    whole evaluation set as a list (the same on every rank)."""
-    w = ranks.world()
+               mode: str = "eval", world: ranks.World | None = None) -> CurvatureOperator:
+    """The operator of a command or of the Python API: ``build(batches)`` in a world of one; over several ranks
+    (``world``: a command's; None: this process's, :func:`flatfl.utils.ranks.world`), ``build`` of this rank's
+    shard (:func:`shard_batches`) in a :class:`DistributedOperator`. ``batches`` is the whole evaluation set as a
+    list (the same on every rank)."""
+    w = world if world is not None else ranks.world()
     if not w.distributed:
         return build(batches)
     if mode != "eval":
@@ -185,23 +187,4 @@ def over_ranks(build: Callable[[list], CurvatureOperator], batches: list, *, obj
     # and tuples only, and would read a UserDict or a dataclass by its repr (which names the device, elides values)
     ranks.agree({"evaluation data": ranks.digest([list(leaves(b)) for b in batches]),
                  "weights": ranks.fingerprint(local.param_names, list(getattr(local, "params", None) or []))})
-    return DistributedOperator(local, local.num_samples)
-
-
-class Spread:
-    """Which items (clients, grid points) this rank computes, every ``size``-th from ``rank``, and how its results
-    reach the other ranks (``gather(obj) -> [every rank's obj]``); one process by default. :func:`spread` makes the one of a torchrun
-    launch (``flatfl hessian-clients``' clients, ``flatfl surface``'s grid points)."""
-
-    def __init__(self, rank: int = 0, size: int = 1, gather: Callable | None = None) -> None:
-        self.rank, self.size = int(rank), int(size)
-        self.gather = gather if gather is not None else (lambda obj: [obj])
-
-    def mine(self, k: int) -> bool:
-        return k % self.size == self.rank
-
-
-def spread() -> Spread:
-    """The items of a command over the ranks of a torchrun launch (one process's without torchrun)."""
-    w = ranks.world()
-    return Spread(w.rank, w.size, ranks.all_gather_objects)
+    return DistributedOperator(local, local.num_samples, w)
