@@ -424,6 +424,14 @@ def test_the_smallest_eigenvalue_is_a_column_where_asked(runs, tmp_path, reports
         build_report([tmp_path / "rep" / "runs.csv"], tmp_path / "again")
     again = {(r["method"], r["partition"]): r for r in _rows(tmp_path / "again" / "man-table2.csv")}
     assert again[("FedAvg", "dirichlet-0.3")]["ours_smallest_eigenvalue"] == fedavg["ours_smallest_eigenvalue"]
+    # only the most negative (--top 0): computed once, then found (not listed as missing again)
+    only = ["report", str(src), "--compute-missing", "--top", "0", "--smallest", "1", "--samples", "64"]
+    with reports_undrawn(analyses=True):
+        first = CliRunner().invoke(main, [*only, "--out", str(tmp_path / "low1")])
+        second = CliRunner().invoke(main, [*only, "--out", str(tmp_path / "low2")])
+    assert first.exit_code == second.exit_code == 0, first.output + second.output
+    assert first.output.count("computed for ") == 2 and "computed for " not in second.output
+    assert json.loads((tmp_path / "low2" / "summary.json").read_text())["missing"] == []
 
 
 def test_the_smallest_eigenvalues_setting_ignores_the_order_of_the_top_ones():
@@ -444,3 +452,20 @@ def test_the_smallest_eigenvalues_setting_ignores_the_order_of_the_top_ones():
         == "server, lanczos (tol 0.001), 64 samples"
     assert metric.setting(rec(split="test")).endswith(", test split")
     assert metric.value(rec()) == -0.5 and metric.error(rec()) == 1e-9  # no estimate: the residual
+
+
+def test_every_run_pages_show_the_smallest_eigenvalue_where_runs_csv_has_it(monkeypatch):
+    from flatfl.report import figure_pages, pages
+
+    seen = []
+    monkeypatch.setattr(figure_pages, "table_page", lambda title, header, cells: seen.append((header, cells[0])))
+    row = {"run": "a", "method": "FedAvg", "partition": "dirichlet-0.3", "seed": 0, "rounds_done": 2, "rounds": 2,
+           "test_acc": 90.0, "all_test_acc": 89.0, "hessian_model": "server", "hessian_samples": 64,
+           "hessian_method": "lanczos", "trace_method": "hutchpp", "top_eigenvalue": 2.0, "trace": 3.0,
+           "trace_stderr": 0.1, "hessian_norm_gap": None, "hessian_direction": None, "clients_protocol": None}
+    list(pages.run_pages([row]))
+    list(pages.run_pages([dict(row, smallest_eigenvalue=-0.5)]))
+    (plain, plain_cells), (low, low_cells) = seen
+    assert "λmin" not in plain and plain[plain.index("λmax") + 1] == "trace"
+    assert low[low.index("λmax") + 1] == "λmin" and low_cells[low.index("λmin")] == -0.5
+    assert len(low) == len(low_cells) == len(plain) + 1

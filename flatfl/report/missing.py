@@ -22,12 +22,14 @@ DEFAULT_HESSIAN = dict({k: v for k, v in HessianSettings().to_dict().items()
 DEFAULT_CLIENTS = {"protocol": "default", "probes": 100, "seed": 0}
 
 
-def needs(rec, specs) -> list[str]:
-    """What the report needs from this run and does not have: 'hessian', 'clients'."""
+def needs(rec, specs, asked: dict | None = None) -> list[str]:
+    """What the report needs from this run and does not have: 'hessian', 'clients'. A Hessian needs its top
+    eigenvalues unless ``asked`` (the Hessian settings asked for) says ``top`` 0, and its trace."""
     need = []
     h = rec.hessian or {}
     has_trace = (h.get("trace") or {}).get("estimate") is not None
-    if not h.get("top_eigenvalues") or not has_trace:
+    wants_top = (asked or {}).get("top") != 0
+    if not h or (wants_top and not h.get("top_eigenvalues")) or not has_trace:
         need.append("hessian")
     wants_clients = any(clients_needed(s) and fills(s, rec) for s in specs)
     if wants_clients and (rec.clients or {}).get("H_N") is None:
@@ -76,7 +78,7 @@ def compute_missing(records, specs, hessian: dict, asked: dict, clients: dict, e
 
     problems, done = [], []
     for rec in records:
-        need = needs(rec, specs)
+        need = needs(rec, specs, asked)
         if not need or not rec.finished:  # a run not finished is listed by missing_lines
             continue
         if "clients" in need and not (rec.run_dir / "clients.pt").is_file():
@@ -141,7 +143,7 @@ def _missing_line(rec, specs, asked: dict) -> str | None:
     if not rec.finished:
         return (f"{rec.name}: not finished ({rec.rounds_done}/{rec.config.get('rounds')} rounds): left out of every "
                 f"table column; resume it with flatfl train --resume {rec.run_dir}")
-    need = needs(rec, specs)
+    need = needs(rec, specs, asked)
     if not need:
         return None
     what = " and ".join({"hessian": f"Hessian results of the {MODEL_NAMES[rec.model]} model"

@@ -237,10 +237,12 @@ def other_pages(other, ours_scale: str):
 
 def run_pages(rows: list[dict]):
     """'Every run' pages (runs.csv's lines): each number with the settings that made it (the model and samples of
-    the Hessian, its eigenvalue and trace methods, the cross-client protocol of H_N / H_D)."""
+    the Hessian, its eigenvalue and trace methods, the cross-client protocol of H_N / H_D); λmin where the runs'
+    analyses computed it (runs.csv then has its column)."""
+    low = ["smallest_eigenvalue"] if rows and "smallest_eigenvalue" in rows[0] else []
     header = ["run", "method", "partition", "seed", "rounds", "test\nacc %", "all-clients\nacc %",
-              "Hessian of\n(samples)", "λmax / trace\nmethods", "λmax", "trace", "trace SE", "H_N", "H_D",
-              "H_N, H_D\nprotocol"]
+              "Hessian of\n(samples)", "λmax / trace\nmethods", "λmax", *(["λmin"] if low else []), "trace",
+              "trace SE", "H_N", "H_D", "H_N, H_D\nprotocol"]
     per_page = max(1, -(-len(rows) // max(1, -(-len(rows) // 24))))  # at most 24 a page, spread evenly
     for start in range(0, max(1, len(rows)), per_page):
         chunk = rows[start:start + per_page]
@@ -248,7 +250,8 @@ def run_pages(rows: list[dict]):
                   f"{r['rounds_done']}/{r['rounds']}", r["test_acc"], r["all_test_acc"],
                   f"{r['hessian_model']}\n({r['hessian_samples'] if r['hessian_samples'] is not None else '-'})",
                   f"{r['hessian_method'] or '-'} /\n{r['trace_method'] or '-'}" if r["hessian_method"] else "-",
-                  r["top_eigenvalue"], r["trace"], r["trace_stderr"], r["hessian_norm_gap"], r["hessian_direction"],
+                  r["top_eigenvalue"], *(r[k] for k in low), r["trace"], r["trace_stderr"], r["hessian_norm_gap"],
+                  r["hessian_direction"],
                   r["clients_protocol"] or "-"]
                  for r in chunk]
         yield figure_pages.table_page(f"Every run ({start + 1}-{start + len(chunk)} of {len(rows)})", header, cells), "runs"
