@@ -303,6 +303,11 @@ def expand_grid(raw: dict, *, root: str | Path, source: str = "grid") -> list[Ru
             check_analysis_options(key, options, source)  # a typo fails before any training
     fixed = normalize_settings(raw.get("fixed") or {}, source=f"[fixed] of {source}")
     axes = dict(raw.get("grid") or {})
+    spelled = lambda names: {str(k).replace("-", "_"): k for k in names}  # noqa: E731 - data-dir is data_dir
+    both = sorted(set(spelled(raw.get("fixed") or {})) & set(spelled(axes)))
+    if both:
+        raise ConfigError(f"{both[0]} is set in both [fixed] and [grid] of {source}: the grid's values would replace "
+                          "the fixed one; keep one")
     if "seeds" in raw:
         if "seed" in axes:
             raise ConfigError(f"{source} sets both 'seeds' and a 'seed' list under [grid]; keep one")

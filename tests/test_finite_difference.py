@@ -99,3 +99,36 @@ def test_a_backward_torch_cannot_differentiate_suggests_finite_differences():
     plain.load_state_dict(model.state_dict())
     exact, _ = hessian(plain, nn.CrossEntropyLoss(), data=(x, y)).eigenvalues(top_n=2, tol=1e-8)
     np.testing.assert_allclose(values, exact, rtol=1e-6)
+
+
+def test_the_error_along_the_eigenvectors_found_is_measured_and_bounds_or_refuses():
+    """A product's error depends on its direction: it is measured again along the eigenvectors found (two products
+    each, counted). On a smooth float64 network the eigenvalue is within the bound that measurement gives; on a
+    float32 ReLU network, whose finite differences cross activation kinks, the measured error (41% on this
+    machine, where the random direction said far less) cannot bound the eigenvalue and the analysis is refused in one line."""
+    from flatfl.analysis.estimators.eigen import MAX_ERROR_ALONG, top_eigenvalues
+    from flatfl.errors import ConfigError
+
+    x, y = data()
+    smooth = Net(custom=False).double()
+    exact = top_eigenvalues(HessianOperator(smooth, (x.double(), y)), 1, tol=1e-10).eigenvalues[0]
+    op = HessianOperator(smooth, (x.double(), y), products="finite-difference")
+    r = top_eigenvalues(op, 1, tol=1e-10)
+    along = r.info["product_error_along"]
+    assert 0 < along < MAX_ERROR_ALONG and r.hvps == op.hvps  # its two products counted in the result's
+    assert abs(r.eigenvalues[0] - exact) <= r.error_bounds[0]
+    assert r.info["rounding_floor"] >= max(along, op.product_error) * abs(r.eigenvalues[0]) * (1 - 1e-12)
+
+    torch.manual_seed(0)
+    relu = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
+    xs, ys = torch.randn(256, 10), torch.randint(0, 3, (256,))
+    opt = torch.optim.SGD(relu.parameters(), lr=0.3)
+    for _ in range(100):
+        opt.zero_grad()
+        F.cross_entropy(relu(xs), ys).backward()
+        opt.step()
+    with pytest.raises(ConfigError, match="finite-difference products are not reliable along the eigenvectors "
+                                          "found: their error measured there is") as refused:
+        top_eigenvalues(HessianOperator(relu.eval(), (xs, ys), products="finite-difference"), 1, tol=1e-6)
+    measured = int(str(refused.value).split("measured there is ")[1].split("%")[0])
+    assert measured > 100 * MAX_ERROR_ALONG and "use exact products" in str(refused.value)

@@ -127,6 +127,8 @@ def test_bad_objectives_are_one_line():
         (lambda: hessian(model, data=batch, loss=lambda m, b: m(b["input_ids"]).sum(-1)).eigenvalues(),
          "must return a scalar"),
         (lambda: hessian(model, data=batch, loss=lambda m, b: 1.0).trace(), "must return a scalar tensor"),
+        (lambda: hessian(model, data=batch, loss=lambda m, b: lm_loss(m, b).to(torch.complex64)).trace(),
+         "must return a real floating-point scalar (the mean loss over the batch), got complex64"),
         (lambda: hessian(model, data={"name": "x"}, loss=lm_loss), "holds no tensor with a batch dimension"),
         (lambda: HessianOperator(model, [], loss=lm_loss), "the data is empty"),
         (lambda: HessianOperator(model, batch, loss="lm_loss"), "loss must be a function"),

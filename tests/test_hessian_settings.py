@@ -99,6 +99,8 @@ def test_from_mapping_refuses_unknown_keys_in_one_line():
                                       "--per-layer"),
     ({"top": 0, "save_eigenvectors": True}, "--save-eigenvectors needs --top >= 1"),
     ({"smallest": -1}, "--smallest must be an integer from 0 to 100,000, got -1"),
+    ({"smallest": 2, "which": "smallest"}, "--smallest with --which smallest: --top already finds the smallest "
+                                           "eigenvalues; give one of the two"),
 ])
 def test_validate(settings, message):
     with pytest.raises(ConfigError) as e:

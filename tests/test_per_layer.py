@@ -90,6 +90,10 @@ def test_groups_and_bad_arguments():
         h.per_layer(grouping="layer")
     with pytest.raises(ConfigError, match="positive integer"):
         h.per_layer(top_n=0)
+    widest = max((sum(p.numel() for p in m.parameters(recurse=False)), n) for n, m in model.named_modules()
+                 if any(True for _ in m.parameters(recurse=False)))
+    with pytest.raises(ConfigError, match=f"larger than the largest block \\({widest[1]}: {widest[0]:,} parameters"):
+        h.per_layer(top_n=widest[0] + 1)
 
 
 @pytest.fixture(scope="module")

@@ -146,6 +146,9 @@ def test_setup_faults_are_named_within_the_asked_timeout(run, tmp_path):
     ({"MASTER_ADDR": None}, "WORLD_SIZE=2 is set but MASTER_ADDR is not: the ranks meet at MASTER_ADDR:MASTER_PORT"),
     ({"MASTER_ADDR": None, "MASTER_PORT": None}, "WORLD_SIZE=2 is set but MASTER_ADDR and MASTER_PORT are not"),
     ({"MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not a port number (1 to 65535)"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0: a world has at least one process"),
+    ({"WORLD_SIZE": "1", "RANK": "3"}, "RANK=3 is not below WORLD_SIZE=1"),
+    ({"RANK": "5"}, "RANK=5 is not below WORLD_SIZE=2"),
 ])
 def test_a_hostile_environment_is_one_line_before_any_wait(run, tmp_path, monkeypatch, env, says):
     """Rank 0 of a 2-rank world with a timeout that is not a number of seconds from 1 to 7 days, or without

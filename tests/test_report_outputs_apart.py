@@ -71,6 +71,19 @@ def test_a_report_is_never_written_over_a_contrast(folders, monkeypatch):
     assert snapshot(contrast) == before
 
 
+def test_neither_is_written_into_a_runs_folder(tmp_path, monkeypatch):
+    """A run's folder is its own (``flatfl train --force`` clears it): a report or a contrast there is refused."""
+    monkeypatch.delenv("FLATFL_DEBUG", raising=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "metrics.csv").write_text("round\n")
+    before = snapshot(run)
+    refused(invoke("report", RUNS_CSV, "--out", run), f"{run} holds a flatfl run (config.json): a report is never")
+    refused(invoke("contrast", *CONTRASTED, "--out", run), f"{run} holds a flatfl run (config.json): a contrast")
+    assert snapshot(run) == before and sorted(p.name for p in run.iterdir()) == ["config.json", "metrics.csv"]
+
+
 def test_folders_of_an_older_flatfl_are_told_by_their_files(folders, tmp_path, monkeypatch):
     """A manifest without a kind (an older flatfl's): the report's summary.json and the contrast's contrast.json
     tell them apart."""

@@ -195,6 +195,13 @@ HOSTILE = {
     "a field too many": (lambda h, ls: (h, [ls[0] + ["x"]] + ls[1:]), "line 2: "),
     "a field too few": (lambda h, ls: (h, [ls[0][:-2]] + ls[1:]), "line 2: "),
     "a column named twice": (lambda h, ls: (h + ["seed"], [x + ["0"] for x in ls]), "named twice"),
+    "a NUL byte": (lambda h, ls: _set(h, ls, 1, "method", "Fed\x00Avg"), "line 3: a NUL byte"),
+    "no rounds": (lambda h, ls: _set(h, ls, 0, "rounds", "0"), "line 2, column rounds: 0; every run has at least"),
+    "no clients": (lambda h, ls: _set(h, ls, 0, "clients", "0"), "line 2, column clients: 0"),
+    "smallest eigenvalue above the top one": (
+        lambda h, ls: _set(*_set(h + ["smallest_eigenvalue"], [x + [""] for x in ls], 0, "top_eigenvalue", "2.5"),
+                           0, "smallest_eigenvalue", "3.5"),
+        "line 2, column smallest_eigenvalue: 3.5 is above the top eigenvalue 2.5"),
 }
 
 

@@ -27,6 +27,7 @@ def write(path, data) -> None:
 
 @pytest.mark.parametrize("field,value", [
     ("top_eigenvalues", [1e308, 1.0]), ("top_eigenvalues", [math.nan]), ("residuals", [-math.inf]),
+    ("top_eigenvalues", [10**400]),  # an exact JSON integer too large for a float
     ("error_estimates", [2e150]), ("trace", {"estimate": -1e200, "stderr": 0.1}), ("loss", math.inf),
     ("density", {"nodes": [[0.0, 1e151]], "weights": [[0.5, 0.5]]}),
 ])

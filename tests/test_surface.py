@@ -126,6 +126,29 @@ def test_grid_points_are_the_perturbed_models_loss_and_accuracy():
     assert result.loss[1, 1] == pytest.approx(centre, rel=1e-6)
 
 
+def test_a_grid_file_of_another_shape_or_with_bad_values_is_refused(tmp_path):
+    """surface.npz is read back checked: a grid of another shape, a NaN or an accuracy above 1 at a point marked
+    done, or a ``done`` that is not boolean is one line (resume refused), never a plotting error or a kept value."""
+    from flatfl.errors import CheckpointError
+
+    grid = GridFile.new(tmp_path / "surface.npz", np.linspace(-1, 1, 3), {"a": 1})
+    for i, (loss, acc) in enumerate([(0.5, 0.9)] * 9):
+        grid.record(i, loss, acc)
+    grid.save()
+    assert GridFile.load(grid.path).done.all()
+    z = dict(np.load(grid.path, allow_pickle=False))
+    bad = {"shape": dict(z, loss=np.zeros((5, 7))), "nan": dict(z, loss=np.where(np.eye(3, dtype=bool), np.nan, 0.5)),
+           "accuracy": dict(z, accuracy=np.full((3, 3), 1.5)), "done": dict(z, done=np.full((3, 3), "yes"))}
+    for name, arrays in bad.items():
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, **arrays)
+        with pytest.raises(CheckpointError, match="is not a readable flatfl surface grid; delete it or pass --force"):
+            GridFile.load(path)
+    partial = dict(z, done=np.eye(3, dtype=bool), loss=np.where(np.eye(3, dtype=bool), 0.5, np.nan))
+    np.savez(tmp_path / "partial.npz", **partial)  # the points not done may hold anything: never read
+    assert GridFile.load(tmp_path / "partial.npz").done.sum() == 3
+
+
 def test_partial_grid_resumes_without_recomputing_finished_points(tmp_path):
     model, batches, _, _ = classification_problem()
     dirs = random_directions(model, seed=0)

@@ -65,6 +65,8 @@ def test_grid_expands_to_every_combination_plus_includes(tmp_path):
     ({"seeds": [0], "grid": {"seed": [1]}}, "both 'seeds'"),
     ({"fixed": {"rounds": 0}}, "--rounds must be a positive integer"),
     ({"sweep": {}}, "unknown section or key 'sweep'"),
+    ({"fixed": {"algo": "fedavg"}, "grid": {"algo": ["fedprox"]}}, "algo is set in both \\[fixed\\] and \\[grid\\]"),
+    ({"fixed": {"data-dir": "d"}, "grid": {"data_dir": ["e"]}}, "data_dir is set in both"),
 ])
 def test_bad_grids_fail_with_one_clear_line(tmp_path, raw, message):
     with pytest.raises(ConfigError, match=message):

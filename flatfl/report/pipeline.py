@@ -229,6 +229,10 @@ def build_report(paths, out, *, tables=None, analyses: AnalysesAsked | None = No
                               "the Hessian options need the run folders")
         records, specs, notices, missing = _from_runs_csv(source, out, tables, model)
     specs = [with_measured_metrics(spec, records) for spec in specs]  # the smallest eigenvalue, where measured
+    names = [r.name for r in records if not any(fills(s, r) for s in specs)]
+    if specs and names:  # a run of no table's method and partition: said, not dropped unseen
+        notices.append(f"{len(names)} run(s) fill no row of the tables (no row of their method and partition): "
+                       f"{', '.join(names[:5])}{' ...' if len(names) > 5 else ''}; runs.csv lists them")
 
     # ---- tables and verdicts
     values = paper_values()

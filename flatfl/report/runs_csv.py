@@ -233,6 +233,19 @@ def _known_columns() -> set[str]:
     return known
 
 
+def _check_together(values: dict, where: str) -> None:
+    """What a line's values must be: at least one client and one round, and its smallest eigenvalue not above its
+    top one (both of one analysis) beyond their errors."""
+    for column in ("clients", "rounds"):
+        if values.get(column) == 0:
+            raise ConfigError(f"{where}, column {column}: 0; every run has at least one")
+    low, top = values.get("smallest_eigenvalue"), values.get("top_eigenvalue")
+    if low is not None and top is not None:  # beyond both estimates' errors and the numbers' last digits
+        slack = (values.get("smallest_eigenvalue_stderr") or 0.0) + (values.get("top_eigenvalue_stderr") or 0.0)
+        if low - top > slack + 1e-9 * max(abs(low), abs(top)):
+            raise ConfigError(f"{where}, column smallest_eigenvalue: {low:g} is above the top eigenvalue {top:g}")
+
+
 def _record(path: Path, line: int, row: dict, header: list[str], known: set[str],
             has_settings: frozenset) -> CsvRunRecord:
     if None in row:
@@ -242,6 +255,7 @@ def _record(path: Path, line: int, row: dict, header: list[str], known: set[str]
     if short:
         raise ConfigError(f"{path} line {line}: {len(header) - len(short)} fields, the header has {len(header)}")
     values = {c: _parse(row[c], c, f"{path} line {line}, column {c}") for c in header if c in known}
+    _check_together(values, f"{path} line {line}")
     recorded = {c: values.get(c) for c in FOLDER_COLUMNS}
     settings = {k: values[k] for k in RECORDED_SETTINGS if values.get(k) is not None}
     return CsvRunRecord(name=values["run"], method=values["method"], partition=values["partition"],
@@ -258,6 +272,9 @@ def read_runs_csv(path) -> list[CsvRunRecord]:
     text = read_text(path, MAX_BYTES, "a flatfl runs.csv", encoding="utf-8-sig")
     if not text.strip():
         raise ConfigError(f"{path} is empty: not a flatfl runs.csv")
+    if "\x00" in text:  # no flatfl field holds one; a cell with it would reach the tables and figures
+        raise ConfigError(f"{path} line {text.count(chr(10), 0, text.index(chr(0))) + 1}: a NUL byte, which no "
+                          "flatfl runs.csv holds")
     header, rows = csv_rows(text, path)
     lacking = [c for c in REQUIRED_COLUMNS if c not in header]
     if lacking:

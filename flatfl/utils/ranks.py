@@ -155,7 +155,13 @@ def launched() -> World:
     if _WORLD is not None:
         return _WORLD
     size = _env_int("WORLD_SIZE", 1)
+    if size == 0:
+        raise ConfigError("the environment variable WORLD_SIZE=0: a world has at least one process (unset it to run "
+                          "as one process)")
     if size is None or size <= 1:
+        rank = _env_int("RANK", 0) or 0
+        if rank >= 1 and os.environ.get("WORLD_SIZE", "").strip():  # a world of one set: its process is rank 0
+            raise ConfigError(f"RANK={rank} is not below WORLD_SIZE={size}")
         return World()
     rank = _env_int("RANK", None)
     if rank is None:

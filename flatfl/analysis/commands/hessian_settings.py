@@ -74,6 +74,9 @@ class HessianSettings(Settings):
         estimator("eigenvalues", self.method)  # the registry at run time: a method registered by now passes
         if not 0 <= self.smallest <= MAX_TOP:
             raise ConfigError(f"--smallest must be an integer from 0 to {MAX_TOP:,}, got {self.smallest!r}")
+        if self.smallest and self.top and self.resolved_which == "smallest":
+            raise ConfigError("--smallest with --which smallest: --top already finds the smallest eigenvalues; "
+                              "give one of the two")
         resolve_which(self.method, self.which)  # a name of WHICH that the method can find
         if not 0 < self.tol < 1:
             raise ConfigError(f"--tol must be in (0, 1) (a relative tolerance), got {self.tol!r}")

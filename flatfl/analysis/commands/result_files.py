@@ -80,9 +80,15 @@ def read_result_file(path, what: str = "a flatfl result", fields: Mapping[str, t
     for name in NUMBER_FIELDS:
         bad = _out_of_range(data.get(name))
         if bad is not None:
-            raise ResultFileError(f"{path} is not {what} (its {name!r} holds {bad!r}: flatfl writes finite numbers "
+            raise ResultFileError(f"{path} is not {what} (its {name!r} holds {_shown(bad)}: flatfl writes finite numbers "
                                   f"within +-{MAX_MAGNITUDE:g}); {hint}")
     return data
+
+
+def _shown(number) -> str:
+    """A number as a refusal quotes it: an integer too long to read by its digit count."""
+    return f"an integer of {len(str(abs(number)))} digits" if isinstance(number, int) and abs(number) > 1e18 \
+        else repr(number)
 
 
 def _out_of_range(value, depth: int = 0):
@@ -90,6 +96,8 @@ def _out_of_range(value, depth: int = 0):
     :data:`MAX_MAGNITUDE`; None when every one is in range (None entries, strings and booleans are not numbers)."""
     if isinstance(value, bool) or value is None or depth > 8:
         return None
+    if isinstance(value, int):  # JSON's integers are exact: compared as integers (float() of 10**400 overflows)
+        return None if abs(value) <= MAX_MAGNITUDE else value
     if isinstance(value, numbers.Real):
         return None if math.isfinite(value) and abs(value) <= MAX_MAGNITUDE else value
     parts = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()

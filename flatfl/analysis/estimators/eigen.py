@@ -40,6 +40,7 @@ from ..operators.linear_operator import CurvatureOperator, DeflatedOperator, as_
 from ..operators.vectors import free_memory, random_block, seeded_generator
 
 __all__ = ["EigenResult", "top_eigenvalues", "check_k", "check_which", "rank_key", "rounding_floor",
+           "products_error_along",
            "explicit_residuals", "dense_matrix", "error_bounds"]
 
 
@@ -94,9 +95,39 @@ def rank_key(theta: np.ndarray, which: str) -> np.ndarray:
     return theta
 
 
-def rounding_floor(op: CurvatureOperator, scale: float) -> float:
+#: how many of the eigenvectors found the products' error is measured along (finite differences: two products each)
+ERROR_ALONG_AT_MOST = 3
+
+
+#: beyond this relative error along the eigenvectors found, finite-difference products are refused: the two
+#: steps' difference that measures it no longer bounds the error (a network not smooth at that step)
+MAX_ERROR_ALONG = 0.1
+
+
+def products_error_along(op: CurvatureOperator, vectors) -> float | None:
+    """Where the products are not exact (``op.product_error`` set: finite differences), their relative error
+    measured along the first :data:`ERROR_ALONG_AT_MOST` of ``vectors`` (rows, or a function giving them): a
+    product's error depends on the direction, and the stated one was measured along a random one, while the
+    eigenvectors are where an eigenvalue's error comes from. None for exact products. Beyond
+    :data:`MAX_ERROR_ALONG` the eigenvalues are refused in one line (their error cannot be bounded)."""
+    if op.product_error is None:
+        return None
+    rows = vectors() if callable(vectors) else vectors
+    along = op.product_error_along(rows[:ERROR_ALONG_AT_MOST].T)
+    if along is not None and along > MAX_ERROR_ALONG:
+        dtype = str(op.dtype).replace("torch.", "")
+        raise ConfigError(f"the finite-difference products are not reliable along the eigenvectors found: their "
+                          f"error measured there is {100 * along:.0f}% (stated {100 * float(op.product_error):.2g}% "
+                          f"along a random direction), so the eigenvalues' error cannot be bounded; the network is "
+                          f"not smooth at the step {dtype} needs (ReLU or max-pooling kinks): use exact products "
+                          "(--products auto) or --precision float64")
+    return along
+
+
+def rounding_floor(op: CurvatureOperator, scale: float, along: float | None = None) -> float:
     """The smallest eigenvalue error an estimate may state for ``op``: ``(sqrt(dim) eps + e) * scale``, where eps is
-    the machine epsilon of the operator's dtype, ``e`` the products' stated relative error (finite differences;
+    the machine epsilon of the operator's dtype, ``e`` the products' relative error (finite differences: the larger
+    of the stated one and ``along``, the one measured along the eigenvectors found, :func:`products_error_along`;
     0 for exact products) and ``scale`` an estimate of ``||H||`` (the largest ``|eigenvalue|`` found).
 
     A product computed in floating point is ``H v + f`` with ``||f||`` of the order of eps ``||H||``, and each
@@ -104,7 +135,7 @@ def rounding_floor(op: CurvatureOperator, scale: float) -> float:
     grows as ``sqrt(dim) eps`` (probabilistic rounding analysis, Higham & Mary 2019): an eigenvalue of the rounded
     computation can be off by that much whatever the residual says (docs/analysis-protocols.md §2)."""
     eps = torch.finfo(op.dtype).eps
-    relative = math.sqrt(max(int(op.dim), 1)) * eps + float(op.product_error or 0.0)
+    relative = math.sqrt(max(int(op.dim), 1)) * eps + max(float(op.product_error or 0.0), float(along or 0.0))
     return float(relative * abs(float(scale)))
 
 
@@ -202,9 +233,11 @@ def top_eigenvalues(
     if exact_residuals:
         residuals = explicit_residuals(op, found.theta, vectors, b)
     scale = max(found.scale, float(np.max(np.abs(found.theta))))  # ||H|| as the Ritz values estimate it
-    floor = rounding_floor(op, scale)
+    along = products_error_along(op, vectors if vectors is not None else found.vectors)
+    floor = rounding_floor(op, scale, along)
     info = {"which": which, "block_size": b, "basis_size": m, "restarts": restarts, "tol": tol,
             "rounding_floor": floor, "norm_estimate": scale,
+            **({"product_error_along": along} if along is not None else {}),
             "multiplicity": _multiplicity_info(found, checks, complete)}
     return EigenResult(
         eigenvalues=found.theta.copy(),

@@ -285,6 +285,10 @@ def per_layer_curvature(op: CurvatureOperator, top: int = 1, *, grouping: str = 
                               np.asarray(residuals, dtype=float), float(trace), float(stderr), how, block.hvps)
 
     groups = layer_groups(names, grouping)
+    widest = max((sum(sizes[j] for j in g), m) for m, g in groups) if groups else (0, "")
+    if top > widest[0]:  # each block finds at most its size; more than the widest has is asked of none
+        raise ConfigError(f"--per-layer-top {top} is larger than the largest block ({widest[1]}: {widest[0]:,} "
+                          "parameters)")
     blocks = lockstep.run([lambda i=i, m=m, g=g: job(i, m, g) for i, (m, g) in enumerate(groups)])
     return PerLayerResult(blocks, grouping, int(top), op.hvps - start,
                           info={"tol": tol, "trace_hvps": trace_hvps, "trace_rtol": trace_rtol,

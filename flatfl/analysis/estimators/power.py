@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
-from .eigen import EigenResult, check_k, explicit_residuals, rounding_floor
+from .eigen import EigenResult, check_k, explicit_residuals, products_error_along, rounding_floor
 from ..operators.linear_operator import CurvatureOperator, as_operator
 
 __all__ = ["power_iteration"]
@@ -75,7 +75,8 @@ def power_iteration(
         res = explicit_residuals(op, values, stacked / stacked.norm(dim=1, keepdim=True), 1)
     else:
         res = np.full(top_n, np.nan)
-    floor = rounding_floor(op, float(np.max(np.abs(values))))
+    along = products_error_along(op, stacked / stacked.norm(dim=1, keepdim=True))
+    floor = rounding_floor(op, float(np.max(np.abs(values))), along)
     return EigenResult(
         eigenvalues=values,
         residuals=res,
@@ -84,7 +85,7 @@ def power_iteration(
         method="power",
         eigenvectors=stacked if return_vectors else None,
         info={"which": "magnitude", "iterations": iterations, "max_iter": max_iter, "tol": tol,
-              "rounding_floor": floor},
+              "rounding_floor": floor, **({"product_error_along": along} if along is not None else {})},
         error_bounds=np.maximum(res, floor) if residuals else None,
         residual_kind="explicit" if residuals else None,
     )

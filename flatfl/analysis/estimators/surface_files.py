@@ -52,10 +52,26 @@ class GridFile:
             with np.load(path, allow_pickle=False) as z:
                 if str(z["format"]) != GRID_FORMAT:
                     raise ValueError("format")
-                return cls(path, z["x"], z["y"], z["loss"], z["accuracy"], z["done"].astype(bool),
+                grid = cls(path, z["x"], z["y"], z["loss"], z["accuracy"], z["done"],
                            json.loads(str(z["fingerprint"])), float(z["seconds"]))
+            grid.check()
+            return grid
         except Exception:
             raise CheckpointError(f"{path} is not a readable flatfl surface grid; delete it or pass --force") from None
+
+    def check(self) -> None:
+        """What this module writes (ValueError otherwise): float coordinates ``x``, ``y`` of one length n; (n, n)
+        float ``loss`` and ``accuracy`` and a boolean ``done``; at the points done, a finite loss and an accuracy in
+        0..1 (the values of the points not done are never read)."""
+        n = self.xs.shape[0] if self.xs.ndim == 1 else -1
+        arrays = (self.loss, self.accuracy)
+        if n < 1 or self.ys.shape != (n,) or self.done.shape != (n, n) or self.done.dtype != np.bool_ \
+                or any(a.shape != (n, n) or a.dtype.kind != "f" for a in arrays) \
+                or any(a.dtype.kind != "f" or not np.isfinite(a).all() for a in (self.xs, self.ys)):
+            raise ValueError("layout")
+        if not (np.isfinite(self.loss[self.done]).all() and np.isfinite(self.accuracy[self.done]).all()
+                and ((self.accuracy[self.done] >= 0) & (self.accuracy[self.done] <= 1)).all()):
+            raise ValueError("values")
 
     @classmethod
     def open(cls, path, xs, fingerprint: dict, force: bool = False) -> "GridFile":

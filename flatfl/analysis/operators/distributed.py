@@ -127,6 +127,13 @@ class DistributedOperator(DerivedOperator):
         whole evaluation set, the same on every rank), else None."""
         return self.op.product_error
 
+    def product_error_along(self, V: torch.Tensor) -> float | None:
+        """Measured over the whole evaluation set (every rank the same number, its products counted here too)."""
+        error = self.op.product_error_along(V)
+        if error is not None:
+            self.hvps += 2 * V.shape[1]
+        return error
+
     def whole(self, quantity: torch.Tensor) -> torch.Tensor:
         """A quantity of this rank's mean loss (a gradient, a product) as the whole evaluation set's: scaled by the
         shard's share of the samples and summed over the ranks, into a new tensor."""

@@ -14,6 +14,7 @@ directly:
   blocks' names where the operator knows them (a model's parameter names), else None;
 * ``preferred_block_size``: how many vectors a block should hold (1 when a product costs the same alone);
 * ``release()``: free what the operator keeps between products (nothing, for most);
+* ``product_error_along(V)``: the products' relative error measured along given directions (None when exact);
 * ``locked``: the orthonormal rows ``X`` taken out of the operator (:class:`DeflatedOperator`), else None;
 * ``as_linear_operator()``: the operator as a ``scipy.sparse.linalg.LinearOperator`` in its own dtype, for scipy's
   solvers (``eigsh``, ``cg``, ``lobpcg``...); every operator inherits it.
@@ -85,6 +86,13 @@ class CurvatureOperator(abc.ABC):
 
     def release(self) -> None:
         """Free what the operator keeps between products (rebuilt when needed); nothing here."""
+
+    def product_error_along(self, V: torch.Tensor) -> float | None:
+        """The relative error of the products along the columns of ``V`` (dim, k), measured there, where they are
+        not exact (finite differences: the largest over the columns, its products counted in :attr:`hvps`); None
+        for exact products, as here. An estimator asks it along what it found: a product's error depends on the
+        direction, and :attr:`product_error` was measured along one random direction."""
+        return None
 
     def exact_trace(self, seed: int = 0):
         """The trace computed rather than estimated (:mod:`.exact_trace`): a model's curvature has one (a
@@ -261,6 +269,9 @@ class DeflatedOperator(DerivedOperator):
     @property
     def locked(self) -> torch.Tensor:
         return self.X
+
+    def product_error_along(self, V: torch.Tensor) -> float | None:
+        return self.op.product_error_along(V)
 
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
         return project_out(self.op.matmat(project_out(V, self.X)), self.X)

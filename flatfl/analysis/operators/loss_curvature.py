@@ -173,6 +173,17 @@ class LossCurvature(CurvatureOperator):
         the first product); None for exact products (rounding only)."""
         return getattr(self.method, "error", None)
 
+    def product_error_along(self, V: torch.Tensor) -> float | None:
+        """The products' relative error measured along the columns of ``V`` (finite differences: two products a
+        column, counted in :attr:`hvps`); None for exact products."""
+        V = torch.as_tensor(V)
+        if V.dim() != 2 or V.shape[0] != self.dim:
+            raise ConfigError(f"expected a ({self.dim}, k) block of vectors, got shape {tuple(V.shape)}")
+        error = self.method.error_along(V.to(device=self.device, dtype=self.dtype).T.contiguous())
+        if error is not None:
+            self.hvps += 2 * V.shape[1]
+        return error
+
     @property
     def preferred_block_size(self) -> int:
         """How many vectors estimators should push through one pass (the product method's choice)."""

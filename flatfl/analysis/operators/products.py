@@ -228,6 +228,9 @@ def check_scalar(loss, objective: bool) -> None:
     if loss.dim() != 0:
         raise ConfigError(f"{name} must return a scalar (the mean loss over the batch), got a tensor of shape "
                           f"{tuple(loss.shape)}")
+    if loss.is_complex():  # no real Hessian (an integer loss is refused as having no graph)
+        raise ConfigError(f"{name} must return a real floating-point scalar (the mean loss over the batch), got "
+                          f"{str(loss.dtype).replace('torch.', '')}")
 
 
 def check_outputs(outputs):
@@ -286,6 +289,11 @@ class ProductMethod:
         self.terms = terms
         self.block_size = block_size
         self.limit: int | None = None  # the block that fits (None: not measured yet)
+
+    def error_along(self, rows: torch.Tensor) -> float | None:
+        """The products' relative error along the rows of ``rows`` (k, dim), where they are not exact; None here
+        (exact products: rounding only)."""
+        return None
 
     def block_limit(self) -> int:
         """Most vectors one batched pass takes: ``block_size`` if given, else sized from free memory.
@@ -543,6 +551,26 @@ class FiniteDifference(ProductMethod):
                 else:
                     out[j] = self.quotient(v, self.step(v), saved)
         return out
+
+    def error_along(self, rows: torch.Tensor) -> float | None:
+        """The relative error of a product along each row ``v`` of ``rows`` (k, dim) at the calibrated step,
+        measured as :attr:`error` is (``(||D(2h) v - D(h) v|| + eps ||g|| / h) / ||D(h) v||``, on the whole
+        evaluation set): the largest over the rows; two products a row. None before the step is calibrated."""
+        if self.factor is None:
+            return None
+        saved = [p.detach().clone() for p in self.terms.params]
+        whole = self.terms.whole
+        worst = 0.0
+        with self.terms.model_mode():
+            rounding = self.eps * float(whole(self.terms.gradient()).double().norm())
+            for v in rows:
+                if not bool(v.any()):
+                    continue
+                h = self.step(v)
+                fine = whole(self.quotient(v, h, saved))
+                difference = float((whole(self.quotient(v, 2 * h, saved)) - fine).double().norm())
+                worst = max(worst, (difference + rounding / h) / max(float(fine.double().norm()), 1e-300))
+        return worst
 
     def calibrate(self, v: torch.Tensor, saved: list[torch.Tensor]) -> torch.Tensor:
         """The first product: the step chosen and :attr:`error` measured (see the class docstring), from the
