@@ -149,6 +149,7 @@ def test_setup_faults_are_named_within_the_asked_timeout(run, tmp_path):
     ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0: a world has at least one process"),
     ({"WORLD_SIZE": "1", "RANK": "3"}, "RANK=3 is not below WORLD_SIZE=1"),
     ({"RANK": "5"}, "RANK=5 is not below WORLD_SIZE=2"),
+    ({"MASTER_ADDR": "256.1.1.1"}, "rank 0: MASTER_ADDR='256.1.1.1' is not a host name this machine can find"),
 ])
 def test_a_hostile_environment_is_one_line_before_any_wait(run, tmp_path, monkeypatch, env, says):
     """Rank 0 of a 2-rank world with a timeout that is not a number of seconds from 1 to 7 days, or without
@@ -276,3 +277,16 @@ def test_the_weights_fingerprint_tells_checkpoints_apart_but_not_rounding():
     assert ranks.fingerprint(["a", "b"], moved) != same
     assert ranks.fingerprint(["a", "c"], w) != same
     assert ranks.fingerprint(["a", "b"], [w[0].reshape(3, 5), w[1]]) != same
+
+
+def test_a_rank_that_cannot_find_master_addr_says_so_itself(run, tmp_path):
+    """Rank 1 started by hand on a machine that cannot resolve MASTER_ADDR: it cannot tell rank 0, so it says its
+    own line (it used to exit 2 without a word), and writes nothing."""
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="256.1.1.1", MASTER_PORT="29559",
+               **{ranks.TIMEOUT_ENV: "5"})
+    done = subprocess.run([sys.executable, "-m", "flatfl", "hessian", str(run), "--top", "1", "--no-trace",
+                           "--out", str(tmp_path / "h")], env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == 2 and lines == ["flatfl: error: rank 1: MASTER_ADDR='256.1.1.1' is not a host name "
+                                              "this machine can find"], lines
+    assert not (tmp_path / "h").exists()

@@ -113,3 +113,22 @@ def test_each_command_replaces_its_own_output(folders, reports_undrawn):
     with reports_undrawn():
         build_report([RUNS_CSV], report)
     assert recorded_kind(report) == "report"
+
+
+def test_an_interrupted_report_says_what_it_left(tmp_path, monkeypatch):
+    """Ctrl-C while the report's files are written: each file written is whole, the set may be short, and the line
+    says so (not "nothing half-written was kept"); summary.json, written last, is absent."""
+    from flatfl.report import pdf
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.delenv("FLATFL_DEBUG", raising=False)
+    monkeypatch.setattr(pdf, "write_pdf", interrupted)  # Ctrl-C while report.pdf is drawn
+    out = tmp_path / "report"
+    res = invoke("report", RUNS_CSV, "--out", out)
+    assert res.exit_code == 130, res.output
+    assert res.output.strip() == (f"flatfl: interrupted; {out} holds the report's files written so far, each whole, "
+                                  "but perhaps not all of them (summary.json, written last, marks a whole report): "
+                                  "run the same command again"), res.output
+    assert (out / "runs.csv").is_file() and not (out / "summary.json").exists()

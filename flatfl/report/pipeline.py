@@ -25,9 +25,10 @@ contrast (:mod:`.folder_kinds`), whose forest plot shares the report's file name
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..errors import ConfigError
 from ..utils.device import resolve_device
@@ -186,6 +187,19 @@ def _from_runs_csv(source: Path, out: Path, tables, model):
     return records, specs, runs_csv.notices(source, records), runs_csv.missing_lines(records, specs)
 
 
+@contextlib.contextmanager
+def _said_if_interrupted(out: Path) -> Iterator[None]:
+    """Ctrl-C while the report's files are written: the line says what is there (each file is written whole, the
+    set may be short of the last ones; summary.json, written last, marks a whole report)."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if not getattr(e, "hint", None):
+            e.hint = (f"{out} holds the report's files written so far, each whole, but perhaps not all of them "
+                      "(summary.json, written last, marks a whole report): run the same command again")
+        raise
+
+
 @locks_output  # one writer per report folder
 def build_report(paths, out, *, tables=None, analyses: AnalysesAsked | None = None, title: str = "flatfl report",
                  echo: Callable[[str], None] | None = None, model: str | None = None, rows=None) -> dict:
@@ -244,20 +258,21 @@ def build_report(paths, out, *, tables=None, analyses: AnalysesAsked | None = No
     results = [table_result(spec, records, table_model(spec), values, only=rows) for spec in specs]
 
     # ---- files
-    out.mkdir(parents=True, exist_ok=True)
-    written = _write_tables(out, records, results, ours_scale, missing, notices)
-    effects = _write_effects(out, results, ours_scale)
-    # where the numbers come from heads the title page when they are a runs.csv's (its first notice)
-    if source is None:
-        sections = title_sections(results, records, ours_scale, notices, missing)
-    else:
-        sections = [("Source", notices[:1])] + title_sections(results, records, ours_scale, notices[1:], missing)
-    page_titles = _write_pdf(out, records, results, ours_scale, specs, effects, _TitlePage(title, stamp, sections))
-    report = summary(records, specs, results, notices=notices, missing=missing, pages=page_titles,
-                     files=written + ["effects.png", "effects.pdf", "report.pdf"], ours_scale=ours_scale)
-    report["headline"] = report_headline(results)
-    if source is not None:  # runs.csv records no training settings beyond data set, network, clients and rounds
-        report.update(training=None, source={"runs_csv": str(source)})
-    atomic_write_json(out / "summary.json", report)
-    folder_kinds.record(out, folder_kinds.REPORT)
+    with _said_if_interrupted(out):
+        out.mkdir(parents=True, exist_ok=True)
+        written = _write_tables(out, records, results, ours_scale, missing, notices)
+        effects = _write_effects(out, results, ours_scale)
+        # where the numbers come from heads the title page when they are a runs.csv's (its first notice)
+        if source is None:
+            sections = title_sections(results, records, ours_scale, notices, missing)
+        else:
+            sections = [("Source", notices[:1])] + title_sections(results, records, ours_scale, notices[1:], missing)
+        page_titles = _write_pdf(out, records, results, ours_scale, specs, effects, _TitlePage(title, stamp, sections))
+        report = summary(records, specs, results, notices=notices, missing=missing, pages=page_titles,
+                         files=written + ["effects.png", "effects.pdf", "report.pdf"], ours_scale=ours_scale)
+        report["headline"] = report_headline(results)
+        if source is not None:  # runs.csv records no training settings beyond data set, network, clients and rounds
+            report.update(training=None, source={"runs_csv": str(source)})
+        atomic_write_json(out / "summary.json", report)
+        folder_kinds.record(out, folder_kinds.REPORT)
     return report

@@ -229,7 +229,8 @@ def _connect(w: World):
     try:
         socket.getaddrinfo(host, port)
     except (socket.gaierror, UnicodeError):
-        raise ConfigError(f"MASTER_ADDR={host[:80]!r} is not a host name this machine can find") from None
+        raise ConfigError(f"rank {w.rank}: MASTER_ADDR={host[:80]!r} is not a host name this machine can find") \
+            from None  # this rank's own (its machine resolves names): said by it, whichever rank it is
     if w.rank == 0 and not agent:
         try:
             store = dist.TCPStore(host, port, w.size, is_master=True, timeout=datetime.timedelta(seconds=seconds),
