@@ -188,6 +188,11 @@ def test_hessian_clients_command_writes_its_file_and_heatmap(run_dir, tmp_path):
     assert (out / "hessian.json").read_text() == before
     c = json.loads((out / "clients-default.json").read_text())
     assert c["protocol"] == "default" and c["num_clients"] == 4 and c["probes"] == [8] * 4
+    sizes = flatfl.load_checkpoint(run_dir).partition.sizes  # what was used, not only what was asked
+    used = sorted({min(64, int(n)) for n in sizes if n > 0})
+    drawn = str(used[0]) if len(used) == 1 else f"{used[0]}-{used[-1]}"
+    assert c["data"].startswith(f"each client's own training data ({drawn} samples a client: 64 asked, drawn once "
+                                "per client with seed 0"), c["data"]
     for key in ("H_N", "H_N_stderr", "seconds", "hvps"):
         assert isinstance(c[key], (int, float)), key
     # with 8 probes on 2,410 coordinates a client's debiased squared norm may come out <= 0: then H_D is

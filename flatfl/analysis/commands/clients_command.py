@@ -63,8 +63,13 @@ def run_client_metrics(checkpoint, out, settings: ClientMetricsSettings = Client
                                                      ckpt.client_batches(k, batch_size=batch, samples=s.samples,
                                                                          seed=s.seed)))
                      for k in clients]
+        held = [int(sizes[k]) for k in clients]
+        used = [min(int(s.samples), n) for n in held] if s.samples else held
+        drawn = (f"{min(used)}-{max(used)}" if min(used) != max(used) else f"{used[0]}")
         data = ("each client's own training data"
-                + (f" ({s.samples} samples drawn once per client with seed {s.seed})" if s.samples else " (all of it)")
+                + (f" ({drawn} samples a client: {s.samples} asked, drawn once per client with seed {s.seed}"
+                   f"{', all of a client that holds fewer' if min(held) < int(s.samples) else ''})" if s.samples
+                   else " (all of it)")
                 + ", no augmentation")
         model_used = "global (server) model"
         deviations = []
