@@ -52,6 +52,18 @@ def test_diagonal_operators_give_exact_values_and_zero_stderr():
     assert m.probes == [8] * 5 and m.hvps == 40
 
 
+def test_a_client_whose_debiased_norm_is_not_positive_is_said_to_understate_h_n():
+    """A client whose diagonal's debiased squared norm comes out <= 0 (here a zero Hessian: exactly 0) has no H_D,
+    and its norm enters H_N as 0: the note says both, and when every client is so, that H_N is 0 by construction."""
+    zero = MatrixOperator(torch.zeros(6, 6, dtype=torch.float64))
+    some = MatrixOperator(torch.diag(torch.linspace(1, 2, 6, dtype=torch.float64)))
+    one = cross_client_metrics([zero, some, some], protocol="default", probes=4, groups=2)
+    assert one.notes[0].startswith("clients [0]: the probe noise exceeds the diagonal's squared norm") and \
+        "their norm enters H_N as 0, understating it; use more probes" in one.notes[0]
+    every = cross_client_metrics([zero, zero], protocol="default", probes=4, groups=2)
+    assert every.H_N == 0 and "(every client: H_N is then 0 by construction)" in every.notes[0]
+
+
 def test_fedalign_protocol_reproduces_its_full_matrix_mean_of_block_traces():
     rng = np.random.default_rng(1)
     blocks = [6, 10, 4]

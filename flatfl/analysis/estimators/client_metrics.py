@@ -393,8 +393,10 @@ def cross_client_metrics(
                   "diag_norms": plugin_values["norms"]}
         if np.any(values["sqnorms"] <= 0):
             bad = [int(i) for i in np.flatnonzero(values["sqnorms"] <= 0)]
+            every = " (every client: H_N is then 0 by construction)" if len(bad) == count else ""
             notes.append(f"clients {bad}: the probe noise exceeds the diagonal's squared norm (debiased estimate "
-                         f"<= 0), so their H_D is undefined; use more probes")
+                         f"<= 0), so their H_D is undefined and their norm enters H_N as 0, understating it"
+                         f"{every}; use more probes")
         diagonal, pairs, estimator = "coordinate", "distinct", "debiased"
     else:
         all_rows, client_hvps = [None] * count, [0] * count
