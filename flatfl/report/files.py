@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..utils.io import csv_text
 from .experiments import shown_value
-from .metrics import metric_names, report_metric
+from .metrics import measured_metrics, metric_names, report_metric
 from .run_reader import MODEL_NAMES
 from .tables import MetricCell, TableRow
 
@@ -100,8 +100,8 @@ def _folder_columns(r) -> dict:
 def run_rows(records) -> list[dict]:
     """runs.csv's lines: each run's values with the settings that made them."""
     # a metric computed only when asked (the smallest eigenvalue) has columns where a run measured it
-    names = [n for n in metric_names()
-             if not report_metric(n).when_measured or any(r.value(n) is not None for r in records)]
+    measured = measured_metrics(records)
+    names = [n for n in metric_names() if not report_metric(n).when_measured or n in measured]
     rows = []
     for r in records:
         recorded = getattr(r, "recorded", None)

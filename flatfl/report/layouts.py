@@ -10,7 +10,7 @@ from importlib import resources
 from ..errors import unknown_name
 from ..paper_tables import GROUPS, TABLES, TableSpec
 from ..utils.machine import machine_label
-from .metrics import metric_names, report_metric
+from .metrics import measured_metrics, report_metric
 from .run_reader import MODELS
 
 __all__ = ["TABLE_ALIASES", "TABLES", "TableSpec", "paper_values", "paper_lookup", "fills", "records_of", "matching_tables", "tables_for", "model_for", "scale_label",
@@ -59,9 +59,7 @@ def with_measured_metrics(spec: TableSpec, records) -> TableSpec:
     """``spec`` with a column for each metric computed only when asked (``when_measured``: the smallest
     eigenvalue) that at least one of its runs measured, after the top eigenvalue's (else last); ``spec`` itself when
     none did."""
-    mine = records_of(spec, records)
-    extra = tuple(n for n in metric_names() if report_metric(n).when_measured and n not in spec.metrics
-                  and any(r.value(n) is not None for r in mine))
+    extra = tuple(n for n in measured_metrics(records_of(spec, records)) if n not in spec.metrics)
     if not extra:
         return spec
     at = spec.metrics.index("top_eigenvalue") + 1 if "top_eigenvalue" in spec.metrics else len(spec.metrics)

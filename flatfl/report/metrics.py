@@ -18,7 +18,7 @@ from ..errors import ConfigError, unknown_name
 from .run_reader import MODEL_ACCURACY, MODEL_NAMES
 
 __all__ = ["ReportMetric", "register_metric", "unregister_metric", "report_metric", "metric_names", "metric_title",
-           "clients_needed",
+           "measured_metrics", "clients_needed",
            "eigen_precision", "trace_precision", "data_setting", "DEFAULT_SPLIT", "RUNS_CSV_PARTS"]
 
 DEFAULT_SPLIT = "train"  # the split a Hessian is measured on unless --split says otherwise
@@ -131,6 +131,11 @@ def metric_title(name: str) -> str:
     return _REGISTRY[name].title if name in _REGISTRY else name
 
 
+def measured_metrics(records) -> tuple[str, ...]:
+    """The metrics computed only when asked (``when_measured``) that at least one of ``records`` measured."""
+    return tuple(n for n, m in _REGISTRY.items() if m.when_measured and any(r.value(n) is not None for r in records))
+
+
 def clients_needed(spec) -> bool:
     """Whether a table (:class:`~flatfl.paper_tables.TableSpec`) has a cross-client column: its runs need H_N / H_D."""
     return any(report_metric(m).cross_client for m in spec.metrics)
@@ -210,11 +215,15 @@ def _top_eigenvalue(rec) -> float | None:
     return float(values[0]) if values else None
 
 
-def _top_eigenvalue_error(rec) -> float | None:
-    """The top eigenvalue's error estimate, else its residual norm (a bound on the error)."""
-    h = rec.hessian or {}
-    est, res = h.get("error_estimates") or [], h.get("residuals") or []
+def _first_error(fields: dict) -> float | None:
+    """The first eigenvalue's error estimate of an analysis' ``fields`` (hessian.json, or its
+    ``smallest_eigenvalues``), else its residual norm (a bound on the error)."""
+    est, res = fields.get("error_estimates") or [], fields.get("residuals") or []
     return est[0] if est and est[0] is not None else (res[0] if res else None)
+
+
+def _top_eigenvalue_error(rec) -> float | None:
+    return _first_error(rec.hessian or {})
 
 
 def _smallest(rec) -> dict:
@@ -226,13 +235,6 @@ def _smallest(rec) -> dict:
 def _smallest_eigenvalue(rec) -> float | None:
     values = _smallest(rec).get("values") or []
     return _finite(values[0]) if values else None
-
-
-def _smallest_eigenvalue_error(rec) -> float | None:
-    """The smallest eigenvalue's error estimate, else its residual norm."""
-    low = _smallest(rec)
-    est, res = low.get("error_estimates") or [], low.get("residuals") or []
-    return est[0] if est and est[0] is not None else (res[0] if res else None)
 
 
 def _smallest_setting(rec) -> str | None:
@@ -282,7 +284,7 @@ register_metric("top_eigenvalue", "top eigenvalue", _top_eigenvalue, short="λma
                 setting=_hessian_setting("method", eigen_precision), reading="lower: flatter",
                 runs_csv=RUNS_CSV_PARTS)
 register_metric("smallest_eigenvalue", "smallest eigenvalue", _smallest_eigenvalue, short="λmin",
-                error=_smallest_eigenvalue_error, setting=_smallest_setting, runs_csv=RUNS_CSV_PARTS,
+                error=lambda rec: _first_error(_smallest(rec)), setting=_smallest_setting, runs_csv=RUNS_CSV_PARTS,
                 when_measured=True)
 register_metric("trace", "trace", _trace, error=lambda rec: ((rec.hessian or {}).get("trace") or {}).get("stderr"),
                 setting=_hessian_setting("trace_method", trace_precision), reading="lower: flatter",

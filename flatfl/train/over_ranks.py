@@ -1,7 +1,7 @@
 """A round's clients over the ranks of a torchrun launch (docs/distributed.md).
 
 Every rank holds the whole run: the server model, every client's state, the data. Round t's participants (drawn
-from the run's seed, the same on every rank) are cut into contiguous shares, one a rank (:func:`my_share`; shares
+from the run's seed, the same on every rank) are cut into contiguous shares, one a rank (:meth:`flatfl.utils.ranks.World.share`; shares
 differ by at most one client), and each rank trains its share as one process would (in cohorts stacked as usual;
 a client's randomness comes from (seed, t, client), whoever trains it). Then :func:`exchange` hands every rank what
 the others computed: the clients' uploads (:class:`~flatfl.train.algorithms.algorithm.ClientResult`), their float
@@ -19,13 +19,7 @@ import torch
 from ..utils import ranks
 from ..utils.batch_walk import map_tensors
 
-__all__ = ["my_share", "exchange", "agree_on_run"]
-
-
-def my_share(participants: np.ndarray, world: ranks.World) -> np.ndarray:
-    """This rank's contiguous share of a round's participants (:meth:`~flatfl.utils.ranks.World.share`; all of them
-    in a world of one)."""
-    return world.share(participants)
+__all__ = ["exchange", "agree_on_run"]
 
 
 def agree_on_run(ds, partition, theta: torch.Tensor, buffers: dict, world: ranks.World) -> None:

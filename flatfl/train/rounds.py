@@ -28,7 +28,7 @@ from .config import FLOAT32_MAX, RunConfig
 from .context import ClientContext, Cohort, RoundContext, client_rng, frozen_copy
 from .evaluate import evaluate
 from .local import LocalSchedule, train_cohort
-from .over_ranks import exchange, my_share
+from .over_ranks import exchange
 from .regularizers.regularizer import Regularizer
 
 __all__ = ["CACHE_LIMIT_BYTES", "sample_clients", "client_seed", "RoundState", "RoundDone", "RunData", "RunPieces",
@@ -251,7 +251,7 @@ class RoundLoop:
         self.algo.round_start(rctx)
         augment = self._augment_fn()
         results, client_buffers = [], []
-        share = my_share(participants, self.world).tolist()  # under torchrun: this rank's clients (else all)
+        share = self.world.share(participants).tolist()  # under torchrun: this rank's clients (else all)
         state_keys = set(self.algo.clients)
         pending = list(share)
         while pending:

@@ -81,9 +81,7 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     phase = on_phase or (lambda name: None)
     op = as_operator(op, "the Hessian analysis")
     s = settings.validate()
-    for flag, k in (("--top", s.top), ("--smallest", s.smallest)):
-        if k > op.dim:
-            raise ConfigError(f"{flag} {k} is larger than the number of parameters ({op.dim})")
+    check_counts(s, op.dim)
     start = time.perf_counter()
     report: dict = {}
     eig = dens = None
@@ -139,6 +137,13 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     report["random_draws"] = {"seed": int(s.seed), "device": torch.device(op.device).type}
     report["seconds"] = time.perf_counter() - start
     return report, eig, dens
+
+
+def check_counts(s: HessianSettings, dim: int) -> None:
+    """The eigenvalues asked for (``--top``, ``--smallest``) are at most the operator's ``dim`` (ConfigError)."""
+    for flag, k in (("--top", s.top), ("--smallest", s.smallest)):
+        if k > dim:
+            raise ConfigError(f"{flag} {k} is larger than the number of parameters ({dim})")
 
 
 def smallest_eigenvalues(op: CurvatureOperator, s: HessianSettings, phase=lambda name: None) -> dict:
@@ -396,8 +401,7 @@ def run_hessian(checkpoint, out, settings: HessianSettings = HessianSettings(), 
     op = over_ranks(lambda shard: curvature_operator(s.curvature, ckpt.model, shard, mode="eval", loss=loss,
                                                      products=s.products), batches, objective=loss is not None,
                     world=cmd.world)
-    if s.top > op.dim:
-        raise ConfigError(f"--top {s.top} is larger than the number of parameters ({op.dim})")
+    check_counts(s, op.dim)  # before the progress bar (compute() checks again, for callers of its own)
 
     with progress_bar(quiet, desc="Hessian-vector products", unit="HVP") as bar:
         progress = PhasedProgress(bar, phase_bounds(s, op.dim, layer_sizes(op) if s.per_layer else None))

@@ -1,6 +1,6 @@
 """How far ``flatfl hessian`` is, and how long it may still take: its phases (top eigenvalues, smallest
-eigenvalues, trace, density, per-layer blocks) each with the most Hessian-vector products it can spend under the settings, so that the bar on a
-terminal shows an upper bound of the time left (products left at most, times the seconds a product has taken),
+eigenvalues, trace, density, per-layer blocks) each with the most Hessian-vector products it can spend under the
+settings, so that the bar on a terminal shows an upper bound of the time left (products left at most, times the seconds a product has taken),
 tightened at the end of every phase to what is really left.
 
 The bounds are those the estimators enforce: Lanczos at most ``20 * basis`` products (the basis ``max(4k, k + 32)``
@@ -26,14 +26,15 @@ def lanczos_bound(k: int, dim: int) -> int:
     return int(dim) if m + 1 > dim else 20 * m
 
 
-def _eigen_bound(s: HessianSettings, k: int, dim: int) -> int | None:
-    if s.method == "lanczos":
+def _eigen_bound(method: str, k: int, dim: int, exact_residuals: bool) -> int | None:
+    """The most products the eigenvalue estimator ``method`` spends on ``k`` eigenvalues (None: not known)."""
+    if method == "lanczos":
         bound = lanczos_bound(k, dim)
-    elif s.method == "power":
+    elif method == "power":
         bound = int(estimator("eigenvalues", "power").defaults.get("max_iter", 100)) * k
     else:
         return None
-    return bound + (k if s.exact_residuals else 0)
+    return bound + (k if exact_residuals else 0)
 
 
 def phase_bounds(s: HessianSettings, dim: int, blocks: list[int] | None = None) -> list[tuple[str, int | None]]:
@@ -41,11 +42,9 @@ def phase_bounds(s: HessianSettings, dim: int, blocks: list[int] | None = None) 
     per-layer blocks' sizes."""
     phases: list[tuple[str, int | None]] = []
     if s.top > 0:
-        phases.append(("top eigenvalues", _eigen_bound(s, s.top, dim)))
+        phases.append(("top eigenvalues", _eigen_bound(s.method, s.top, dim, s.exact_residuals)))
     if s.smallest > 0:  # by the method when it finds them, else by Lanczos (HessianSettings.smallest_method)
-        bound = _eigen_bound(HessianSettings(method=s.smallest_method, exact_residuals=s.exact_residuals),
-                             s.smallest, dim)
-        phases.append(("smallest eigenvalues", bound))
+        phases.append(("smallest eigenvalues", _eigen_bound(s.smallest_method, s.smallest, dim, s.exact_residuals)))
     if s.trace:
         phases.append(("trace", s.trace_hvps if s.resolved_trace_method in _KNOWN["trace"] else None))
     if s.density:

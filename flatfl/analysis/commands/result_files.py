@@ -108,36 +108,39 @@ def _out_of_range(value, depth: int = 0):
     return None
 
 
-#: hessian.json's lists of numbers, per eigenvalue (``smallest_eigenvalues`` holds the same three): whether an entry
-#: may be null (an error estimate the method did not give; a residual an estimator gave as not finite, which the
-#: file records as null)
-EIGENVALUE_LISTS = {"top_eigenvalues": False, "values": False, "residuals": True, "error_estimates": True}
+#: hessian.json's lists of numbers, one entry per eigenvalue: at its top level, and in ``smallest_eigenvalues``
+EIGENVALUE_LISTS = {"": ("top_eigenvalues", "residuals", "error_estimates"),
+                    "smallest_eigenvalues": ("values", "residuals", "error_estimates")}
+#: the lists whose entries may be null (an error estimate the method did not give; a residual an estimator gave as
+#: not finite, which the file records as null)
+NULLABLE = ("residuals", "error_estimates")
 
 
-def _not_numbers(record: dict) -> str | None:
-    """The first of ``record``'s per-eigenvalue lists (:data:`EIGENVALUE_LISTS`) that holds something else than
-    numbers, as '<field> holds <entry>, not a number'; None when every one holds numbers."""
-    for name, null_ok in EIGENVALUE_LISTS.items():
+def _not_numbers(record: dict, names) -> str | None:
+    """The first list ``names`` of ``record`` that holds something else than numbers, as '<field> holds <entry>,
+    not a number'; None when every one holds numbers."""
+    for name in names:
         entries = record.get(name)
         if entries is None:
             continue
         if not isinstance(entries, list):
             return f"{name} is {type(entries).__name__}, not a list of numbers"
         for v in entries:
-            if not ((v is None and null_ok) or (isinstance(v, numbers.Real) and not isinstance(v, bool))):
+            if not ((v is None and name in NULLABLE) or (isinstance(v, numbers.Real) and not isinstance(v, bool))):
                 return f"{name} holds {str(v)[:40]!r}, not a number"
     return None
 
 
 def read_hessian_file(path, hint: str = "remove it or choose another --out") -> dict | None:
-    """``hessian.json`` (see :func:`read_result_file`), its per-eigenvalue lists (``top_eigenvalues``,
-    ``residuals``, ``error_estimates``, and those of ``smallest_eigenvalues``) holding numbers only."""
+    """``hessian.json`` (see :func:`read_result_file`), its per-eigenvalue lists (:data:`EIGENVALUE_LISTS`) holding
+    numbers only."""
     data = read_result_file(path, "a flatfl hessian.json", HESSIAN_FIELDS, hint)
     if data is not None:
-        for part, record in (("", data), ("smallest_eigenvalues: ", data.get("smallest_eigenvalues") or {})):
-            bad = _not_numbers({k: v for k, v in record.items() if part or k != "values"})
+        for part, names in EIGENVALUE_LISTS.items():
+            bad = _not_numbers((data.get(part) or {}) if part else data, names)
             if bad is not None:
-                raise ResultFileError(f"{path} is not a flatfl hessian.json (its {part}{bad}); {hint}")
+                raise ResultFileError(f"{path} is not a flatfl hessian.json (its {part + ': ' if part else ''}{bad});"
+                                      f" {hint}")
     return data
 
 

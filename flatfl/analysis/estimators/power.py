@@ -71,11 +71,9 @@ def power_iteration(
         stops.append(stopped)
     values = np.asarray(eigenvalues, dtype=float)
     stacked = torch.stack(vectors)
-    if residuals:
-        res = explicit_residuals(op, values, stacked / stacked.norm(dim=1, keepdim=True), 1)
-    else:
-        res = np.full(top_n, np.nan)
-    along = products_error_along(op, stacked / stacked.norm(dim=1, keepdim=True))
+    unit = stacked / stacked.norm(dim=1, keepdim=True)
+    res = explicit_residuals(op, values, unit, 1) if residuals else np.full(top_n, np.nan)
+    along = products_error_along(op, unit)
     floor = rounding_floor(op, float(np.max(np.abs(values))), along)
     return EigenResult(
         eigenvalues=values,
