@@ -66,7 +66,7 @@ def _stored(reader, path: Path) -> dict | None:
 _NONE_MEANS = {"samples": (None,), "trace_rtol": (None,), "loss": (None, "cross_entropy")}
 _NEVER_COMPARED = ("device", "quiet", "data_dir", "model_factory")  # where and how it ran, the network's builder
 #: settings a result file written before they existed did not record, and what it measured with them
-_BEFORE_RECORDED = {"curvature": "hessian", "products": "auto", "smallest": 0}
+_BEFORE_RECORDED = {"curvature": "hessian", "products": "auto", "smallest": 0, "measure": None, "damping": 0.0}
 
 
 def settings_match(saved: dict | None, wanted: dict) -> bool:

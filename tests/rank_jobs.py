@@ -8,7 +8,8 @@ compares every rank's file with the job run in the test's own process.
 * ``curvatures``: every registered curvature kind (``curvature_cases``, read off the registry: the Hessian by each
   of its product methods, exact and finite differences) and the sampled-label Fisher of ``tests/sampled_fisher.py``
   (a kind that draws random numbers), each on :func:`problem`: a block of products, the loss and gradient, a top
-  eigenvalue and a trace of a fixed budget, and for finite differences the step and the stated error;
+  eigenvalue (and that of the curvature + I/4), a trace and every registered measured quantity of a fixed budget,
+  and for finite differences the step and the stated error;
 * ``training``: a case of every registered algorithm, regularizer and local optimizer (``training_cases``, read off
   the registries), trained for its rounds in float64 with each rank stacking its share of a round's clients.
 """
@@ -105,7 +106,10 @@ def curvature_results() -> dict:
     """Each case of :func:`curvature_cases` (with the sampled-label Fisher registered) on :func:`problem`, by
     ``"<curvature> <products> <what>"``."""
     from flatfl.analysis.estimators.eigen import top_eigenvalues
+    from flatfl.analysis.commands.hessian_settings import HessianSettings
+    from flatfl.analysis.estimators.quantities import quantity, quantity_names
     from flatfl.analysis.estimators.trace import hutchinson_trace
+    from flatfl.analysis.operators.combined import damped
     from flatfl.analysis.operators.distributed import over_ranks
     from flatfl.analysis.operators.loss_curvature import curvature_operator
     from flatfl.utils import ranks
@@ -123,7 +127,12 @@ def curvature_results() -> dict:
             out[f"{key} loss"] = torch.tensor(op.loss())
             out[f"{key} gradient"] = op.gradient()
             out[f"{key} top eigenvalue"] = torch.as_tensor(top_eigenvalues(op, 1, tol=1e-8, seed=1).eigenvalues)
+            damped_top = top_eigenvalues(damped(op, 0.25), 1, tol=1e-8, seed=1).eigenvalues  # the curvature + I/4
+            out[f"{key} damped top eigenvalue"] = torch.as_tensor(damped_top)
             out[f"{key} trace"] = torch.tensor(float(hutchinson_trace(op, max_hvps=8, rtol=None, seed=2).estimate))
+            for measured in quantity_names():  # every registered quantity, within a budget of 8 products
+                record = quantity(measured).measure(op, HessianSettings(trace_hvps=8, trace_rtol=None), 3)
+                out[f"{key} {measured}"] = torch.tensor(float(record["estimate"]))
             if op.product_error is not None:
                 method = getattr(op, "op", op).method  # this rank's operator's product method
                 out[f"{key} stated error"] = torch.tensor(op.product_error, dtype=torch.float64)

@@ -106,7 +106,8 @@ with registered():
 def test_every_curvature_over_two_ranks_equals_one_process(curvatures_over_two_ranks, curvature, products):
     """Every registered curvature kind (read from the registry here and in the job), the Hessian by each product
     method, and a kind that draws random numbers (labels sampled per sample from its seed): products, loss,
-    gradient, top eigenvalue and trace over 2 ranks within 1e-12 of one process in float64, on every rank.
+    gradient, top eigenvalue, trace and every registered measured quantity over 2 ranks within 1e-12 of one process
+    in float64, on every rank.
     Finite differences: every rank takes the same step and states the same error (calibrated on the whole
     evaluation set); their products differ from one process's by the rounding of a difference quotient (eps
     ||g|| / h, some 1e-11 here, whatever the step: the ranks sum the gradients in another order), within their

@@ -12,6 +12,7 @@ from flatfl.cli import main
 from flatfl.errors import ConfigError
 from flatfl.report.pdf import DEFAULT_HESSIAN
 from flatfl.sweep import read_grid
+from flatfl.analysis.estimators.quantities import quantity_names
 from flatfl.analysis.estimators.registry import estimator_names
 from flatfl.analysis.commands.hessian_settings import HessianSettings
 
@@ -21,13 +22,14 @@ EXPECTED = {"top": 1, "trace": True, "density": False, "samples": None, "batch_s
             "trace_method": None, "trace_hvps": 100, "trace_rtol": 1e-2, "density_steps": 100, "density_starts": 4,
             "exact_residuals": False, "data_dir": None, "model_factory": None, "per_layer": False, "per_layer_top": 1,
             "loss": None, "curvature": "hessian", "products": "auto",
-            "precision": None, "which": None, "smallest": 0}
+            "precision": None, "which": None, "smallest": 0, "measure": None, "damping": 0.0}
 
 
 def choices(message: str) -> str:
-    """``message`` with ``{eigenvalues}`` / ``{trace}`` filled in by the registered names of that kind, as the
+    """``message`` with ``{eigenvalues}`` / ``{trace}`` / ``{quantities}`` filled in by the registered names, as the
     refusal lists them: a registered estimator changes the list, not the test."""
-    return message.format(**{kind: ", ".join(estimator_names(kind)) for kind in ("eigenvalues", "trace")})
+    return message.format(**{kind: ", ".join(estimator_names(kind)) for kind in ("eigenvalues", "trace")},
+                          quantities=", ".join(quantity_names()))
 
 
 GRID = '[fixed]\nmodel = "tiny"\nclients = 4\nrounds = 1\nlocal_epochs = 1\n[grid]\nalgo = ["fedavg"]\n'
@@ -95,8 +97,10 @@ def test_from_mapping_refuses_unknown_keys_in_one_line():
     ({"density_starts": 0}, "--density-steps and --density-starts must be >= 1"),
     ({"samples": 0}, "--samples must be a positive integer, got 0"),
     ({"seed": -1}, "--seed must be an integer in 0..4294967295, got -1"),
-    ({"top": 0, "trace": False}, "nothing to compute: ask for --top K >= 1, --smallest K >= 1, --trace, --density or "
-                                      "--per-layer"),
+    ({"top": 0, "trace": False}, "nothing to compute: ask for --top K >= 1, --smallest K >= 1, --trace, --density, "
+                                      "--per-layer or --measure"),
+    ({"damping": -0.5}, "--damping must be >= 0 (the matrix measured is the curvature + damping * I), got -0.5"),
+    ({"measure": "frobenius,nope"}, "unknown quantity 'nope': choose one of {quantities}"),
     ({"top": 0, "save_eigenvectors": True}, "--save-eigenvectors needs --top >= 1"),
     ({"smallest": -1}, "--smallest must be an integer from 0 to 100,000, got -1"),
     ({"smallest": 2, "which": "smallest"}, "--smallest with --which smallest: --top already finds the smallest "

@@ -363,20 +363,23 @@ def test_each_phases_bound_holds_what_the_phase_spent(checkpoint, tmp_path):
     from flatfl.analysis.commands.hessian_settings import HessianSettings
 
     args = ["--top", "3", "--smallest", "2", "--per-layer", "--density", "--density-steps", "20", "--trace-hvps",
-            "30"]
+            "30", "--trace-rtol", "1e-9", "--measure", "frobenius"]
     r = CliRunner().invoke(main, ["hessian", str(checkpoint), *args, "--samples", "64", "--quiet", "--out",
                                   str(tmp_path / "h")])
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "h" / "hessian.json").read_text())
     blocks = report["per_layer"]["blocks"]
-    settings = HessianSettings(top=3, smallest=2, per_layer=True, density=True, density_steps=20, trace_hvps=30)
+    settings = HessianSettings(top=3, smallest=2, per_layer=True, density=True, density_steps=20, trace_hvps=30,
+                               trace_rtol=1e-9, measure="frobenius")
     bounds = dict(phase_bounds(settings, report["num_params"], [b["dim"] for b in blocks]))
     spent = {"top eigenvalues": report["eigen"]["hvps"],
              "smallest eigenvalues": report["smallest_eigenvalues"]["hvps"], "trace": report["trace"]["hvps"],
              "density": report["density"]["hvps"],
-             **{f"per-layer block {i + 1}/{len(blocks)}": b["hvps"] for i, b in enumerate(blocks)}}
+             **{f"per-layer block {i + 1}/{len(blocks)}": b["hvps"] for i, b in enumerate(blocks)},
+             "squared Frobenius norm": report["quantities"]["frobenius"]["hvps"]}
     assert set(bounds) == set(spent) and all(spent[k] <= bounds[k] for k in spent), (spent, bounds)
     assert bounds["density"] == 20 * settings.density_starts and bounds["trace"] == 30
+    assert spent["squared Frobenius norm"] == bounds["squared Frobenius norm"] == 30  # no target reached: the budget
 
 
 def test_the_bar_total_is_the_products_left_at_most_tightened_at_each_phase():

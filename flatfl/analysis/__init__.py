@@ -61,6 +61,12 @@ Your own model, PyHessian's calls with the import changed (:mod:`flatfl.analysis
 * :func:`estimate_eigenvalues` ``(op, method, k, ...)`` and :func:`estimate_trace` ``(op, method, ...)``: an
   estimator by name (:mod:`flatfl.analysis.estimators.by_name`); the registry of names, labels and defaults is
   :mod:`flatfl.analysis.estimators.registry`, where :func:`register_estimator` adds one from any package.
+* :class:`ScaledOperator` ``(op, c)``, :class:`SumOperator` ``([a, b, ...])``, :class:`IdentityOperator` ``(like)``
+  and :func:`damped` ``(op, damping)``: operators made of others, the damped curvature ``op + damping I``
+  (:mod:`flatfl.analysis.operators.combined`).
+* :class:`Quantity` and :func:`register_quantity`: a measured quantity of the operator beside the eigenvalues and the
+  trace (``flatfl hessian --measure``; :mod:`flatfl.analysis.estimators.quantities`, where each module is a built-in
+  one: the squared Frobenius norm).
 * :func:`cross_client_metrics` ``(operators, *, protocol="default", probes=100, groups=10, seed=0, ...) ->
   ClientMetrics`` and :func:`pairwise_metrics` ``(diagonals)``: H_N and H_D across clients
   (:mod:`flatfl.analysis.estimators.client_metrics`).
@@ -89,12 +95,14 @@ import importlib
 _NAMES = {
     "operators.linear_operator": ("CurvatureOperator", "FunctionOperator", "MatrixOperator", "as_operator"),
     "operators.hessian": ("HessianOperator",),
+    "operators.combined": ("IdentityOperator", "ScaledOperator", "SumOperator", "damped"),
     "operators.curvatures": ("EmpiricalFisherOperator", "GGNOperator"),
     "operators.loss_curvature": ("LossCurvature", "curvature_operator"),
     "operators.kinds": ("CurvatureKind", "curvature_kind", "register_curvature"),
     "operators.batches": ("as_batches",),
     "operators.second_order": ("SecondDerivativeError",),
     "estimators.registry": ("Estimator", "register_estimator"),
+    "estimators.quantities": ("Quantity", "register_quantity"),
     "estimators.by_name": ("estimate_eigenvalues", "estimate_trace"),
     "estimators.eigen": ("EigenResult", "top_eigenvalues"),
     "estimators.power": ("power_iteration",),
@@ -126,11 +134,17 @@ __all__ = [
     "register_curvature",
     "MatrixOperator",
     "FunctionOperator",
+    "ScaledOperator",
+    "SumOperator",
+    "IdentityOperator",
+    "damped",
     "CurvatureOperator",
     "as_operator",
     "as_batches",
     "Estimator",
     "register_estimator",
+    "Quantity",
+    "register_quantity",
     "EigenResult",
     "top_eigenvalues",
     "power_iteration",

@@ -43,7 +43,8 @@ their number of samples. ``cuda``: PyHessian's flag. flatfl computes on the mode
 first, ``model.cuda()``; the data follows it); ``cuda=True`` on a machine without CUDA is a ConfigError naming
 ``cuda=False``. The default, ``None``, takes the model's device without a check. Every estimator runs with
 ``flatfl hessian``'s defaults and its seed streams (``seed`` for the eigenvalues, ``seed + 1`` for the trace,
-``seed + 2`` for the density), so on the same batches it gives the command's numbers.
+``seed + 2`` for the density, ``seed + 5`` for a measured quantity), so on the same batches it gives the command's
+numbers.
 """
 from __future__ import annotations
 
@@ -285,6 +286,17 @@ class ModelHessian:
         defaults)."""
         _check_tol("rtol", rtol, none=True)
         return self._keep(estimate_trace(self.operator, method, max_hvps=max_hvps, rtol=rtol, seed=self.seed + 1))
+
+    def measure(self, name: str, *, max_hvps: int = DEFAULTS.trace_hvps,
+                rtol: float | None = DEFAULTS.trace_rtol) -> dict:
+        """A registered quantity of the matrix (:mod:`flatfl.analysis.estimators.quantities`; ``"frobenius"``: the
+        squared Frobenius norm), as ``flatfl hessian --measure NAME`` records it: ``{"estimate", "stderr", "hvps",
+        ...}``, within the budget ``max_hvps`` and target ``rtol`` of a trace, from the seed stream ``seed + 5``."""
+        from .estimators.quantities import QUANTITY_SEED_OFFSET, quantity
+
+        _check_tol("rtol", rtol, none=True)
+        settings = HessianSettings(trace_hvps=max_hvps, trace_rtol=rtol, measure=name).validate()
+        return quantity(name).measure(self.operator, settings, self.seed + QUANTITY_SEED_OFFSET)
 
     def spectral_density(self, *, steps: int = DEFAULTS.density_steps,
                          starts: int = DEFAULTS.density_starts) -> DensityResult:

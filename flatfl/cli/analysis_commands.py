@@ -10,9 +10,10 @@ from pathlib import Path
 import click
 
 from ..analysis.commands.client_metrics_settings import PROTOCOLS, ClientMetricsSettings  # no torch: the defaults
+from ..analysis.estimators.quantities import quantity, quantity_names
 from ..analysis.estimators.registry import DEFAULT_TRACE_METHOD, WHICH, estimator, estimator_names
 from ..analysis.commands.hessian_settings import (CURVATURE_NAMES, CURVATURES, PRODUCT_METHODS, HessianSettings,
-                                                  eigenvalues_text, measured_text)
+                                                  damping_text, eigenvalues_text, measured_text)
 from ..utils.precision import PRECISIONS
 from ..analysis.commands.surface_settings import DIRECTION_KINDS, SurfaceSettings
 from .common import LazyHelp, NameChoice, apply_threads, friendly_errors, threads_option
@@ -76,7 +77,14 @@ Examples:
   flatfl hessian runs/x --curvature ggn --top 5 --out runs/x/ggn   # the Gauss-Newton matrix's top 5 and trace
   flatfl hessian runs/x --which smallest --top 3 --out runs/x/neg   # the 3 most negative eigenvalues
   flatfl hessian runs/x --products finite-difference              # an operation torch cannot differentiate twice
+  flatfl hessian runs/x --measure frobenius --out runs/x/frob      # also ||H||_F^2, the sum of squared eigenvalues
+  flatfl hessian runs/x --damping 5e-4 --out runs/x/wd             # the Hessian of the loss + weight decay 5e-4
 """
+
+
+DAMPING_HELP = ("measure the curvature + DAMPING * I instead: the Hessian of the loss plus (DAMPING/2) ||theta||^2 "
+                "(weight decay), a damped Gauss-Newton matrix; every eigenvalue moves up by DAMPING, the trace by "
+                "DAMPING times the parameter count")
 
 
 @click.command(epilog=HESSIAN_EPILOG)
@@ -123,6 +131,11 @@ Examples:
               show_default=True, help=f"{' | '.join(PRODUCT_METHODS)}: how Hessian products are computed (auto: forward-over-reverse on CUDA, "
               "double backward elsewhere; finite-difference: two gradients per product, for operations torch cannot "
               "differentiate twice)")
+@click.option("--damping", type=float, default=HESSIAN_DEFAULTS.damping, show_default=True, help=DAMPING_HELP)
+@click.option("--measure", default=HESSIAN_DEFAULTS.measure, cls=LazyHelp, metavar="NAME[,NAME...]",
+              lazy_help=lambda: "also these quantities of the matrix (hessian.json's quantities; a report of runs that "
+              "have them shows a column for each): " + "; ".join(f"{n}: {quantity(n).description}"
+                                                                for n in quantity_names()))
 @on_a_checkpoint("hessian", HessianSettings)
 def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
     """Top Hessian eigenvalues, trace and spectral density of a checkpoint's model (mean loss, eval mode)."""
@@ -132,6 +145,7 @@ def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
     values = report["top_eigenvalues"]
     found = []
     curvature = report["settings"].get("curvature", "hessian")
+    matrix = CURVATURE_NAMES[curvature] + damping_text(report["settings"].get("damping"))  # 'Hessian + 0.001 I'
     if values:
         shown = ", ".join(f"{v:.6g}" for v in values[:5]) + (" ..." if len(values) > 5 else "")
         eigen = report.get("eigen") or {}
@@ -140,7 +154,7 @@ def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
         ratio = report.get("eigenvalue_ratio")
         ratio_text = f"; lambda_1/lambda_{ratio['k']} = {ratio['value']:.6g}" if ratio else ""
         listed = "smallest eigenvalues" if which == "smallest" else "top eigenvalues"
-        click.echo(f"{listed} of the {CURVATURE_NAMES[curvature]}{f' ({label})' if label else ''}: {shown}{ratio_text}")
+        click.echo(f"{listed} of the {matrix}{f' ({label})' if label else ''}: {shown}{ratio_text}")
         errors = report.get("error_estimates") or [None]
         error = "" if errors[0] is None else f" +- {errors[0]:.2g}"
         found.append(f"{eigenvalues_text(which)} {values[0]:.6g}{error}"
@@ -148,7 +162,7 @@ def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
     low = report.get("smallest_eigenvalues")
     if low:
         shown = ", ".join(f"{v:.6g}" for v in low["values"][:5]) + (" ..." if len(low["values"]) > 5 else "")
-        click.echo(f"smallest eigenvalues of the {CURVATURE_NAMES[curvature]} (smallest algebraic): {shown}")
+        click.echo(f"smallest eigenvalues of the {matrix} (smallest algebraic): {shown}")
         errors = low.get("error_estimates") or [None]
         found.append(f"smallest eigenvalue {low['values'][0]:.6g}"
                      + ("" if errors[0] is None else f" +- {errors[0]:.2g}"))
@@ -163,6 +177,12 @@ def hessian(checkpoint, out, where, settings: HessianSettings, quiet: bool):
                if tr["method"] == "exact" else f"{tr['method']}, {tr['hvps']} HVPs{missed}")
         click.echo(f"trace: {tr['estimate']:.6g} +- {stderr} ({how})")
         found.append(f"trace {tr['estimate']:.6g} +- {stderr}")
+    for name, record in (report.get("quantities") or {}).items():
+        title = quantity(name).title
+        stderr = "n/a" if record.get("stderr") is None else f"{record['stderr']:.3g}"
+        click.echo(f"{title}: {record['estimate']:.6g} +- {stderr} ({record.get('method', name)}, "
+                   f"{record['hvps']} HVPs)")
+        found.append(f"{title} {record['estimate']:.6g} +- {stderr}")
     if report.get("density"):
         found.append("spectral density")
     layers = report.get("per_layer")

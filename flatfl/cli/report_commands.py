@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ..analysis.commands.hessian_settings import HessianSettings  # no torch: the defaults and the estimators' names
+from ..analysis.estimators.quantities import parse_measure, quantity_names
 from ..analysis.estimators.registry import estimator_names
 from ..errors import error_line
 from ..paper_tables import DEFAULT_SEEDS, PRESETS, TARGETS  # no torch: the tables flatfl reproduce makes
@@ -38,6 +39,9 @@ Examples:
               help="the model every row measures (accuracy and Hessian); default: clients-average for the MAN tables (MAN reports the all-clients average), server for FedAlign's")
 @click.option("--top", type=int, default=None, help="Hessian asked for: number of top eigenvalues (--compute-missing default 1)")
 @click.option("--smallest", type=int, default=None, help="Hessian asked for: also the K smallest (most negative) eigenvalues, shown as the tables' smallest-eigenvalue column (--compute-missing default 0)")
+@click.option("--measure", default=None, metavar="NAME[,NAME...]", cls=LazyHelp,
+              lazy_help=lambda: "Hessian asked for: also these measured quantities, each shown as a column of the "
+              f"tables ({' | '.join(quantity_names())}; --compute-missing default: none)")
 @click.option("--density/--no-density", default=None, help="Hessian asked for: with the spectral density (--compute-missing default: no)")
 @click.option("--samples", type=int, default=None, help="Hessian asked for: evaluation samples (default: the whole training split)")
 @click.option("--method", default=None, cls=LazyHelp,
@@ -54,15 +58,17 @@ def report(run_dirs, out, tables, model, threads, compute_missing, device, **hes
     what only a run folder holds (curves, spectra, surfaces, provenance checks, training settings) is left out and
     said. A runs.csv is re-rendered alone (no run folders beside it, no --compute-missing or Hessian options).
 
-    A Hessian option given (--top, --smallest, --density, --samples, --method) asks for those settings: only
+    A Hessian option given (--top, --smallest, --measure, --density, --samples, --method) asks for those settings: only
     analyses made with them fill the table, and --compute-missing computes them (into a folder of their own where an
     analysis with other settings exists). Runs whose analyses hold the smallest eigenvalue (--smallest) give the
-    tables a smallest-eigenvalue column."""
+    tables a smallest-eigenvalue column, and those measuring a quantity (--measure) a column of it."""
     from ..report import build_report
     from ..report.pipeline import AnalysesAsked
 
     apply_threads(threads)
     asked = {k: hessian[k] for k in ("top", "smallest", "density", "samples", "method") if hessian[k] is not None}
+    if hessian["measure"] is not None:  # as hessian.json records it: registered names in the registry's order
+        asked["measure"] = ",".join(parse_measure(hessian["measure"])) or None
     analyses = AnalysesAsked(asked, compute_missing, device)  # the Hessian settings asked for, computed if missing
     summary = build_report(list(run_dirs), out, tables=list(tables) or None, analyses=analyses, echo=click.echo,
                            model=model)

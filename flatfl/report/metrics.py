@@ -18,6 +18,7 @@ from ..errors import ConfigError, unknown_name
 from .run_reader import MODEL_ACCURACY, MODEL_NAMES
 
 __all__ = ["ReportMetric", "register_metric", "unregister_metric", "report_metric", "metric_names", "metric_title",
+           "register_quantity_metrics",
            "measured_metrics", "clients_needed",
            "eigen_precision", "trace_precision", "data_setting", "DEFAULT_SPLIT", "RUNS_CSV_PARTS"]
 
@@ -172,8 +173,8 @@ def data_setting(settings: dict) -> str:
     """What of a Hessian's settings changes what it measures besides the model, method and sample count, as the
     end of a Hessian metric's setting: ', test split' (another split than :data:`DEFAULT_SPLIT`), ', train mode'
     (not the evaluation mode), ', loss M:F' (a loss of the user's), ', ggn curvature' (another matrix than the
-    Hessian: rows of two curvatures are never averaged together), ', finite-difference products'; '' for the
-    defaults."""
+    Hessian: rows of two curvatures are never averaged together), ', finite-difference products', ', damping 0.0005'
+    (the curvature + 0.0005 I); '' for the defaults."""
     out = ""
     split = settings.get("split", DEFAULT_SPLIT)
     if split not in (None, DEFAULT_SPLIT):
@@ -186,6 +187,8 @@ def data_setting(settings: dict) -> str:
         out += f", {settings['curvature']} curvature"
     if settings.get("products") == "finite-difference":
         out += ", finite-difference products"
+    if _number(settings.get("damping")) and settings["damping"]:  # the curvature + damping * I: another matrix
+        out += f", damping {settings['damping']:g}"
     which = settings.get("which")  # not the largest (power iteration's own is named by its method): marked
     if which not in (None, "largest") and not (which == "magnitude" and settings.get("method") == "power"):
         out += f", {which} eigenvalues"
@@ -296,3 +299,50 @@ register_metric("hessian_direction", "H_D", _clients_reader("H_D"), error=_clien
 register_metric("eigenvalue_ratio", "lambda_1/lambda_5", _eigenvalue_ratio, short="λ1/λ5",
                 setting=_hessian_setting("method", eigen_precision), reading="lower: flatter",
                 runs_csv=("value", "setting"))
+
+
+# ---------------------------------------------------------------------------------------------- measured quantities
+def _quantity_record(name: str) -> Callable:
+    """The reader of hessian.json's ``quantities[name]`` ({} where the run did not measure it)."""
+    def read(rec) -> dict:
+        record = ((rec.hessian or {}).get("quantities") or {}).get(name)
+        return record if isinstance(record, dict) else {}
+    return read
+
+
+def _quantity_setting(name: str) -> Callable:
+    """'all-clients average, hutchinson on H^2 (<= 100 HVPs, rtol 0.01), 1442 samples' (the quantity's method and
+    the trace's budget it ran within, the samples, what differs from the defaults)."""
+    read = _quantity_record(name)
+
+    def setting(rec) -> str | None:
+        record = read(rec)
+        if not record:
+            return None
+        h = rec.hessian
+        s = {k: v for k, v in (h.get("settings") or {}).items() if k != "which"}  # --which orders eigenvalues only
+        return (f"{MODEL_NAMES[rec.model]}, {record.get('method', name)}{trace_precision(s)}, "
+                f"{h.get('num_samples', '?')} samples{data_setting(s)}")
+    return setting
+
+
+def register_quantity_metrics() -> tuple[str, ...]:
+    """A report metric for each registered quantity (:mod:`flatfl.analysis.estimators.quantities`) not yet one: its
+    name, title, short title and reading, a column where runs measured it (``when_measured``) and runs.csv's three
+    columns; a quantity whose name another metric holds gets none. Returns the names registered now."""
+    from ..analysis.estimators.quantities import quantity, quantity_names
+
+    added = []
+    for name in quantity_names():
+        if name in _REGISTRY:
+            continue
+        entry, read = quantity(name), _quantity_record(name)
+        register_metric(name, entry.title, lambda rec, read=read: _finite(read(rec).get("estimate")),
+                        short=entry.short, error=lambda rec, read=read: _finite(read(rec).get("stderr")),
+                        setting=_quantity_setting(name), reading=entry.reading, runs_csv=RUNS_CSV_PARTS,
+                        when_measured=True)
+        added.append(name)
+    return tuple(added)
+
+
+register_quantity_metrics()

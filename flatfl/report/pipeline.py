@@ -44,6 +44,7 @@ from .files import directions_csv, run_rows, summary, table_csv
 from .layouts import (TABLES, fills, matching_tables, model_for, paper_values, scale_label, tables_for,
                       with_measured_metrics)
 from .markdown import report_markdown
+from .metrics import register_quantity_metrics
 from .missing import (DEFAULT_CLIENTS, DEFAULT_HESSIAN, compute_missing as compute_analyses, missing_lines,
                       pick_clients, sample_notices, settings_ok)
 from .pages import contents, other_pages, run_pages, table_pages, title_sections
@@ -216,6 +217,7 @@ def build_report(paths, out, *, tables=None, analyses: AnalysesAsked | None = No
     of each layout).
     """
     stamp = pdf.made_at()  # checked before any work
+    register_quantity_metrics()  # a column for each quantity registered by now (a plug-in's too)
     analyses = analyses or AnalysesAsked()
     compute_missing, device = analyses.compute_missing, analyses.device
     asked = {k: v for k, v in (analyses.hessian or {}).items() if v is not None or k == "samples"}

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError
+from ..estimators.quantities import QUANTITY_SEED_OFFSET, quantity
 from ..estimators.registry import DEFAULT_DENSITY_METHOD, DEFAULT_WHICH, estimator
 from .hessian_settings import HessianSettings, measured_text
 from ..operators.names import CURVATURE_TITLES
@@ -53,13 +54,14 @@ from .progress import PhasedProgress, phase_bounds
 from .skeleton import AnalysisCommand, check_out_folder, progress_bar, versions, weights_digest, write_result
 from ..estimators.by_name import estimate_density, estimate_eigenvalues, estimate_trace
 from .result_figures import hessian_figures
+from ..operators.combined import damped
 from ..operators.linear_operator import CurvatureOperator, as_operator
 from ..operators.curvatures import curvature_operator
 from .result_files import ResultFileError, read_hessian_file
 from ..estimators.eigenvector_file import EIGENVECTOR_FORMAT, EigenvectorFile, load_eigenvectors
 
 __all__ = ["run_hessian", "compute", "write_outputs", "load_eigenvectors", "EigenvectorFile", "weights_digest",
-           "settings_record", "eigenvalue_ratio", "check_earlier_analysis", "samples_record"]
+           "settings_record", "eigenvalue_ratio", "check_earlier_analysis", "samples_record", "measure_quantities"]
 
 OUTPUT_NAMES = ("eigenvalues.png", "eigenvalues.pdf", "density.png", "density.pdf", "eigenvalues.csv",
                 "eigenvectors.pt", "per_layer.csv", "per_layer.png", "per_layer.pdf")
@@ -79,8 +81,8 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     ``on_phase(name)``: called as each phase begins (:mod:`flatfl.analysis.commands.progress`).
     """
     phase = on_phase or (lambda name: None)
-    op = as_operator(op, "the Hessian analysis")
     s = settings.validate()
+    op = damped(as_operator(op, "the Hessian analysis"), s.damping)  # the curvature + damping * I
     check_counts(s, op.dim)
     start = time.perf_counter()
     report: dict = {}
@@ -128,6 +130,7 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
         layers = per_layer_curvature(op, s.per_layer_top, tol=s.tol, trace_hvps=s.trace_hvps, trace_rtol=s.trace_rtol,
                                      seed=s.seed + 3, on_block=lambda i: phase("per-layer block"), **exact)
         report["per_layer"] = json_safe(layers.as_dict())
+    report["quantities"] = measure_quantities(op, s, phase) if s.quantities else None
     report["hvps_total"] = int(op.hvps)
     if op.products is not None:  # a model's curvature: how its products were computed
         error = op.product_error
@@ -137,6 +140,18 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     report["random_draws"] = {"seed": int(s.seed), "device": torch.device(op.device).type}
     report["seconds"] = time.perf_counter() - start
     return report, eig, dens
+
+
+def measure_quantities(op: CurvatureOperator, s: HessianSettings, phase=lambda name: None) -> dict:
+    """hessian.json's ``quantities``: each registered quantity ``s.measure`` names, by name, as its function
+    records it (estimate, standard error, products spent; :mod:`flatfl.analysis.estimators.quantities`), every one
+    from the same seed stream (``seed + 5``), whichever others run."""
+    out = {}
+    for name in s.quantities:
+        entry = quantity(name)
+        phase(entry.title)
+        out[name] = json_safe(entry.measure(op, s, s.seed + QUANTITY_SEED_OFFSET))
+    return out
 
 
 def check_counts(s: HessianSettings, dim: int) -> None:
@@ -272,7 +287,8 @@ def settings_record(s: HessianSettings, device, precision: str = "float32") -> d
             "batch_size": s.batch_size, "split": s.split, "seed": s.seed, "device": str(device), "mode": "eval",
             "save_eigenvectors": s.save_eigenvectors, "exact_residuals": s.exact_residuals,
             "per_layer": s.per_layer, "per_layer_top": s.per_layer_top, "loss": s.loss, "curvature": s.curvature,
-            "products": s.products, "precision": precision, "smallest": s.smallest}
+            "products": s.products, "precision": precision, "smallest": s.smallest,
+            "measure": ",".join(s.quantities) or None, "damping": s.damping}
 
 
 #: settings that do not change what an analysis computes: where it ran, how its samples were cut into batches
@@ -280,7 +296,7 @@ SAME_RESULT = ("device", "batch_size")
 #: settings that only add outputs, compared apart (:func:`check_earlier_analysis`)
 ADDED_OUTPUTS = ("save_eigenvectors", "per_layer", "per_layer_top")
 #: settings a hessian.json written before they existed did not record, and what it computed without them
-BEFORE_RECORDED = {"curvature": "hessian", "products": "auto", "smallest": 0}
+BEFORE_RECORDED = {"curvature": "hessian", "products": "auto", "smallest": 0, "measure": None, "damping": 0.0}
 
 
 def _what_it_computed(record: dict) -> dict:
@@ -419,7 +435,7 @@ def run_hessian(checkpoint, out, settings: HessianSettings = HessianSettings(), 
     header = {
         **cmd.header(digest=digest, num_params=op.dim),
         "curvature": s.curvature,
-        "measured": measured_text(s.curvature, report.get("products"), ckpt.precision),
+        "measured": measured_text(s.curvature, report.get("products"), ckpt.precision, s.damping),
         "num_samples": op.num_samples,
         "samples": samples_record(s.samples, op.num_samples, s.split),
         "loss": loss,

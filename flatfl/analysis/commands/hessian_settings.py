@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ...errors import ConfigError, unknown_name
 from ...utils.precision import check_analysis_precision
 from ...utils.values import check_seed
+from ..estimators.quantities import parse_measure
 from ..estimators.registry import DEFAULT_EIGEN_METHOD, DEFAULT_TRACE_METHOD, Estimator, estimator, resolve_which
 from ..operators.kinds import CURVATURE_NAMES, CURVATURE_TITLES, CURVATURES, DEFAULT_CURVATURE, kind_of
 from ..operators.names import PRODUCT_METHODS
@@ -24,7 +25,7 @@ from .settings import Settings, check_kinds
 
 __all__ = ["HessianSettings", "tracking_settings", "TRACKING_DEFAULTS", "TRACKING_FIELDS", "SPLITS", "CURVATURES",
            "CURVATURE_TITLES", "CURVATURE_NAMES", "PRODUCT_METHODS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS",
-           "MAX_TOP", "products_text", "measured_text", "eigenvalues_text"]
+           "MAX_TOP", "products_text", "measured_text", "eigenvalues_text", "damping_text"]
 
 SPLITS = ("train", "test")
 
@@ -63,6 +64,8 @@ class HessianSettings(Settings):
     products: str = "auto"  # how Hessian products are computed (flatfl.analysis.operators.products); "auto": by device
     which: str | None = None  # largest | smallest | magnitude (registry.WHICH); None: the method's own (lanczos: largest)
     smallest: int = 0  # the K smallest (most negative) eigenvalues too, beside --top's (0: none)
+    measure: str | None = None  # registered quantities, by name, comma-separated (flatfl.analysis.estimators.quantities)
+    damping: float = 0.0  # the matrix measured is the curvature + damping * I (flatfl.analysis.operators.combined)
 
     def validate(self) -> "HessianSettings":
         """Types and ranges, one ConfigError line for the first problem (the flag named as on the command line)."""
@@ -117,17 +120,27 @@ class HessianSettings(Settings):
         if self.loss is not None and (":" not in self.loss or not all(self.loss.rpartition(":")[::2])):
             raise ConfigError(f"--loss must be 'module:function' or 'path/to/file.py:function' (a function "
                               f"loss(model, batch) -> scalar), got {self.loss!r}")
+        if self.damping < 0:
+            raise ConfigError(f"--damping must be >= 0 (the matrix measured is the curvature + damping * I), got "
+                              f"{self.damping!r}")
         kind = kind_of(self.curvature)  # a registered curvature (the registry of flatfl.analysis.operators.kinds)
         if self.products not in PRODUCT_METHODS:
             raise unknown_name("product method", self.products, PRODUCT_METHODS)
         kind.check_products(self.products)
-        if not (self.top or self.smallest or self.trace or self.density or self.per_layer):
-            raise ConfigError("nothing to compute: ask for --top K >= 1, --smallest K >= 1, --trace, --density or "
-                              "--per-layer")
+        quantities = self.quantities  # registered names, each once
+        if not (self.top or self.smallest or self.trace or self.density or self.per_layer or quantities):
+            raise ConfigError("nothing to compute: ask for --top K >= 1, --smallest K >= 1, --trace, --density, "
+                              "--per-layer or --measure")
         if self.save_eigenvectors and self.top < 1:
             raise ConfigError("--save-eigenvectors needs --top >= 1")
         check_analysis_precision(self.precision)
         return self
+
+    @property
+    def quantities(self) -> tuple[str, ...]:
+        """The registered quantities ``measure`` names, in the registry's order (one ConfigError line for an unknown
+        name or one given twice)."""
+        return parse_measure(self.measure)
 
     @property
     def resolved_trace_method(self) -> str:
@@ -170,7 +183,7 @@ _KINDS = (("top", int, False), ("trace", bool, False), ("density", bool, False),
           ("density_steps", int, False), ("density_starts", int, False), ("exact_residuals", bool, False),
           ("model_factory", str, True), ("per_layer", bool, False), ("per_layer_top", int, False),
           ("loss", str, True), ("curvature", str, False), ("products", str, False), ("which", str, True),
-          ("smallest", int, False))
+          ("smallest", int, False), ("measure", str, True), ("damping", float, False))
 
 
 def products_text(products: dict | None) -> str:
@@ -186,10 +199,18 @@ def products_text(products: dict | None) -> str:
     return f"exact products ({method})"
 
 
-def measured_text(curvature: str | None, products: dict | None = None, precision: str | None = None) -> str:
-    """What a result measured, in a few words: 'GGN, exact products (jvp-vjp), float32' (the curvature, how its
-    products were computed, the floating type they ran in; each only where known)."""
-    parts = [CURVATURE_TITLES.get(curvature, str(curvature))] if curvature else []
+def damping_text(damping) -> str:
+    """' + 0.001 I' for a damped curvature (``--damping``), '' without."""
+    return f" + {damping:g} I" if isinstance(damping, (int, float)) and not isinstance(damping, bool) and damping \
+        else ""
+
+
+def measured_text(curvature: str | None, products: dict | None = None, precision: str | None = None,
+                  damping: float = 0.0) -> str:
+    """What a result measured, in a few words: 'GGN, exact products (jvp-vjp), float32', 'Hessian + 0.0005 I, ...'
+    (the curvature and its damping, how its products were computed, the floating type they ran in; each only where
+    known)."""
+    parts = [CURVATURE_TITLES.get(curvature, str(curvature)) + damping_text(damping)] if curvature else []
     for part in (products_text(products), precision):
         if part:
             parts.append(part)

@@ -1,15 +1,17 @@
 """How far ``flatfl hessian`` is, and how long it may still take: its phases (top eigenvalues, smallest
-eigenvalues, trace, density, per-layer blocks) each with the most Hessian-vector products it can spend under the
+eigenvalues, trace, density, per-layer blocks, measured quantities) each with the most Hessian-vector products it can spend under the
 settings, so that the bar on a terminal shows an upper bound of the time left (products left at most, times the seconds a product has taken),
 tightened at the end of every phase to what is really left.
 
 The bounds are those the estimators enforce: Lanczos at most ``20 * basis`` products (the basis ``max(4k, k + 32)``
 vectors; the dense eigendecomposition, ``dim`` products, when the basis would not be smaller than the operator),
 power iteration ``max_iter`` per eigenvalue, a trace ``--trace-hvps``, the density ``steps x starts``, each per-layer
-block its size (a dense block) or its own Lanczos and trace budgets; each eigenvalue's explicit residual one more.
+block its size (a dense block) or its own Lanczos and trace budgets, a measured quantity its own bound
+(:attr:`~flatfl.analysis.estimators.quantities.Quantity.max_products`); each eigenvalue's explicit residual one more.
 An estimator registered from outside flatfl has no known bound: the bar then counts products without a total."""
 from __future__ import annotations
 
+from ..estimators.quantities import quantity
 from ..estimators.registry import estimator
 from .hessian_settings import HessianSettings
 
@@ -54,6 +56,9 @@ def phase_bounds(s: HessianSettings, dim: int, blocks: list[int] | None = None) 
             dense = size <= s.trace_hvps
             bound = size if dense else lanczos_bound(min(s.per_layer_top, size), size) + s.trace_hvps
             phases.append((f"per-layer block {i + 1}/{len(blocks)}", bound))
+    for name in s.quantities:  # each registered quantity bounds its own products
+        entry = quantity(name)
+        phases.append((entry.title, entry.bound(s, dim)))
     return phases
 
 

@@ -35,7 +35,8 @@ _NUMBER = (numbers.Real,)
 HESSIAN_FIELDS = {"checkpoint": (str,), "round": (int,), "weights_sha256": (str,), "num_samples": (int,),
                   "top_eigenvalues": (list,), "residuals": (list,), "error_estimates": (list,), "trace": (dict,),
                   "density": (dict,), "settings": (dict,), "clients": (dict,), "curvature": (str,),
-                  "measured": (str,), "samples": (dict,), "smallest_eigenvalues": (dict,)}
+                  "measured": (str,), "samples": (dict,), "smallest_eigenvalues": (dict,),
+                  "quantities": (dict,)}
 CLIENTS_FIELDS = {"protocol": (str,), "H_N": _NUMBER, "H_D": _NUMBER, "H_N_stderr": _NUMBER, "H_D_stderr": _NUMBER,
                   "settings": (dict,), "round": (int,), "weights_sha256": (str,), "checkpoint": (str,)}
 SURFACE_FIELDS = {"settings": (dict,), "checkpoint": (str,), "round": (int,), "weights_sha256": (str,)}
@@ -49,7 +50,7 @@ for _fields in (HESSIAN_FIELDS, CLIENTS_FIELDS, SURFACE_FIELDS):
 MAX_MAGNITUDE = 1e150
 #: the fields holding numbers readers compute with (each number anywhere inside them is range-checked)
 NUMBER_FIELDS = ("top_eigenvalues", "residuals", "error_estimates", "trace", "density", "eigenvalue_ratio", "loss",
-                 "H_N", "H_D", "H_N_stderr", "H_D_stderr", "clients", "smallest_eigenvalues")
+                 "H_N", "H_D", "H_N_stderr", "H_D_stderr", "clients", "smallest_eigenvalues", "quantities")
 
 
 def clients_file(protocol: str, kind: str = "json", curvature: str = "hessian") -> str:
@@ -131,9 +132,23 @@ def _not_numbers(record: dict, names) -> str | None:
     return None
 
 
+def _bad_quantity(quantities: dict) -> str | None:
+    """The first record of hessian.json's ``quantities`` that is not a measured quantity's (an object whose
+    ``estimate`` is a number and ``stderr`` a number >= 0 or null), as '<name> ...'; None when each one is."""
+    for name, record in quantities.items():
+        if not isinstance(record, dict):
+            return f"{str(name)[:40]!r} is {type(record).__name__}, not an object"
+        for key, optional in (("estimate", False), ("stderr", True)):
+            v = record.get(key)
+            if not ((v is None and optional) or (isinstance(v, numbers.Real) and not isinstance(v, bool))) or \
+                    (key == "stderr" and v is not None and v < 0):
+                return f"{str(name)[:40]!r} has the {key} {repr(v)[:40]}"
+    return None
+
+
 def read_hessian_file(path, hint: str = "remove it or choose another --out") -> dict | None:
     """``hessian.json`` (see :func:`read_result_file`), its per-eigenvalue lists (:data:`EIGENVALUE_LISTS`) holding
-    numbers only."""
+    numbers only, each measured quantity's record an estimate and its standard error."""
     data = read_result_file(path, "a flatfl hessian.json", HESSIAN_FIELDS, hint)
     if data is not None:
         for part, names in EIGENVALUE_LISTS.items():
@@ -141,6 +156,9 @@ def read_hessian_file(path, hint: str = "remove it or choose another --out") -> 
             if bad is not None:
                 raise ResultFileError(f"{path} is not a flatfl hessian.json (its {part + ': ' if part else ''}{bad});"
                                       f" {hint}")
+        bad = _bad_quantity(data.get("quantities") or {})
+        if bad is not None:
+            raise ResultFileError(f"{path} is not a flatfl hessian.json (its quantities: {bad}); {hint}")
     return data
 
 

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from ...errors import ConfigError, unknown_name
+from ...utils.plugins import loading
 
 __all__ = ["Estimator", "KINDS", "WHICH", "DEFAULT_WHICH", "register_estimator", "unregister_estimator", "estimator",
            "estimator_names", "estimator_title", "check_which", "resolve_which", "EIGEN_ESTIMATORS", "TRACE_ESTIMATORS", "DENSITY_ESTIMATORS", "DEFAULT_EIGEN_METHOD",
@@ -94,7 +95,6 @@ DEFAULT_TRACE_METHOD = "hutchpp"
 DEFAULT_DENSITY_METHOD = "slq"
 ENTRY_POINT_GROUP = "flatfl.estimators"
 _entry_points_loaded = False
-_loading_plugin: str | None = None  # the entry point being loaded, if one is
 
 
 def register_estimator(name: str, kind: str, function: str | Callable, *, label: str = "", title: str = "",
@@ -114,8 +114,9 @@ def register_estimator(name: str, kind: str, function: str | Callable, *, label:
                           f"{function!r}")
     if residuals not in RESIDUAL_KINDS:
         raise unknown_name("residual kind", residuals, RESIDUAL_KINDS)
-    if name in _REGISTRY[kind] and (not replace or _loading_plugin is not None):
-        how = "a plug-in cannot replace it" if _loading_plugin is not None else "pass replace=True to replace it"
+    plugin = loading(ENTRY_POINT_GROUP)  # an entry point being loaded: it cannot replace
+    if name in _REGISTRY[kind] and (not replace or plugin is not None):
+        how = "a plug-in cannot replace it" if plugin is not None else "pass replace=True to replace it"
         article = "an" if KINDS[kind][0] in "aeiou" else "a"
         raise ConfigError(f"{article} {KINDS[kind]} method called {name!r} is already registered ({how})")
     if isinstance(min_budget, bool) or not isinstance(min_budget, int) or min_budget < 1:
@@ -140,70 +141,29 @@ def unregister_estimator(name: str, kind: str) -> None:
 PLUGIN_PROBLEMS: list[str] = []
 
 
-def _plugin_name(point) -> str:
-    """'the estimator plug-in NAME = VALUE of DIST VERSION': an entry point as its warning names it."""
-    dist = getattr(point, "dist", None)
-    meta = getattr(dist, "metadata", None)
-    owner = f" of the distribution {meta['Name']} {getattr(dist, 'version', '')}".rstrip() if meta else ""
-    return f"the estimator plug-in {point.name} = {point.value}{owner} (entry-point group {ENTRY_POINT_GROUP})"
-
-
 def _register_found(found) -> None:
     """Register what an entry point gave: an Estimator, a list of them, or a function of no argument that
     registers them (each checked as :func:`register_estimator` checks; a name already taken is refused)."""
-    for item in (found if isinstance(found, (list, tuple)) else [found]):
-        if isinstance(item, Estimator):
-            register_estimator(item.name, item.kind, item.function, label=item.label, title=item.title,
-                               residuals=item.residuals, trace_method=item.trace_method, defaults=item.defaults,
-                               min_budget=item.min_budget, which=item.which)
-        elif callable(item):
-            item()
-        else:
-            raise ConfigError(f"it gave a {type(item).__name__}, not an Estimator, a list of them or a function "
-                              "that registers them")
+    from ...utils.plugins import register_each
+
+    register_each(found, Estimator, lambda item: register_estimator(
+        item.name, item.kind, item.function, label=item.label, title=item.title, residuals=item.residuals,
+        trace_method=item.trace_method, defaults=item.defaults, min_budget=item.min_budget, which=item.which),
+        "an Estimator")
 
 
 def _load_entry_points() -> None:
     """The estimators other packages declare in the entry-point group ``flatfl.estimators`` (once, when a name is
-    first asked for). Each loads in isolation: one that cannot be imported, raises (SystemExit included), gives
-    something else than estimators, names an unknown kind or a name already taken is skipped whole (what it
-    registered before failing is taken back), with one warning line on stderr naming its distribution and entry
-    point; the others and every command go on. Ctrl-C while one loads is an interruption naming it."""
-    global _entry_points_loaded, _loading_plugin
+    first asked for), each in isolation (:func:`flatfl.utils.plugins.load_entry_points`): one that cannot be
+    imported, raises, gives something else than estimators, names an unknown kind or a name already taken is
+    skipped whole with one warning line on stderr naming its distribution and entry point."""
+    global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    import sys
-    from importlib.metadata import entry_points
+    from ...utils.plugins import load_entry_points
 
-    try:
-        points = list(entry_points(group=ENTRY_POINT_GROUP))
-    except Exception as e:  # noqa: BLE001 - unreadable installed metadata: no plug-ins, one warning
-        points = []
-        PLUGIN_PROBLEMS.append(f"the installed packages' entry points cannot be read ({type(e).__name__}: {e})")
-        sys.stderr.write(f"flatfl: warning: {PLUGIN_PROBLEMS[-1]}\n")
-    for point in points:
-        before = {kind: dict(entries) for kind, entries in _REGISTRY.items()}
-        try:
-            _loading_plugin = point.name
-            _register_found(point.load())
-        except KeyboardInterrupt as e:
-            e.hint = f"while loading {_plugin_name(point)}; nothing was written"
-            raise
-        except BaseException as e:  # noqa: BLE001 - a broken plug-in is skipped with one line, never fatal
-            for kind, entries in before.items():
-                _REGISTRY[kind].clear()
-                _REGISTRY[kind].update(entries)
-            if isinstance(e, SystemExit):
-                why = f"it called sys.exit({e.code!r}) while loading"
-            elif isinstance(e, ConfigError):
-                why = str(e)
-            else:
-                why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-            PLUGIN_PROBLEMS.append(f"{_plugin_name(point)} is skipped: {why}")
-            sys.stderr.write(f"flatfl: warning: {PLUGIN_PROBLEMS[-1]}\n")
-        finally:
-            _loading_plugin = None
+    load_entry_points(ENTRY_POINT_GROUP, "estimator", _register_found, _REGISTRY, PLUGIN_PROBLEMS)
 
 
 def estimator_names(kind: str) -> tuple[str, ...]:

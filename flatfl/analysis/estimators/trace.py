@@ -27,7 +27,7 @@ from ..operators.linear_operator import CurvatureOperator, as_operator, block_si
 from ..operators.vectors import random_block, seeded_generator
 
 __all__ = ["TraceResult", "target_info", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "exact_trace",
-           "hutchinson_diagonal"]
+           "hutchinson_diagonal", "probe_samples", "standard_error"]
 
 
 @dataclass
@@ -46,7 +46,8 @@ class TraceResult:
                 "samples": len(self.samples), **self.info}
 
 
-def _stderr(samples) -> float:
+def standard_error(samples) -> float:
+    """The standard error of the mean of ``samples`` (NaN for fewer than two)."""
     samples = np.asarray(samples, dtype=float)
     if samples.size < 2:
         return math.nan
@@ -75,9 +76,17 @@ def _check_budget(max_hvps, rtol, min_samples):
         raise ConfigError(f"min_samples must be >= 2 for a standard error, got {min_samples}")
 
 
-def _hutchinson_samples(op, rows_fn, gen, rtol, max_hvps, min_samples, block, samples):
-    """Draw Rademacher probes in blocks, append ``z^T H z`` terms to ``samples`` until a stopping rule holds."""
-    used = 0
+def _inner(Z: torch.Tensor, HZ: torch.Tensor) -> torch.Tensor:
+    """``z^T H z`` of each probe (rows)."""
+    return (Z * HZ).sum(dim=1)
+
+
+def probe_samples(op, rows_fn, gen, rtol, max_hvps, min_samples, block, term=_inner) -> tuple[int, list[float]]:
+    """Draw Rademacher probes ``z`` in blocks (``rows_fn`` maps a block, as rows, to the probes applied) and take
+    ``term(Z, HZ)`` of each (by default ``z^T H z``: Hutchinson's) until the standard error of their mean is at most
+    ``rtol`` of its magnitude (after ``min_samples``) or ``max_hvps`` products are spent; returns the products spent
+    and the terms."""
+    used, samples = 0, []
     while True:
         if max_hvps is not None:
             room = max_hvps - used
@@ -88,12 +97,12 @@ def _hutchinson_samples(op, rows_fn, gen, rtol, max_hvps, min_samples, block, sa
             count = block
         Z = rows_fn(random_block("rademacher", op.dim, count, gen, op.dtype, op.device))
         HZ = op.matmat(Z.T).T
-        samples.extend((Z * HZ).sum(dim=1).to(torch.float64).numpy(force=True).tolist())  # one read per block
+        samples.extend(term(Z, HZ).to(torch.float64).numpy(force=True).tolist())  # one read per block
         used += count
         if rtol is not None and len(samples) >= min_samples:
-            if _stderr(samples) <= rtol * abs(float(np.mean(samples))):
+            if standard_error(samples) <= rtol * abs(float(np.mean(samples))):
                 break
-    return used
+    return used, samples
 
 
 def hutchinson_trace(
@@ -109,10 +118,8 @@ def hutchinson_trace(
     op = as_operator(op, "hutchinson_trace")
     _check_budget(max_hvps, rtol, min_samples)
     gen = seeded_generator(seed, op.device)
-    samples: list[float] = []
-    used = _hutchinson_samples(op, lambda Z: Z, gen, rtol, max_hvps, min_samples, block_size_for(op, block_size),
-                               samples)
-    estimate, stderr = float(np.mean(samples)), _stderr(samples)
+    used, samples = probe_samples(op, lambda Z: Z, gen, rtol, max_hvps, min_samples, block_size_for(op, block_size))
+    estimate, stderr = float(np.mean(samples)), standard_error(samples)
     return TraceResult(estimate, stderr, used, "hutchinson", np.asarray(samples),
                        info=target_info(estimate, stderr, rtol))
 
@@ -155,9 +162,8 @@ def hutchpp_trace(
             Z = Z - (Z @ Q.T) @ Q
         return Z
 
-    samples: list[float] = []
-    used = _hutchinson_samples(op, deflate, gen, rtol, max_hvps - 2 * s, min_samples, block, samples)
-    estimate, stderr = low_rank + float(np.mean(samples)), _stderr(samples)
+    used, samples = probe_samples(op, deflate, gen, rtol, max_hvps - 2 * s, min_samples, block)
+    estimate, stderr = low_rank + float(np.mean(samples)), standard_error(samples)
     return TraceResult(
         estimate, stderr, used + 2 * s, "hutchpp", np.asarray(samples),
         info={"sketch_size": s, "sketch_trace": low_rank, **target_info(estimate, stderr, rtol)},
@@ -209,7 +215,7 @@ def pyhessian_trace(op: CurvatureOperator, *, max_iter: int = 100, tol: float = 
             stopped = True
             break
         running = mean
-    return TraceResult(float(np.mean(samples)), _stderr(samples), len(samples), "pyhessian", np.asarray(samples),
+    return TraceResult(float(np.mean(samples)), standard_error(samples), len(samples), "pyhessian", np.asarray(samples),
                        info={"stopped_by_tol": stopped, "max_iter": max_iter, "tol": tol})
 
 

@@ -237,10 +237,15 @@ class ForwardedOperator(CurvatureOperator):
 
 
 class DerivedOperator(CurvatureOperator):
-    """An operator made from another one, ``op``: it keeps ``op``'s layout flag and preferred block size (set
-    ``op``, ``dim``, ``dtype`` and ``device`` in ``__init__``)."""
+    """An operator made from another one, ``op``: it acts on ``op``'s vectors (``__init__`` sets ``op``, ``dim``,
+    ``dtype`` and ``device``) and keeps its layout (parameter blocks and their flag) and preferred block size; a
+    subclass overrides what it changes."""
 
     op: CurvatureOperator
+
+    def __init__(self, op: CurvatureOperator) -> None:
+        self.op = op
+        self.dim, self.dtype, self.device = op.dim, op.dtype, op.device
 
     @property
     def has_param_layout(self) -> bool:
@@ -250,28 +255,28 @@ class DerivedOperator(CurvatureOperator):
     def preferred_block_size(self) -> int:
         return self.op.preferred_block_size
 
+    @property
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        return self.op.param_shapes
+
 
 class DeflatedOperator(DerivedOperator):
     """``P H P`` with ``P = I - X^T X`` (X: orthonormal rows): ``op`` with the vectors X taken out (``locked``)."""
 
     def __init__(self, op: CurvatureOperator, X: torch.Tensor) -> None:
-        self.op, self.X = op, X
-        self.dim, self.dtype, self.device = op.dim, op.dtype, op.device
+        super().__init__(op)
+        self.X = X
 
     @property
     def hvps(self) -> int:
         return self.op.hvps
 
-    @property
-    def param_shapes(self) -> list[tuple[int, ...]]:
-        return self.op.param_shapes
+    def product_error_along(self, V: torch.Tensor) -> float | None:
+        return self.op.product_error_along(V)
 
     @property
     def locked(self) -> torch.Tensor:
         return self.X
-
-    def product_error_along(self, V: torch.Tensor) -> float | None:
-        return self.op.product_error_along(V)
 
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
         return project_out(self.op.matmat(project_out(V, self.X)), self.X)

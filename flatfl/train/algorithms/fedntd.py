@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..components import HParam
+from ..regularizers.regularizer import kl_divergence
 from .algorithm import Algorithm, register
 
 
@@ -35,7 +36,7 @@ def clients_not_true_distillation(local: torch.Tensor, teacher: torch.Tensor, y:
     m, b, k = local.shape
     log_t = F.log_softmax(not_true_logits(teacher.reshape(m * b, k), y.reshape(-1)) / tau, dim=1)
     log_s = F.log_softmax(not_true_logits(local.reshape(m * b, k), y.reshape(-1)) / tau, dim=1)
-    return tau ** 2 * (log_t.exp() * (log_t - log_s)).sum(1).view(m, b).mean(1)
+    return tau ** 2 * kl_divergence(log_t, log_s).view(m, b).mean(1)
 
 
 @register

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..components import REGULARIZERS, HParam
 from ..context import Cohort, StepContext
-from .regularizer import Regularizer
+from .regularizer import Regularizer, kl_divergence
 
 
 def asd_weights(teacher_logits: torch.Tensor, labels: torch.Tensor, label_freq: torch.Tensor, beta_entropy: float,
@@ -52,7 +52,7 @@ def kl_global_local(teacher_logits: torch.Tensor, student_logits: torch.Tensor, 
     """Per-sample KL(softmax(z_g / tau) || softmax(z_k / tau)), shape (..., B), without a tau^2 factor."""
     log_qg = F.log_softmax(teacher_logits / temperature, dim=-1)
     log_qk = F.log_softmax(student_logits / temperature, dim=-1)
-    return (log_qg.exp() * (log_qg - log_qk)).sum(-1)
+    return kl_divergence(log_qg, log_qk)
 
 
 @REGULARIZERS.register

@@ -47,7 +47,7 @@ from ...models.slimmable import check_width
 from ...models.stacking import stacked_clients
 from ..components import REGULARIZERS, HParam
 from ..context import StepContext, client_rng
-from .regularizer import Regularizer, per_client_cross_entropy
+from .regularizer import Regularizer, kl_divergence, per_client_cross_entropy
 from .fedalign import WIDTH_HELP
 
 RESOLUTION_EIGHTHS = (8, 7, 6, 5)
@@ -68,14 +68,14 @@ def batch_kl(target_logits: torch.Tensor, student_logits: torch.Tensor) -> torch
     """mean_i KL(softmax(target_i) || softmax(student_i)) (torch's KLDivLoss with reduction='batchmean')."""
     log_t = F.log_softmax(target_logits, dim=1)
     log_s = F.log_softmax(student_logits, dim=1)
-    return (log_t.exp() * (log_t - log_s)).sum(1).mean()
+    return kl_divergence(log_t, log_s).mean()
 
 
 def clients_kl(log_target: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
     """:func:`batch_kl` of each client: log-softmaxed targets (M, B, K) and student logits (..., M, B, K) ->
     (..., M)."""
     log_s = F.log_softmax(student_logits, dim=-1)
-    return (log_target.exp() * (log_target - log_s)).sum(-1).mean(-1)
+    return kl_divergence(log_target, log_s).mean(-1)
 
 
 @REGULARIZERS.register

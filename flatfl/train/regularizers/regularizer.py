@@ -37,6 +37,12 @@ def per_client_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return F.cross_entropy(logits.reshape(m * b, -1), y.reshape(-1), reduction="none").view(m, b).mean(1)
 
 
+def kl_divergence(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) over the last dim from log-probabilities (log-softmaxes) of the same shape (..., K) -> (...):
+    sum_c p_c * (log p_c - log q_c), p = exp(log_p). The distillation terms of ASD, GradAug, FedNTD and FedGMT."""
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
 class Regularizer(Component):
     kind: ClassVar[str] = "regularizer"
 

@@ -1,0 +1,128 @@
+"""Operators made of others (:mod:`flatfl.analysis.operators.combined`) and the damped curvature (``flatfl hessian
+--damping``), against dense matrices and ``numpy.linalg.eigh``: sums and multiples of matrices, the Hessian + lambda I
+of a small network, the exact trace of a damped GGN, the products' error of a sum where its terms cancel (a hand
+formula), and the command line's eigenvalues moved by exactly the damping."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from flatfl.analysis.commands.hessian_command import compute
+from flatfl.analysis.commands.hessian_settings import HessianSettings
+from flatfl.analysis.estimators.eigen import top_eigenvalues
+from flatfl.analysis.operators.combined import IdentityOperator, ScaledOperator, SumOperator, damped
+from flatfl.analysis.operators.curvatures import GGNOperator
+from flatfl.analysis.operators.hessian import HessianOperator
+from flatfl.analysis.operators.linear_operator import MatrixOperator
+from flatfl.cli import main
+from flatfl.errors import ConfigError
+from flatfl.report.metrics import data_setting
+from test_eigen_which import dense_hessian, trained  # noqa: F401 - trained: a small float64 network, the fixture
+from tiny_run import analyse_tiny, train_tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def symmetric(n: int, seed: int) -> torch.Tensor:
+    A = torch.randn(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    return A + A.T
+
+
+def test_sums_and_multiples_of_matrices_are_the_matrices_sums():
+    A, B = symmetric(7, 0), symmetric(7, 1)
+    op = SumOperator([MatrixOperator(A), ScaledOperator(MatrixOperator(B), -0.3)])
+    V = torch.randn(7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(op.matmat(V), (A - 0.3 * B) @ V, rtol=0, atol=1e-13)
+    assert op.hvps == 6  # both terms' products
+    truth = np.linalg.eigvalsh((A - 0.3 * B).numpy())[::-1][:3]
+    assert np.allclose(top_eigenvalues(op, 3, tol=1e-10).eigenvalues, truth, rtol=0, atol=1e-9)
+    counted = []
+    op.on_hvp = counted.append
+    op.matmat(V)
+    assert counted == [6]
+    shifted = damped(MatrixOperator(A), 2.5)
+    assert torch.allclose(shifted.matmat(V), A @ V + 2.5 * V, rtol=0, atol=1e-13) and shifted.hvps == 3  # I: free
+    assert damped(MatrixOperator(A), 0.0).hvps == 0  # no damping: the operator itself
+
+
+def test_the_damped_hessian_of_a_network_against_eigh(trained):
+    model, x, y = trained
+    H = dense_hessian(model, x, y)
+    truth = np.linalg.eigvalsh(H + 0.25 * np.eye(len(H)))
+    report, _, _ = compute(HessianOperator(model, (x, y)), HessianSettings(top=2, smallest=1, trace=False, tol=1e-9,
+                                                                           damping=0.25))
+    assert np.allclose(report["top_eigenvalues"], truth[::-1][:2], rtol=0, atol=1e-8)
+    assert report["smallest_eigenvalues"]["values"][0] == pytest.approx(truth[0], abs=1e-8)
+    assert truth[0] == pytest.approx(np.linalg.eigvalsh(H)[0] + 0.25, abs=1e-12)  # moved by the damping
+
+
+def test_the_exact_trace_of_a_damped_ggn_adds_the_damping_per_parameter_block(trained):
+    model, x, y = trained
+    ggn = GGNOperator(model, (x, y))
+    plain = ggn.exact_trace()
+    moved = damped(ggn, 0.125).exact_trace()
+    sizes = torch.tensor([p.numel() for p in model.parameters()], dtype=torch.float64)  # per parameter block
+    assert torch.allclose(moved.per_param, plain.per_param.double() + 0.125 * sizes, rtol=0, atol=1e-13)
+    assert moved.value == pytest.approx(plain.value + 0.125 * ggn.dim, rel=1e-14)
+    assert moved.error >= plain.error  # its rounding bound: never smaller than the undamped one's
+    report, _, _ = compute(GGNOperator(model, (x, y)), HessianSettings(top=0, trace_method="exact", damping=0.125))
+    assert report["trace"]["estimate"] == pytest.approx(plain.value + 0.125 * ggn.dim, rel=1e-13)
+    with pytest.raises(ConfigError, match="exact trace needs the curvature of a model"):
+        damped(MatrixOperator(symmetric(3, 0)), 1.0).exact_trace()
+
+
+class Noisy(MatrixOperator):
+    """A matrix whose products are said to carry a relative error of 1% along every direction."""
+
+    def product_error_along(self, V):
+        return 0.01
+
+
+def test_a_sums_product_error_grows_where_its_terms_cancel():
+    """Along an eigenvector v of A (eigenvalue mu), A + lambda I has the absolute error of A's product, 0.01 |mu|,
+    on a product of norm |mu + lambda|: the relative error is 0.01 |mu| / |mu + lambda| (here 1/0.05 = 20x larger)."""
+    mu = torch.tensor([-2.0, 1.0, 3.0], dtype=torch.float64)
+    op = damped(Noisy(torch.diag(mu)), 1.9)
+    v = torch.tensor([[1.0], [0.0], [0.0]], dtype=torch.float64)
+    assert op.product_error_along(v) == pytest.approx(0.01 * 2.0 / 0.1, rel=1e-12)
+    w = torch.tensor([[0.0], [0.0], [1.0]], dtype=torch.float64)
+    assert op.product_error_along(w) == pytest.approx(0.01 * 3.0 / 4.9, rel=1e-12)
+    assert damped(MatrixOperator(torch.diag(mu)), 1.9).product_error_along(v) is None  # exact products
+
+
+def test_refusals_are_one_line():
+    with pytest.raises(ConfigError, match="--damping must be >= 0"):
+        HessianSettings(damping=-1e-3).validate()
+    with pytest.raises(ConfigError, match="--damping must be a finite number"):
+        HessianSettings(damping=float("inf")).validate()
+    with pytest.raises(ConfigError, match="same vectors"):
+        SumOperator([MatrixOperator(symmetric(3, 0)), MatrixOperator(symmetric(4, 0))])
+    with pytest.raises(ConfigError, match="finite number"):
+        ScaledOperator(MatrixOperator(symmetric(3, 0)), float("nan"))
+    assert IdentityOperator(MatrixOperator(symmetric(3, 0))).matmat(torch.ones(3, 1, dtype=torch.float64)).sum() == 3
+
+
+def test_the_command_moves_every_eigenvalue_by_the_damping(tmp_path):
+    run = train_tiny(tmp_path / "run")
+    flags = ("--top", "2", "--smallest", "1", "--samples", "64", "--no-trace", "--tol", "1e-6")
+    r, plain = analyse_tiny(run, tmp_path / "plain", *flags)
+    assert r.exit_code == 0, r.output
+    r, moved = analyse_tiny(run, tmp_path / "moved", *flags, "--damping", "0.5")
+    assert r.exit_code == 0, r.output
+    for a, b, ea, eb in zip(plain["top_eigenvalues"], moved["top_eigenvalues"], plain["error_estimates"],
+                            moved["error_estimates"]):
+        assert abs(b - a - 0.5) <= ea + eb + 1e-6 * abs(b)  # float32 products
+    low, low_moved = plain["smallest_eigenvalues"], moved["smallest_eigenvalues"]
+    assert abs(low_moved["values"][0] - low["values"][0] - 0.5) <= \
+        low["error_estimates"][0] + low_moved["error_estimates"][0] + 1e-6
+    assert moved["settings"]["damping"] == 0.5 and moved["measured"].startswith("Hessian + 0.5 I, exact products")
+    assert "top eigenvalues of the Hessian + 0.5 I (largest algebraic)" in r.output
+    assert data_setting(moved["settings"]) == ", damping 0.5" and data_setting(plain["settings"]) == ""
+    # the folder of the damped analysis is not replaced by an undamped one
+    again = CliRunner().invoke(main, ["hessian", str(run), *flags, "--quiet", "--out", str(tmp_path / "moved")])
+    assert again.exit_code == 2 and "--damping 0.5 there, 0.0 here" in again.output, again.output
+    assert json.loads((tmp_path / "moved" / "hessian.json").read_text()) == moved
