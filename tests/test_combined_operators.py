@@ -49,6 +49,19 @@ def test_sums_and_multiples_of_matrices_are_the_matrices_sums():
     assert damped(MatrixOperator(A), 0.0).hvps == 0  # no damping: the operator itself
 
 
+def test_the_damped_trace_is_the_curvatures_plus_the_damping_times_the_dimension():
+    """tr(A + lambda I) = tr(A) + lambda n exactly: the trace is estimated on A (its standard error and products A's,
+    not inflated by the identity's part) and lambda n added."""
+    A = MatrixOperator(symmetric(40, 3))
+    for method in ("hutchinson", "hutchpp"):
+        settings = dict(top=0, trace_method=method, trace_hvps=30, trace_rtol=None)
+        plain, _, _ = compute(A, HessianSettings(**settings))
+        moved, _, _ = compute(A, HessianSettings(**settings, damping=0.75))
+        assert moved["trace"]["estimate"] == pytest.approx(plain["trace"]["estimate"] + 0.75 * 40, rel=1e-14)
+        assert moved["trace"]["stderr"] == plain["trace"]["stderr"] and moved["trace"]["damping_added"] == 30.0
+        assert moved["trace"]["hvps"] == plain["trace"]["hvps"] == 30
+
+
 def test_the_damped_hessian_of_a_network_against_eigh(trained):
     model, x, y = trained
     H = dense_hessian(model, x, y)
@@ -95,7 +108,7 @@ def test_a_sums_product_error_grows_where_its_terms_cancel():
 
 
 def test_refusals_are_one_line():
-    with pytest.raises(ConfigError, match="--damping must be >= 0"):
+    with pytest.raises(ConfigError, match="--damping must be from 0 to 1e"):
         HessianSettings(damping=-1e-3).validate()
     with pytest.raises(ConfigError, match="--damping must be a finite number"):
         HessianSettings(damping=float("inf")).validate()

@@ -99,7 +99,10 @@ def test_from_mapping_refuses_unknown_keys_in_one_line():
     ({"seed": -1}, "--seed must be an integer in 0..4294967295, got -1"),
     ({"top": 0, "trace": False}, "nothing to compute: ask for --top K >= 1, --smallest K >= 1, --trace, --density, "
                                       "--per-layer or --measure"),
-    ({"damping": -0.5}, "--damping must be >= 0 (the matrix measured is the curvature + damping * I), got -0.5"),
+    ({"damping": -0.5}, "--damping must be from 0 to 1e+12 (the matrix measured is the curvature + damping * I; beyond "
+                        "it the curvature is lost to rounding), got -0.5"),
+    ({"damping": 1e39}, "--damping must be from 0 to 1e+12 (the matrix measured is the curvature + damping * I; beyond "
+                        "it the curvature is lost to rounding), got 1e+39"),
     ({"measure": "frobenius,nope"}, "unknown quantity 'nope': choose one of {quantities}"),
     ({"top": 0, "save_eigenvectors": True}, "--save-eigenvectors needs --top >= 1"),
     ({"smallest": -1}, "--smallest must be an integer from 0 to 100,000, got -1"),

@@ -118,7 +118,36 @@ def test_a_quantity_of_ones_own_runs_through_the_command_and_the_report(tiny, un
     value = computed["quantities"]["unit_trace"]["estimate"]
     assert len(rows) == 1 and float(rows[0]["unit_trace"]) == value and float(rows[0]["unit_trace_stderr"]) == 0
     assert abs(value - computed["trace"]["estimate"]) <= 4 * computed["trace"]["stderr"]  # Hutch++'s, of the same
+    # re-rendered from its runs.csv alone: the column kept, and no column said missing (the smallest eigenvalue's
+    # are absent because no run measured it, not because the file is an older flatfl's)
+    again = CliRunner().invoke(main, ["report", str(tmp_path / "rep" / "runs.csv"), "--out", str(tmp_path / "rep2")])
+    assert again.exit_code == 0, again.output
+    assert "has no column" not in again.output and "re-rendered from runs.csv" in again.output
+    (row,) = list(csv.DictReader((tmp_path / "rep2" / "runs.csv").open()))
+    assert float(row["unit_trace"]) == value
     assert rows[0]["unit_trace_setting"].startswith("all-clients average, unit vectors")
+
+
+def test_a_quantity_named_like_a_report_column_replaces_nothing(tiny, tmp_path):
+    """A quantity called test_acc (runs.csv's accuracy column) or trace (a metric's) gets the column quantity_<name>;
+    the accuracy and the trace stay the run's."""
+    def fixed(op, settings, seed):
+        return {"estimate": 555.0, "stderr": 0.0, "hvps": 0}
+
+    for name in ("test_acc", "trace"):
+        register_quantity(Quantity(name, f"my {name}", "a fixed number", fixed, lambda s, d: 0))
+    try:
+        rep = CliRunner().invoke(main, ["report", str(tiny.parent), "--out", str(tmp_path / "rep"),
+                                        "--compute-missing", "--measure", "test_acc,trace", "--samples", "48",
+                                        "--threads", "1"])
+        assert rep.exit_code == 0, rep.output
+        (row,) = list(csv.DictReader((tmp_path / "rep" / "runs.csv").open()))
+        assert float(row["quantity_test_acc"]) == float(row["quantity_trace"]) == 555.0
+        assert 0 <= float(row["test_acc"]) <= 100 and float(row["trace"]) != 555.0
+    finally:
+        for name in ("test_acc", "trace"):
+            unregister_quantity(name)
+            unregister_metric(f"quantity_{name}")
 
 
 def test_measure_is_checked_where_it_enters(tiny, tmp_path):
@@ -166,6 +195,30 @@ def test_a_quantitys_own_mistakes_are_one_line_naming_it(tiny, tmp_path):
         assert r.exit_code == 2 and "the quantity 'bad_one' bounds its products by 'lots', not a count" in r.output
     finally:
         unregister_quantity("bad_one")
+    def raises(op, settings, seed):
+        raise RuntimeError("boom from the author")
+
+    def huge(op, settings, seed):
+        return {"estimate": 1e200, "stderr": 0.0, "hvps": 0}
+
+    def uncounted(op, settings, seed):
+        op.matmat(torch.ones(op.dim, 2, dtype=op.dtype))
+        return {"estimate": 1.0, "stderr": 0.0, "hvps": 0}
+
+    for function, says in ((raises, ("the quantity 'bad_one' failed in test_a_quantitys_own_mistakes_are_one_line_"
+                                     "naming_it.<locals>.raises at ", "test_quantities.py:",
+                                     ": RuntimeError: boom from the author")),
+                           (uncounted, ("the quantity 'bad_one' says it spent 0 products; the operator counted 2",)),
+                           (huge, ("the analysis gave 1e+200 in its quantities (a damping, a quantity or a loss this "
+                                   "large?), beyond what a result file holds (+-1e+150); nothing was written",))):
+        register_quantity(Quantity("bad_one", "a bad one", "fails", function, lambda s, d: 0))
+        try:
+            r, _ = analyse_tiny(tiny, tmp_path / "h", "--measure", "bad_one", "--samples", "16", "--top", "0",
+                                "--no-trace")
+        finally:
+            unregister_quantity("bad_one")
+        assert r.exit_code == 2 and r.output.count("\n") == 1 and all(w in r.output for w in says), r.output
+        assert "internal error" not in r.output and not (tmp_path / "h" / "hessian.json").exists()
     with pytest.raises(ConfigError, match="already registered"):
         register_quantity(Quantity("frobenius", "x", "y", bad, lambda s, d: 0))
     with pytest.raises(ConfigError, match="lower-case letters"):
@@ -184,10 +237,13 @@ def test_a_quantitys_own_mistakes_are_one_line_naming_it(tiny, tmp_path):
     ({"frobenius": {"estimate": 2.0, "stderr": True}}, "'frobenius' has the stderr True"),
     ({"frobenius": {"estimate": 1e300, "stderr": 1.0}}, "holds 1e+300"),
     ([1, 2], "its 'quantities' is list"),
+    ({}, "'frobenius' is asked in its settings but not recorded"),
+    (None, "'frobenius' is asked in its settings but not recorded"),
 ])
 def test_hessian_json_quantities_are_checked_where_read(tmp_path, quantities, says):
     path = tmp_path / "hessian.json"
-    path.write_text(json.dumps({"top_eigenvalues": [1.0], "quantities": quantities}))
+    path.write_text(json.dumps({"top_eigenvalues": [1.0], "quantities": quantities,
+                                "settings": {"measure": "frobenius"}}))
     with pytest.raises(ResultFileError, match="not a flatfl hessian.json") as caught:
         read_hessian_file(path)
     assert says in str(caught.value)

@@ -296,7 +296,10 @@ class ModelHessian:
 
         _check_tol("rtol", rtol, none=True)
         settings = HessianSettings(trace_hvps=max_hvps, trace_rtol=rtol, measure=name).validate()
-        return quantity(name).measure(self.operator, settings, self.seed + QUANTITY_SEED_OFFSET)
+        if len(settings.quantities) != 1:
+            raise ConfigError(f"measure takes one quantity's name, got {name!r}")
+        (one,) = settings.quantities
+        return quantity(one).measure(self.operator, settings, self.seed + QUANTITY_SEED_OFFSET)
 
     def spectral_density(self, *, steps: int = DEFAULTS.density_steps,
                          starts: int = DEFAULTS.density_starts) -> DensityResult:

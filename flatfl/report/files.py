@@ -85,6 +85,11 @@ FOLDER_COLUMNS = ("hessian_dir", "model", "clients", "rounds", "rounds_done", "n
                   "run_dir")
 
 
+#: runs.csv's columns of every run, beside the metrics' (:func:`run_rows`)
+FIXED_COLUMNS = ("run", "method", "partition", "dataset", "seed", "hessian_model", "finished", "test_acc",
+                 "all_test_acc") + FOLDER_COLUMNS
+
+
 def _folder_columns(r) -> dict:
     h = r.hessian or {}
     s = h.get("settings") or {}

@@ -326,23 +326,36 @@ def _quantity_setting(name: str) -> Callable:
     return setting
 
 
-def register_quantity_metrics() -> tuple[str, ...]:
+def _columns(name: str) -> set[str]:
+    """runs.csv's columns of a metric called ``name``."""
+    return {name, f"{name}_stderr", f"{name}_setting"}
+
+
+def register_quantity_metrics(reserved=()) -> tuple[str, ...]:
     """A report metric for each registered quantity (:mod:`flatfl.analysis.estimators.quantities`) not yet one: its
-    name, title, short title and reading, a column where runs measured it (``when_measured``) and runs.csv's three
-    columns; a quantity whose name another metric holds gets none. Returns the names registered now."""
+    title, short title and reading, a column where runs measured it (``when_measured``) and runs.csv's three
+    columns. It is called by the quantity's name, or ``quantity_<name>`` where that name's columns are taken
+    (``reserved``: runs.csv's own columns; or another metric's), so that it never replaces another value. Returns
+    the metrics' names registered now."""
     from ..analysis.estimators.quantities import quantity, quantity_names
 
     added = []
     for name in quantity_names():
-        if name in _REGISTRY:
-            continue
+        if any(_QUANTITY_OF.get(n) == name for n in _REGISTRY):
+            continue  # its metric exists
+        taken = set(reserved).union(*(_columns(n) for n in _REGISTRY))
+        key = name if not _columns(name) & taken else f"quantity_{name}"
+        if _columns(key) & taken:
+            continue  # pragma: no cover - a metric called quantity_<name> of someone else's
         entry, read = quantity(name), _quantity_record(name)
-        register_metric(name, entry.title, lambda rec, read=read: _finite(read(rec).get("estimate")),
+        register_metric(key, entry.title, lambda rec, read=read: _finite(read(rec).get("estimate")),
                         short=entry.short, error=lambda rec, read=read: _finite(read(rec).get("stderr")),
                         setting=_quantity_setting(name), reading=entry.reading, runs_csv=RUNS_CSV_PARTS,
                         when_measured=True)
-        added.append(name)
+        _QUANTITY_OF[key] = name
+        added.append(key)
     return tuple(added)
 
 
-register_quantity_metrics()
+#: report metric -> the quantity it shows (:func:`register_quantity_metrics`)
+_QUANTITY_OF: dict[str, str] = {}

@@ -40,7 +40,7 @@ from ..utils.plots import saved
 from . import figure_pages, folder_kinds, pdf, runs_csv
 from .forest import forest_figure
 from .headline import report_headline
-from .files import directions_csv, run_rows, summary, table_csv
+from .files import FIXED_COLUMNS, directions_csv, run_rows, summary, table_csv
 from .layouts import (TABLES, fills, matching_tables, model_for, paper_values, scale_label, tables_for,
                       with_measured_metrics)
 from .markdown import report_markdown
@@ -217,7 +217,7 @@ def build_report(paths, out, *, tables=None, analyses: AnalysesAsked | None = No
     of each layout).
     """
     stamp = pdf.made_at()  # checked before any work
-    register_quantity_metrics()  # a column for each quantity registered by now (a plug-in's too)
+    register_quantity_metrics(FIXED_COLUMNS)  # a column for each quantity registered by now (a plug-in's too)
     analyses = analyses or AnalysesAsked()
     compute_missing, device = analyses.compute_missing, analyses.device
     asked = {k: v for k, v in (analyses.hessian or {}).items() if v is not None or k == "samples"}

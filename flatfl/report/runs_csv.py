@@ -311,7 +311,9 @@ def notices(path: Path, records) -> list[str]:
            "spectrum, curvature and loss-surface figures), provenance and version checks and training settings are "
            "not available; a setting runs.csv does not record shows as 'not recorded'"]
     header = set(records[0].columns) if records else set()
-    lacking = sorted(_known_columns() - header)
+    optional = {c for n in metric_names() if report_metric(n).when_measured  # columns only where runs measured it
+                for c in (n, f"{n}_stderr", f"{n}_setting")}
+    lacking = sorted(_known_columns() - header - optional)
     if lacking:
         out.append(f"{path} has no column {', '.join(lacking)} (a runs.csv of an older flatfl, or a partial one): "
                    "those values are not recorded; a value's settings without its column are the analysis columns "

@@ -53,11 +53,12 @@ from ..estimators.per_layer import layer_sizes
 from .progress import PhasedProgress, phase_bounds
 from .skeleton import AnalysisCommand, check_out_folder, progress_bar, versions, weights_digest, write_result
 from ..estimators.by_name import estimate_density, estimate_eigenvalues, estimate_trace
+from ..estimators.trace import target_info
 from .result_figures import hessian_figures
 from ..operators.combined import damped
 from ..operators.linear_operator import CurvatureOperator, as_operator
 from ..operators.curvatures import curvature_operator
-from .result_files import ResultFileError, read_hessian_file
+from .result_files import MAX_MAGNITUDE, ResultFileError, first_out_of_range, read_hessian_file
 from ..estimators.eigenvector_file import EIGENVECTOR_FORMAT, EigenvectorFile, load_eigenvectors
 
 __all__ = ["run_hessian", "compute", "write_outputs", "load_eigenvectors", "EigenvectorFile", "weights_digest",
@@ -82,7 +83,8 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     """
     phase = on_phase or (lambda name: None)
     s = settings.validate()
-    op = damped(as_operator(op, "the Hessian analysis"), s.damping)  # the curvature + damping * I
+    curvature = as_operator(op, "the Hessian analysis")
+    op = damped(curvature, s.damping)  # the curvature + damping * I
     check_counts(s, op.dim)
     start = time.perf_counter()
     report: dict = {}
@@ -111,8 +113,7 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     report["smallest_eigenvalues"] = smallest_eigenvalues(op, s, phase) if s.smallest else None
     if s.trace:
         phase("trace")
-        tr = estimate_trace(op, s.resolved_trace_method, max_hvps=s.trace_hvps, rtol=s.trace_rtol, seed=s.seed + 1)
-        report["trace"] = json_safe(tr.as_dict())
+        report["trace"] = damped_trace(curvature, s)
     else:
         report["trace"] = None
     if s.density:
@@ -139,7 +140,32 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
     # where the random vectors were drawn (a generator on the operator's device, seeded from seed, seed + 1, seed + 2)
     report["random_draws"] = {"seed": int(s.seed), "device": torch.device(op.device).type}
     report["seconds"] = time.perf_counter() - start
+    check_recordable(report)
     return report, eig, dens
+
+
+def damped_trace(curvature: CurvatureOperator, s: HessianSettings) -> dict:
+    """hessian.json's ``trace`` of the curvature + ``s.damping`` I: the curvature's trace, estimated (its standard
+    error and products are the curvature's), plus ``damping * dim``, exactly (``damping_added``)."""
+    tr = estimate_trace(curvature, s.resolved_trace_method, max_hvps=s.trace_hvps, rtol=s.trace_rtol,
+                        seed=s.seed + 1)
+    record = json_safe(tr.as_dict())
+    if s.damping:
+        added = s.damping * curvature.dim
+        record.update(estimate=record["estimate"] + added, damping_added=added)
+        record.update(target_info(record["estimate"], tr.stderr, s.trace_rtol))  # relative to the damped trace
+    return record
+
+
+def check_recordable(report: dict) -> None:
+    """Every number of ``report`` that readers compute with is one a result file can hold (finite, within
+    +-:data:`~flatfl.analysis.commands.result_files.MAX_MAGNITUDE`: flatfl refuses to read others): a ConfigError
+    line naming the first that is not, before anything is written."""
+    bad = first_out_of_range(report)
+    if bad is not None:
+        field, value = bad
+        raise ConfigError(f"the analysis gave {value!r} in its {field} (a damping, a quantity or a loss this large?), "
+                          f"beyond what a result file holds (+-{MAX_MAGNITUDE:g}); nothing was written")
 
 
 def measure_quantities(op: CurvatureOperator, s: HessianSettings, phase=lambda name: None) -> dict:
@@ -288,7 +314,7 @@ def settings_record(s: HessianSettings, device, precision: str = "float32") -> d
             "save_eigenvectors": s.save_eigenvectors, "exact_residuals": s.exact_residuals,
             "per_layer": s.per_layer, "per_layer_top": s.per_layer_top, "loss": s.loss, "curvature": s.curvature,
             "products": s.products, "precision": precision, "smallest": s.smallest,
-            "measure": ",".join(s.quantities) or None, "damping": s.damping}
+            "measure": ",".join(s.quantities) or None, "damping": s.damping + 0.0}  # + 0.0: -0.0 recorded as 0.0
 
 
 #: settings that do not change what an analysis computes: where it ran, how its samples were cut into batches

@@ -120,9 +120,9 @@ class HessianSettings(Settings):
         if self.loss is not None and (":" not in self.loss or not all(self.loss.rpartition(":")[::2])):
             raise ConfigError(f"--loss must be 'module:function' or 'path/to/file.py:function' (a function "
                               f"loss(model, batch) -> scalar), got {self.loss!r}")
-        if self.damping < 0:
-            raise ConfigError(f"--damping must be >= 0 (the matrix measured is the curvature + damping * I), got "
-                              f"{self.damping!r}")
+        if not 0 <= self.damping <= MAX_DAMPING:
+            raise ConfigError(f"--damping must be from 0 to {MAX_DAMPING:g} (the matrix measured is the curvature + "
+                              f"damping * I; beyond it the curvature is lost to rounding), got {self.damping!r}")
         kind = kind_of(self.curvature)  # a registered curvature (the registry of flatfl.analysis.operators.kinds)
         if self.products not in PRODUCT_METHODS:
             raise unknown_name("product method", self.products, PRODUCT_METHODS)
@@ -174,6 +174,8 @@ class HessianSettings(Settings):
 MAX_TOP = 100_000
 MAX_DENSITY_STEPS = 10_000
 MAX_DENSITY_STARTS = 1000
+#: the largest damping: the curvature + 1e12 I keeps O(1) curvature to about 1e-4 in float64 (none in float32)
+MAX_DAMPING = 1e12
 
 
 # (field, type, None allowed); device and data_dir are checked where they are used (a torch.device, a Path)

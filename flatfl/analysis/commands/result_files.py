@@ -23,7 +23,7 @@ from typing import Mapping
 from ...errors import ConfigError
 
 __all__ = ["ResultFileError", "read_result_file", "read_hessian_file", "read_clients_file", "read_surface_file",
-           "clients_file", "HESSIAN_FIELDS", "CLIENTS_FIELDS", "SURFACE_FIELDS"]
+           "clients_file", "HESSIAN_FIELDS", "CLIENTS_FIELDS", "SURFACE_FIELDS", "first_out_of_range", "MAX_MAGNITUDE"]
 
 
 class ResultFileError(ConfigError):
@@ -78,12 +78,22 @@ def read_result_file(path, what: str = "a flatfl result", fields: Mapping[str, t
         value = data.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
             raise ResultFileError(f"{path} is not {what} (its {name!r} is {type(value).__name__}); {hint}")
+    found = first_out_of_range(data)
+    if found is not None:
+        name, bad = found
+        raise ResultFileError(f"{path} is not {what} (its {name!r} holds {_shown(bad)}: flatfl writes finite numbers "
+                              f"within +-{MAX_MAGNITUDE:g}); {hint}")
+    return data
+
+
+def first_out_of_range(data: dict) -> tuple[str, object] | None:
+    """``(field, number)``: the first number of ``data``'s :data:`NUMBER_FIELDS` that is not finite or beyond
+    :data:`MAX_MAGNITUDE` (what :func:`read_result_file` refuses); None when every one is in range."""
     for name in NUMBER_FIELDS:
         bad = _out_of_range(data.get(name))
         if bad is not None:
-            raise ResultFileError(f"{path} is not {what} (its {name!r} holds {_shown(bad)}: flatfl writes finite numbers "
-                                  f"within +-{MAX_MAGNITUDE:g}); {hint}")
-    return data
+            return name, bad
+    return None
 
 
 def _shown(number) -> str:
@@ -146,6 +156,18 @@ def _bad_quantity(quantities: dict) -> str | None:
     return None
 
 
+def _unrecorded_quantity(data: dict) -> str | None:
+    """'frobenius is asked in its settings but not recorded': a quantity the settings' ``measure`` names that
+    ``quantities`` lacks; None when each one is there."""
+    settings = data.get("settings") or {}
+    asked = settings.get("measure")
+    if not isinstance(asked, str) or not asked:
+        return None
+    held = data.get("quantities") or {}
+    lacking = [n for n in asked.split(",") if n not in held]
+    return f"{lacking[0][:40]!r} is asked in its settings but not recorded" if lacking else None
+
+
 def read_hessian_file(path, hint: str = "remove it or choose another --out") -> dict | None:
     """``hessian.json`` (see :func:`read_result_file`), its per-eigenvalue lists (:data:`EIGENVALUE_LISTS`) holding
     numbers only, each measured quantity's record an estimate and its standard error."""
@@ -156,7 +178,7 @@ def read_hessian_file(path, hint: str = "remove it or choose another --out") -> 
             if bad is not None:
                 raise ResultFileError(f"{path} is not a flatfl hessian.json (its {part + ': ' if part else ''}{bad});"
                                       f" {hint}")
-        bad = _bad_quantity(data.get("quantities") or {})
+        bad = _bad_quantity(data.get("quantities") or {}) or _unrecorded_quantity(data)
         if bad is not None:
             raise ResultFileError(f"{path} is not a flatfl hessian.json (its quantities: {bad}); {hint}")
     return data

@@ -596,19 +596,23 @@ def explicit_residuals(op: CurvatureOperator, eigenvalues: np.ndarray, vectors: 
 def _dense_top(op: CurvatureOperator, k: int, return_vectors: bool, start_hvps: int,
                which: str = DEFAULT_WHICH) -> EigenResult:
     """Form H column by column (``dim`` products) and solve exactly: used when the basis would span everything.
-    The matrix is exact to the products' rounding, so that is each eigenvalue's error (:func:`rounding_floor`)."""
+    The matrix is exact to the products' rounding, so that is each eigenvalue's error (:func:`rounding_floor`; for
+    finite differences, the products' error measured along the eigenvectors found, as Lanczos measures it)."""
     H = dense_matrix(op)
     evals, evecs = np.linalg.eigh(H)
     order = np.argsort(-rank_key(evals, which), kind="stable")[:k]
     theta, Y = evals[order], evecs[:, order]
     residuals = np.linalg.norm(H @ Y - Y * theta, axis=0)
-    vectors = torch.as_tensor(Y.T.copy(), dtype=op.dtype, device=op.device) if return_vectors else None
+    rows = torch.as_tensor(Y.T.copy(), dtype=op.dtype, device=op.device)
+    along = products_error_along(op, rows)
     scale = float(np.max(np.abs(evals))) if evals.size else 0.0
-    floor = rounding_floor(op, scale)
+    floor = rounding_floor(op, scale, along)
     return EigenResult(
         eigenvalues=theta, residuals=residuals, converged=np.ones(k, dtype=bool),
-        error_bounds=np.maximum(residuals, floor), hvps=op.hvps - start_hvps, method="dense", eigenvectors=vectors,
-        info={"which": which, "rounding_floor": floor, "norm_estimate": scale}, residual_kind="explicit",
+        error_bounds=np.maximum(residuals, floor), hvps=op.hvps - start_hvps, method="dense",
+        eigenvectors=rows if return_vectors else None,
+        info={"which": which, "rounding_floor": floor, "norm_estimate": scale,
+              **({"product_error_along": along} if along is not None else {})}, residual_kind="explicit",
     )
 
 

@@ -61,10 +61,11 @@ class Quantity:
 
     def measure(self, op, settings, seed: int) -> dict:
         """Run the quantity on ``op``; its record checked (``estimate`` a finite number, ``stderr`` a non-negative
-        number or None, ``hvps`` a non-negative integer), a ConfigError line naming the quantity otherwise."""
+        number or None, ``hvps`` the products ``op`` counted), a ConfigError line naming the quantity otherwise."""
         import math
 
-        record = self.function(op, settings, seed)
+        before = op.hvps
+        record = self._call(self.function, op, settings, seed)
         if not isinstance(record, dict):
             raise ConfigError(f"the quantity {self.name!r} gave a {type(record).__name__}, not a dict holding "
                               "estimate, stderr and hvps")
@@ -76,11 +77,34 @@ class Quantity:
                               "or None")
         if isinstance(hvps, bool) or not isinstance(hvps, int) or hvps < 0:
             raise ConfigError(f"the quantity {self.name!r} gave hvps {hvps!r}, not a count of products")
+        if hvps != op.hvps - before:
+            raise ConfigError(f"the quantity {self.name!r} says it spent {hvps} products; the operator counted "
+                              f"{op.hvps - before}")
         return record
+
+    def _call(self, fn, *args):
+        """``fn(*args)``, a function of this quantity's, run as code of its author's
+        (:func:`flatfl.utils.user_code.user_code`: what it changes of the process is put back); what it raises, but
+        a ConfigError line of its own, is one ConfigError line naming the quantity, the function and where."""
+        from ....utils.user_code import user_code
+
+        try:
+            with user_code(f"the quantity {self.name}"):
+                return fn(*args)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the quantity's own failure, named as its
+            code = getattr(e.__traceback__, "tb_next", None) or e.__traceback__
+            while code is not None and code.tb_next is not None:
+                code = code.tb_next
+            where = f" at {code.tb_frame.f_code.co_filename}:{code.tb_lineno}" if code is not None else ""
+            text = " ".join(str(e).split())[:200]
+            raise ConfigError(f"the quantity {self.name!r} failed in {getattr(fn, '__qualname__', fn)!s}{where}: "
+                              f"{type(e).__name__}: {text}") from None
 
     def bound(self, settings, dim: int) -> int:
         """``max_products(settings, dim)``, checked: a ConfigError line naming the quantity when it is not a count."""
-        most = self.max_products(settings, dim)
+        most = self._call(self.max_products, settings, dim)
         if isinstance(most, bool) or not isinstance(most, int) or most < 0:
             raise ConfigError(f"the quantity {self.name!r} bounds its products by {most!r}, not a count")
         return most
