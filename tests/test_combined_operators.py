@@ -62,6 +62,25 @@ def test_the_damped_trace_is_the_curvatures_plus_the_damping_times_the_dimension
         assert moved["trace"]["hvps"] == plain["trace"]["hvps"] == 30
 
 
+def test_the_damped_blocks_are_the_curvatures_moved_exactly(trained):
+    """--per-layer with a damping: each block's eigenvalues + lambda and trace + lambda * size (of the same
+    estimates: the identity adds no noise), checked against the undamped analysis and eigh of each dense block."""
+    model, x, y = trained
+    settings = dict(top=0, trace=False, per_layer=True, trace_hvps=20, tol=1e-9)
+    plain, _, _ = compute(HessianOperator(model, (x, y)), HessianSettings(**settings))
+    moved, _, _ = compute(HessianOperator(model, (x, y)), HessianSettings(**settings, damping=0.5))
+    H, at = dense_hessian(model, x, y), 0
+    for a, b in zip(plain["per_layer"]["blocks"], moved["per_layer"]["blocks"]):
+        assert b["top_eigenvalues"][0] == pytest.approx(a["top_eigenvalues"][0] + 0.5, abs=1e-12)
+        assert b["trace"] == pytest.approx(a["trace"] + 0.5 * a["dim"], rel=1e-14)
+        assert b["trace_stderr"] == a["trace_stderr"]
+        block = H[at:at + b["dim"], at:at + b["dim"]]
+        at += b["dim"]
+        assert b["top_eigenvalues"][0] == pytest.approx(np.linalg.eigvalsh(block)[-1] + 0.5, abs=1e-7)
+    assert moved["per_layer"]["trace_sum"] == pytest.approx(plain["per_layer"]["trace_sum"] + 0.5 * H.shape[0])
+    assert moved["per_layer"]["damping_added"] == 0.5
+
+
 def test_the_damped_hessian_of_a_network_against_eigh(trained):
     model, x, y = trained
     H = dense_hessian(model, x, y)

@@ -128,9 +128,11 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
         from ..estimators.per_layer import per_layer_curvature
 
         exact = {"trace_method": "exact"} if s.trace and s.resolved_trace_method == "exact" else {}  # the blocks too
-        layers = per_layer_curvature(op, s.per_layer_top, tol=s.tol, trace_hvps=s.trace_hvps, trace_rtol=s.trace_rtol,
-                                     seed=s.seed + 3, on_block=lambda i: phase("per-layer block"), **exact)
-        report["per_layer"] = json_safe(layers.as_dict())
+        # each block of the curvature, then moved by the damping exactly (as the whole trace is: no identity's noise)
+        layers = per_layer_curvature(curvature, s.per_layer_top, tol=s.tol, trace_hvps=s.trace_hvps,
+                                     trace_rtol=s.trace_rtol, seed=s.seed + 3,
+                                     on_block=lambda i: phase("per-layer block"), **exact)
+        report["per_layer"] = damped_layers(json_safe(layers.as_dict()), s.damping)
     report["quantities"] = measure_quantities(op, s, phase) if s.quantities else None
     report["hvps_total"] = int(op.hvps)
     if op.products is not None:  # a model's curvature: how its products were computed
@@ -155,6 +157,17 @@ def damped_trace(curvature: CurvatureOperator, s: HessianSettings) -> dict:
         record.update(estimate=record["estimate"] + added, damping_added=added)
         record.update(target_info(record["estimate"], tr.stderr, s.trace_rtol))  # relative to the damped trace
     return record
+
+
+def damped_layers(layers: dict, damping: float) -> dict:
+    """hessian.json's ``per_layer`` of the curvature + ``damping`` I from the curvature's: each block's eigenvalues
+    moved up by ``damping`` and its trace by ``damping`` times its size, exactly (``damping_added``); residuals and
+    standard errors are the curvature's (a shift changes neither)."""
+    if not damping:
+        return layers
+    blocks = [dict(b, top_eigenvalues=[v + damping for v in b["top_eigenvalues"]], trace=b["trace"] + damping * b["dim"])
+              for b in layers["blocks"]]
+    return dict(layers, blocks=blocks, trace_sum=sum(b["trace"] for b in blocks), damping_added=damping)
 
 
 def check_recordable(report: dict) -> None:

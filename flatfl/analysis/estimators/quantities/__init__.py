@@ -94,7 +94,7 @@ class Quantity:
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - the quantity's own failure, named as its
-            code = getattr(e.__traceback__, "tb_next", None) or e.__traceback__
+            code = e.__traceback__  # its innermost frame: where it was raised
             while code is not None and code.tb_next is not None:
                 code = code.tb_next
             where = f" at {code.tb_frame.f_code.co_filename}:{code.tb_lineno}" if code is not None else ""
