@@ -44,6 +44,10 @@ def test_sums_and_multiples_of_matrices_are_the_matrices_sums():
     op.on_hvp = counted.append
     op.matmat(V)
     assert counted == [6]
+    a = MatrixOperator(A)
+    twice = SumOperator([a, ScaledOperator(a, 2.0)])  # A + 2A: A's products computed twice, counted once each
+    assert torch.allclose(twice.matmat(V), 3 * A @ V, rtol=0, atol=1e-12) and twice.hvps == a.hvps == 6
+    assert damped(a, 1.0).matvec(torch.ones(7, dtype=torch.float32)).dtype == torch.float64  # the operator's
     shifted = damped(MatrixOperator(A), 2.5)
     assert torch.allclose(shifted.matmat(V), A @ V + 2.5 * V, rtol=0, atol=1e-13) and shifted.hvps == 3  # I: free
     assert damped(MatrixOperator(A), 0.0).hvps == 0  # no damping: the operator itself
@@ -53,13 +57,16 @@ def test_the_damped_trace_is_the_curvatures_plus_the_damping_times_the_dimension
     """tr(A + lambda I) = tr(A) + lambda n exactly: the trace is estimated on A (its standard error and products A's,
     not inflated by the identity's part) and lambda n added."""
     A = MatrixOperator(symmetric(40, 3))
-    for method in ("hutchinson", "hutchpp"):
-        settings = dict(top=0, trace_method=method, trace_hvps=30, trace_rtol=None)
+    for method, rtol in (("hutchinson", None), ("hutchpp", None), ("hutchinson", 0.05), ("pyhessian", None)):
+        settings = dict(top=0, trace_method=method, trace_hvps=30, trace_rtol=rtol)
         plain, _, _ = compute(A, HessianSettings(**settings))
         moved, _, _ = compute(A, HessianSettings(**settings, damping=0.75))
         assert moved["trace"]["estimate"] == pytest.approx(plain["trace"]["estimate"] + 0.75 * 40, rel=1e-14)
         assert moved["trace"]["stderr"] == plain["trace"]["stderr"] and moved["trace"]["damping_added"] == 30.0
-        assert moved["trace"]["hvps"] == plain["trace"]["hvps"] == 30
+        assert moved["trace"]["hvps"] == plain["trace"]["hvps"]
+        # what the estimator's target bought is the curvature's estimate's: kept as it was, and absent without one
+        assert {k: v for k, v in moved["trace"].items() if k.startswith(("target", "relative"))} == \
+            {k: v for k, v in plain["trace"].items() if k.startswith(("target", "relative"))}
 
 
 def test_the_damped_blocks_are_the_curvatures_moved_exactly(trained):
@@ -78,7 +85,21 @@ def test_the_damped_blocks_are_the_curvatures_moved_exactly(trained):
         at += b["dim"]
         assert b["top_eigenvalues"][0] == pytest.approx(np.linalg.eigvalsh(block)[-1] + 0.5, abs=1e-7)
     assert moved["per_layer"]["trace_sum"] == pytest.approx(plain["per_layer"]["trace_sum"] + 0.5 * H.shape[0])
-    assert moved["per_layer"]["damping_added"] == 0.5
+    assert moved["per_layer"]["damping"] == 0.5
+
+
+def test_finite_difference_products_of_a_damped_curvature_keep_their_error(trained):
+    """Damping a finite-difference Hessian: its stated error (known only after its first product) and the error
+    measured along the eigenvectors are the damped analysis' too, and the eigenvalue is within that bound of
+    eigh(H + lambda I)."""
+    model, x, y = trained
+    H = dense_hessian(model, x, y)
+    truth = np.linalg.eigvalsh(H + 0.25 * np.eye(len(H)))[-1]
+    report, eig, _ = compute(HessianOperator(model, (x, y), products="finite-difference"),
+                             HessianSettings(top=1, trace=False, tol=1e-8, damping=0.25))
+    assert report["products"]["method"] == "finite-difference" and report["products"]["relative_error"] > 0
+    assert report["eigen"]["product_error_along"] > 0
+    assert abs(report["top_eigenvalues"][0] - truth) <= report["error_estimates"][0]
 
 
 def test_the_damped_hessian_of_a_network_against_eigh(trained):
@@ -103,6 +124,7 @@ def test_the_exact_trace_of_a_damped_ggn_adds_the_damping_per_parameter_block(tr
     assert moved.error >= plain.error  # its rounding bound: never smaller than the undamped one's
     report, _, _ = compute(GGNOperator(model, (x, y)), HessianSettings(top=0, trace_method="exact", damping=0.125))
     assert report["trace"]["estimate"] == pytest.approx(plain.value + 0.125 * ggn.dim, rel=1e-13)
+    assert sum(report["trace"]["per_parameter"].values()) == pytest.approx(report["trace"]["estimate"], rel=1e-13)
     with pytest.raises(ConfigError, match="exact trace needs the curvature of a model"):
         damped(MatrixOperator(symmetric(3, 0)), 1.0).exact_trace()
 

@@ -201,6 +201,12 @@ def test_a_quantitys_own_mistakes_are_one_line_naming_it(tiny, tmp_path):
     def huge(op, settings, seed):
         return {"estimate": 1e200, "stderr": 0.0, "hvps": 0}
 
+    def endless_error(op, settings, seed):
+        return {"estimate": 1.0, "stderr": float("inf"), "hvps": 0}
+
+    def not_json(op, settings, seed):
+        return {"estimate": 1.0, "stderr": 0.0, "hvps": 0, "probes": {1, 2}}
+
     def uncounted(op, settings, seed):
         op.matmat(torch.ones(op.dim, 2, dtype=op.dtype))
         return {"estimate": 1.0, "stderr": 0.0, "hvps": 0}
@@ -209,6 +215,8 @@ def test_a_quantitys_own_mistakes_are_one_line_naming_it(tiny, tmp_path):
                                      "naming_it.<locals>.raises at ", "test_quantities.py:",
                                      ": RuntimeError: boom from the author")),
                            (uncounted, ("the quantity 'bad_one' says it spent 0 products; the operator counted 2",)),
+                           (endless_error, ("the quantity 'bad_one' gave the standard error inf, not a finite number",)),
+                           (not_json, ("the quantity 'bad_one' gave a record that is not JSON of finite numbers",)),
                            (huge, ("the analysis gave 1e+200 in its quantities (a damping, a quantity or a loss this "
                                    "large?), beyond what a result file holds (+-1e+150); nothing was written",))):
         register_quantity(Quantity("bad_one", "a bad one", "fails", function, lambda s, d: 0))
@@ -273,6 +281,12 @@ def test_quantity_plugins_load_in_isolation_and_the_built_ins_without_torch(tmp_
     (site / "qplugmod.py").write_text(textwrap.dedent(PLUGIN))
     script = ("import sys; from flatfl.analysis.estimators.quantities import quantity_names; "
               "print(quantity_names()); print('torch' in sys.modules)")
+    early = ("from flatfl.analysis.estimators.quantities import Quantity, register_quantity\n"
+             "register_quantity(Quantity('frobenius', 'mine', 'first', print, print))")
+    r = subprocess.run([sys.executable, "-c", early], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # a built-in's name is taken before the registry is first asked too
+    assert r.returncode != 0 and "a quantity called 'frobenius' is already registered" in r.stderr, r.stderr
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr

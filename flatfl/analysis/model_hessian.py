@@ -295,7 +295,10 @@ class ModelHessian:
         from .estimators.quantities import QUANTITY_SEED_OFFSET, quantity
 
         _check_tol("rtol", rtol, none=True)
-        settings = HessianSettings(trace_hvps=max_hvps, trace_rtol=rtol, measure=name).validate()
+        if isinstance(max_hvps, bool) or not isinstance(max_hvps, (int, np.integer)) or max_hvps < 1:
+            raise ConfigError(f"max_hvps must be a positive integer, got {max_hvps!r}")
+        settings = HessianSettings(top=0, trace=False, trace_hvps=int(max_hvps), trace_rtol=rtol,
+                                   measure=name).validate()
         if len(settings.quantities) != 1:
             raise ConfigError(f"measure takes one quantity's name, got {name!r}")
         (one,) = settings.quantities

@@ -85,9 +85,11 @@ FOLDER_COLUMNS = ("hessian_dir", "model", "clients", "rounds", "rounds_done", "n
                   "run_dir")
 
 
+#: runs.csv's columns of every run that a runs.csv must have to be read (:mod:`.runs_csv`)
+RUN_COLUMNS = ("run", "method", "partition", "dataset", "seed", "hessian_model", "finished", "test_acc",
+               "all_test_acc")
 #: runs.csv's columns of every run, beside the metrics' (:func:`run_rows`)
-FIXED_COLUMNS = ("run", "method", "partition", "dataset", "seed", "hessian_model", "finished", "test_acc",
-                 "all_test_acc") + FOLDER_COLUMNS
+FIXED_COLUMNS = RUN_COLUMNS + FOLDER_COLUMNS
 
 
 def _folder_columns(r) -> dict:

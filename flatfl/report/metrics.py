@@ -18,7 +18,7 @@ from ..errors import ConfigError, unknown_name
 from .run_reader import MODEL_ACCURACY, MODEL_NAMES
 
 __all__ = ["ReportMetric", "register_metric", "unregister_metric", "report_metric", "metric_names", "metric_title",
-           "register_quantity_metrics",
+           "register_quantity_metrics", "metric_columns",
            "measured_metrics", "clients_needed",
            "eigen_precision", "trace_precision", "data_setting", "DEFAULT_SPLIT", "RUNS_CSV_PARTS"]
 
@@ -130,6 +130,18 @@ def metric_title(name: str) -> str:
     """The metric's label with its unit ('accuracy (%)'); a name not registered now (in a report folder written
     while it was) as it is."""
     return _REGISTRY[name].title if name in _REGISTRY else name
+
+
+def metric_columns(name: str) -> tuple[str, ...]:
+    """runs.csv's columns of the registered metric ``name``: those of its ``runs_csv`` parts, of ``name``,
+    ``name_stderr`` and ``name_setting``."""
+    parts = report_metric(name).runs_csv
+    return tuple(c for part, c in _all_columns(name) if part in parts)
+
+
+def _all_columns(name: str) -> tuple[tuple[str, str], ...]:
+    """``(part, column)`` for every runs.csv column a metric called ``name`` may have."""
+    return (("value", name), ("error", f"{name}_stderr"), ("setting", f"{name}_setting"))
 
 
 def measured_metrics(records) -> tuple[str, ...]:
@@ -326,9 +338,6 @@ def _quantity_setting(name: str) -> Callable:
     return setting
 
 
-def _columns(name: str) -> set[str]:
-    """runs.csv's columns of a metric called ``name``."""
-    return {name, f"{name}_stderr", f"{name}_setting"}
 
 
 def register_quantity_metrics(reserved=()) -> tuple[str, ...]:
@@ -343,9 +352,9 @@ def register_quantity_metrics(reserved=()) -> tuple[str, ...]:
     for name in quantity_names():
         if any(_QUANTITY_OF.get(n) == name for n in _REGISTRY):
             continue  # its metric exists
-        taken = set(reserved).union(*(_columns(n) for n in _REGISTRY))
-        key = name if not _columns(name) & taken else f"quantity_{name}"
-        if _columns(key) & taken:
+        taken = set(reserved).union(*(metric_columns(n) for n in _REGISTRY))
+        key = name if not {c for _, c in _all_columns(name)} & taken else f"quantity_{name}"
+        if {c for _, c in _all_columns(key)} & taken:
             continue  # pragma: no cover - a metric called quantity_<name> of someone else's
         entry, read = quantity(name), _quantity_record(name)
         register_metric(key, entry.title, lambda rec, read=read: _finite(read(rec).get("estimate")),

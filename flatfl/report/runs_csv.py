@@ -27,17 +27,16 @@ from pathlib import Path
 from ..analysis.commands.result_files import MAX_MAGNITUDE as RESULT_MAX_MAGNITUDE
 from ..errors import ConfigError
 from .bounded import csv_rows, finite_number, read_text
-from .files import FOLDER_COLUMNS
+from .files import FOLDER_COLUMNS, RUN_COLUMNS
 from .layouts import NOT_RECORDED, fills
-from .metrics import metric_names, metric_title, report_metric
+from .metrics import metric_columns, metric_names, metric_title, report_metric
 from .run_reader import MODEL_NAMES
 
 __all__ = ["CsvRunRecord", "REQUIRED_COLUMNS", "MAX_BYTES", "runs_csv_source", "read_runs_csv", "notices",
            "missing_lines", "recorded_model"]
 
 #: the columns every flatfl runs.csv has had: a file without one of them is not a runs.csv
-REQUIRED_COLUMNS = ("run", "method", "partition", "dataset", "seed", "hessian_model", "finished", "test_acc",
-                    "all_test_acc")
+REQUIRED_COLUMNS = RUN_COLUMNS
 #: the largest runs.csv read (a line is a few hundred characters: millions of runs fit)
 MAX_BYTES = 256 * 1024 * 1024
 #: the training settings a runs.csv line records (each the column of its name), each checked where it is read
@@ -227,9 +226,7 @@ def _known_columns() -> set[str]:
     """The columns read: the required ones, the folder ones and each registered metric's runs.csv columns."""
     known = set(REQUIRED_COLUMNS) | set(FOLDER_COLUMNS)
     for name in metric_names():
-        parts = report_metric(name).runs_csv
-        known |= {c for part, c in (("value", name), ("error", f"{name}_stderr"), ("setting", f"{name}_setting"))
-                  if part in parts}
+        known |= set(metric_columns(name))
     return known
 
 
@@ -312,7 +309,7 @@ def notices(path: Path, records) -> list[str]:
            "not available; a setting runs.csv does not record shows as 'not recorded'"]
     header = set(records[0].columns) if records else set()
     optional = {c for n in metric_names() if report_metric(n).when_measured  # columns only where runs measured it
-                for c in (n, f"{n}_stderr", f"{n}_setting")}
+                for c in metric_columns(n)}
     lacking = sorted(_known_columns() - header - optional)
     if lacking:
         out.append(f"{path} has no column {', '.join(lacking)} (a runs.csv of an older flatfl, or a partial one): "

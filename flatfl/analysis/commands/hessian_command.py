@@ -35,6 +35,7 @@ of the same settings (of the same or of new weights) as a fresh start.
 from __future__ import annotations
 
 import io
+import math
 import time
 from pathlib import Path
 
@@ -43,7 +44,7 @@ import torch
 from ...errors import ConfigError
 from ..estimators.quantities import QUANTITY_SEED_OFFSET, quantity
 from ..estimators.registry import DEFAULT_DENSITY_METHOD, DEFAULT_WHICH, estimator
-from .hessian_settings import HessianSettings, measured_text
+from .hessian_settings import HessianSettings, damping_text, measured_text
 from ..operators.names import CURVATURE_TITLES
 from ...utils import ranks
 from ...utils.io import json_safe
@@ -53,7 +54,6 @@ from ..estimators.per_layer import layer_sizes
 from .progress import PhasedProgress, phase_bounds
 from .skeleton import AnalysisCommand, check_out_folder, progress_bar, versions, weights_digest, write_result
 from ..estimators.by_name import estimate_density, estimate_eigenvalues, estimate_trace
-from ..estimators.trace import target_info
 from .result_figures import hessian_figures
 from ..operators.combined import damped
 from ..operators.linear_operator import CurvatureOperator, as_operator
@@ -139,7 +139,7 @@ def compute(op: CurvatureOperator, settings: HessianSettings = HessianSettings()
         error = op.product_error
         report["products"] = {"method": op.products, "exact": op.products != "finite-difference",
                               "relative_error": None if error is None else float(error)}
-    # where the random vectors were drawn (a generator on the operator's device, seeded from seed, seed + 1, seed + 2)
+    # where the random vectors were drawn (a generator on the operator's device, seeded from seed + 0 ... seed + 5)
     report["random_draws"] = {"seed": int(s.seed), "device": torch.device(op.device).type}
     report["seconds"] = time.perf_counter() - start
     check_recordable(report)
@@ -152,22 +152,24 @@ def damped_trace(curvature: CurvatureOperator, s: HessianSettings) -> dict:
     tr = estimate_trace(curvature, s.resolved_trace_method, max_hvps=s.trace_hvps, rtol=s.trace_rtol,
                         seed=s.seed + 1)
     record = json_safe(tr.as_dict())
-    if s.damping:
+    if s.damping:  # its target, products and standard error stay the estimate's of the curvature's trace
         added = s.damping * curvature.dim
         record.update(estimate=record["estimate"] + added, damping_added=added)
-        record.update(target_info(record["estimate"], tr.stderr, s.trace_rtol))  # relative to the damped trace
+        if isinstance(record.get("per_parameter"), dict):  # the exact trace's shares, each moved by its size
+            sizes = dict(zip(curvature.param_names or [], (math.prod(p) for p in curvature.param_shapes)))
+            record["per_parameter"] = {n: v + s.damping * sizes[n] for n, v in record["per_parameter"].items()}
     return record
 
 
 def damped_layers(layers: dict, damping: float) -> dict:
     """hessian.json's ``per_layer`` of the curvature + ``damping`` I from the curvature's: each block's eigenvalues
-    moved up by ``damping`` and its trace by ``damping`` times its size, exactly (``damping_added``); residuals and
+    moved up by ``damping`` and its trace by ``damping`` times its size, exactly (``damping``); residuals and
     standard errors are the curvature's (a shift changes neither)."""
     if not damping:
         return layers
     blocks = [dict(b, top_eigenvalues=[v + damping for v in b["top_eigenvalues"]], trace=b["trace"] + damping * b["dim"])
               for b in layers["blocks"]]
-    return dict(layers, blocks=blocks, trace_sum=sum(b["trace"] for b in blocks), damping_added=damping)
+    return dict(layers, blocks=blocks, trace_sum=sum(b["trace"] for b in blocks), damping=damping)
 
 
 def check_recordable(report: dict) -> None:
@@ -251,8 +253,9 @@ def write_outputs(out, report: dict, eig=None, dens=None, op=None, save_eigenvec
         from ..estimators.per_layer import per_layer_csv, per_layer_figure
 
         for fmt in ("png", "pdf"):
-            figures[f"per_layer.{fmt}"] = per_layer_figure(report["per_layer"], fmt, title, report,
-                                                           CURVATURE_TITLES.get(report.get("curvature"), "Hessian"))
+            matrix = CURVATURE_TITLES.get(report.get("curvature"), "Hessian") + \
+                damping_text((report.get("settings") or {}).get("damping"))
+            figures[f"per_layer.{fmt}"] = per_layer_figure(report["per_layer"], fmt, title, report, matrix)
     csv_text = _eigenvalues_csv(report) if report["top_eigenvalues"] else None
     vectors_payload = None
     if save_eigenvectors:

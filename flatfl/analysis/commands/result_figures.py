@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from ..estimators.registry import estimator_title
-from .hessian_settings import CURVATURE_TITLES, eigenvalues_text, measured_text
+from .hessian_settings import CURVATURE_TITLES, damping_text, eigenvalues_text, measured_text
 from ...utils.plots import (COLORS, LEGEND_SIZE, NOTE_SIZE, TITLE_SIZE, context_title, draw_density,
                            draw_top_eigenvalues, finish, format_number, label_axes, new_figure, saved)
 
@@ -23,11 +23,13 @@ __all__ = ["hessian_figures", "density_figure", "clients_heatmap", "surface_figu
 ORDER_NAMES = {"largest": "largest first", "smallest": "smallest first", "magnitude": "largest |λ| first"}
 
 
-def quantity(curvature: str | None) -> str:
-    """What an eigenvalue axis shows: 'GGN eigenvalue λ', 'Hessian eigenvalue λ' (``curvature`` a name of
-    :data:`~flatfl.analysis.commands.hessian_settings.CURVATURES`); 'eigenvalue λ' when the curvature is not known
-    (an explicit matrix)."""
-    return f"{CURVATURE_TITLES.get(curvature, str(curvature))} eigenvalue λ" if curvature else "eigenvalue λ"
+def quantity(curvature: str | None, damping=None) -> str:
+    """What an eigenvalue axis shows: 'GGN eigenvalue λ', 'Hessian + 0.0005 I eigenvalue λ' (``curvature`` a name
+    of :data:`~flatfl.analysis.commands.hessian_settings.CURVATURES`, ``damping`` its ``--damping``); 'eigenvalue λ'
+    when the curvature is not known (an explicit matrix)."""
+    if not curvature:
+        return "eigenvalue λ"
+    return f"{CURVATURE_TITLES.get(curvature, str(curvature))}{damping_text(damping)} eigenvalue λ"
 
 
 def _relabel(label, text: str) -> None:
@@ -73,7 +75,7 @@ def hessian_figures(report: dict, title: str) -> dict[str, bytes]:
             fig = new_figure((10.0, 4.2))
             ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
             draw_top_eigenvalues(ax1, {"eigenvalue": [values]}, scale="log", panel="(a) ")
-            _relabel(ax1.yaxis.label, quantity(curvature))
+            _relabel(ax1.yaxis.label, quantity(curvature, settings.get("damping")))
             _relabel(ax1.xaxis.label, f"eigenvalue index ({ORDER_NAMES[which]})")
             _relabel(ax1.title, ax1.get_title().replace("top", eigenvalues_text(which, 2).rsplit(" ", 1)[0], 1))
             ax1.text(0.97, 0.97, spectrum_note(values, report.get("trace")), transform=ax1.transAxes, ha="right",
@@ -87,15 +89,16 @@ def hessian_figures(report: dict, title: str) -> dict[str, bytes]:
     if dens and dens.get("nodes"):
         for fmt in ("png", "pdf"):
             files[f"density.{fmt}"] = density_figure(dens, fmt, marks=values, curvature=curvature, which=which,
-                                                     measured=measured, **context)
+                                                     measured=measured, damping=settings.get("damping"), **context)
     return files
 
 
 def density_figure(dens: dict, fmt: str, marks=(), *, curvature: str | None = None, which: str = "largest",
-                   measured: str = "", **context) -> bytes:
+                   measured: str = "", damping=None, **context) -> bytes:
     """The spectral density of one SLQ result (``nodes``, ``weights``, one list per start; ``steps``, ``dim``) as
     ``fmt`` bytes: every start averaged, Gaussian width stated, log axis from 1e-4 of the peak (:func:`draw_density`),
-    ``marks`` (the eigenvalues ``which`` asked for) ticked; the axis names the ``curvature`` (:func:`quantity`),
+    ``marks`` (the eigenvalues ``which`` asked for) ticked; the axis names the ``curvature`` and its ``damping``
+    (:func:`quantity`),
     the title ``measured`` (curvature, products, precision) and ``context`` (model, samples, split...)."""
     starts, steps = len(dens["nodes"]), dens.get("steps")
     method = f"SLQ, {starts} start{'s' if starts != 1 else ''}" + (f" × {steps} Lanczos steps" if steps else "")
@@ -104,7 +107,7 @@ def density_figure(dens: dict, fmt: str, marks=(), *, curvature: str | None = No
     first, rest = eigenvalues_text(which, len(marks)).split(" ", 1)  # 'top 20 eigenvalues', 'smallest 3 ...'
     marked = f"{first} {len(marks)} {rest}" if len(marks) else ""
     draw_density(ax, {"": [dens]}, labels={"": ""}, marks=list(marks), marks_label=marked)
-    _relabel(ax.xaxis.label, quantity(curvature))
+    _relabel(ax.xaxis.label, quantity(curvature, damping))
     finish(fig, context_title(**context, method=f"{method}{'; ' + measured if measured else ''}"))
     return saved(fig, fmt)
 

@@ -9,7 +9,7 @@ What each keeps of the contract (:mod:`.linear_operator`):
 * ``hvps``: the terms' products (the identity computes none); ``on_hvp`` is called with the products of each block;
 * the parameter layout and names of the first term that has one (a model's curvature);
 * ``products`` and ``product_error``: the model terms' product method, and the largest stated relative error of a
-  term. Relative to a sum's product that is a bound only when the terms do not cancel; ``product_error_along``
+  term (read from the terms when asked: a finite-difference term states its error after its first product). Relative to a sum's product that is a bound only when the terms do not cancel; ``product_error_along``
   measures the sum's own error where the estimators ask (the terms' errors along the directions, each weighted by
   its product's norm, over the norm of the sum's product);
 * ``exact_trace``: the terms' exact traces, scaled and summed per parameter block, their rounding bounds summed
@@ -52,12 +52,12 @@ class IdentityOperator(CurvatureOperator):
         return self.like.has_param_layout
 
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
-        return V.clone()
+        return torch.as_tensor(V).to(device=self.device, dtype=self.dtype).clone()
 
     def exact_trace(self, seed: int = 0):
-        """``dim``, exactly: each parameter block's size (the exact traces' ``per_param`` are per block)."""
+        """``dim``, exactly: each parameter block's size (the exact traces' ``per_param``: per block, on the CPU)."""
         sizes = [math.prod(shape) for shape in self.param_shapes]
-        return _trace_of(torch.tensor(sizes, dtype=torch.float64, device=self.device), 0.0, 0)
+        return _trace_of(torch.tensor(sizes, dtype=torch.float64), 0.0, 0)
 
 
 class ScaledOperator(DerivedOperator):
@@ -69,11 +69,24 @@ class ScaledOperator(DerivedOperator):
             raise ConfigError(f"an operator's scale must be a finite number, got {scale!r}")
         super().__init__(op)
         self.scale = float(scale)
-        self.param_names, self.products, self.product_error = op.param_names, op.products, op.product_error
+        self.param_names = op.param_names
 
     @property
     def hvps(self) -> int:
         return self.op.hvps
+
+    @property
+    def product_source(self) -> CurvatureOperator:
+        return self.op.product_source
+
+    @property
+    def products(self) -> str | None:
+        return self.op.products
+
+    @property
+    def product_error(self) -> float | None:
+        """``op``'s, read when asked (a finite-difference operator states it after its first product)."""
+        return self.op.product_error
 
     def product_error_along(self, V: torch.Tensor) -> float | None:
         return self.op.product_error_along(V)
@@ -106,16 +119,25 @@ class SumOperator(DerivedOperator):
         super().__init__(next((t for t in terms if t.has_param_layout), first))
         self.terms = terms
         self.param_names = self.op.param_names
-        methods = [t.products for t in terms if t.products is not None]
-        self.products = methods[0] if methods and all(m == methods[0] for m in methods) else \
-            (" + ".join(methods) if methods else None)
-        errors = [t.product_error for t in terms if t.product_error is not None]
-        self.product_error = max(errors) if errors else None
         self.on_hvp = None
 
     @property
     def hvps(self) -> int:
-        return sum(t.hvps for t in self.terms)
+        """The products of the operators under the terms, each counted once (``A + c A`` computes ``A``'s twice,
+        both counted by ``A``)."""
+        return sum(t.hvps for t in {id(t.product_source): t.product_source for t in self.terms}.values())
+
+    @property
+    def products(self) -> str | None:
+        methods = list(dict.fromkeys(t.products for t in self.terms if t.products is not None))
+        return " + ".join(methods) if methods else None
+
+    @property
+    def product_error(self) -> float | None:
+        """The largest stated error of a term, read when asked (a finite-difference operator states it after its
+        first product)."""
+        errors = [t.product_error for t in self.terms if t.product_error is not None]
+        return max(errors) if errors else None
 
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
         before = self.hvps
@@ -129,10 +151,13 @@ class SumOperator(DerivedOperator):
     def product_error_along(self, V: torch.Tensor) -> float | None:
         """The largest over ``V``'s columns of ``sum_t e_t ||T_t v|| / ||sum_t T_t v||`` (``e_t``: term t's error
         measured along v; the terms' products counted); None when every term's products are exact."""
+        before = self.hvps
         errors = [t.product_error_along(V) for t in self.terms]
         if all(e is None for e in errors):
             return None
         products = [t.matmat(V) for t in self.terms]
+        if self.on_hvp is not None:
+            self.on_hvp(self.hvps - before)
         absolute = sum((e or 0.0) * P.double().norm(dim=0) for e, P in zip(errors, products))
         whole = torch.stack(products).sum(0).double().norm(dim=0)
         ratio = absolute / whole.clamp_min(torch.finfo(torch.float64).tiny)
@@ -140,7 +165,7 @@ class SumOperator(DerivedOperator):
 
     def exact_trace(self, seed: int = 0):
         parts = [t.exact_trace(seed) for t in self.terms]
-        per_param = torch.stack([p.per_param.to(torch.float64) for p in parts]).sum(0)
+        per_param = torch.stack([p.per_param.to("cpu", torch.float64) for p in parts]).sum(0)
         rounding = len(parts) * torch.finfo(torch.float64).eps * float(per_param.abs().sum())
         return _trace_of(per_param, sum(p.error for p in parts) + rounding, sum(p.passes for p in parts))
 
@@ -154,7 +179,7 @@ def damped(op: CurvatureOperator, damping: float) -> CurvatureOperator:
     trace by ``damping * dim``."""
     if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not math.isfinite(damping) or \
             damping < 0:
-        raise ConfigError(f"--damping must be a finite number >= 0, got {damping!r}")
+        raise ConfigError(f"the damping must be a finite number >= 0, got {damping!r}")
     if damping == 0:
         return op
     return SumOperator([op, ScaledOperator(IdentityOperator(op), damping)])

@@ -16,6 +16,7 @@ directly:
 * ``release()``: free what the operator keeps between products (nothing, for most);
 * ``product_error_along(V)``: the products' relative error measured along given directions (None when exact);
 * ``locked``: the orthonormal rows ``X`` taken out of the operator (:class:`DeflatedOperator`), else None;
+* ``product_source``: the operator whose products its ``hvps`` counts (itself, but for a multiple of another);
 * ``as_linear_operator()``: the operator as a ``scipy.sparse.linalg.LinearOperator`` in its own dtype, for scipy's
   solvers (``eigsh``, ``cg``, ``lobpcg``...); every operator inherits it.
 
@@ -83,6 +84,12 @@ class CurvatureOperator(abc.ABC):
     def locked(self) -> torch.Tensor | None:
         """Orthonormal rows ``X`` (k, dim) deflated out of this operator (``P H P``, ``P = I - X^T X``); None here."""
         return None
+
+    @property
+    def product_source(self) -> "CurvatureOperator":
+        """The operator whose products this one's :attr:`hvps` counts: itself here; a multiple of another its
+        (:class:`~.combined.ScaledOperator`), so that a sum counts each source's products once."""
+        return self
 
     def release(self) -> None:
         """Free what the operator keeps between products (rebuilt when needed); nothing here."""

@@ -62,8 +62,12 @@ class Quantity:
     def measure(self, op, settings, seed: int) -> dict:
         """Run the quantity on ``op``; its record checked (``estimate`` a finite number, ``stderr`` a non-negative
         number or None, ``hvps`` the products ``op`` counted), a ConfigError line naming the quantity otherwise."""
+        import json
         import math
 
+        from ...operators.linear_operator import as_operator
+
+        op = as_operator(op, f"the quantity {self.name!r}")
         before = op.hvps
         record = self._call(self.function, op, settings, seed)
         if not isinstance(record, dict):
@@ -72,14 +76,19 @@ class Quantity:
         estimate, stderr, hvps = record.get("estimate"), record.get("stderr"), record.get("hvps")
         if not _real(estimate) or not math.isfinite(estimate):
             raise ConfigError(f"the quantity {self.name!r} gave the estimate {estimate!r}, not a finite number")
-        if stderr is not None and not (_real(stderr) and stderr >= 0):
-            raise ConfigError(f"the quantity {self.name!r} gave the standard error {stderr!r}, not a number >= 0 "
-                              "or None")
+        if stderr is not None and not (_real(stderr) and 0 <= stderr < math.inf):
+            raise ConfigError(f"the quantity {self.name!r} gave the standard error {stderr!r}, not a finite number "
+                              ">= 0 or None")
         if isinstance(hvps, bool) or not isinstance(hvps, int) or hvps < 0:
             raise ConfigError(f"the quantity {self.name!r} gave hvps {hvps!r}, not a count of products")
         if hvps != op.hvps - before:
             raise ConfigError(f"the quantity {self.name!r} says it spent {hvps} products; the operator counted "
                               f"{op.hvps - before}")
+        try:
+            json.dumps(record, allow_nan=False)
+        except (TypeError, ValueError) as e:  # what hessian.json could not hold
+            raise ConfigError(f"the quantity {self.name!r} gave a record that is not JSON of finite numbers "
+                              f"({' '.join(str(e).split())[:120]})") from None
         return record
 
     def _call(self, fn, *args):
@@ -127,6 +136,7 @@ def register_quantity(entry: Quantity, *, replace: bool = False) -> Quantity:
     plug-in loading through the entry points cannot pass)."""
     if not isinstance(entry, Quantity):
         raise ConfigError(f"register_quantity takes a Quantity, got a {type(entry).__name__}")
+    _find()  # the built-in ones first: a name of theirs is taken before any call registers it
     name = entry.name
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"a quantity's name must be lower-case letters, digits and '_', starting with a letter; "
