@@ -35,6 +35,29 @@ def without_time(table):
     return [{k: v for k, v in r.items() if k not in ("seconds", "observer_seconds")} for r in table]
 
 
+def test_a_tracked_quantity_equals_flatfl_hessian_measure_on_final_pt(tmp_path):
+    """--track-measure frobenius: its columns hold, at the last round, what flatfl hessian --measure frobenius gives
+    on final.pt with the recorded settings."""
+    run = tmp_path / "run"
+    r = train("--rounds", "1", "--track-hessian", "1", "--track-top", "0", "--track-samples", "64",
+              "--track-measure", "frobenius", "--out", str(run))
+    assert r.exit_code == 0, r.output
+    settings = json.loads((run / "config.json").read_text())["tracking"]
+    assert settings["measure"] == "frobenius" and settings["top"] == 0
+    (last,) = rows(run)
+    args = ["hessian", str(run / "final.pt"), "--out", str(tmp_path / "h"), "--quiet", "--threads", "1",
+            "--top", "0", "--samples", "64", "--batch-size", str(settings["batch_size"]), "--measure", "frobenius",
+            "--trace-hvps", str(settings["trace_hvps"]), "--trace-method", settings["trace_method"],
+            "--trace-rtol", str(settings["trace_rtol"]), "--seed", str(settings["seed"])]
+    h = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert h.exit_code == 0, h.output
+    record = json.loads((tmp_path / "h" / "hessian.json").read_text())["quantities"]["frobenius"]
+    assert float(last["hessian_frobenius"]) == record["estimate"] > 0
+    assert float(last["hessian_frobenius_se"]) == record["stderr"]
+    r = train("--rounds", "1", "--track-hessian", "1", "--track-measure", "frobnius", "--out", str(tmp_path / "x"))
+    assert r.exit_code == 2 and "unknown quantity 'frobnius'" in r.output and not (tmp_path / "x").exists()
+
+
 def test_last_row_equals_flatfl_hessian_on_final_pt(tmp_path):
     run = tmp_path / "run"
     r = train("--rounds", "5", *TRACK, "--out", str(run))
@@ -47,6 +70,7 @@ def test_last_row_equals_flatfl_hessian_on_final_pt(tmp_path):
     settings = config["tracking"]
     assert config["config"]["track_hessian"] == 2 and settings["every"] == 2
     assert settings["top"] == 2 and settings["samples"] == 64 and settings["tol"] == tracking_settings().tol
+    assert "measure" not in settings and "curvature" not in settings  # the record of the defaults: as it always was
     # the same numbers from `flatfl hessian final.pt` with the recorded settings
     args = ["hessian", str(run / "final.pt"), "--out", str(tmp_path / "h"), "--quiet", "--threads", "1",
             "--top", "2", "--samples", "64", "--batch-size", str(settings["batch_size"]), "--tol", str(settings["tol"]),

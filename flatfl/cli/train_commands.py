@@ -135,6 +135,9 @@ Examples:
               f"training split (default {TRACKING.samples})")
 @click.option("--track-curvature", help="with --track-hessian: the matrix tracked, hessian | ggn | empirical-fisher "
               f"(default {TRACKING.curvature}; recorded in config.json's tracking)")
+@click.option("--track-measure", metavar="NAME[,NAME...]", help="with --track-hessian: also these measured "
+              "quantities (flatfl hessian --measure; e.g. frobenius), each a column of metrics.csv with its standard "
+              "error")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False), help="continue the run in this directory")
 @click.option("--force", is_flag=True, help="overwrite an existing run directory")
 @click.option("--quiet", is_flag=True, help="no progress output")
@@ -146,7 +149,8 @@ def train(config_file, resume_dir, force, quiet, **opts):
     from ..train.train_command import train_from_options
 
     tracking = {k: v for k, v in (("top", opts.pop("track_top")), ("samples", opts.pop("track_samples")),
-                                  ("curvature", opts.pop("track_curvature"))) if v is not None}
+                                  ("curvature", opts.pop("track_curvature")),
+                                  ("measure", opts.pop("track_measure"))) if v is not None}
     if tracking:
         opts["track_hessian_settings"] = tracking
     final = train_from_options(config_file=config_file, resume_dir=resume_dir, force=force, quiet=quiet, opts=opts,

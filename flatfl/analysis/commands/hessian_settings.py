@@ -235,7 +235,7 @@ def eigenvalues_text(which: str | None, count: int = 1) -> str:
 TRACKING_DEFAULTS = {"samples": 128, "batch_size": 128, "tol": 1e-2, "trace_method": "hutchinson", "trace_rtol": 0.1,
                      "trace_hvps": 300}
 TRACKING_FIELDS = ("top", "trace", "samples", "batch_size", "split", "method", "seed", "tol", "trace_method",
-                   "trace_hvps", "trace_rtol", "exact_residuals", "curvature")
+                   "trace_hvps", "trace_rtol", "exact_residuals", "curvature", "measure")
 
 
 def tracking_settings(overrides: dict | None = None, device: str = "cpu") -> HessianSettings:
@@ -250,6 +250,6 @@ def tracking_settings(overrides: dict | None = None, device: str = "cpu") -> Hes
     except ConfigError as e:  # named as given: --track-top / --track-samples on the command line
         message = str(e).replace("--top ", "--track-top ").replace("--samples ", "--track-samples ")
         raise ConfigError(f"curvature tracking (--track-hessian): {message}") from None
-    if not (settings.top or settings.trace):
-        raise ConfigError("curvature tracking needs top >= 1 or trace")
+    if not (settings.top or settings.trace or settings.quantities):
+        raise ConfigError("curvature tracking needs top >= 1, trace or a measured quantity")
     return settings

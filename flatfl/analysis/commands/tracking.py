@@ -11,7 +11,8 @@ in (:func:`curvature_observer`).
 Columns: ``hessian_top`` (largest algebraic eigenvalue with Lanczos, largest in magnitude with power iteration),
 ``hessian_eig2`` .. ``hessian_eig<k>`` with ``top = k``, ``hessian_trace`` and ``hessian_trace_se``,
 ``hessian_trace_target`` (the relative standard error the trace stops at) and ``hessian_trace_budget`` (the most
-products it may spend), ``hessian_loss`` (training loss of the server model on the evaluation set, eval mode),
+products it may spend), ``hessian_<name>`` and ``hessian_<name>_se`` for each measured quantity (``--track-measure``,
+:mod:`flatfl.analysis.estimators.quantities`), ``hessian_loss`` (training loss of the server model on the evaluation set, eval mode),
 ``hessian_all_loss`` (the same for the average of all clients' latest models), ``hessian_hvps``, ``hessian_status``;
 and ``observer_seconds`` (cumulative seconds spent here, written by the engine).
 
@@ -48,6 +49,8 @@ def tracking_columns(settings: HessianSettings) -> list[str]:
         cols += ["hessian_top"] + [f"hessian_eig{i}" for i in range(2, settings.top + 1)]
     if settings.trace:
         cols += ["hessian_trace", "hessian_trace_se", "hessian_trace_target", "hessian_trace_budget"]
+    for name in settings.quantities:  # each measured quantity (--track-measure): its estimate and standard error
+        cols += [f"hessian_{name}", f"hessian_{name}_se"]
     return cols + ["hessian_loss", "hessian_all_loss", "hessian_hvps", "hessian_status"]
 
 
@@ -73,10 +76,11 @@ class CurvatureTracker:
 
     def hessian_settings(self) -> dict:
         """The fields of ``flatfl hessian``'s settings (run_hessian's HessianSettings) that give the same numbers on a
-        checkpoint (the curvature only when it is not the Hessian: the record of a Hessian tracking is what it always
-        was)."""
-        return {name: getattr(self.hessian, name) for name in TRACKING_FIELDS
-                if name != "curvature" or self.hessian.curvature != "hessian"}
+        checkpoint (the curvature only when it is not the Hessian, the measured quantities only when there are: the
+        record of a tracking without them is what it always was)."""
+        skip = {"curvature": self.hessian.curvature == "hessian", "measure": not self.hessian.quantities}
+        return {name: (",".join(self.hessian.quantities) if name == "measure" else getattr(self.hessian, name))
+                for name in TRACKING_FIELDS if not skip.get(name)}
 
     def wants(self, rnd: int, rounds: int) -> bool:
         return rnd % self.every == 0 or rnd == rounds
@@ -128,6 +132,9 @@ class CurvatureTracker:
             row["hessian_trace_budget"] = s.trace_hvps
             if not trace_resolved(row["hessian_trace"], row["hessian_trace_se"], s.trace_rtol):
                 row["hessian_status"] = "unresolved"
+        for name, record in (report.get("quantities") or {}).items():
+            row[f"hessian_{name}"] = float(record["estimate"])
+            row[f"hessian_{name}_se"] = math.nan if record.get("stderr") is None else float(record["stderr"])
         average_model = Checkpoint(payload, path, device=s.device, which="all").model
         average = over_ranks(lambda shard: HessianOperator(average_model, shard, mode="eval"), self._batches)
         row["hessian_all_loss"] = average.loss()

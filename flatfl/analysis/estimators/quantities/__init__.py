@@ -4,7 +4,8 @@ squared Frobenius norm. One :class:`Quantity` per name carries its function, how
 report name it, and a bound on the products it spends (the progress bar's). Everything generic is done once, for
 every quantity: the option and its check (:class:`~flatfl.analysis.commands.hessian_settings.HessianSettings`'
 ``measure``), its own seed stream, its phase of the progress bar, hessian.json's ``quantities`` section and its
-checks where read, the result line, and a report column where runs measured it (:mod:`flatfl.report.metrics`).
+checks where read, the result line, a report column where runs measured it (:mod:`flatfl.report.metrics`) and
+two metrics.csv columns when training tracks it (``flatfl train --track-measure``).
 
 A new quantity is one file:
 
