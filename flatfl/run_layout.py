@@ -65,15 +65,16 @@ def _stored(reader, path: Path) -> dict | None:
 #: relative stopping rule, cross-entropy
 _NONE_MEANS = {"samples": (None,), "trace_rtol": (None,), "loss": (None, "cross_entropy")}
 _NEVER_COMPARED = ("device", "quiet", "data_dir", "model_factory")  # where and how it ran, the network's builder
-#: settings a result file written before they existed did not record, and what it measured with them
-_BEFORE_RECORDED = {"curvature": "hessian", "products": "auto", "smallest": 0, "measure": None, "damping": 0.0}
 
 
 def settings_match(saved: dict | None, wanted: dict) -> bool:
     """True when every setting asked for was used. Device, data folder and model factory may differ (the weights
     and data are checked by digest). A None asks for the default: the whole split (``samples``), no relative stop
     (``trace_rtol``), cross-entropy (``loss``), the eigenvalue method's own trace estimator (``trace_method``, which
-    result files record as it ran); other None settings (a protocol's own batch size) are not compared."""
+    result files record as it ran); other None settings (a protocol's own batch size) are not compared. A setting
+    an older result file did not record counts as what it computed then (``BEFORE_RECORDED``)."""
+    from .analysis.commands.hessian_settings import BEFORE_RECORDED
+
     if not isinstance(saved, dict):
         return False
     for key, value in wanted.items():
@@ -89,7 +90,7 @@ def settings_match(saved: dict | None, wanted: dict) -> bool:
         if value is None:
             if key in _NONE_MEANS and saved.get(key) not in _NONE_MEANS[key]:
                 return False
-        elif saved.get(key, _BEFORE_RECORDED.get(key)) != value:
+        elif saved.get(key, BEFORE_RECORDED.get(key)) != value:
             return False
     return True
 

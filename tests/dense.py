@@ -1,4 +1,5 @@
-"""The independent truth of the Hessian tests that need one: the dense Hessian of a model's mean cross-entropy."""
+"""The independent truth of the Hessian tests that need one: the dense Hessian of a model's mean cross-entropy, and
+the small trained networks it is taken of (:func:`train_full_batch`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,3 +24,14 @@ def dense_hessian(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> n
 
     h = torch.autograd.functional.hessian(loss, theta).numpy()
     return (h + h.T) / 2
+
+
+def train_full_batch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float) -> torch.nn.Module:
+    """``model`` after ``steps`` full-batch SGD steps (rate ``lr``) on the mean cross-entropy of (x, y), in eval
+    mode: a trained network, whose spectrum (an outlier or two over a bulk, both signs) the tests measure."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model.eval()

@@ -23,6 +23,7 @@ from flatfl.analysis.operators.linear_operator import (DeflatedOperator, Functio
                                                        as_operator)
 from flatfl.analysis.commands.hessian_settings import HessianSettings
 from flatfl.errors import ConfigError
+from dense import train_full_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -34,12 +35,7 @@ def trained():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3)).double()
     x, y = torch.randn(96, 10, dtype=torch.float64), torch.randint(0, 3, (96,))
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    for _ in range(150):
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    return model.eval(), x, y
+    return train_full_batch(model, x, y, 150, 0.5), x, y
 
 
 def flat_params(model):

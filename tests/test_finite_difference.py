@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dense import train_full_batch
 from flatfl.analysis import HessianOperator, hessian
 from flatfl.analysis.operators.second_order import SecondDerivativeError
 from no_double_backward import Square
@@ -136,12 +137,7 @@ def trained_relu(seed: int, widths: tuple[int, ...]) -> tuple:
         layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(widths) - 2 else [])
     relu = nn.Sequential(*layers)
     xs, ys = torch.randn(256, widths[0]), torch.randint(0, widths[-1], (256,))
-    opt = torch.optim.SGD(relu.parameters(), lr=0.3)
-    for _ in range(100):
-        opt.zero_grad()
-        F.cross_entropy(relu(xs), ys).backward()
-        opt.step()
-    return relu.eval(), xs, ys
+    return train_full_batch(relu, xs, ys, 100, 0.3), xs, ys
 
 
 def test_the_dense_eigensolver_measures_the_error_along_its_eigenvectors_too():

@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from dense import train_full_batch
 from flatfl.analysis import (
     HessianOperator,
     MatrixOperator,
@@ -558,14 +559,9 @@ def test_top_k_of_a_trained_model_matches_eigh_within_an_hvp_budget():
     x = d.train_x[:128].reshape(128, -1).double()
     x, y = (x - x.mean()) / x.std(), d.train_y[:128]
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10)).double()
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    for _ in range(150):
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+    model = train_full_batch(nn.Sequential(nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10)).double(), x, y, 150, 0.5)
     evals = np.linalg.eigvalsh(exact_hessian(model, x, y))[::-1]
-    op = HessianOperator(model.eval(), batches_of(x, y, 64))
+    op = HessianOperator(model, batches_of(x, y, 64))
     for k, budget in ((10, 4.0), (50, 3.0)):
         result = top_eigenvalues(op, k, tol=1e-4, seed=0)
         assert result.converged.all()

@@ -29,7 +29,8 @@ from flatfl.analysis.operators.linear_operator import MatrixOperator
 from flatfl.cli import main
 from flatfl.errors import ConfigError
 from flatfl.report.metrics import unregister_metric
-from test_eigen_which import dense_hessian, trained  # noqa: F401 - trained: the fixture
+from dense import dense_hessian
+from test_eigen_which import trained  # noqa: F401 - the fixture: a small trained float64 network
 from tiny_run import analyse_tiny, train_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -58,6 +58,26 @@ def test_a_tracked_quantity_equals_flatfl_hessian_measure_on_final_pt(tmp_path):
     assert r.exit_code == 2 and "unknown quantity 'frobnius'" in r.output and not (tmp_path / "x").exists()
 
 
+def test_a_tracked_quantity_without_a_standard_error_is_a_point_not_a_failure(tmp_path):
+    """A quantity that states no standard error (None) leaves its _se cell blank; the point is ok, not failed."""
+    from flatfl.analysis.estimators.quantities import Quantity, register_quantity, unregister_quantity
+
+    def first_probe(op, settings, seed):
+        v = torch.ones(op.dim, 1, dtype=op.dtype, device=op.device)
+        return {"estimate": float((v * op.matmat(v)).sum()), "stderr": None, "hvps": 1}
+
+    register_quantity(Quantity("one_probe", "one probe", "z^T H z of the ones vector", first_probe, lambda s, d: 1))
+    try:
+        r = train("--rounds", "1", "--track-hessian", "1", "--track-top", "0", "--track-samples", "32",
+                  "--track-measure", "one_probe", "--out", str(tmp_path / "run"))
+    finally:
+        unregister_quantity("one_probe")
+    assert r.exit_code == 0, r.output
+    (last,) = rows(tmp_path / "run")
+    assert last["hessian_status"] == "ok" and float(last["hessian_one_probe"]) != 0
+    assert last["hessian_one_probe_se"] == ""
+
+
 def test_last_row_equals_flatfl_hessian_on_final_pt(tmp_path):
     run = tmp_path / "run"
     r = train("--rounds", "5", *TRACK, "--out", str(run))

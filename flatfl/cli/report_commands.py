@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ..analysis.commands.hessian_settings import HessianSettings  # no torch: the defaults and the estimators' names
-from ..analysis.estimators.quantities import parse_measure, quantity_names
+from ..analysis.estimators.quantities import measure_record, quantity_names
 from ..analysis.estimators.registry import estimator_names
 from ..errors import error_line
 from ..paper_tables import DEFAULT_SEEDS, PRESETS, TARGETS  # no torch: the tables flatfl reproduce makes
@@ -68,7 +68,7 @@ def report(run_dirs, out, tables, model, threads, compute_missing, device, **hes
     apply_threads(threads)
     asked = {k: hessian[k] for k in ("top", "smallest", "density", "samples", "method") if hessian[k] is not None}
     if hessian["measure"] is not None:  # as hessian.json records it: registered names in the registry's order
-        asked["measure"] = ",".join(parse_measure(hessian["measure"])) or None
+        asked["measure"] = measure_record(hessian["measure"])
     analyses = AnalysesAsked(asked, compute_missing, device)  # the Hessian settings asked for, computed if missing
     summary = build_report(list(run_dirs), out, tables=list(tables) or None, analyses=analyses, echo=click.echo,
                            model=model)

@@ -42,9 +42,9 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError
-from ..estimators.quantities import QUANTITY_SEED_OFFSET, quantity
+from ..estimators.quantities import QUANTITY_SEED_OFFSET, measure_record, quantity
 from ..estimators.registry import DEFAULT_DENSITY_METHOD, DEFAULT_WHICH, estimator
-from .hessian_settings import HessianSettings, damping_text, measured_text
+from .hessian_settings import BEFORE_RECORDED, HessianSettings, damping_text, measured_text
 from ..operators.names import CURVATURE_TITLES
 from ...utils import ranks
 from ...utils.io import json_safe
@@ -155,9 +155,10 @@ def damped_trace(curvature: CurvatureOperator, s: HessianSettings) -> dict:
     if s.damping:  # its target, products and standard error stay the estimate's of the curvature's trace
         added = s.damping * curvature.dim
         record.update(estimate=record["estimate"] + added, damping_added=added)
-        if isinstance(record.get("per_parameter"), dict):  # the exact trace's shares, each moved by its size
-            sizes = dict(zip(curvature.param_names or [], (math.prod(p) for p in curvature.param_shapes)))
-            record["per_parameter"] = {n: v + s.damping * sizes[n] for n, v in record["per_parameter"].items()}
+        if isinstance(record.get("per_parameter"), dict):  # the exact trace's shares, in layout order, each moved
+            record["per_parameter"] = {n: v + s.damping * math.prod(shape)  # by its size
+                                       for (n, v), shape in zip(record["per_parameter"].items(),
+                                                                curvature.param_shapes)}
     return record
 
 
@@ -330,15 +331,13 @@ def settings_record(s: HessianSettings, device, precision: str = "float32") -> d
             "save_eigenvectors": s.save_eigenvectors, "exact_residuals": s.exact_residuals,
             "per_layer": s.per_layer, "per_layer_top": s.per_layer_top, "loss": s.loss, "curvature": s.curvature,
             "products": s.products, "precision": precision, "smallest": s.smallest,
-            "measure": ",".join(s.quantities) or None, "damping": s.damping + 0.0}  # + 0.0: -0.0 recorded as 0.0
+            "measure": measure_record(s.measure), "damping": s.damping + 0.0}  # + 0.0: -0.0 recorded as 0.0
 
 
 #: settings that do not change what an analysis computes: where it ran, how its samples were cut into batches
 SAME_RESULT = ("device", "batch_size")
 #: settings that only add outputs, compared apart (:func:`check_earlier_analysis`)
 ADDED_OUTPUTS = ("save_eigenvectors", "per_layer", "per_layer_top")
-#: settings a hessian.json written before they existed did not record, and what it computed without them
-BEFORE_RECORDED = {"curvature": "hessian", "products": "auto", "smallest": 0, "measure": None, "damping": 0.0}
 
 
 def _what_it_computed(record: dict) -> dict:

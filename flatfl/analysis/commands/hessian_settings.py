@@ -25,7 +25,7 @@ from .settings import Settings, check_kinds
 
 __all__ = ["HessianSettings", "tracking_settings", "TRACKING_DEFAULTS", "TRACKING_FIELDS", "SPLITS", "CURVATURES",
            "CURVATURE_TITLES", "CURVATURE_NAMES", "PRODUCT_METHODS", "MAX_DENSITY_STEPS", "MAX_DENSITY_STARTS",
-           "MAX_TOP", "products_text", "measured_text", "eigenvalues_text", "damping_text"]
+           "MAX_TOP", "products_text", "measured_text", "eigenvalues_text", "damping_text", "BEFORE_RECORDED"]
 
 SPLITS = ("train", "test")
 
@@ -176,6 +176,9 @@ MAX_DENSITY_STEPS = 10_000
 MAX_DENSITY_STARTS = 1000
 #: the largest damping: the curvature + 1e12 I keeps O(1) curvature to about 1e-4 in float64 (none in float32)
 MAX_DAMPING = 1e12
+#: settings a result file written before they existed did not record, and what it computed without them (compared
+#: where an analysis folder is reused, and where a report asks for settings: flatfl.run_layout.settings_match)
+BEFORE_RECORDED = {"curvature": "hessian", "products": "auto", "smallest": 0, "measure": None, "damping": 0.0}
 
 
 # (field, type, None allowed); device and data_dir are checked where they are used (a torch.device, a Path)

@@ -35,6 +35,7 @@ from ...checkpoint import FINAL_FILE, Checkpoint
 from ...errors import ConfigError
 from .hessian_settings import TRACKING_FIELDS, HessianSettings, tracking_settings
 from .hessian_command import compute
+from ..estimators.quantities import measure_record
 from ..operators.curvatures import curvature_operator
 from ..operators.distributed import over_ranks
 from ..operators.hessian import HessianOperator
@@ -78,9 +79,12 @@ class CurvatureTracker:
         """The fields of ``flatfl hessian``'s settings (run_hessian's HessianSettings) that give the same numbers on a
         checkpoint (the curvature only when it is not the Hessian, the measured quantities only when there are: the
         record of a tracking without them is what it always was)."""
-        skip = {"curvature": self.hessian.curvature == "hessian", "measure": not self.hessian.quantities}
-        return {name: (",".join(self.hessian.quantities) if name == "measure" else getattr(self.hessian, name))
-                for name in TRACKING_FIELDS if not skip.get(name)}
+        record = {name: getattr(self.hessian, name) for name in TRACKING_FIELDS}
+        record["measure"] = measure_record(self.hessian.measure)
+        for name, default in (("curvature", "hessian"), ("measure", None)):
+            if record[name] == default:
+                del record[name]
+        return record
 
     def wants(self, rnd: int, rounds: int) -> bool:
         return rnd % self.every == 0 or rnd == rounds
@@ -134,7 +138,7 @@ class CurvatureTracker:
                 row["hessian_status"] = "unresolved"
         for name, record in (report.get("quantities") or {}).items():
             row[f"hessian_{name}"] = float(record["estimate"])
-            row[f"hessian_{name}_se"] = math.nan if record.get("stderr") is None else float(record["stderr"])
+            row[f"hessian_{name}_se"] = None if record.get("stderr") is None else float(record["stderr"])  # blank
         average_model = Checkpoint(payload, path, device=s.device, which="all").model
         average = over_ranks(lambda shard: HessianOperator(average_model, shard, mode="eval"), self._batches)
         row["hessian_all_loss"] = average.loss()

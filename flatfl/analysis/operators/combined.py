@@ -34,22 +34,13 @@ def _trace_of(per_param: torch.Tensor, error: float, passes: int):
     return ExactTrace(per_param, float(error), int(passes))
 
 
-class IdentityOperator(CurvatureOperator):
+class IdentityOperator(DerivedOperator):
     """``I`` on the flat vectors of ``like`` (its ``dim``, ``dtype``, ``device`` and parameter layout); its products
     cost nothing and count no ``hvps``."""
 
     def __init__(self, like: CurvatureOperator) -> None:
-        self.like = like
-        self.dim, self.dtype, self.device = like.dim, like.dtype, like.device
+        super().__init__(like)
         self.param_names = like.param_names
-
-    @property
-    def param_shapes(self) -> list[tuple[int, ...]]:
-        return self.like.param_shapes
-
-    @property
-    def has_param_layout(self) -> bool:
-        return self.like.has_param_layout
 
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
         return torch.as_tensor(V).to(device=self.device, dtype=self.dtype).clone()

@@ -34,6 +34,7 @@ from ....errors import ConfigError, unknown_name
 from ....utils.plugins import loading
 
 __all__ = ["Quantity", "register_quantity", "unregister_quantity", "quantity", "quantity_names", "parse_measure",
+           "measure_record",
            "QUANTITY_SEED_OFFSET", "PLUGIN_PROBLEMS"]
 
 #: the offset of every quantity's seed from the analysis' seed (the eigenvalues take seed, the trace seed + 1, the
@@ -174,10 +175,9 @@ def quantity_names() -> tuple[str, ...]:
 
 def quantity(name: str) -> Quantity:
     """The registered quantity ``name``; a ConfigError line naming the registered ones otherwise."""
+    _find()
     if name not in _REGISTRY:
-        _find()
-    if name not in _REGISTRY:
-        raise unknown_name("quantity", name, quantity_names())
+        raise unknown_name("quantity", name, tuple(_REGISTRY))
     return _REGISTRY[name]
 
 
@@ -199,6 +199,12 @@ def parse_measure(text: str | None) -> tuple[str, ...]:
     return tuple(sorted(names, key=order.index))
 
 
+def measure_record(text: str | None) -> str | None:
+    """``--measure``'s value as results record it (hessian.json's and a tracking's ``measure``, a report's asked
+    settings): the names :func:`parse_measure` gives, comma-separated, or None for none."""
+    return ",".join(parse_measure(text)) or None
+
+
 def _find() -> None:
     """Register the built-in quantities (each module of this package defining ``QUANTITY``) and the plug-ins' (the
     entry-point group ``flatfl.quantities``), once."""
@@ -209,7 +215,7 @@ def _find() -> None:
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{info.name}")
         entry = getattr(module, "QUANTITY", None)
-        if isinstance(entry, Quantity) and entry.name not in _REGISTRY:
+        if isinstance(entry, Quantity):
             register_quantity(entry)
     _load_entry_points()
 
