@@ -103,6 +103,28 @@ def test_finite_difference_products_of_a_damped_curvature_keep_their_error(train
     assert abs(report["top_eigenvalues"][0] - truth) <= report["error_estimates"][0]
 
 
+def test_a_multiple_and_a_deflation_carry_their_operators_products(trained):
+    """Each product of ``c H`` or ``P H P`` is one of H's, transformed exactly: their count, method and stated error
+    (finite differences: known after the first product) and the error measured along given directions are H's, read
+    when asked; such a member cannot be assigned over."""
+    from flatfl.analysis.operators.linear_operator import DeflatedOperator
+
+    model, x, y = trained
+    H = HessianOperator(model, (x, y), products="finite-difference")
+    X = torch.linalg.qr(torch.randn(H.dim, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3)))[0].T
+    V = torch.randn(H.dim, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    for made in (ScaledOperator(H, 2.0), DeflatedOperator(H, X)):
+        made.matmat(V)
+        assert made.hvps == H.hvps > 0 and made.product_source is H
+        assert made.products == "finite-difference" and made.product_error == H.product_error > 0
+        assert made.product_error_along(V) == H.product_error_along(V) > 0
+        with pytest.raises(AttributeError, match="the operator's it is made from"):
+            made.hvps = 0
+    dense = torch.as_tensor(dense_hessian(model, x, y))
+    P = torch.eye(H.dim, dtype=torch.float64) - X.T @ X
+    assert torch.allclose(DeflatedOperator(H, X).matmat(V), P @ dense @ P @ V, rtol=0, atol=1e-5)
+
+
 def test_the_damped_hessian_of_a_network_against_eigh(trained):
     model, x, y = trained
     H = dense_hessian(model, x, y)

@@ -103,6 +103,28 @@ def make_tar_gz(src_parent: Path, folder: str, dest: Path) -> str:
     return md5(dest)
 
 
+def test_the_archive_table_is_the_one_the_docs_list(tmp_path):
+    """archives.json, read into ARCHIVES, holds each archive's URL, md5 and size and each CIFAR file's md5 as
+    docs/datasets.md lists them (a row per value); a field of the wrong type in such a file is refused."""
+    import json
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "datasets.md").read_text()
+    archives = download.read_archives()  # ARCHIVES itself: its URLs made unreachable in this module
+    assert set(archives) == {"cifar10", "cifar100", "tinyimagenet", "emnist"}
+    for spec in archives.values():
+        row = next(line for line in docs.splitlines() if line.startswith(f"| {spec.title} | `{spec.filename}`"))
+        assert f"({spec.url})" in row and f"`{spec.md5}`" in row and f"{spec.size:,}" in row, row
+        for name, md5sum in spec.file_md5.items():
+            assert f"| {spec.title} `{name}` | `{md5sum}` |" in docs
+    assert sum(len(a.file_md5) for a in archives.values()) == 10 and archives["emnist"].loose_files_ok
+    table = json.loads(download.ARCHIVES_FILE.read_text())
+    table["archives"]["cifar10"]["size"] = "170 MB"
+    bad = tmp_path / "archives.json"
+    bad.write_text(json.dumps(table))
+    with pytest.raises(ValueError, match="'cifar10' has a field of the wrong type"):
+        download.read_archives(bad)
+
+
 # ------------------------------------------------------------------------------------------------------- CIFAR
 def test_cifar10_layout_labels_names_and_md5(tmp_path, monkeypatch):
     made = write_cifar10(tmp_path)

@@ -1,7 +1,7 @@
 """Find a dataset's extracted files, or fetch, verify and extract its official archive.
 
-The archives, their md5 checksums and URLs are the ones listed in docs/datasets.md ("Datasets"). Everything lives
-under one ``root`` folder::
+The archives, their md5 checksums and URLs are the ones listed in docs/datasets.md ("Datasets"), read from the
+data file ``archives.json`` beside this module (:func:`read_archives`). Everything lives under one ``root`` folder::
 
     root/
       cifar-10-python.tar.gz    (optional: kept after a download, or placed there by hand)
@@ -66,66 +66,29 @@ class Archive:
     size: int | None = None  # the archive's size in bytes: a download stops (refused) beyond it
 
 
-_CIFAR10_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
+#: The file the archive table is read from (a data file beside this module, shipped with the package).
+ARCHIVES_FILE = Path(__file__).with_name("archives.json")
 
-ARCHIVES: dict[str, Archive] = {
-    "cifar10": Archive(
-        title="CIFAR-10",
-        url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
-        filename="cifar-10-python.tar.gz",
-        md5="c58f30108f718f92721af3b95e74349a",
-        size=170_498_071,
-        folder="cifar-10-batches-py",
-        required=_CIFAR10_BATCHES,
-        layout="data_batch_1..5, test_batch, batches.meta (python pickles)",
-        # The batch files' md5s published with the archive (also used by torchvision).
-        file_md5={
-            "data_batch_1": "c99cafc152244af753f735de768cd75f",
-            "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
-            "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
-            "data_batch_4": "634d18415352ddfa80567beed471001a",
-            "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
-            "test_batch": "40351d587109b95175f43aff81a1287e",
-            "batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
-        },
-    ),
-    "cifar100": Archive(
-        title="CIFAR-100",
-        url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
-        filename="cifar-100-python.tar.gz",
-        md5="eb9058c3a382ffc7106e4002c42a8d85",
-        size=169_001_437,
-        folder="cifar-100-python",
-        required=("train", "test", "meta"),
-        layout="train, test, meta (python pickles)",
-        file_md5={
-            "train": "16019d7e3df5f24257cddd939b257f8d",
-            "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
-            "meta": "7973b15100ade9c7d40fb424638fde48",
-        },
-    ),
-    "tinyimagenet": Archive(
-        title="Tiny-ImageNet",
-        url="http://cs231n.stanford.edu/tiny-imagenet-200.zip",
-        filename="tiny-imagenet-200.zip",
-        md5="90528d7ca1a48142e341f4ef8d21d0de",
-        size=248_100_043,
-        folder="tiny-imagenet-200",
-        required=("wnids.txt", "train", "val/images", "val/val_annotations.txt"),
-        layout="wnids.txt, train/<wnid>/images/*.JPEG, val/images/*.JPEG, val/val_annotations.txt",
-    ),
-    "emnist": Archive(
-        title="EMNIST",
-        url="https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip",
-        filename="gzip.zip",
-        md5="58c8d27c78d21e728a6bc7b3cc06412e",
-        size=561_753_746,
-        folder="gzip",
-        required=(),  # depends on the split: passed by the loader
-        layout="emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte.gz",
-        loose_files_ok=True,
-    ),
-}
+
+def read_archives(path: Path = ARCHIVES_FILE) -> dict[str, Archive]:
+    """The archive table of ``path`` (its ``archives``: dataset name -> :class:`Archive`'s fields), each field's
+    type checked."""
+    import json
+
+    table = json.loads(path.read_text(encoding="utf-8"))["archives"]
+    archives = {}
+    for name, fields in table.items():
+        archive = Archive(**{**fields, "required": tuple(fields["required"])})
+        texts = (archive.title, archive.url, archive.filename, archive.md5, archive.folder, archive.layout,
+                 *archive.required, *archive.file_md5, *archive.file_md5.values())
+        if not all(isinstance(t, str) for t in texts) or not isinstance(archive.loose_files_ok, bool) or \
+                not (archive.size is None or (type(archive.size) is int and archive.size > 0)):
+            raise ValueError(f"{path}: the archive of {name!r} has a field of the wrong type")
+        archives[name] = archive
+    return archives
+
+
+ARCHIVES: dict[str, Archive] = read_archives()
 
 DOWNLOAD_TIMEOUT = 15.0  # seconds: connect timeout and the longest wait for one read
 DOWNLOAD_DEADLINE = 3600.0  # seconds: the longest one file's download may take, however the server trickles

@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from ...errors import ConfigError
-from .linear_operator import CurvatureOperator, DerivedOperator
+from .linear_operator import CurvatureOperator, DerivedOperator, TransformedOperator
 
 __all__ = ["ScaledOperator", "SumOperator", "IdentityOperator", "damped"]
 
@@ -51,7 +51,7 @@ class IdentityOperator(DerivedOperator):
         return _trace_of(torch.tensor(sizes, dtype=torch.float64), 0.0, 0)
 
 
-class ScaledOperator(DerivedOperator):
+class ScaledOperator(TransformedOperator):
     """``scale * op`` (``scale`` a finite number): its products are ``op``'s times ``scale``, with ``op``'s relative
     error."""
 
@@ -62,35 +62,12 @@ class ScaledOperator(DerivedOperator):
         self.scale = float(scale)
         self.param_names = op.param_names
 
-    @property
-    def hvps(self) -> int:
-        return self.op.hvps
-
-    @property
-    def product_source(self) -> CurvatureOperator:
-        return self.op.product_source
-
-    @property
-    def products(self) -> str | None:
-        return self.op.products
-
-    @property
-    def product_error(self) -> float | None:
-        """``op``'s, read when asked (a finite-difference operator states it after its first product)."""
-        return self.op.product_error
-
-    def product_error_along(self, V: torch.Tensor) -> float | None:
-        return self.op.product_error_along(V)
-
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
         return self.scale * self.op.matmat(V)
 
     def exact_trace(self, seed: int = 0):
         inner = self.op.exact_trace(seed)
         return _trace_of(self.scale * inner.per_param, abs(self.scale) * inner.error, inner.passes)
-
-    def release(self) -> None:
-        self.op.release()
 
 
 class SumOperator(DerivedOperator):

@@ -35,7 +35,7 @@ import torch
 from ...errors import ConfigError
 
 __all__ = ["CurvatureOperator", "ProductSource", "MatrixOperator", "FunctionOperator", "DerivedOperator",
-           "DeflatedOperator",            "ForwardedOperator", "as_operator", "project_out", "block_size_for"]
+           "TransformedOperator", "DeflatedOperator", "ForwardedOperator", "as_operator", "project_out", "block_size_for"]
 
 
 class CurvatureOperator(abc.ABC):
@@ -243,43 +243,58 @@ class ForwardedOperator(CurvatureOperator):
         return self.source.matmat(V)
 
 
+class ForwardedMember:
+    """A read-only member of an operator made from another that is ``op``'s member of the same name, read when
+    asked (assigning it is an error: it is ``op``'s)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner: type | None = None):
+        return self if obj is None else getattr(obj.op, self.name)
+
+    def __set__(self, obj, value) -> None:
+        raise AttributeError(f"{type(obj).__name__}.{self.name} is the operator's it is made from")
+
+
 class DerivedOperator(CurvatureOperator):
     """An operator made from another one, ``op``: it acts on ``op``'s vectors (``__init__`` sets ``op``, ``dim``,
     ``dtype`` and ``device``) and keeps its layout (parameter blocks and their flag) and preferred block size; a
     subclass overrides what it changes."""
 
     op: CurvatureOperator
+    has_param_layout = ForwardedMember()
+    preferred_block_size = ForwardedMember()
+    param_shapes = ForwardedMember()
 
     def __init__(self, op: CurvatureOperator) -> None:
         self.op = op
         self.dim, self.dtype, self.device = op.dim, op.dtype, op.device
 
-    @property
-    def has_param_layout(self) -> bool:
-        return self.op.has_param_layout
 
-    @property
-    def preferred_block_size(self) -> int:
-        return self.op.preferred_block_size
+class TransformedOperator(DerivedOperator):
+    """An operator each of whose products is one of ``op``'s, transformed exactly (a multiple, a projection): the
+    products it counts (``hvps``, ``product_source``), their method and their errors are ``op``'s, read when asked (a
+    finite-difference operator states its error after its first product); ``release`` frees ``op``'s."""
 
-    @property
-    def param_shapes(self) -> list[tuple[int, ...]]:
-        return self.op.param_shapes
+    hvps = ForwardedMember()
+    product_source = ForwardedMember()
+    products = ForwardedMember()
+    product_error = ForwardedMember()
+
+    def product_error_along(self, V: torch.Tensor) -> float | None:
+        return self.op.product_error_along(V)
+
+    def release(self) -> None:
+        self.op.release()
 
 
-class DeflatedOperator(DerivedOperator):
+class DeflatedOperator(TransformedOperator):
     """``P H P`` with ``P = I - X^T X`` (X: orthonormal rows): ``op`` with the vectors X taken out (``locked``)."""
 
     def __init__(self, op: CurvatureOperator, X: torch.Tensor) -> None:
         super().__init__(op)
         self.X = X
-
-    @property
-    def hvps(self) -> int:
-        return self.op.hvps
-
-    def product_error_along(self, V: torch.Tensor) -> float | None:
-        return self.op.product_error_along(V)
 
     @property
     def locked(self) -> torch.Tensor:
