@@ -329,3 +329,22 @@ def test_the_pyhessian_style_object_measures_the_same(trained):
     assert record["stderr"] == pytest.approx(expected["stderr"], rel=1e-10)
     with pytest.raises(ConfigError, match="unknown quantity"):
         hessian(model, torch.nn.CrossEntropyLoss(), data=(x, y), cuda=False).measure("frob")
+
+
+def test_measuring_more_in_a_folder_adds_outputs_and_measuring_less_is_refused(tiny, tmp_path):
+    """An analysis of the same settings that measures more quantities replaces the folder's (it adds outputs);
+    one that would drop a measured quantity is refused in one line and leaves the file as it was; with no trace,
+    a quantity's budget (--trace-hvps) is one of the settings compared."""
+    out = tmp_path / "h"
+    flags = ("--top", "1", "--no-trace", "--samples", "48")
+    r, _ = analyse_tiny(tiny, out, *flags)
+    assert r.exit_code == 0, r.output
+    r, h = analyse_tiny(tiny, out, *flags, "--measure", "frobenius")
+    assert r.exit_code == 0, r.output
+    assert set(h["quantities"]) == {"frobenius"}
+    before = (out / "hessian.json").read_bytes()
+    r, _ = analyse_tiny(tiny, out, *flags)
+    assert r.exit_code == 2 and "--measure frobenius there, none here" in r.output, r.output
+    r, _ = analyse_tiny(tiny, out, *flags, "--measure", "frobenius", "--trace-hvps", "40")
+    assert r.exit_code == 2 and "--trace-hvps" in r.output, r.output
+    assert (out / "hessian.json").read_bytes() == before

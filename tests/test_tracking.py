@@ -54,6 +54,21 @@ def test_a_tracked_quantity_equals_flatfl_hessian_measure_on_final_pt(tmp_path):
     record = json.loads((tmp_path / "h" / "hessian.json").read_text())["quantities"]["frobenius"]
     assert float(last["hessian_frobenius"]) == record["estimate"] > 0
     assert float(last["hessian_frobenius_se"]) == record["stderr"]
+    # the report's curvature page draws it: its value, +-2 standard errors (read back through config.json)
+    from matplotlib.container import ErrorbarContainer
+
+    from flatfl.report.curvature import TRACE_INTERVAL_SE, curvature_page, has_curvature
+    from flatfl.report.records import load_run
+
+    rec = load_run(run)
+    assert has_curvature([rec])  # no top eigenvalue, no trace: the quantity alone
+    fig = curvature_page("t", [rec], [rec.method])
+    (axis,) = [ax for ax in fig.axes if ax.get_ylabel().replace("\n", " ") == "squared Frobenius norm of the Hessian"]
+    (drawn,) = [ln for ln in axis.lines if ln.get_label().startswith(rec.method)]
+    assert list(drawn.get_ydata()) == [record["estimate"]]
+    (bars,) = [c for c in axis.containers if isinstance(c, ErrorbarContainer)]
+    (segment,) = bars.lines[2][0].get_segments()
+    assert abs(segment[1][1] - segment[0][1]) / 2 == pytest.approx(TRACE_INTERVAL_SE * record["stderr"])
     r = train("--rounds", "1", "--track-hessian", "1", "--track-measure", "frobnius", "--out", str(tmp_path / "x"))
     assert r.exit_code == 2 and "unknown quantity 'frobnius'" in r.output and not (tmp_path / "x").exists()
 
@@ -292,6 +307,36 @@ def test_a_tracking_failure_is_named_and_training_goes_on(tmp_path, monkeypatch)
 
     a, b = (read_checkpoint(d / "final.pt")["state_dict"] for d in (run, plain))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_curvature_page_draws_each_tracked_quantity_by_its_title_or_name():
+    """A row per quantity a run tracked (config.json's tracking ``measure``), between the trace and the loss:
+    a registered one by its title, one not installed here by its name, bars only where a standard error was
+    stated; a ``measure`` that is not a string of names (another person's file) draws nothing more."""
+    from types import SimpleNamespace
+
+    from matplotlib.container import ErrorbarContainer
+
+    from flatfl.report.curvature import curvature_page
+
+    def record(measure, **columns):
+        curve = [{"round": float(r), "hessian_top": 1.0 + r, "hessian_loss": 1.0 / r,
+                  **{k: v[i] for k, v in columns.items()}} for i, r in enumerate((5, 10))]
+        return SimpleNamespace(method="FedAvg", partition="iid", seed=0, curve=curve, tracking={"measure": measure})
+
+    rec = record("frobenius,sharpness", hessian_frobenius=[3.0, 4.0], hessian_frobenius_se=[0.5, 0.25],
+                 hessian_sharpness=[7.0, 8.0], hessian_sharpness_se=[None, None])
+    fig = curvature_page("t", [rec], ["FedAvg"])
+    assert [ax.get_ylabel().replace("\n", " ") for ax in fig.axes] == [
+        "top Hessian eigenvalue", "squared Frobenius norm of the Hessian", "sharpness of the Hessian",
+        "training loss (evaluation sample)"]
+    assert [c for c in fig.axes[1].containers if isinstance(c, ErrorbarContainer)]
+    assert not [c for c in fig.axes[2].containers if isinstance(c, ErrorbarContainer)]  # no standard error
+    assert not [ln for ax in fig.axes for ln in ax.lines if ln.get_label() == "_unresolved"]
+    for hostile in (["frobenius"], "../x,Frobenius", 7):
+        fig = curvature_page("t", [record(hostile, hessian_frobenius=[3.0, 4.0])], ["FedAvg"])
+        assert [ax.get_ylabel().replace("\n", " ") for ax in fig.axes] == ["top Hessian eigenvalue",
+                                                                          "training loss (evaluation sample)"]
 
 
 def test_the_curvature_page_draws_the_trace_interval_and_marks_unresolved_points():

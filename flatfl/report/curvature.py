@@ -1,18 +1,22 @@
 """The curvature-against-rounds page of a report: runs trained with ``flatfl train --track-hessian K``.
 
 :func:`curvature_page` draws, for a few methods (a method and its "+MAN" variant on one axis), the top Hessian
-eigenvalue, the trace and the loss on the fixed evaluation sample against the round (metrics.csv's ``hessian_*``
-columns); one column of panels per partition, one line per method: the mean over its seeds, the band their range.
-The styles are :func:`flatfl.report.figure_pages.line_styles` (a method solid, its "+MAN" variant dashed, same colour).
+eigenvalue, the trace, each measured quantity a run tracked (``--track-measure``: config.json's tracking ``measure``,
+metrics.csv's ``hessian_<name>``) and the loss on the fixed evaluation sample against the round (metrics.csv's
+``hessian_*`` columns); one column of panels per partition, one line per method: the mean over its seeds, the band
+their range. The styles are :func:`flatfl.report.figure_pages.line_styles` (a method solid, its "+MAN" variant
+dashed, same colour).
 
-The trace is an estimate with a standard error (metrics.csv's ``hessian_trace_se``): every point carries its
-interval (+-2 standard errors; with several seeds the root-mean-square of theirs over the square root of their
-number, the standard error of the mean), drawn as error bars, and a point whose standard error misses the run's
+The trace and a measured quantity are estimates with a standard error (metrics.csv's ``hessian_trace_se``,
+``hessian_<name>_se``): every point carries its interval (+-2 standard errors; with several seeds the
+root-mean-square of theirs over the square root of their number, the standard error of the mean), drawn as error
+bars (none where a quantity states no standard error), and a trace point whose standard error misses the run's
 target (``hessian_trace_target``, ``se > target * |trace|``: ``hessian_status`` ``unresolved``) is circled (a
 large open ring around it), so a reader sees which values are not known to the target.
 """
 from __future__ import annotations
 
+import re
 import textwrap
 
 import numpy as np
@@ -25,16 +29,44 @@ from .figure_pages import PAGE_SIZE, line_styles
 #: the interval drawn around a tracked trace: this many standard errors either side
 TRACE_INTERVAL_SE = 2.0
 
-__all__ = ["SERIES", "has_curvature", "curvature_page"]
+__all__ = ["SERIES", "has_curvature", "curvature_page", "quantity_series"]
 
 # (metrics.csv column, axis label)
 SERIES = (("hessian_top", "top Hessian eigenvalue"), ("hessian_trace", "Hessian trace"),
           ("hessian_loss", "training loss (evaluation sample)"))
 
 
+#: a quantity's name as the registry takes it (a tracking's ``measure`` is read from other people's files)
+_QUANTITY_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def quantity_series(records) -> list[tuple[str, str]]:
+    """(metrics.csv column, axis label) of each measured quantity the runs tracked (config.json's tracking
+    ``measure``: names separated by commas), in the order first met; a registered quantity labelled by its title,
+    another (a plug-in not installed here) by its name."""
+    from ..analysis.estimators.quantities import quantity
+    from ..errors import ConfigError
+
+    names: list[str] = []
+    for rec in records:
+        measure = (getattr(rec, "tracking", None) or {}).get("measure")
+        for name in measure.split(",") if isinstance(measure, str) else ():
+            if _QUANTITY_NAME.fullmatch(name) and name not in names:
+                names.append(name)
+    out = []
+    for name in names:
+        try:
+            title = quantity(name).title
+        except ConfigError:
+            title = name
+        out.append((f"hessian_{name}", f"{title} of the Hessian"))
+    return out
+
+
 def has_curvature(records) -> bool:
-    """Whether any run has a curvature series (a round with a top eigenvalue or a trace)."""
-    return any(row.get(col) is not None for rec in records for row in rec.curve for col, _ in SERIES[:2])
+    """Whether any run has a curvature series (a round with a top eigenvalue, a trace or a measured quantity)."""
+    columns = [col for col, _ in SERIES[:2] + tuple(quantity_series(records))]
+    return any(row.get(col) is not None for rec in records for row in rec.curve for col in columns)
 
 
 def _series(rec, column: str) -> dict:
@@ -50,15 +82,18 @@ def _target(rec, row) -> float | None:
     return float(target) if isinstance(target, (int, float)) and not isinstance(target, bool) else None
 
 
-def _trace_errors(rec) -> dict:
-    """round -> (standard error, resolved) of a run's tracked trace."""
+def _errors(rec, column: str) -> dict:
+    """round -> (standard error, resolved) of a run's tracked trace or quantity (``column``; its standard error in
+    ``column + "_se"``, nan where none): a trace is resolved where its standard error meets the run's target, a
+    quantity (no target) always."""
     out = {}
     for row in rec.curve:
-        if row.get("round") is None or row.get("hessian_trace") is None:
+        if row.get("round") is None or row.get(column) is None:
             continue
-        se, trace, target = row.get("hessian_trace_se"), row["hessian_trace"], _target(rec, row)
+        se, value = row.get(f"{column}_se"), row[column]
+        target = _target(rec, row) if column == "hessian_trace" else None
         se = float(se) if se is not None and np.isfinite(se) else float("nan")
-        resolved = target is None or (np.isfinite(se) and se <= target * abs(trace))
+        resolved = target is None or (np.isfinite(se) and se <= target * abs(value))
         out[int(row["round"])] = (se, bool(resolved))
     return out
 
@@ -74,14 +109,19 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
     records = [r for r in records if r.method in methods
                and (getattr(r, "tracking", None) or {}).get("curvature", "hessian") == "hessian"]
     methods = [m for m in methods if any(r.method == m for r in records)]
-    rows = [(col, label) for col, label in SERIES if any(_series(r, col) for r in records)]
+    quantities = quantity_series(records)
+    rows = [(col, label) for col, label in SERIES[:2] + tuple(quantities) + SERIES[2:]  # the loss last
+            if any(_series(r, col) for r in records)]
+    estimated = {"hessian_trace", *(col for col, _ in quantities)}  # drawn with error bars
     parts = sorted({r.partition for r in records})
     styles = line_styles(methods)
     several = any(sum(r.method == m and r.partition == p for r in records) > 1 for m in methods for p in parts)
-    traced = any(_trace_errors(r) for r in records)
+    traced = any(_errors(r, "hessian_trace") for r in records)
+    measured = len(estimated) > 1 and any(col in estimated for col, _ in rows)
     notes = ("lines: mean over seeds, bands: their range" if several else "",
-             f"trace: bars +-{TRACE_INTERVAL_SE:g} standard errors, circled points: standard error above the "
-             "run's target (unresolved)" if traced else "")
+             f"{'trace and measured quantities' if measured else 'trace'}: bars +-{TRACE_INTERVAL_SE:g} standard "
+             "errors" + (", circled points: standard error above the run's target (unresolved)" if traced else "")
+             if traced or measured else "")
     subtitle = "; ".join(s for s in (subtitle, *notes) if s)
     for k, line in enumerate(textwrap.wrap(shown(subtitle, 2 * 170), 170)[:2]):
         fig.text(0.5, 0.935 - 0.022 * k, line, ha="center", fontsize=8.5)
@@ -102,17 +142,17 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
                 (h,) = ax.plot(xs, arr.mean(0), color=st["color"], linestyle=st["linestyle"], marker=st["marker"],
                                markerfacecolor=st["markerfacecolor"], markersize=5, linewidth=1.3,
                                label=f"{method} (n={len(curves)})")
-                if column == "hessian_trace":
-                    _draw_trace_errors(ax, xs, arr.mean(0), [_trace_errors(r) for r in records
-                                                            if r.method == method and r.partition == part
-                                                            and _series(r, column)], st)
+                if column in estimated:
+                    _draw_errors(ax, xs, arr.mean(0), [_errors(r, column) for r in records
+                                                      if r.method == method and r.partition == part
+                                                      and _series(r, column)], st)
                 if len(curves) > 1:
                     ax.fill_between(xs, arr.min(0), arr.max(0), color=st["color"], alpha=0.15, linewidth=0)
                 handles[method] = h
             if i == 0:
                 ax.set_title(part, fontsize=10)
             if j == 0:
-                ax.set_ylabel(label, fontsize=9)
+                ax.set_ylabel("\n".join(textwrap.wrap(label, 24)), fontsize=9)  # four rows of panels: short lines
             if i == len(rows) - 1:
                 ax.set_xlabel("round")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -124,12 +164,15 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
     return fig
 
 
-def _draw_trace_errors(ax, xs, means, errors: list[dict], st: dict) -> None:
-    """Error bars (+-TRACE_INTERVAL_SE standard errors of the mean over the seeds) at every drawn trace point, and
-    a ring around the points where a seed's estimate missed its target."""
+def _draw_errors(ax, xs, means, errors: list[dict], st: dict) -> None:
+    """Error bars (+-TRACE_INTERVAL_SE standard errors of the mean over the seeds) at every drawn point of an
+    estimate (none where a seed states no standard error), and a ring around the points where a seed's estimate
+    missed its target."""
     se = np.array([[e.get(x, (float("nan"), False))[0] for x in xs] for e in errors])
     resolved = np.array([[e.get(x, (float("nan"), False))[1] for x in xs] for e in errors])
     mean_se = np.sqrt(np.mean(se ** 2, axis=0) / se.shape[0])  # nan where a seed has no standard error
+    if not np.isfinite(mean_se).any() and resolved.all():
+        return  # a quantity that states no standard error: no bars
     ax.errorbar(xs, means, yerr=TRACE_INTERVAL_SE * np.where(np.isfinite(mean_se), mean_se, 0.0), fmt="none",
                 ecolor=st["color"], elinewidth=1.0, capsize=3, alpha=0.8, label="_trace interval")
     open_ = ~resolved.all(axis=0)

@@ -337,7 +337,7 @@ def settings_record(s: HessianSettings, device, precision: str = "float32") -> d
 #: settings that do not change what an analysis computes: where it ran, how its samples were cut into batches
 SAME_RESULT = ("device", "batch_size")
 #: settings that only add outputs, compared apart (:func:`check_earlier_analysis`)
-ADDED_OUTPUTS = ("save_eigenvectors", "per_layer", "per_layer_top")
+ADDED_OUTPUTS = ("save_eigenvectors", "per_layer", "per_layer_top", "measure")
 
 
 def _what_it_computed(record: dict) -> dict:
@@ -349,8 +349,8 @@ def _what_it_computed(record: dict) -> dict:
         if not record.get("smallest"):
             for k in ("tol", "exact_residuals"):
                 out.pop(k, None)
-    if not record.get("trace"):
-        for k in ("trace_method", "trace_hvps", "trace_rtol"):
+    if not record.get("trace"):  # a measured quantity may spend the trace's budget: its settings kept then
+        for k in ("trace_method",) if record.get("measure") else ("trace_method", "trace_hvps", "trace_rtol"):
             out.pop(k, None)
     if not record.get("density"):
         for k in ("density_steps", "density_starts"):
@@ -373,8 +373,9 @@ def check_earlier_analysis(out: Path, record: dict, *, replace: bool = False) ->
     """Refuse to write over an analysis in ``out`` computed with other settings than ``record`` (this analysis'
     hessian.json ``settings``): one ConfigError line naming the folder, what differs and another folder to use. An
     analysis of the same settings (of the same or other weights) is replaced as a fresh start; so is one whose
-    only difference adds outputs (``--save-eigenvectors``, ``--per-layer``), unless this analysis would drop them
-    (eigenvectors.pt; per-layer results with another ``--per-layer-top``: those without --per-layer are kept). A
+    only difference adds outputs (``--save-eigenvectors``, ``--per-layer``, more ``--measure`` quantities), unless this
+    analysis would drop them (eigenvectors.pt, a measured quantity; per-layer results with another
+    ``--per-layer-top``: those without --per-layer are kept). A
     hessian.json flatfl cannot read is left to the output checks. ``replace=True`` replaces whatever is there."""
     try:
         old = read_hessian_file(out / "hessian.json")
@@ -395,6 +396,9 @@ def check_earlier_analysis(out: Path, record: dict, *, replace: bool = False) ->
             differ.append((key, was, value))
     if saved.get("save_eigenvectors") and not record.get("save_eigenvectors"):
         differ.append(("save_eigenvectors", True, False))
+    measured = [n for n in str(saved.get("measure") or "").split(",") if n]
+    if set(measured) - set(str(record.get("measure") or "").split(",")):  # measuring more adds outputs
+        differ.append(("measure", saved.get("measure"), record.get("measure")))
     if saved.get("per_layer") and record.get("per_layer") and saved.get("per_layer_top") != record.get("per_layer_top"):
         differ.append(("per_layer_top", saved.get("per_layer_top"), record.get("per_layer_top")))
     if not differ:
