@@ -117,12 +117,14 @@ def test_the_archive_table_is_the_one_the_docs_list(tmp_path):
         for name, md5sum in spec.file_md5.items():
             assert f"| {spec.title} `{name}` | `{md5sum}` |" in docs
     assert sum(len(a.file_md5) for a in archives.values()) == 10 and archives["emnist"].loose_files_ok
-    table = json.loads(download.ARCHIVES_FILE.read_text())
-    table["archives"]["cifar10"]["size"] = "170 MB"
-    bad = tmp_path / "archives.json"
-    bad.write_text(json.dumps(table))
-    with pytest.raises(ValueError, match="'cifar10' has a field of the wrong type"):
-        download.read_archives(bad)
+    for field, value in (("size", "170 MB"), ("required", "test_batch"), ("file_md5", ["x"]), ("md5", ""),
+                         ("sha1", "x")):
+        table = json.loads(download.ARCHIVES_FILE.read_text())
+        table["archives"]["cifar10"][field] = value
+        bad = tmp_path / "archives.json"
+        bad.write_text(json.dumps(table))
+        with pytest.raises(ValueError, match="'cifar10' has a field of the wrong name or type"):
+            download.read_archives(bad)
 
 
 # ------------------------------------------------------------------------------------------------------- CIFAR

@@ -333,10 +333,46 @@ def test_the_curvature_page_draws_each_tracked_quantity_by_its_title_or_name():
     assert [c for c in fig.axes[1].containers if isinstance(c, ErrorbarContainer)]
     assert not [c for c in fig.axes[2].containers if isinstance(c, ErrorbarContainer)]  # no standard error
     assert not [ln for ax in fig.axes for ln in ax.lines if ln.get_label() == "_unresolved"]
-    for hostile in (["frobenius"], "../x,Frobenius", 7):
+    assert "measured quantities: bars +-2 standard errors" in " ".join(t.get_text() for t in fig.texts)
+    # the page's note names only what carries bars: no trace drawn, a quantity without standard errors
+    fig = curvature_page("t", [record("sharpness", hessian_sharpness=[7.0, 8.0])], ["FedAvg"])
+    assert "bars" not in " ".join(t.get_text() for t in fig.texts)
+    for hostile in (["frobenius"], "../x,Frobenius", 7, "loss,top,eig2,trace"):  # the last: tracking's own columns
         fig = curvature_page("t", [record(hostile, hessian_frobenius=[3.0, 4.0])], ["FedAvg"])
         assert [ax.get_ylabel().replace("\n", " ") for ax in fig.axes] == ["top Hessian eigenvalue",
                                                                           "training loss (evaluation sample)"]
+
+
+def test_a_quantity_named_like_trackings_own_columns_is_refused_before_training(tmp_path):
+    """A quantity whose metrics.csv column would be one of tracking's own (hessian_loss, hessian_eig2...) cannot be
+    tracked: one line, exit 2, nothing written; flatfl hessian --measure still takes it."""
+    from flatfl.analysis.estimators.quantities import Quantity, register_quantity, unregister_quantity
+
+    def ones(op, settings, seed):
+        v = torch.ones(op.dim, 1, dtype=op.dtype, device=op.device)
+        return {"estimate": float((v * op.matmat(v)).sum()), "stderr": None, "hvps": 1}
+
+    for name in ("loss", "eig2"):
+        register_quantity(Quantity(name, name, "z^T H z of the ones vector", ones, lambda s, d: 1))
+        try:
+            r = train("--rounds", "1", "--track-hessian", "1", "--track-measure", name, "--out", str(tmp_path / name))
+        finally:
+            unregister_quantity(name)
+        assert r.exit_code == 2 and f"column hessian_{name} is curvature tracking's own" in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / name).exists()
+
+
+def test_a_metrics_file_whose_round_is_not_a_round_number_is_named(tmp_path):
+    from flatfl.report.records import load_run
+
+    run = tmp_path / "run"
+    assert train("--rounds", "2", "--eval-every", "1", "--out", str(run)).exit_code == 0
+    lines = (run / "metrics.csv").read_text().splitlines()
+    assert len(lines) == 3
+    for bad in ("nan", "inf", "1.5", "-1"):
+        (run / "metrics.csv").write_text("\n".join([lines[0], bad + lines[1][lines[1].index(","):], lines[2]]) + "\n")
+        with pytest.raises(ConfigError, match=f"metrics.csv line 2: the round '{bad}' is not a round number"):
+            load_run(run)
 
 
 def test_the_curvature_page_draws_the_trace_interval_and_marks_unresolved_points():

@@ -72,19 +72,29 @@ ARCHIVES_FILE = Path(__file__).with_name("archives.json")
 
 def read_archives(path: Path = ARCHIVES_FILE) -> dict[str, Archive]:
     """The archive table of ``path`` (its ``archives``: dataset name -> :class:`Archive`'s fields), each field's
-    type checked."""
+    name and type checked (a ValueError naming the archive otherwise)."""
+    import dataclasses
     import json
 
     table = json.loads(path.read_text(encoding="utf-8"))["archives"]
+    known = {f.name for f in dataclasses.fields(Archive)}
     archives = {}
+    def text(v) -> bool:
+        return isinstance(v, str) and v != ""
+
     for name, fields in table.items():
-        archive = Archive(**{**fields, "required": tuple(fields["required"])})
-        texts = (archive.title, archive.url, archive.filename, archive.md5, archive.folder, archive.layout,
-                 *archive.required, *archive.file_md5, *archive.file_md5.values())
-        if not all(isinstance(t, str) for t in texts) or not isinstance(archive.loose_files_ok, bool) or \
-                not (archive.size is None or (type(archive.size) is int and archive.size > 0)):
-            raise ValueError(f"{path}: the archive of {name!r} has a field of the wrong type")
-        archives[name] = archive
+        if not isinstance(fields, dict):
+            fields = {"": fields}  # refused below
+        required, file_md5 = fields.get("required"), fields.get("file_md5", {})
+        good = set(fields) <= known and isinstance(required, list) and \
+            all(text(r) for r in required) and isinstance(file_md5, dict) and \
+            all(text(k) and text(v) for k, v in file_md5.items()) and \
+            all(text(fields.get(k)) for k in ("title", "url", "filename", "md5", "folder", "layout")) and \
+            isinstance(fields.get("loose_files_ok", False), bool) and \
+            (fields.get("size") is None or (type(fields["size"]) is int and fields["size"] > 0))
+        if not good:
+            raise ValueError(f"{path}: the archive of {name!r} has a field of the wrong name or type")
+        archives[name] = Archive(**{**fields, "required": tuple(required)})
     return archives
 
 

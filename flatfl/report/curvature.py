@@ -44,6 +44,7 @@ def quantity_series(records) -> list[tuple[str, str]]:
     """(metrics.csv column, axis label) of each measured quantity the runs tracked (config.json's tracking
     ``measure``: names separated by commas), in the order first met; a registered quantity labelled by its title,
     another (a plug-in not installed here) by its name."""
+    from ..analysis.commands.tracking import own_column, quantity_columns
     from ..analysis.estimators.quantities import quantity
     from ..errors import ConfigError
 
@@ -51,7 +52,9 @@ def quantity_series(records) -> list[tuple[str, str]]:
     for rec in records:
         measure = (getattr(rec, "tracking", None) or {}).get("measure")
         for name in measure.split(",") if isinstance(measure, str) else ():
-            if _QUANTITY_NAME.fullmatch(name) and name not in names:
+            # tracking never writes a quantity over its own columns: such a name is not a quantity's
+            if _QUANTITY_NAME.fullmatch(name) and name not in names and \
+                    not any(own_column(c) for c in quantity_columns(name)):
                 names.append(name)
     out = []
     for name in names:
@@ -80,6 +83,11 @@ def _target(rec, row) -> float | None:
     if target is None:
         target = (getattr(rec, "tracking", None) or {}).get("trace_rtol")
     return float(target) if isinstance(target, (int, float)) and not isinstance(target, bool) else None
+
+
+def _stated_errors(records, column: str) -> bool:
+    """Whether any run states a finite standard error for a point of ``column``."""
+    return any(np.isfinite(se) for rec in records for se, _ in _errors(rec, column).values())
 
 
 def _errors(rec, column: str) -> dict:
@@ -116,12 +124,13 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
     parts = sorted({r.partition for r in records})
     styles = line_styles(methods)
     several = any(sum(r.method == m and r.partition == p for r in records) > 1 for m in methods for p in parts)
-    traced = any(_errors(r, "hessian_trace") for r in records)
-    measured = len(estimated) > 1 and any(col in estimated for col, _ in rows)
+    traced = any(col == "hessian_trace" for col, _ in rows)
+    measured = any(col in estimated and _stated_errors(records, col) for col, _ in rows if col != "hessian_trace")
+    barred = " and ".join(what for what, drawn in (("trace", traced), ("measured quantities", measured)) if drawn)
     notes = ("lines: mean over seeds, bands: their range" if several else "",
-             f"{'trace and measured quantities' if measured else 'trace'}: bars +-{TRACE_INTERVAL_SE:g} standard "
-             "errors" + (", circled points: standard error above the run's target (unresolved)" if traced else "")
-             if traced or measured else "")
+             f"{barred}: bars +-{TRACE_INTERVAL_SE:g} standard errors" +
+             (", circled points: standard error above the run's target (unresolved)" if traced else "")
+             if barred else "")
     subtitle = "; ".join(s for s in (subtitle, *notes) if s)
     for k, line in enumerate(textwrap.wrap(shown(subtitle, 2 * 170), 170)[:2]):
         fig.text(0.5, 0.935 - 0.022 * k, line, ha="center", fontsize=8.5)

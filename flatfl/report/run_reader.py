@@ -6,6 +6,8 @@ The folder names are :mod:`flatfl.run_layout`'s; the file formats are read by :m
 """
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -40,6 +42,11 @@ def measured_round(data: dict | None) -> int | None:
     return r if isinstance(r, int) and not isinstance(r, bool) else None
 
 
+def _round_number(value) -> bool:
+    """A round of metrics.csv: a whole number from 0 to 10^9."""
+    return value is not None and math.isfinite(value) and value == int(value) and 0 <= value <= 10 ** 9
+
+
 def read_metrics(path: Path) -> list[dict]:
     """metrics.csv's rows, every value a float (None where empty or not a number); [] without the file."""
     from .bounded import csv_rows
@@ -61,6 +68,9 @@ def read_metrics(path: Path) -> list[dict]:
                 parsed[k] = float(v) if isinstance(v, str) and v != "" else None
             except ValueError:
                 parsed[k] = None
+        if "round" in parsed and not _round_number(parsed["round"]):  # the key of every curve drawn from it
+            raise ConfigError(f"{path} line {line}: the round {row['round']!r} is not a round number; the file is "
+                              "damaged or not flatfl's")
         rows.append(parsed)
     return rows
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -40,19 +41,42 @@ from ..operators.curvatures import curvature_operator
 from ..operators.distributed import over_ranks
 from ..operators.hessian import HessianOperator
 
-__all__ = ["CurvatureTracker", "curvature_observer", "tracking_columns", "trace_resolved"]
+__all__ = ["CurvatureTracker", "curvature_observer", "tracking_columns", "quantity_columns", "own_column",
+           "trace_resolved"]
+
+
+TRACE_COLUMNS = ("hessian_trace", "hessian_trace_se", "hessian_trace_target", "hessian_trace_budget")
+ROUND_COLUMNS = ("hessian_loss", "hessian_all_loss", "hessian_hvps", "hessian_status")
+
+
+def own_column(column: str) -> bool:
+    """Whether ``column`` is one of curvature tracking's own (the eigenvalues', the trace's, the round's), which no
+    measured quantity's column may be, with whatever settings: a reader could not tell them apart."""
+    fixed = ("hessian_top", *TRACE_COLUMNS, *ROUND_COLUMNS)
+    return column in fixed or re.fullmatch(r"hessian_eig\d+", column) is not None
+
+
+def quantity_columns(name: str) -> list[str]:
+    """A tracked quantity's metrics.csv columns: its estimate and its standard error."""
+    return [f"hessian_{name}", f"hessian_{name}_se"]
 
 
 def tracking_columns(settings: HessianSettings) -> list[str]:
-    """The metrics.csv columns of curvature tracking with these settings."""
+    """The metrics.csv columns of curvature tracking with these settings; a quantity whose column is tracking's own
+    or another quantity's is one ConfigError line."""
     cols = []
     if settings.top:
         cols += ["hessian_top"] + [f"hessian_eig{i}" for i in range(2, settings.top + 1)]
     if settings.trace:
-        cols += ["hessian_trace", "hessian_trace_se", "hessian_trace_target", "hessian_trace_budget"]
+        cols += list(TRACE_COLUMNS)
     for name in settings.quantities:  # each measured quantity (--track-measure): its estimate and standard error
-        cols += [f"hessian_{name}", f"hessian_{name}_se"]
-    return cols + ["hessian_loss", "hessian_all_loss", "hessian_hvps", "hessian_status"]
+        for column in quantity_columns(name):
+            if own_column(column) or column in cols:
+                raise ConfigError(f"--track-measure {name}: the quantity's metrics.csv column {column} is "
+                                  f"{'curvature tracking' if own_column(column) else 'another quantity'}'s own; "
+                                  "it can be measured by flatfl hessian --measure, not tracked")
+        cols += quantity_columns(name)
+    return cols + list(ROUND_COLUMNS)
 
 
 def trace_resolved(trace: float, stderr: float, target: float | None) -> bool:
@@ -137,8 +161,9 @@ class CurvatureTracker:
             if not trace_resolved(row["hessian_trace"], row["hessian_trace_se"], s.trace_rtol):
                 row["hessian_status"] = "unresolved"
         for name, record in (report.get("quantities") or {}).items():
-            row[f"hessian_{name}"] = float(record["estimate"])
-            row[f"hessian_{name}_se"] = None if record.get("stderr") is None else float(record["stderr"])  # blank
+            value, se = quantity_columns(name)
+            row[value] = float(record["estimate"])
+            row[se] = None if record.get("stderr") is None else float(record["stderr"])  # blank
         average_model = Checkpoint(payload, path, device=s.device, which="all").model
         average = over_ranks(lambda shard: HessianOperator(average_model, shard, mode="eval"), self._batches)
         row["hessian_all_loss"] = average.loss()

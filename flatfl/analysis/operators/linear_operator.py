@@ -16,7 +16,8 @@ directly:
 * ``release()``: free what the operator keeps between products (nothing, for most);
 * ``product_error_along(V)``: the products' relative error measured along given directions (None when exact);
 * ``locked``: the orthonormal rows ``X`` taken out of the operator (:class:`DeflatedOperator`), else None;
-* ``product_source``: the operator whose products its ``hvps`` counts (itself, but for a multiple of another);
+* ``product_source``: the operator whose products its ``hvps`` counts (itself, but for a multiple or a deflation of
+  another: :class:`TransformedOperator`);
 * ``as_linear_operator()``: the operator as a ``scipy.sparse.linalg.LinearOperator`` in its own dtype, for scipy's
   solvers (``eigsh``, ``cg``, ``lobpcg``...); every operator inherits it.
 
@@ -274,8 +275,10 @@ class DerivedOperator(CurvatureOperator):
 
 class TransformedOperator(DerivedOperator):
     """An operator each of whose products is one of ``op``'s, transformed exactly (a multiple, a projection): the
-    products it counts (``hvps``, ``product_source``), their method and their errors are ``op``'s, read when asked (a
-    finite-difference operator states its error after its first product); ``release`` frees ``op``'s."""
+    products it counts (``hvps``, ``product_source``), their method, and the relative errors ``op`` states and
+    measures, read when asked (a finite-difference operator states its error after its first product); ``release``
+    frees ``op``'s. For a multiple those errors are its own; a projection ``P H P`` can make a product's relative
+    error larger than ``op``'s where ``H P v`` lies mostly along the removed vectors (not eigenvectors)."""
 
     hvps = ForwardedMember()
     product_source = ForwardedMember()
