@@ -73,6 +73,29 @@ def test_a_diagonal_matrix_gives_the_exact_norm_without_variance():
     assert record["stderr"] > 0 and abs(record["estimate"] - float((A ** 2).sum())) <= 4 * record["stderr"]
 
 
+def test_the_diagonals_squared_norm_is_the_dense_hessians(trained):
+    """--measure diagonal on the trained network (227 parameters): within 4 standard errors of sum_i H_ii^2 of the
+    dense Hessian (numpy), stopped at --trace-rtol in whole pairs; on a diagonal matrix every pair gives the value
+    exactly (standard error 0); a budget of one product is refused in one line."""
+    model, x, y = trained
+    truth = float(np.sum(np.diag(dense_hessian(model, x, y)) ** 2))
+    settings = HessianSettings(top=0, trace=False, measure="diagonal", trace_hvps=4000, trace_rtol=0.02)
+    report, _, _ = compute(HessianOperator(model, (x, y)), settings)
+    record = report["quantities"]["diagonal"]
+    assert abs(record["estimate"] - truth) <= 4 * record["stderr"], (record, truth)
+    assert record["target_reached"] and record["hvps"] == 2 * record["pairs"] < settings.trace_hvps
+    frobenius = float(np.sum(dense_hessian(model, x, y) ** 2))
+    assert truth < frobenius  # the couplings left out: a different number from the Frobenius norm
+    d = torch.tensor([3.0, -2.0, 0.5, 7.0, -1.25], dtype=torch.float64)
+    report, _, _ = compute(MatrixOperator(torch.diag(d)), HessianSettings(top=0, trace=False, measure="diagonal",
+                                                                          trace_hvps=13, trace_rtol=None))
+    record = report["quantities"]["diagonal"]
+    assert record["estimate"] == pytest.approx(float((d ** 2).sum()), rel=1e-15) and record["stderr"] == 0.0
+    assert record["hvps"] == 12 and record["pairs"] == 6  # the 13th product would start a pair it cannot finish
+    with pytest.raises(ConfigError, match="--measure diagonal takes two products a sample: --trace-hvps 1"):
+        compute(MatrixOperator(torch.diag(d)), HessianSettings(top=0, trace=False, measure="diagonal", trace_hvps=1))
+
+
 def _exact_diagonal_sum(op, settings, seed):
     """A quantity of a plug-in's: the trace from the products of the unit vectors (exact, no error)."""
     eye = torch.eye(op.dim, dtype=op.dtype, device=op.device)
@@ -173,6 +196,10 @@ def test_an_analysis_with_other_quantities_is_not_replaced(tiny, tmp_path):
     r, h = analyse_tiny(tiny, tmp_path / "h", "--measure", "frobenius", "--samples", "32", "--trace-hvps", "20",
                         "--top", "0")
     assert r.exit_code == 0, r.output
+    record = h["quantities"]["frobenius"]  # 20 products: above its 1% target, which its line says as the trace's does
+    assert record["target_reached"] is False and record["relative_stderr"] > 0.01
+    assert (f"(hutchinson on H^2, 20 HVPs; the target of 1% relative error was not reached in the budget "
+            f"({100 * record['relative_stderr']:.3g}% at 20 HVPs))") in r.output, r.output
     r2, _ = analyse_tiny(tiny, tmp_path / "h", "--samples", "32", "--trace-hvps", "20", "--top", "0")
     assert r2.exit_code == 2 and "--measure frobenius there, none here" in r2.output, r2.output
     assert json.loads((tmp_path / "h" / "hessian.json").read_text()) == h
@@ -291,7 +318,7 @@ def test_quantity_plugins_load_in_isolation_and_the_built_ins_without_torch(tmp_
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["('frobenius', 'plugged')", "False"]  # found, listed, torch never imported
+    assert r.stdout.splitlines() == ["('diagonal', 'frobenius', 'plugged')", "False"]  # found, listed, torch never imported
     warnings = r.stderr.strip().splitlines()
     assert len(warnings) == 2, warnings
     assert warnings[0].startswith("flatfl: warning: the quantity plug-in broken = qplugmod:raises of the "

@@ -66,7 +66,7 @@ Your own model, PyHessian's calls with the import changed (:mod:`flatfl.analysis
   (:mod:`flatfl.analysis.operators.combined`).
 * :class:`Quantity` and :func:`register_quantity`: a measured quantity of the operator beside the eigenvalues and the
   trace (``flatfl hessian --measure``; :mod:`flatfl.analysis.estimators.quantities`, where each module is a built-in
-  one: the squared Frobenius norm).
+  one: the squared Frobenius norm, the squared norm of the diagonal).
 * :func:`cross_client_metrics` ``(operators, *, protocol="default", probes=100, groups=10, seed=0, ...) ->
   ClientMetrics`` and :func:`pairwise_metrics` ``(diagonals)``: H_N and H_D across clients
   (:mod:`flatfl.analysis.estimators.client_metrics`).
