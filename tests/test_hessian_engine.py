@@ -361,6 +361,23 @@ def test_hutchpp_beats_hutchinson_on_a_decaying_spectrum():
     assert hpp.stderr < hutch.stderr / 5
 
 
+def test_a_hutchpp_sketch_of_the_whole_space_states_its_rounding_not_zero():
+    """A sketch as wide as the space (float32 products): the samples' spread is ~0, so the standard error is the
+    rounding bound of the sketch's products (sqrt(dim) eps sum ||H q||), which covers the distance to the float64
+    trace; it was 1e-25 before the bound."""
+    rng = np.random.default_rng(4)
+    n = 300
+    Q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    spectrum = rng.normal(size=n) * 10.0
+    A = (Q * spectrum) @ Q.T
+    result = hutchpp_trace(MatrixOperator(torch.tensor(A, dtype=torch.float32)), max_hvps=2 * n + 20,
+                           sketch_size=n, seed=0)
+    floor = result.info["rounding_floor"]
+    assert floor > 0 and result.stderr >= floor and result.stderr == pytest.approx(floor, rel=1e-12)
+    assert abs(result.estimate - spectrum.sum()) <= result.stderr
+    assert floor <= 1e-4 * np.abs(spectrum).sum()  # the bound of float32 products, not a loose guess
+
+
 def test_trace_stops_at_target_relative_error_and_is_deterministic():
     op = operator("mlp")
     result = hutchinson_trace(op, rtol=0.05, max_hvps=1000, min_samples=10, seed=3)

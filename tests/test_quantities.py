@@ -96,6 +96,20 @@ def test_the_diagonals_squared_norm_is_the_dense_hessians(trained):
         compute(MatrixOperator(torch.diag(d)), HessianSettings(top=0, trace=False, measure="diagonal", trace_hvps=1))
 
 
+def test_a_zero_curvature_and_a_single_sample_are_results_not_refusals():
+    """A zero matrix (a loss linear in the parameters): each quantity is 0 +- 0, its target reached; one pair of
+    probes: an estimate without a standard error, its target not reached (relative_stderr None), as one trace probe."""
+    zero = MatrixOperator(torch.zeros(5, 5, dtype=torch.float64))
+    report, _, _ = compute(zero, HessianSettings(top=0, trace=False, measure="diagonal,frobenius", trace_hvps=40))
+    for record in report["quantities"].values():
+        assert record["estimate"] == 0.0 and record["stderr"] == 0.0 and record["target_reached"] is True
+    d = torch.diag(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)) + 0.5
+    report, _, _ = compute(MatrixOperator(d), HessianSettings(top=0, trace=False, measure="diagonal", trace_hvps=3))
+    record = report["quantities"]["diagonal"]
+    assert record["pairs"] == 1 and record["stderr"] is None
+    assert record["relative_stderr"] is None and record["target_reached"] is False
+
+
 def _exact_diagonal_sum(op, settings, seed):
     """A quantity of a plug-in's: the trace from the products of the unit vectors (exact, no error)."""
     eye = torch.eye(op.dim, dtype=op.dtype, device=op.device)

@@ -362,6 +362,24 @@ def test_a_quantity_named_like_trackings_own_columns_is_refused_before_training(
         assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / name).exists()
 
 
+def test_a_tracked_quantity_above_its_target_marks_the_round_and_one_that_cannot_run_is_refused(tmp_path):
+    """A quantity stopped by its budget above its target (trace_rtol) makes the round unresolved, as a trace does;
+    settings under which a quantity spends no product (a config file's trace_hvps 1 for the diagonal's pairs) are
+    refused before training, in one line naming --track-measure."""
+    r = train("--rounds", "1", "--track-hessian", "1", "--track-top", "0", "--track-samples", "32",
+              "--track-measure", "diagonal", "--out", str(tmp_path / "run"))
+    assert r.exit_code == 0, r.output
+    (last,) = rows(tmp_path / "run")
+    value, se = float(last["hessian_diagonal"]), float(last["hessian_diagonal_se"])
+    assert last["hessian_status"] == ("unresolved" if se > 0.1 * abs(value) else "ok")
+    assert last["hessian_status"] == "unresolved"  # 32 samples, 300 products: above 10% (seed 0)
+    config = tmp_path / "c.toml"
+    config.write_text('rounds = 1\ntrack_hessian = 1\n[track_hessian_settings]\ntrace_hvps = 1\nmeasure = "diagonal"\n')
+    r = train("--config", str(config), "--out", str(tmp_path / "x"))
+    assert r.exit_code == 2 and "--track-measure diagonal: the quantity spends no product" in r.output, r.output
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_metrics_file_whose_round_is_not_a_round_number_is_named(tmp_path):
     from flatfl.report.records import load_run
 
@@ -373,6 +391,51 @@ def test_a_metrics_file_whose_round_is_not_a_round_number_is_named(tmp_path):
         (run / "metrics.csv").write_text("\n".join([lines[0], bad + lines[1][lines[1].index(","):], lines[2]]) + "\n")
         with pytest.raises(ConfigError, match=f"metrics.csv line 2: the round '{bad}' is not a round number"):
             load_run(run)
+
+
+def test_the_curvature_page_reads_a_quantity_only_from_the_runs_that_tracked_it():
+    """A run's hessian_<name> column counts only where its tracking measured <name>; a second run of a seed counts
+    once (as in the tables); a quantity above the run's target is circled; a standard error that is no standard
+    error (negative, infinite) draws no bar."""
+    from types import SimpleNamespace
+
+    from matplotlib.container import ErrorbarContainer
+
+    from flatfl.report.curvature import curvature_page
+
+    def record(method, seed, measure, values, ses, name="r"):
+        curve = [{"round": float(r), "hessian_top": 2.0, "hessian_frobenius": v, "hessian_frobenius_se": e,
+                  "hessian_status": "ok"} for r, v, e in zip((1, 2), values, ses)]
+        return SimpleNamespace(method=method, partition="iid", seed=seed, curve=curve, name=name,
+                               tracking={"measure": measure, "trace_rtol": 0.1})
+
+    runs = [record("FedAvg", 0, "frobenius", [10.0, 20.0], [0.5, 5.0], "a"),
+            record("FedAvg", 0, "frobenius", [99.0, 99.0], [0.1, 0.1], "b"),  # seed 0 again: counts once
+            record("FedAvg+MAN", 0, "other", [7.0, 7.0], [0.1, 0.1])]  # a column of a quantity it did not track
+    fig = curvature_page("t", runs, ["FedAvg", "FedAvg+MAN"])
+    axis = next(ax for ax in fig.axes if ax.get_ylabel().startswith("squared Frobenius"))
+    drawn = [ln for ln in axis.lines if not ln.get_label().startswith("_")]
+    assert [(ln.get_label(), list(ln.get_ydata())) for ln in drawn] == [("FedAvg (n=1)", [10.0, 20.0])]
+    (ring,) = [ln for ln in axis.lines if ln.get_label() == "_unresolved"]  # 5 > 10% of 20
+    assert list(ring.get_xdata()) == [2]
+    fig = curvature_page("t", [record("FedAvg", 0, "frobenius", [10.0, 20.0], [-1.0, float("inf")])], ["FedAvg"])
+    axis = next(ax for ax in fig.axes if ax.get_ylabel().startswith("squared Frobenius"))
+    assert not [c for c in axis.containers if isinstance(c, ErrorbarContainer)]
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda h, r: (h, ",".join(r.split(",")[:1] + ["1e308"] + r.split(",")[2:])), "is beyond what flatfl writes"),
+    (lambda h, r: (h + ",round", r + ",1"), "column round named twice in the header"),
+])
+def test_a_metrics_file_with_an_impossible_value_or_a_column_twice_is_named(tmp_path, change, message):
+    from flatfl.report.records import load_run
+
+    run = tmp_path / "run"
+    assert train("--rounds", "1", "--out", str(run)).exit_code == 0
+    header, row = change(*(run / "metrics.csv").read_text().splitlines()[:2])
+    (run / "metrics.csv").write_text(header + "\n" + row + "\n")
+    with pytest.raises(ConfigError, match=message):
+        load_run(run)
 
 
 def test_the_curvature_page_draws_the_trace_interval_and_marks_unresolved_points():

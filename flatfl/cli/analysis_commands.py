@@ -92,10 +92,11 @@ def _target_missed(record: dict) -> str:
     (a trace, a measured quantity) stopped at its budget above its target, else ''."""
     target, relative, hvps = record.get("target_rtol"), record.get("relative_stderr"), record.get("hvps")
     if record.get("target_reached") is not False or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                            for v in (target, relative, hvps)):
+                                                            for v in (target, hvps)):
         return ""
-    return (f"; the target of {100 * target:.3g}% relative error was not reached in the budget "
-            f"({100 * relative:.3g}% at {hvps} HVPs)")
+    reached = f"{100 * relative:.3g}%" if isinstance(relative, (int, float)) and not isinstance(relative, bool) \
+        else "no relative standard error"
+    return f"; the target of {100 * target:.3g}% relative error was not reached in the budget ({reached} at {hvps} HVPs)"
 
 
 @click.command(epilog=HESSIAN_EPILOG)

@@ -61,12 +61,15 @@ def csv_rows(text: str, path) -> tuple[list[str], list[tuple[int, dict]]]:
     """The header and the rows (with their line numbers, counting from 2 for the first row) of CSV ``text`` read
     from ``path``, each cell as it was before flatfl neutralised it for spreadsheets
     (:func:`flatfl.utils.csv_cells.read_csv_cell`); a field over :data:`MAX_FIELD_CHARS` characters, or text csv
-    cannot read, is one ConfigError line naming the file."""
+    cannot read, or a column named twice, is one ConfigError line naming the file."""
     rows = []
     with field_limit():
         reader = csv.DictReader(io.StringIO(text, newline=""))
         try:
             fields = [read_csv_cell(f) for f in reader.fieldnames or []]
+            twice = sorted({f for f in fields if fields.count(f) > 1})
+            if twice:  # csv would keep the last column of the name: one column read as another
+                raise ConfigError(f"{path}: column {', '.join(twice[:3])} named twice in the header")
             reader.fieldnames = fields
             for row in reader:
                 rows.append((reader.line_num, {k: read_csv_cell(v) if isinstance(v, str) else v

@@ -36,28 +36,33 @@ SERIES = (("hessian_top", "top Hessian eigenvalue"), ("hessian_trace", "Hessian 
           ("hessian_loss", "training loss (evaluation sample)"))
 
 
+#: the columns of every tracking (a quantity's are read only from the runs that tracked it)
+FIXED_COLUMNS = {col for col, _ in SERIES}
+
 #: a quantity's name as the registry takes it (a tracking's ``measure`` is read from other people's files)
 _QUANTITY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
-def quantity_series(records) -> list[tuple[str, str]]:
-    """(metrics.csv column, axis label) of each measured quantity the runs tracked (config.json's tracking
-    ``measure``: names separated by commas), in the order first met; a registered quantity labelled by its title,
-    another (a plug-in not installed here) by its name."""
+def _tracked_names(rec) -> list[str]:
+    """The measured quantities a run tracked (config.json's tracking ``measure``, names separated by commas), those a
+    tracking can write only: a name whose column is tracking's own, or another quantity's standard error, is not one."""
     from ..analysis.commands.tracking import own_column, quantity_columns
+
+    measure = (getattr(rec, "tracking", None) or {}).get("measure")
+    names = [n for n in measure.split(",") if _QUANTITY_NAME.fullmatch(n)] if isinstance(measure, str) else []
+    return [n for n in dict.fromkeys(names) if not any(own_column(c) for c in quantity_columns(n))
+            and not (n.endswith("_se") and n[:-3] in names)]
+
+
+def quantity_series(records) -> list[tuple[str, str]]:
+    """(metrics.csv column, axis label) of each measured quantity the runs tracked (:func:`_tracked_names`), in the
+    order first met; a registered quantity labelled by its title, another (a plug-in not installed here) by its
+    name."""
     from ..analysis.estimators.quantities import quantity
     from ..errors import ConfigError
 
-    names: list[str] = []
-    for rec in records:
-        measure = (getattr(rec, "tracking", None) or {}).get("measure")
-        for name in measure.split(",") if isinstance(measure, str) else ():
-            # tracking never writes a quantity over its own columns: such a name is not a quantity's
-            if _QUANTITY_NAME.fullmatch(name) and name not in names and \
-                    not any(own_column(c) for c in quantity_columns(name)):
-                names.append(name)
     out = []
-    for name in names:
+    for name in dict.fromkeys(n for rec in records for n in _tracked_names(rec)):
         try:
             title = quantity(name).title
         except ConfigError:
@@ -73,6 +78,10 @@ def has_curvature(records) -> bool:
 
 
 def _series(rec, column: str) -> dict:
+    """round -> a run's value of ``column``; a quantity's column only where the run tracked that quantity (another
+    run's column of that name is something else: a plug-in of another meaning)."""
+    if column not in FIXED_COLUMNS and column[len("hessian_"):] not in _tracked_names(rec):
+        return {}
     return {int(row["round"]): row[column] for row in rec.curve
             if row.get(column) is not None and row.get("round") is not None}
 
@@ -92,18 +101,35 @@ def _stated_errors(records, column: str) -> bool:
 
 def _errors(rec, column: str) -> dict:
     """round -> (standard error, resolved) of a run's tracked trace or quantity (``column``; its standard error in
-    ``column + "_se"``, nan where none): a trace is resolved where its standard error meets the run's target, a
-    quantity (no target) always."""
+    ``column + "_se"``; nan where none is stated or the cell is no standard error: negative, infinite). Resolved:
+    the standard error meets the run's target (the trace's, which a quantity shares); a quantity that states none is
+    resolved unless its round was marked unresolved."""
     out = {}
-    for row in rec.curve:
-        if row.get("round") is None or row.get(column) is None:
-            continue
-        se, value = row.get(f"{column}_se"), row[column]
-        target = _target(rec, row) if column == "hessian_trace" else None
-        se = float(se) if se is not None and np.isfinite(se) else float("nan")
-        resolved = target is None or (np.isfinite(se) and se <= target * abs(value))
-        out[int(row["round"])] = (se, bool(resolved))
+    rows = {int(r["round"]): r for r in rec.curve if r.get("round") is not None}  # the last of a round, as _series
+    for rnd, value in _series(rec, column).items():
+        row = rows[rnd]
+        se, target = row.get(f"{column}_se"), _target(rec, row)
+        se = float(se) if se is not None and np.isfinite(se) and se >= 0 else float("nan")
+        if np.isfinite(se) or column == "hessian_trace":
+            resolved = target is None or (np.isfinite(se) and se <= target * abs(value))
+        else:
+            resolved = row.get("hessian_status") != "unresolved"
+        out[rnd] = (se, bool(resolved))
     return out
+
+
+def _one_per_seed(records) -> list:
+    """A second run of a seed (of one method and partition) counts once, as in the tables: the run with the most
+    curvature points is kept, then the first by name (runs with no seed are each their own)."""
+    def points(r) -> int:
+        return sum(row.get(col) is not None for row in r.curve for col, _ in SERIES[:2] + tuple(quantity_series([r])))
+
+    kept: dict = {}
+    for r in sorted(records, key=lambda r: (-points(r), str(getattr(r, "name", "")))):
+        seed = getattr(r, "seed", None)
+        kept.setdefault((r.method, r.partition, seed) if seed is not None else id(r), r)
+    chosen = {id(r) for r in kept.values()}
+    return [r for r in records if id(r) in chosen]
 
 
 def curvature_page(title: str, records, methods: list[str], subtitle: str = "") -> Figure:
@@ -114,8 +140,8 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
     FigureCanvasAgg(fig)
     fig.suptitle(title, fontsize=12, weight="bold", y=0.975)
     # the page draws the Hessian: runs that tracked another curvature (config.json's tracking) are left out
-    records = [r for r in records if r.method in methods
-               and (getattr(r, "tracking", None) or {}).get("curvature", "hessian") == "hessian"]
+    records = _one_per_seed([r for r in records if r.method in methods
+                             and (getattr(r, "tracking", None) or {}).get("curvature", "hessian") == "hessian"])
     methods = [m for m in methods if any(r.method == m for r in records)]
     quantities = quantity_series(records)
     rows = [(col, label) for col, label in SERIES[:2] + tuple(quantities) + SERIES[2:]  # the loss last
@@ -179,7 +205,12 @@ def _draw_errors(ax, xs, means, errors: list[dict], st: dict) -> None:
     missed its target."""
     se = np.array([[e.get(x, (float("nan"), False))[0] for x in xs] for e in errors])
     resolved = np.array([[e.get(x, (float("nan"), False))[1] for x in xs] for e in errors])
-    mean_se = np.sqrt(np.mean(se ** 2, axis=0) / se.shape[0])  # nan where a seed has no standard error
+    # the root-mean-square over the seeds over sqrt(seeds), scaled so that squares of large errors do not overflow;
+    # nan where a seed has no standard error
+    top = np.where(np.isfinite(se), se, 0.0).max(axis=0, initial=0.0)
+    scale = np.where(top > 0, top, 1.0)
+    mean_se = scale * np.sqrt(np.mean((se / scale) ** 2, axis=0) / se.shape[0])
+    mean_se = np.where(np.isfinite(mean_se), mean_se, np.nan)
     if not np.isfinite(mean_se).any() and resolved.all():
         return  # a quantity that states no standard error: no bars
     ax.errorbar(xs, means, yerr=TRACE_INTERVAL_SE * np.where(np.isfinite(mean_se), mean_se, 0.0), fmt="none",

@@ -48,7 +48,10 @@ def _round_number(value) -> bool:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """metrics.csv's rows, every value a float (None where empty or not a number); [] without the file."""
+    """metrics.csv's rows, every value a float (None where empty or not a number); [] without the file. A round that
+    is not a whole number, a value beyond what result files hold (MAX_MAGNITUDE) or a column named twice is one line
+    naming the file."""
+    from ..analysis.commands.result_files import MAX_MAGNITUDE
     from .bounded import csv_rows
 
     if not path.is_file():
@@ -68,6 +71,11 @@ def read_metrics(path: Path) -> list[dict]:
                 parsed[k] = float(v) if isinstance(v, str) and v != "" else None
             except ValueError:
                 parsed[k] = None
+        huge = next((k for k, v in parsed.items() if v is not None and math.isfinite(v) and abs(v) > MAX_MAGNITUDE),
+                    None)
+        if huge is not None:  # beyond anything flatfl records (and what a figure's axis can draw)
+            raise ConfigError(f"{path} line {line}: {huge} {row[huge]!r} is beyond what flatfl writes "
+                              f"(+-{MAX_MAGNITUDE:g}); the file is damaged or not flatfl's")
         if "round" in parsed and not _round_number(parsed["round"]):  # the key of every curve drawn from it
             raise ConfigError(f"{path} line {line}: the round {row['round']!r} is not a round number; the file is "
                               "damaged or not flatfl's")

@@ -277,9 +277,6 @@ def read_runs_csv(path) -> list[CsvRunRecord]:
     if lacking:
         raise ConfigError(f"{path}: not a flatfl runs.csv (no column {', '.join(lacking[:4])}"
                           f"{', ...' if len(lacking) > 4 else ''})")
-    twice = sorted({c for c in header if header.count(c) > 1})
-    if twice:
-        raise ConfigError(f"{path}: column {', '.join(twice[:3])} named twice in the header")
     if not rows:
         raise ConfigError(f"{path}: a header and no runs")
     records, seen, known = [], {}, _known_columns()

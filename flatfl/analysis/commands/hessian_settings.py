@@ -251,7 +251,8 @@ def tracking_settings(overrides: dict | None = None, device: str = "cpu") -> Hes
     try:
         settings = HessianSettings(**{**TRACKING_DEFAULTS, **overrides, "device": device}).validate()
     except ConfigError as e:  # named as given: --track-top / --track-samples on the command line
-        message = str(e).replace("--top ", "--track-top ").replace("--samples ", "--track-samples ")
+        message = str(e).replace("--top ", "--track-top ").replace("--samples ", "--track-samples ") \
+            .replace("--measure ", "--track-measure ")
         raise ConfigError(f"curvature tracking (--track-hessian): {message}") from None
     if not (settings.top or settings.trace or settings.quantities):
         raise ConfigError("curvature tracking needs top >= 1, trace or a measured quantity")

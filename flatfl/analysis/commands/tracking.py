@@ -16,9 +16,9 @@ products it may spend), ``hessian_<name>`` and ``hessian_<name>_se`` for each me
 ``hessian_all_loss`` (the same for the average of all clients' latest models), ``hessian_hvps``, ``hessian_status``;
 and ``observer_seconds`` (cumulative seconds spent here, written by the engine).
 
-``hessian_status``: ``ok``; ``unresolved`` when the trace's standard error is still above its target times
-``|trace|`` at the budget (the point is drawn hollow, with its interval, in the report: the value is not known to
-the target); ``failed`` when the analysis of that round failed (e.g. non-finite weights after a divergent step):
+``hessian_status``: ``ok``; ``unresolved`` when the trace's standard error, or a measured quantity's, is still above
+its target times the value at the budget (the point is circled, with its interval, in the report: the value is not
+known to the target); ``failed`` when the analysis of that round failed (e.g. non-finite weights after a divergent step):
 one line names it, the curvature columns stay blank and training goes on.
 
 The settings are checked against the network before the first round (:meth:`CurvatureTracker.check_model`), so
@@ -36,7 +36,7 @@ from ...checkpoint import FINAL_FILE, Checkpoint
 from ...errors import ConfigError
 from .hessian_settings import TRACKING_FIELDS, HessianSettings, tracking_settings
 from .hessian_command import compute
-from ..estimators.quantities import measure_record
+from ..estimators.quantities import measure_record, quantity
 from ..operators.curvatures import curvature_operator
 from ..operators.distributed import over_ranks
 from ..operators.hessian import HessianOperator
@@ -119,6 +119,10 @@ class CurvatureTracker:
         if self.hessian.top > dim:
             raise ConfigError(f"--track-top {self.hessian.top} is larger than the number of parameters of the model "
                               f"({dim})")
+        for name in self.hessian.quantities:  # one that can spend no product with these settings would fail each round
+            if quantity(name).bound(self.hessian, dim) < 1:
+                raise ConfigError(f"--track-measure {name}: the quantity spends no product with these settings "
+                                  f"(trace_hvps {self.hessian.trace_hvps}); give it a larger budget")
 
     def __call__(self, payload: dict, run_dir) -> dict:
         """The row of a tracked round; a failure is one line and a ``failed`` row (training goes on)."""
@@ -164,6 +168,8 @@ class CurvatureTracker:
             value, se = quantity_columns(name)
             row[value] = float(record["estimate"])
             row[se] = None if record.get("stderr") is None else float(record["stderr"])  # blank
+            if record.get("target_reached") is False:  # stopped by its budget above its target, as a trace can be
+                row["hessian_status"] = "unresolved"
         average_model = Checkpoint(payload, path, device=s.device, which="all").model
         average = over_ranks(lambda shard: HessianOperator(average_model, shard, mode="eval"), self._batches)
         row["hessian_all_loss"] = average.loss()

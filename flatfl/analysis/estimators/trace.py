@@ -25,6 +25,7 @@ import torch
 from ...errors import ConfigError
 from ..operators.linear_operator import CurvatureOperator, as_operator, block_size_for
 from ..operators.vectors import random_block, seeded_generator
+from .eigen import rounding_floor
 
 __all__ = ["TraceResult", "target_info", "hutchinson_trace", "hutchpp_trace", "pyhessian_trace", "exact_trace",
            "hutchinson_diagonal", "probe_samples", "standard_error"]
@@ -56,13 +57,16 @@ def standard_error(samples) -> float:
 
 def target_info(estimate: float, stderr: float, rtol: float | None) -> dict:
     """What a relative-error target bought: ``{"target_rtol", "relative_stderr", "target_reached"}`` (empty
-    without a target). A target not reached means the budget stopped the estimator: every product was spent and the
+    without a target; ``relative_stderr`` None where there is none: one sample, or a spread around 0; a standard error
+    of 0 reaches any target). A target not reached means the budget stopped the estimator: every product was spent and the
     error is still above what was asked (the result and ``flatfl hessian``'s trace line say so)."""
     if rtol is None:
         return {}
-    relative = stderr / abs(estimate) if estimate and math.isfinite(stderr) else math.inf
-    return {"target_rtol": float(rtol), "relative_stderr": float(relative),
-            "target_reached": bool(math.isfinite(relative) and relative <= rtol)}
+    relative = 0.0 if stderr == 0 else stderr / abs(estimate) if estimate and math.isfinite(stderr) else math.inf
+    if not math.isfinite(relative):
+        relative = None  # no standard error (one sample), or a spread around an estimate of 0
+    return {"target_rtol": float(rtol), "relative_stderr": relative,
+            "target_reached": relative is not None and relative <= rtol}
 
 
 def _check_budget(max_hvps, rtol, min_samples):
@@ -136,7 +140,8 @@ def hutchpp_trace(
 ) -> TraceResult:
     """Hutch++ with a budget of ``max_hvps`` products (sketch ``max_hvps // 3`` unless ``sketch_size`` is given).
 
-    The Hutchinson phase on the deflated operator may stop early at ``rtol`` (relative standard error).
+    The Hutchinson phase on the deflated operator may stop early at ``rtol`` (relative standard error). The standard
+    error is never below the rounding of the sketch's products (``info["rounding_floor"]``).
     """
     op = as_operator(op, "hutchpp_trace")
     _check_budget(max_hvps, rtol, min_samples)
@@ -146,7 +151,7 @@ def hutchpp_trace(
         raise ConfigError(f"a sketch of {s} vectors needs a budget of at least {2 * s + 2} products, got {max_hvps}")
     gen = seeded_generator(seed, op.device)
     block = block_size_for(op, block_size)
-    low_rank = 0.0
+    low_rank, rounding = 0.0, 0.0
     Q = None
     if s > 0:
         S = random_block("rademacher", op.dim, s, gen, op.dtype, op.device)
@@ -154,6 +159,9 @@ def hutchpp_trace(
         Q = _orthonormal_rows(Y)
         HQ = _apply_rows(op, Q, block)
         low_rank = float((Q * HQ).sum().double())
+        # each q^T (H q) is off by up to the products' rounding times ||H q|| (eigen.rounding_floor): where the sketch
+        # spans (nearly) the whole space the samples' spread is ~0 and this bound is the error
+        rounding = rounding_floor(op, float(HQ.double().norm(dim=1).sum()))
 
     def deflate(Z):
         if Q is None:
@@ -164,9 +172,12 @@ def hutchpp_trace(
 
     used, samples = probe_samples(op, deflate, gen, rtol, max_hvps - 2 * s, min_samples, block)
     estimate, stderr = low_rank + float(np.mean(samples)), standard_error(samples)
+    if math.isfinite(stderr):
+        stderr = max(stderr, rounding)  # never below what the arithmetic allows
     return TraceResult(
         estimate, stderr, used + 2 * s, "hutchpp", np.asarray(samples),
-        info={"sketch_size": s, "sketch_trace": low_rank, **target_info(estimate, stderr, rtol)},
+        info={"sketch_size": s, "sketch_trace": low_rank, "rounding_floor": rounding,
+              **target_info(estimate, stderr, rtol)},
     )
 
 
