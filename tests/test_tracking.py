@@ -380,6 +380,24 @@ def test_a_tracked_quantity_above_its_target_marks_the_round_and_one_that_cannot
     assert not (tmp_path / "x").exists()
 
 
+def test_an_observer_whose_columns_are_metrics_own_is_refused_before_training(tmp_path):
+    """An observer handed to the Trainer (the Python API) may not name a column metrics.csv has, or one twice: the
+    report would read one column as the other."""
+    from types import SimpleNamespace
+
+    from flatfl.train.config import RunConfig
+    from flatfl.train.engine import Trainer
+
+    cfg = RunConfig(dataset="digits", model="tiny", clients=2, rounds=1)
+    for columns, bad in ((["test_acc"], "test_acc"), (["x", "x"], "x"), (["observer_seconds"], "observer_seconds")):
+        observer = SimpleNamespace(columns=columns, name="mine")
+        with pytest.raises(ConfigError, match=f"the observer's column '{bad}' is metrics.csv's own or named twice"):
+            Trainer(cfg, tmp_path / "run", quiet=True, observer=observer)
+    with pytest.raises(ConfigError, match="has no list of column names"):
+        Trainer(cfg, tmp_path / "run", quiet=True, observer=SimpleNamespace(name="mine"))
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_metrics_file_whose_round_is_not_a_round_number_is_named(tmp_path):
     from flatfl.report.records import load_run
 
@@ -418,6 +436,21 @@ def test_the_curvature_page_reads_a_quantity_only_from_the_runs_that_tracked_it(
     assert [(ln.get_label(), list(ln.get_ydata())) for ln in drawn] == [("FedAvg (n=1)", [10.0, 20.0])]
     (ring,) = [ln for ln in axis.lines if ln.get_label() == "_unresolved"]  # 5 > 10% of 20
     assert list(ring.get_xdata()) == [2]
+    assert "a seed's second run drawn once: b (as a)" in " ".join(t.get_text() for t in fig.texts)
+    other = record("FedAvg", 0, "frobenius", [99.0, 99.0], [0.1, 0.1], "c")  # seed 0 of another experiment
+    runs[0].config, other.config = {"lr": 0.1}, {"lr": 0.01}
+    fig = curvature_page("t", [runs[0], other], ["FedAvg"])
+    axis = next(ax for ax in fig.axes if ax.get_ylabel().startswith("squared Frobenius"))
+    assert [ln.get_label() for ln in axis.lines if not ln.get_label().startswith("_")] == ["FedAvg (n=2)"]
+    # a quantity without a standard error of its own is not ringed for the trace's miss in its round
+    row = dict(runs[0].curve[0], hessian_trace=10.0, hessian_trace_se=5.0, hessian_frobenius_se=None,
+               hessian_status="unresolved")
+    lone = record("FedAvg", 1, "frobenius", [1.0], [None])
+    lone.curve = [row]
+    fig = curvature_page("t", [lone], ["FedAvg"])
+    rings = {ax.get_ylabel().replace("\n", " "): [ln for ln in ax.lines if ln.get_label() == "_unresolved"]
+             for ax in fig.axes}
+    assert rings["Hessian trace"] and not rings["squared Frobenius norm of the Hessian"]
     fig = curvature_page("t", [record("FedAvg", 0, "frobenius", [10.0, 20.0], [-1.0, float("inf")])], ["FedAvg"])
     axis = next(ax for ax in fig.axes if ax.get_ylabel().startswith("squared Frobenius"))
     assert not [c for c in axis.containers if isinstance(c, ErrorbarContainer)]

@@ -112,24 +112,36 @@ def _errors(rec, column: str) -> dict:
         se = float(se) if se is not None and np.isfinite(se) and se >= 0 else float("nan")
         if np.isfinite(se) or column == "hessian_trace":
             resolved = target is None or (np.isfinite(se) and se <= target * abs(value))
-        else:
-            resolved = row.get("hessian_status") != "unresolved"
+        else:  # no standard error of its own: the round's mark, unless the trace's own miss explains it
+            trace, trace_se = row.get("hessian_trace"), row.get("hessian_trace_se")
+            trace_missed = trace is not None and target is not None and not (
+                trace_se is not None and np.isfinite(trace_se) and trace_se <= target * abs(trace))
+            resolved = row.get("hessian_status") != "unresolved" or trace_missed
         out[rnd] = (se, bool(resolved))
     return out
 
 
-def _one_per_seed(records) -> list:
-    """A second run of a seed (of one method and partition) counts once, as in the tables: the run with the most
-    curvature points is kept, then the first by name (runs with no seed are each their own)."""
+def _one_per_seed(records) -> tuple[list, list]:
+    """A second run of a seed (of one method, partition and training settings: report.experiments.run_identity)
+    counts once, as in the tables: the run with the most curvature points is kept, then the first by name; runs
+    with no seed are each their own. Returns (kept, [(left out, kept instead)])."""
+    from ..utils.provenance import json_digest
+    from .experiments import run_identity
+
     def points(r) -> int:
         return sum(row.get(col) is not None for row in r.curve for col, _ in SERIES[:2] + tuple(quantity_series([r])))
 
     kept: dict = {}
+    dropped = []
     for r in sorted(records, key=lambda r: (-points(r), str(getattr(r, "name", "")))):
-        seed = getattr(r, "seed", None)
-        kept.setdefault((r.method, r.partition, seed) if seed is not None else id(r), r)
+        seed, identity = getattr(r, "seed", None), run_identity(r)
+        key = (r.method, r.partition, seed, None if identity is None else json_digest(identity)) \
+            if seed is not None else id(r)
+        if key in kept:
+            dropped.append((r, kept[key]))
+        kept.setdefault(key, r)
     chosen = {id(r) for r in kept.values()}
-    return [r for r in records if id(r) in chosen]
+    return [r for r in records if id(r) in chosen], dropped
 
 
 def curvature_page(title: str, records, methods: list[str], subtitle: str = "") -> Figure:
@@ -140,8 +152,8 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
     FigureCanvasAgg(fig)
     fig.suptitle(title, fontsize=12, weight="bold", y=0.975)
     # the page draws the Hessian: runs that tracked another curvature (config.json's tracking) are left out
-    records = _one_per_seed([r for r in records if r.method in methods
-                             and (getattr(r, "tracking", None) or {}).get("curvature", "hessian") == "hessian"])
+    records, twice = _one_per_seed([r for r in records if r.method in methods
+                                    and (getattr(r, "tracking", None) or {}).get("curvature", "hessian") == "hessian"])
     methods = [m for m in methods if any(r.method == m for r in records)]
     quantities = quantity_series(records)
     rows = [(col, label) for col, label in SERIES[:2] + tuple(quantities) + SERIES[2:]  # the loss last
@@ -154,6 +166,9 @@ def curvature_page(title: str, records, methods: list[str], subtitle: str = "") 
     measured = any(col in estimated and _stated_errors(records, col) for col, _ in rows if col != "hessian_trace")
     barred = " and ".join(what for what, drawn in (("trace", traced), ("measured quantities", measured)) if drawn)
     notes = ("lines: mean over seeds, bands: their range" if several else "",
+             "a seed's second run drawn once: " + ", ".join(f"{getattr(r, 'name', '?')} (as "
+                                                             f"{getattr(k, 'name', '?')})" for r, k in twice)
+             if twice else "",
              f"{barred}: bars +-{TRACE_INTERVAL_SE:g} standard errors" +
              (", circled points: standard error above the run's target (unresolved)" if traced else "")
              if barred else "")

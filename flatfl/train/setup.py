@@ -47,6 +47,16 @@ def check_observer(cfg: RunConfig, observer) -> None:
     if cfg.track_hessian and observer is None:
         raise ConfigError("--track-hessian needs the observer that computes the curvature: "
                           "Trainer(..., observer=flatfl.analysis.commands.tracking.curvature_observer(cfg))")
+    if observer is not None:  # its columns go beside metrics.csv's own: a name twice would be read as the other
+        from .run_folder import METRIC_COLUMNS
+
+        columns = getattr(observer, "columns", None)
+        if not isinstance(columns, (list, tuple)) or not all(isinstance(c, str) and c for c in columns):
+            raise ConfigError(f"the observer {type(observer).__name__} has no list of column names (columns)")
+        taken = [c for i, c in enumerate(columns) if c in (*METRIC_COLUMNS, "observer_seconds") or c in columns[:i]]
+        if taken:
+            raise ConfigError(f"the observer's column {taken[0]!r} is metrics.csv's own or named twice: name its "
+                              "columns apart")
 
 
 @dataclass(frozen=True)
