@@ -239,6 +239,24 @@ def test_missing_results_are_listed_then_computed(runs, tmp_path, reports_undraw
         in res.output
 
 
+def test_a_report_that_stops_midway_is_not_marked_whole(runs, tmp_path, reports_undrawn, monkeypatch):
+    """summary.json, written last, marks a whole report: a second report into the same folder that fails after its
+    tables takes the first one's summary.json away (the folder is not taken for a whole report of either)."""
+    from flatfl.report import pipeline
+
+    with reports_undrawn():
+        build_report([runs / "fedavg", runs / "fedavg-man"], tmp_path / "rep")
+    assert (tmp_path / "rep" / "summary.json").is_file()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a page could not be drawn")
+
+    monkeypatch.setattr(pipeline, "_write_effects", broken)
+    with reports_undrawn(), pytest.raises(RuntimeError, match="could not be drawn"):
+        build_report([runs / "fedavg", runs / "fedavg-man", runs / "feddyn"], tmp_path / "rep")
+    assert (tmp_path / "rep" / "report.md").is_file() and not (tmp_path / "rep" / "summary.json").exists()
+
+
 def test_user_errors_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match="holds no flatfl run"):
         build_report([tmp_path], tmp_path / "out")

@@ -262,6 +262,9 @@ def build_report(paths, out, *, tables=None, analyses: AnalysesAsked | None = No
     # ---- files
     with _said_if_interrupted(out):
         out.mkdir(parents=True, exist_ok=True)
+        # summary.json, written last, marks a whole report: an earlier report's goes first, so that a report that
+        # stops midway (an error, Ctrl-C) is never taken for whole beside the earlier one's other files
+        remove_owned(out / "summary.json")
         written = _write_tables(out, records, results, ours_scale, missing, notices)
         effects = _write_effects(out, results, ours_scale)
         # where the numbers come from heads the title page when they are a runs.csv's (its first notice)
