@@ -239,7 +239,7 @@ def test_missing_results_are_listed_then_computed(runs, tmp_path, reports_undraw
         in res.output
 
 
-def test_a_report_that_stops_midway_is_not_marked_whole(runs, tmp_path, reports_undrawn, monkeypatch):
+def test_a_report_that_stops_midway_is_not_marked_whole(runs, tmp_path, reports_undrawn):
     """summary.json, written last, marks a whole report: a second report into the same folder that fails after its
     tables takes the first one's summary.json away (the folder is not taken for a whole report of either)."""
     from flatfl.report import pipeline
@@ -251,8 +251,8 @@ def test_a_report_that_stops_midway_is_not_marked_whole(runs, tmp_path, reports_
     def broken(*args, **kwargs):
         raise RuntimeError("a page could not be drawn")
 
-    monkeypatch.setattr(pipeline, "_write_effects", broken)
-    with reports_undrawn(), pytest.raises(RuntimeError, match="could not be drawn"):
+    with reports_undrawn(), pytest.MonkeyPatch.context() as mp, pytest.raises(RuntimeError, match="could not be"):
+        mp.setattr(pipeline, "forest_figure", broken)  # the figure drawn after the tables
         build_report([runs / "fedavg", runs / "fedavg-man", runs / "feddyn"], tmp_path / "rep")
     assert (tmp_path / "rep" / "report.md").is_file() and not (tmp_path / "rep" / "summary.json").exists()
 
