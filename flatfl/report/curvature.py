@@ -16,7 +16,6 @@ large open ring around it), so a reader sees which values are not known to the t
 """
 from __future__ import annotations
 
-import re
 import textwrap
 
 import numpy as np
@@ -39,17 +38,14 @@ SERIES = (("hessian_top", "top Hessian eigenvalue"), ("hessian_trace", "Hessian 
 #: the columns of every tracking (a quantity's are read only from the runs that tracked it)
 FIXED_COLUMNS = {col for col, _ in SERIES}
 
-#: a quantity's name as the registry takes it (a tracking's ``measure`` is read from other people's files)
-_QUANTITY_NAME = re.compile(r"[a-z][a-z0-9_]*")
-
-
 def _tracked_names(rec) -> list[str]:
     """The measured quantities a run tracked (config.json's tracking ``measure``, names separated by commas), those a
     tracking can write only: a name whose column is tracking's own, or another quantity's standard error, is not one."""
     from ..analysis.commands.tracking import own_column, quantity_columns
+    from ..analysis.estimators.quantities import QUANTITY_NAME, recorded_names
 
-    measure = (getattr(rec, "tracking", None) or {}).get("measure")
-    names = [n for n in measure.split(",") if _QUANTITY_NAME.fullmatch(n)] if isinstance(measure, str) else []
+    measure = (getattr(rec, "tracking", None) or {}).get("measure")  # read from other people's files: names only
+    names = [n for n in recorded_names(measure) if QUANTITY_NAME.fullmatch(n)] if isinstance(measure, str) else []
     return [n for n in dict.fromkeys(names) if not any(own_column(c) for c in quantity_columns(n))
             and not (n.endswith("_se") and n[:-3] in names)]
 
@@ -129,7 +125,8 @@ def _one_per_seed(records) -> tuple[list, list]:
     from .experiments import run_identity
 
     def points(r) -> int:
-        return sum(row.get(col) is not None for row in r.curve for col, _ in SERIES[:2] + tuple(quantity_series([r])))
+        columns = [col for col, _ in SERIES[:2] + tuple(quantity_series([r]))]  # read once a run, not once a row
+        return sum(row.get(col) is not None for row in r.curve for col in columns)
 
     kept: dict = {}
     dropped = []

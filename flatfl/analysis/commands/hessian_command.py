@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError
-from ..estimators.quantities import QUANTITY_SEED_OFFSET, measure_record, quantity
+from ..estimators.quantities import QUANTITY_SEED_OFFSET, measure_record, quantity, recorded_names
 from ..estimators.registry import DEFAULT_DENSITY_METHOD, DEFAULT_WHICH, estimator
 from .hessian_settings import BEFORE_RECORDED, HessianSettings, damping_text, measured_text
 from ..operators.names import CURVATURE_TITLES
@@ -396,8 +396,7 @@ def check_earlier_analysis(out: Path, record: dict, *, replace: bool = False) ->
             differ.append((key, was, value))
     if saved.get("save_eigenvectors") and not record.get("save_eigenvectors"):
         differ.append(("save_eigenvectors", True, False))
-    measured = [n for n in str(saved.get("measure") or "").split(",") if n]
-    if set(measured) - set(str(record.get("measure") or "").split(",")):  # measuring more adds outputs
+    if set(recorded_names(saved.get("measure"))) - set(recorded_names(record.get("measure"))):  # more adds outputs
         differ.append(("measure", saved.get("measure"), record.get("measure")))
     if saved.get("per_layer") and record.get("per_layer") and saved.get("per_layer_top") != record.get("per_layer_top"):
         differ.append(("per_layer_top", saved.get("per_layer_top"), record.get("per_layer_top")))

@@ -163,8 +163,10 @@ def _unrecorded_quantity(data: dict) -> str | None:
     asked = settings.get("measure")
     if not isinstance(asked, str) or not asked:
         return None
+    from ..estimators.quantities import recorded_names
+
     held = data.get("quantities") or {}
-    lacking = [n for n in asked.split(",") if n not in held]
+    lacking = [n for n in recorded_names(asked) if n not in held]
     return f"{lacking[0][:40]!r} is asked in its settings but not recorded" if lacking else None
 
 

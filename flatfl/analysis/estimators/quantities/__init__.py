@@ -34,15 +34,14 @@ from ....errors import ConfigError, unknown_name
 from ....utils.plugins import loading
 
 __all__ = ["Quantity", "register_quantity", "unregister_quantity", "quantity", "quantity_names", "parse_measure",
-           "measure_record",
-           "QUANTITY_SEED_OFFSET", "PLUGIN_PROBLEMS"]
+           "measure_record", "recorded_names", "QUANTITY_NAME", "QUANTITY_SEED_OFFSET", "PLUGIN_PROBLEMS"]
 
 #: the offset of every quantity's seed from the analysis' seed (the eigenvalues take seed, the trace seed + 1, the
 #: density seed + 2, the per-layer blocks seed + 3, the smallest eigenvalues seed + 4)
 QUANTITY_SEED_OFFSET = 5
 ENTRY_POINT_GROUP = "flatfl.quantities"
 #: a quantity's name: a word of lower-case letters, digits and '_' (it names a hessian.json key and a CSV column)
-_NAME = re.compile(r"[a-z][a-z0-9_]*")
+QUANTITY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,7 @@ def register_quantity(entry: Quantity, *, replace: bool = False) -> Quantity:
         raise ConfigError(f"register_quantity takes a Quantity, got a {type(entry).__name__}")
     _find()  # the built-in ones first: a name of theirs is taken before any call registers it
     name = entry.name
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not QUANTITY_NAME.fullmatch(name):
         raise ConfigError(f"a quantity's name must be lower-case letters, digits and '_', starting with a letter; "
                           f"got {name!r}")
     for field in ("title", "description"):
@@ -203,6 +202,13 @@ def measure_record(text: str | None) -> str | None:
     """``--measure``'s value as results record it (hessian.json's and a tracking's ``measure``, a report's asked
     settings): the names :func:`parse_measure` gives, comma-separated, or None for none."""
     return ",".join(parse_measure(text)) or None
+
+
+def recorded_names(record) -> list[str]:
+    """The parts of a recorded ``measure`` (:func:`measure_record`'s form, read back from a result file or a run's
+    config), as recorded: not checked against the registry (a plug-in of the run's may be missing here); none for
+    None or ''."""
+    return str(record).split(",") if record else []
 
 
 def _find() -> None:

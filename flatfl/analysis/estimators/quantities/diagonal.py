@@ -20,34 +20,31 @@ from . import Quantity
 MIN_PAIRS = 10
 
 
+def _paired_products(Z, HZ):
+    """``(z * H z) . (w * H w)`` of each pair of consecutive probes (rows 0 and 1, 2 and 3, ...), in float64."""
+    D = (Z * HZ).double()  # each row: z * H z, an unbiased estimate of diag(H)
+    return (D[0::2] * D[1::2]).sum(dim=1)
+
+
 def squared_diagonal_norm(op, settings, seed: int) -> dict:
     """``{"estimate", "stderr", "hvps", "method", "pairs", "target_rtol", "relative_stderr", "target_reached"}``
     of ``sum_i H_ii^2`` on ``op`` (see the module's docstring), Rademacher probes from ``seed``."""
     import numpy as np
-    import torch
 
     from ...operators.linear_operator import as_operator, block_size_for
-    from ...operators.vectors import random_block, seeded_generator
-    from ..trace import standard_error, target_info
+    from ...operators.vectors import seeded_generator
+    from ..trace import probe_samples, standard_error, target_info
 
     op = as_operator(op, "the diagonal's norm")
-    budget_pairs = int(settings.trace_hvps) // 2
-    if budget_pairs < 1:
+    budget = most_products(settings, op.dim)
+    if budget < 2:
         raise ConfigError(f"--measure diagonal takes two products a sample: --trace-hvps {settings.trace_hvps} "
                           "leaves none (give at least 2)")
-    gen = seeded_generator(seed, op.device)
-    per_block = max(1, math.ceil(block_size_for(op) / 2))  # pairs a block of products holds
-    samples: list[float] = []
-    while len(samples) < budget_pairs:
-        pairs = min(per_block, budget_pairs - len(samples))
-        Z = random_block("rademacher", op.dim, 2 * pairs, gen, op.dtype, op.device)  # (2 * pairs, dim): rows
-        D = (Z * op.matmat(Z.T).T).to(torch.float64)  # each row: z * H z, an unbiased estimate of diag(H)
-        samples.extend((D[0::2] * D[1::2]).sum(dim=1).numpy(force=True).tolist())
-        if settings.trace_rtol is not None and len(samples) >= MIN_PAIRS and \
-                standard_error(samples) <= settings.trace_rtol * abs(float(np.mean(samples))):
-            break
+    block = 2 * math.ceil(block_size_for(op) / 2)  # whole pairs in every block (the budget is whole pairs too)
+    used, samples = probe_samples(op, lambda Z: Z, seeded_generator(seed, op.device), settings.trace_rtol, budget,
+                                  MIN_PAIRS, block, term=_paired_products)
     estimate, stderr = float(np.mean(samples)), standard_error(samples)
-    return {"estimate": estimate, "stderr": stderr if math.isfinite(stderr) else None, "hvps": 2 * len(samples),
+    return {"estimate": estimate, "stderr": stderr if math.isfinite(stderr) else None, "hvps": used,
             "method": "paired diagonal probes", "pairs": len(samples),
             **target_info(estimate, stderr, settings.trace_rtol)}
 
